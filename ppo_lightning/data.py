@@ -1,0 +1,295 @@
+"""The data side: collector -> (staleness queue) -> GAE + normalization -> minibatches.
+
+One Lightning *epoch* is one PPO *iteration*: Lightning calls ``iter()`` on the `RolloutSource` at the
+start of every epoch, after the previous iteration's last optimizer step, so every rollout is
+collected by the current policy. Each yielded minibatch is one training step (one optimizer step),
+which every callback sees.
+
+The data side borrows the module's network for collection (a TorchRL `ProbabilisticActor` over its
+``forward``, which also records the value for GAE) and nothing else.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule
+from torchrl.collectors import Collector
+
+from ppo_lightning.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
+from ppo_lightning.envs import check_env_id, env_spaces, make_env
+from ppo_lightning.models import OBS_KEY, VALUE_KEY, _Method, dist_param_keys
+
+# Keys a minibatch carries to the loss (besides the distribution parameters).
+BATCH_KEYS = (OBS_KEY, "action", "action_log_prob", VALUE_KEY, "advantage", "value_target")
+
+
+def make_collection_policy(net: torch.nn.Module, action_space: dict):
+    """ProbabilisticActor over the network's joint forward: samples the action and records its
+    log-prob, the distribution parameters and the state value in one pass."""
+    from torchrl.modules import IndependentNormal, ProbabilisticActor
+    from torch.distributions import Categorical
+
+    keys = list(dist_param_keys(action_space))
+    module = TensorDictModule(_Method(net, "forward"), in_keys=[OBS_KEY], out_keys=[*keys, VALUE_KEY])
+    dist_cls = Categorical if action_space["type"] == "discrete" else IndependentNormal
+    return ProbabilisticActor(module, in_keys=keys, distribution_class=dist_cls, return_log_prob=True)
+
+
+class EpisodeStats:
+    """Returns and lengths of the episodes that ended, most recent last."""
+
+    def __init__(self, window: int = 100) -> None:
+        self.returns: collections.deque[float] = collections.deque(maxlen=window)
+        self.lengths: collections.deque[int] = collections.deque(maxlen=window)
+        self.count = 0
+
+    def add_rollout(self, rollout: TensorDictBase) -> None:
+        done = rollout.get(("next", "done")).squeeze(-1)
+        if not done.any():
+            return
+        # Time-major order, so that "most recent" means most recent across envs.
+        order = done.T
+        self.returns.extend(rollout.get(("next", "episode_reward")).squeeze(-1).T[order].tolist())
+        self.lengths.extend(rollout.get(("next", "step_count")).squeeze(-1).T[order].tolist())
+        self.count += int(done.sum())
+
+    def mean_return(self, last: int = 20) -> float:
+        if not self.returns:
+            return float("nan")
+        recent = list(self.returns)[-last:]
+        return sum(recent) / len(recent)
+
+    def mean_length(self, last: int = 20) -> float:
+        if not self.lengths:
+            return float("nan")
+        recent = list(self.lengths)[-last:]
+        return sum(recent) / len(recent)
+
+    def state_dict(self) -> dict:
+        return {"returns": list(self.returns), "lengths": list(self.lengths), "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns.clear(), self.lengths.clear()
+        self.returns.extend(state["returns"]), self.lengths.extend(state["lengths"])
+        self.count = state["count"]
+
+
+class RolloutSource:
+    """An iterable whose every pass is one PPO iteration: collect, GAE, normalize, yield minibatches."""
+
+    def __init__(self, data: "RolloutDataModule", network: torch.nn.Module) -> None:
+        self.data = data
+        self.network = network
+        self.env = make_env(data.env_id, data.num_envs, data.seed, data.env_kwargs)
+        self.policy = make_collection_policy(network, data.action_space)
+        self.collector = Collector(
+            self.env,
+            self.policy,
+            frames_per_batch=data.frames_per_iteration,
+            total_frames=-1,
+            auto_register_policy_transforms=False,
+            trust_policy=True,
+        )
+        self._iterator = iter(self.collector)
+        self.gae = make_gae(data.gamma, data.gae_lambda)
+        self.last_timing: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return self.data.update_epochs * self.data.num_minibatches
+
+    @torch.no_grad()
+    def collect(self) -> TensorDictBase:
+        """One rollout shaped [envs, time] with advantages and value targets."""
+        data = self.data
+        t0 = time.perf_counter()
+        was_training = self.network.training
+        self.network.eval()
+        rollout = next(self._iterator)
+        self.network.train(was_training)
+        t1 = time.perf_counter()
+        data.episodes.add_rollout(rollout)
+        data.frames += rollout.numel()
+        if data.reward_normalizer is not None:
+            rollout.set(
+                ("next", "reward"),
+                data.reward_normalizer(rollout.get(("next", "reward")), rollout.get(("next", "done"))),
+            )
+        rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
+        self.gae(rollout)
+        t2 = time.perf_counter()
+        self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
+        return rollout
+
+    def prepare(self, rollout: TensorDictBase) -> TensorDictBase:
+        """Flatten to [envs*time], keep the keys the loss reads, normalize advantages."""
+        keys = [*BATCH_KEYS, *dist_param_keys(self.data.action_space)]
+        flat = rollout.select(*keys).reshape(-1)
+        adv = flat.get("advantage")
+        if self.data.normalize_advantage:
+            self.data.advantage_moments.update(adv)
+            flat.set("advantage", self.data.advantage_moments.normalize(adv))
+        else:
+            self.data.advantage_moments.update(adv)  # keeps the std diagnostic
+        return flat
+
+    def __iter__(self):
+        self.data.iteration_started()
+        flat = self.prepare(self.collect())
+        n = flat.shape[0]
+        size = n // self.data.num_minibatches
+        for _ in range(self.data.update_epochs):
+            perm = torch.randperm(n, generator=self.data.shuffle_generator)
+            for i in range(self.data.num_minibatches):
+                yield flat[perm[i * size : (i + 1) * size]]
+
+
+class RolloutDataModule(pl.LightningDataModule):
+    """Environment and rollout configuration, and the per-run data state (frames, normalizers).
+
+    Args:
+        env_id: gymnasium id (e.g. ``CartPole-v1``) or ``procgen:<game>``.
+        env_kwargs: keyword arguments for the env factory.
+        num_envs, rollout_steps: a rollout is ``num_envs x rollout_steps`` frames.
+        num_minibatches, update_epochs: each iteration makes ``update_epochs * num_minibatches``
+            gradient steps on minibatches of ``num_envs * rollout_steps / num_minibatches``.
+        total_frames: training stops at the end of the iteration that reaches it.
+        gamma, gae_lambda: GAE parameters.
+        normalize_advantage: normalize advantages by EWMA moments over iterations ...
+        advantage_norm_span: ... with this span in iterations (1 = per batch).
+        normalize_reward: divide rewards by the running std of the discounted return, clip to +-10.
+        seed: seeds the envs and the minibatch shuffling.
+        num_threads: torch intra-op threads (None: 1 for MLP policies; see `ppo_lightning.threads`).
+    """
+
+    def __init__(
+        self,
+        env_id: str = "CartPole-v1",
+        env_kwargs: dict[str, Any] | None = None,
+        num_envs: int = 8,
+        rollout_steps: int = 32,
+        num_minibatches: int = 4,
+        update_epochs: int = 10,
+        total_frames: int = 100_000,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        normalize_advantage: bool = True,
+        advantage_norm_span: float = 1.0,
+        normalize_reward: bool = False,
+        seed: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self.num_envs, self.rollout_steps = num_envs, rollout_steps
+        self.num_minibatches, self.update_epochs = num_minibatches, update_epochs
+        self.total_frames = total_frames
+        self.gamma, self.gae_lambda = gamma, gae_lambda
+        self.normalize_advantage, self.advantage_norm_span = normalize_advantage, advantage_norm_span
+        self.normalize_reward = normalize_reward
+        self.seed = seed
+        self.num_threads = num_threads
+        self.validate()
+        self.observation_space, self.action_space = env_spaces(env_id, self.env_kwargs)
+        self.frames = 0
+        self.iteration = 0
+        self.episodes = EpisodeStats()
+        self.advantage_moments = AdvantageMoments(advantage_norm_span)
+        self.reward_normalizer = RewardNormalizer(num_envs, gamma) if normalize_reward else None
+        self.shuffle_generator = torch.Generator().manual_seed(seed)
+        self.source: RolloutSource | None = None
+        self._iteration_t0 = None
+
+    @property
+    def frames_per_iteration(self) -> int:
+        return self.num_envs * self.rollout_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.frames_per_iteration // self.num_minibatches
+
+    @property
+    def finished(self) -> bool:
+        return self.frames >= self.total_frames
+
+    def validate(self) -> None:
+        """Fail before training, naming the field."""
+        check_env_id(self.env_id)
+        for name in ("num_envs", "rollout_steps", "num_minibatches", "update_epochs", "total_frames"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"data.{name} must be a positive integer, got {value!r}")
+        if self.frames_per_iteration % self.num_minibatches:
+            raise ValueError(
+                f"data.num_minibatches={self.num_minibatches} does not split a batch of "
+                f"num_envs*rollout_steps={self.frames_per_iteration} frames into equal minibatches"
+            )
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"data.gamma must lie in [0, 1], got {self.gamma}")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"data.gae_lambda must lie in [0, 1], got {self.gae_lambda}")
+        if self.advantage_norm_span < 1:
+            raise ValueError(f"data.advantage_norm_span must be >= 1, got {self.advantage_norm_span}")
+        if self.num_threads is not None and self.num_threads <= 0:
+            raise ValueError(f"data.num_threads must be positive, got {self.num_threads}")
+
+    def setup(self, stage: str) -> None:
+        from ppo_lightning.threads import configure_threads
+
+        configure_threads(self.num_threads, self.env_id)
+
+    def train_dataloader(self) -> RolloutSource:
+        if self.source is None:
+            self.source = RolloutSource(self, self.trainer.lightning_module.network)
+        return self.source
+
+    def iteration_started(self) -> None:
+        self.iteration += 1
+        self._iteration_t0 = time.perf_counter()
+
+    def iteration_metrics(self) -> dict[str, float]:
+        """Per-iteration figures for logging (called at the end of the iteration)."""
+        out = {
+            "frames": float(self.frames),
+            "iteration": float(self.iteration),
+            "episodes": float(self.episodes.count),
+            "episode/return_mean20": self.episodes.mean_return(20),
+            "episode/length_mean20": self.episodes.mean_length(20),
+            "advantage/std_estimate": self.advantage_moments.std,
+        }
+        if self.source is not None:
+            out.update(self.source.last_timing)
+        if self._iteration_t0 is not None:
+            out["time/iteration_s"] = time.perf_counter() - self._iteration_t0
+        return {k: v for k, v in out.items() if not math.isnan(v)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "frames": self.frames,
+            "iteration": self.iteration,
+            "episodes": self.episodes.state_dict(),
+            "advantage_moments": self.advantage_moments.state_dict(),
+            "reward_normalizer": None if self.reward_normalizer is None else self.reward_normalizer.state_dict(),
+            "shuffle_generator": self.shuffle_generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.frames, self.iteration = state["frames"], state["iteration"]
+        self.episodes.load_state_dict(state["episodes"])
+        self.advantage_moments.load_state_dict(state["advantage_moments"])
+        if self.reward_normalizer is not None and state["reward_normalizer"] is not None:
+            self.reward_normalizer.load_state_dict(state["reward_normalizer"])
+        self.shuffle_generator.set_state(state["shuffle_generator"])
+
+    def teardown(self, stage: str) -> None:
+        if self.source is not None:
+            self.source.collector.shutdown()
+            self.source = None

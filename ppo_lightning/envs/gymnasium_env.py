@@ -1,0 +1,67 @@
+"""Any gymnasium environment as a batched TorchRL env.
+
+One gymnasium ``SyncVectorEnv`` (many envs in one process: TorchRL's collector adds ~0.5 ms per
+batched step, so one vector env beats `SerialEnv`/`ParallelEnv` of single envs) with
+``autoreset_mode=DISABLED``: TorchRL resets the ended sub-envs itself. Gymnasium's default
+NEXT_STEP autoreset would put a fake zero-reward transition after every episode end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, TransformedEnv
+
+
+def check_gymnasium_id(env_id: str) -> None:
+    if env_id not in gym.registry:
+        close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
+        hint = f" (similar: {', '.join(close)})" if close else ""
+        raise ValueError(f"data.env_id: unknown gymnasium environment {env_id!r}{hint}")
+
+
+def space_to_dict(space: gym.Space) -> dict:
+    """A gymnasium space as a plain dict (JSON- and weights_only-safe)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.Box):
+        out = {"shape": [int(s) for s in space.shape], "dtype": str(np.dtype(space.dtype))}
+        return out
+    raise ValueError(f"unsupported gymnasium space {space!r}: Discrete and Box are supported")
+
+
+def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dict]:
+    check_gymnasium_id(env_id)
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        obs = space_to_dict(env.observation_space)
+        act = space_to_dict(env.action_space)
+    finally:
+        env.close()
+    if "type" not in act:
+        act = {"type": "continuous", "shape": act["shape"]}
+    return obs, act
+
+
+def make_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
+    check_gymnasium_id(env_id)
+    wrappers = []
+    if isinstance(gym.spec(env_id), gym.envs.registration.EnvSpec):
+        probe = gym.make(env_id, **env_kwargs)
+        if isinstance(probe.action_space, gym.spaces.Box):
+            wrappers.append(gym.wrappers.ClipAction)  # sample unbounded Gaussians, clip in the env
+        probe.close()
+    vec = gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED},
+        wrappers=wrappers or None,
+        **env_kwargs,
+    )
+    env = GymWrapper(vec, categorical_action_encoding=True)
+    env = TransformedEnv(env, Compose(RewardSum(), StepCounter()))
+    env.set_seed(seed)
+    return env

@@ -1,0 +1,170 @@
+"""Networks and their TensorDict wrappers.
+
+An `ActorCritic` is a plain `nn.Module` (so Lightning, FSDP and safetensors see ordinary
+parameters) with three entry points: ``forward`` (distribution parameters and value in one trunk
+pass, used by the loss), ``policy`` (collection, proximal forward) and ``value`` (GAE). The
+`make_*_operator` functions wrap them as TensorDict modules for TorchRL's collector and GAE.
+
+Spaces are plain dicts so they survive ``torch.load(weights_only=True)`` and JSON:
+``{"type": "discrete", "n": 2}`` or ``{"type": "continuous", "shape": [k]}`` for actions,
+``{"shape": [...], "dtype": "float32" | "uint8"}`` for observations.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import Tensor, nn
+from torch.distributions import Categorical, Independent, Normal
+
+OBS_KEY = "observation"
+VALUE_KEY = "state_value"
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+
+
+def dist_param_keys(action_space: dict) -> tuple[str, ...]:
+    """TensorDict keys of the action distribution's parameters."""
+    return ("logits",) if action_space["type"] == "discrete" else ("loc", "scale")
+
+
+def make_distribution(action_space: dict, *params: Tensor) -> torch.distributions.Distribution:
+    """The policy's action distribution from its parameters (see `dist_param_keys`)."""
+    if action_space["type"] == "discrete":
+        return Categorical(logits=params[0])
+    return Independent(Normal(params[0], params[1]), 1)
+
+
+def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
+    """Orthogonal init with the given gain and zero bias (the PPO implementations' convention)."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def mlp(in_dim: int, hidden: tuple[int, ...], activation: str) -> tuple[nn.Sequential, int]:
+    """A stack of orthogonally initialised Linear + activation layers; returns (module, out_dim)."""
+    layers: list[nn.Module] = []
+    dim = in_dim
+    for width in hidden:
+        layers += [_init_linear(nn.Linear(dim, width), math.sqrt(2)), ACTIVATIONS[activation]()]
+        dim = width
+    return nn.Sequential(*layers), dim
+
+
+class ActorCritic(nn.Module):
+    """Actor-critic over flat observations: separate MLPs (default) or one shared trunk.
+
+    Policy head init scale 0.01 and value head 1.0, as in CleanRL and the PPO baselines.
+    Continuous actions use a state-independent log standard deviation.
+    """
+
+    def __init__(
+        self,
+        observation_space: dict,
+        action_space: dict,
+        hidden_sizes: tuple[int, ...] = (64, 64),
+        activation: str = "tanh",
+        shared_trunk: bool = False,
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.action_space = action_space
+        in_dim = int(math.prod(observation_space["shape"]))
+        self.obs_ndim = len(observation_space["shape"])
+        self.discrete = action_space["type"] == "discrete"
+        out_dim = action_space["n"] if self.discrete else int(math.prod(action_space["shape"]))
+        self.shared_trunk = shared_trunk
+        self.policy_body, feat = mlp(in_dim, tuple(hidden_sizes), activation)
+        if shared_trunk:
+            self.value_body = None
+            value_feat = feat
+        else:
+            self.value_body, value_feat = mlp(in_dim, tuple(hidden_sizes), activation)
+        self.policy_head = _init_linear(nn.Linear(feat, out_dim), 0.01)
+        self.value_head = _init_linear(nn.Linear(value_feat, 1), 1.0)
+        self.log_std = None if self.discrete else nn.Parameter(torch.zeros(out_dim))
+
+    def _flat(self, obs: Tensor) -> Tensor:
+        obs = obs.float()
+        return obs.flatten(-self.obs_ndim) if self.obs_ndim > 1 else obs
+
+    def _dist_params(self, features: Tensor) -> tuple[Tensor, ...]:
+        out = self.policy_head(features)
+        if self.discrete:
+            return (out,)
+        return (out, self.log_std.exp().expand_as(out))
+
+    def policy(self, obs: Tensor) -> tuple[Tensor, ...]:
+        """Distribution parameters for `make_distribution`."""
+        return self._dist_params(self.policy_body(self._flat(obs)))
+
+    def value(self, obs: Tensor) -> Tensor:
+        """State value, shape ``[..., 1]``."""
+        obs = self._flat(obs)
+        body = self.policy_body if self.value_body is None else self.value_body
+        return self.value_head(body(obs))
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, ...]:
+        """Distribution parameters and value, computing a shared trunk once."""
+        obs = self._flat(obs)
+        features = self.policy_body(obs)
+        value_features = features if self.value_body is None else self.value_body(obs)
+        return (*self._dist_params(features), self.value_head(value_features))
+
+
+def build_network(observation_space: dict, action_space: dict, network: dict[str, Any]) -> nn.Module:
+    """Build the actor-critic named by ``network["name"]`` ("mlp" or "impala_cnn")."""
+    network = dict(network)
+    name = network.pop("name", "mlp")
+    if name == "mlp":
+        return ActorCritic(observation_space, action_space, **network)
+    if name == "impala_cnn":
+        from ppo_lightning.impala import ImpalaActorCritic
+
+        return ImpalaActorCritic(observation_space, action_space, **network)
+    raise ValueError(f"model.network.name must be 'mlp' or 'impala_cnn', got {name!r}")
+
+
+class _Method(nn.Module):
+    """Expose one method of the network as a module, for TensorDictModule (shares parameters)."""
+
+    def __init__(self, net: nn.Module, method: str) -> None:
+        super().__init__()
+        self.net = net
+        self.method = method
+
+    def forward(self, obs: Tensor):
+        return getattr(self.net, self.method)(obs)
+
+
+def make_policy_operator(net: nn.Module, action_space: dict):
+    """TorchRL ProbabilisticActor that samples actions and records their log-prob and parameters."""
+    from torchrl.modules import ProbabilisticActor
+
+    keys = list(dist_param_keys(action_space))
+    module = TensorDictModule(_Method(net, "policy"), in_keys=[OBS_KEY], out_keys=keys)
+    if action_space["type"] == "discrete":
+        dist_cls, dist_kwargs = Categorical, {}
+    else:
+        from torchrl.modules import IndependentNormal
+
+        dist_cls, dist_kwargs = IndependentNormal, {}
+    return ProbabilisticActor(
+        module,
+        in_keys=keys,
+        distribution_class=dist_cls,
+        distribution_kwargs=dist_kwargs,
+        return_log_prob=True,
+    )
+
+
+def make_value_operator(net: nn.Module):
+    """TorchRL ValueOperator writing ``state_value`` (used by GAE)."""
+    from torchrl.modules import ValueOperator
+
+    return ValueOperator(_Method(net, "value"), in_keys=[OBS_KEY])

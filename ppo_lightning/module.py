@@ -1,0 +1,217 @@
+"""The LightningModule: owns the actor-critic; one training step is one minibatch, one optimizer step.
+
+A PPO iteration is one Lightning epoch (see `ppo_lightning.data`). Per-step diagnostics are kept
+as one stacked tensor per step and logged once per iteration, so the hot path does no logging.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ppo_lightning.loss import OBJECTIVES, PPOFamilyLoss
+from ppo_lightning.models import OBS_KEY, build_network, dist_param_keys
+
+LOSS_KEYS = ("loss_objective", "loss_critic", "loss_entropy")
+
+
+class PPOLightningModule(pl.LightningModule):
+    """PPO, decoupled PPO and PPO-EWMA.
+
+    Args:
+        observation_space, action_space: plain dicts; taken from the data module by the CLI.
+        network: ``{"name": "mlp", "hidden_sizes": [64, 64], "activation": "tanh",
+            "shared_trunk": False}`` or ``{"name": "impala_cnn", ...}``.
+        objective: "clip", "kl" or "adaptive_kl".
+        decoupled: decoupled objective (Hilton et al. 2021): behavior policy for importance
+            sampling, proximal policy as the anchor.
+        proximal_com: with ``decoupled``, keep the proximal policy as an EWMA of the weights with
+            this center of mass in gradient steps (PPO-EWMA; the paper's default is 8). None: the
+            proximal policy comes with the batch (staleness experiments) or equals the behavior one.
+        clip_eps, kl_beta, kl_target, max_importance_ratio, value_coef, entropy_coef,
+            value_clip_eps: see `ppo_lightning.loss.PPOFamilyLoss`.
+        lr, adam_eps, adam_betas, optimizer: Adam (default) or SGD.
+        init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
+    """
+
+    def __init__(
+        self,
+        observation_space: dict | None = None,
+        action_space: dict | None = None,
+        network: dict[str, Any] | None = None,
+        objective: str = "clip",
+        decoupled: bool = False,
+        proximal_com: float | None = None,
+        clip_eps: float = 0.2,
+        kl_beta: float = 1.0,
+        kl_target: float = 0.01,
+        max_importance_ratio: float | None = None,
+        value_coef: float = 0.5,
+        entropy_coef: float = 0.01,
+        value_clip_eps: float | None = None,
+        lr: float = 5e-4,
+        adam_eps: float = 1e-5,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        optimizer: str = "adam",
+        init_from: str | None = None,
+    ) -> None:
+        super().__init__()
+        network = dict(network or {"name": "mlp"})
+        adam_betas = tuple(float(b) for b in adam_betas)
+        self.save_hyperparameters(
+            {
+                "observation_space": observation_space,
+                "action_space": action_space,
+                "network": network,
+                "objective": objective,
+                "decoupled": decoupled,
+                "proximal_com": proximal_com,
+                "clip_eps": clip_eps,
+                "kl_beta": kl_beta,
+                "kl_target": kl_target,
+                "max_importance_ratio": max_importance_ratio,
+                "value_coef": value_coef,
+                "entropy_coef": entropy_coef,
+                "value_clip_eps": value_clip_eps,
+                "lr": lr,
+                "adam_eps": adam_eps,
+                "adam_betas": adam_betas,
+                "optimizer": optimizer,
+                "init_from": init_from,
+            }
+        )
+        self.validate_config()
+        self.network = build_network(observation_space, action_space, network)
+        if init_from is not None:
+            from ppo_lightning.export import load_pretrained_weights
+
+            load_pretrained_weights(self.network, init_from)
+        self.loss_module = PPOFamilyLoss(
+            self.network,
+            action_space,
+            objective=objective,
+            decoupled=decoupled,
+            clip_eps=clip_eps,
+            kl_beta=kl_beta,
+            kl_target=kl_target,
+            max_importance_ratio=max_importance_ratio,
+            value_coef=value_coef,
+            entropy_coef=entropy_coef,
+            value_clip_eps=value_clip_eps,
+        )
+        self.param_keys = dist_param_keys(action_space)
+        self.proximal_source = None  # set by the ProximalPolicyEWMA callback
+        self._step_stats: list[torch.Tensor] = []
+        self._stat_names: list[str] | None = None
+        self._fit_t0: float | None = None
+        self._fit_frames0 = 0
+
+    # ------------------------------------------------------------------ configuration
+    def validate_config(self) -> None:
+        """Fail before training, naming the field."""
+        h = self.hparams
+        if h.observation_space is None or h.action_space is None:
+            raise ValueError("model.observation_space and model.action_space are required (the CLI takes them from data)")
+        if h.objective not in OBJECTIVES:
+            raise ValueError(f"model.objective must be one of {OBJECTIVES}, got {h.objective!r}")
+        positive = {"lr": h.lr, "clip_eps": h.clip_eps, "adam_eps": h.adam_eps, "kl_target": h.kl_target}
+        for name, value in positive.items():
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"model.{name} must be > 0, got {value!r}")
+        for name in ("kl_beta", "value_coef", "entropy_coef"):
+            if getattr(h, name) < 0:
+                raise ValueError(f"model.{name} must be >= 0, got {getattr(h, name)!r}")
+        if h.proximal_com is not None:
+            if h.proximal_com < 0:
+                raise ValueError(f"model.proximal_com (center of mass, gradient steps) must be >= 0, got {h.proximal_com}")
+            if not h.decoupled:
+                raise ValueError("model.proximal_com needs model.decoupled=true (the EWMA is the decoupled anchor)")
+        if h.max_importance_ratio is not None and h.max_importance_ratio <= 1:
+            raise ValueError(f"model.max_importance_ratio must be > 1, got {h.max_importance_ratio}")
+        if h.value_clip_eps is not None and h.value_clip_eps <= 0:
+            raise ValueError(f"model.value_clip_eps must be > 0, got {h.value_clip_eps}")
+        if h.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"model.optimizer must be 'adam' or 'sgd', got {h.optimizer!r}")
+        if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
+            raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
+
+    def configure_callbacks(self):
+        if self.hparams.decoupled and self.hparams.proximal_com is not None:
+            from ppo_lightning.proximal import ProximalPolicyEWMA
+
+            return [ProximalPolicyEWMA(com=self.hparams.proximal_com)]
+        return []
+
+    def configure_optimizers(self):
+        h = self.hparams
+        if h.optimizer == "sgd":
+            return torch.optim.SGD(self.network.parameters(), lr=h.lr)
+        return torch.optim.Adam(self.network.parameters(), lr=h.lr, eps=h.adam_eps, betas=h.adam_betas)
+
+    # ------------------------------------------------------------------ training
+    def add_proximal(self, batch: TensorDictBase) -> TensorDictBase:
+        """Write the proximal policy's distribution parameters under ``proximal``."""
+        if "proximal" in batch.keys():
+            return batch  # supplied by the data side (staleness experiments)
+        if self.proximal_source is not None:
+            params = self.proximal_source.proximal_policy(batch.get(OBS_KEY))
+        else:
+            params = [batch.get(k) for k in self.param_keys]  # proximal = behavior
+        batch.set("proximal", TensorDict(dict(zip(self.param_keys, params)), batch_size=batch.batch_size))
+        return batch
+
+    def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
+        if self.loss_module.decoupled:
+            batch = self.add_proximal(batch)
+        out = self.loss_module(batch)
+        loss = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+        if self._stat_names is None:
+            self._stat_names = list(out.keys())
+        self._step_stats.append(torch.stack([out[k].detach().float() for k in self._stat_names]))
+        return loss
+
+    def on_train_start(self) -> None:
+        self._fit_t0 = time.perf_counter()
+        dm = self.trainer.datamodule
+        self._fit_frames0 = dm.frames if dm is not None else 0
+
+    def on_train_epoch_start(self) -> None:
+        self._step_stats = []
+
+    def on_train_epoch_end(self) -> None:
+        metrics: dict[str, float] = {}
+        if self._step_stats:
+            stats = torch.stack(self._step_stats)
+            metrics.update({f"train/{k}": v for k, v in zip(self._stat_names, stats.mean(0).tolist())})
+            # Adaptive beta: once per iteration, on the mean KL of the last update epoch.
+            dm = self.trainer.datamodule
+            per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
+            kl_last_epoch = stats[-per_epoch:, self._stat_names.index("kl_anchor")].mean().item()
+            metrics["train/kl_anchor_last_epoch"] = kl_last_epoch
+            metrics["train/kl_beta"] = self.loss_module.update_kl_beta(kl_last_epoch)
+        dm = self.trainer.datamodule
+        if dm is not None and hasattr(dm, "iteration_metrics"):
+            metrics.update(dm.iteration_metrics())
+            if self._fit_t0 is not None:
+                elapsed = time.perf_counter() - self._fit_t0
+                metrics["time/fps"] = (dm.frames - self._fit_frames0) / max(elapsed, 1e-9)
+                metrics["time/elapsed_s"] = elapsed
+            if dm.finished:
+                self.trainer.should_stop = True
+        self.log_dict(metrics, on_step=False, on_epoch=True)
+
+    # ------------------------------------------------------------------ acting
+    @torch.no_grad()
+    def act(self, observation: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        """Actions for a batch of observations (sampled, or the mode when ``deterministic``)."""
+        from ppo_lightning.models import make_distribution
+
+        dist = make_distribution(self.hparams.action_space, *self.network.policy(observation))
+        if deterministic:
+            return dist.mode
+        return dist.sample()

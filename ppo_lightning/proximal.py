@@ -1,0 +1,160 @@
+"""PPO-EWMA: the proximal policy as an exponentially weighted moving average of the policy weights.
+
+Hilton, Cobbe & Schulman (2021), section 4 and the reference code (github.com/openai/ppo-ewma):
+start from a copy of the weights with weight W = 1; after every optimizer step
+
+    W' = beta W + 1;   theta_prox = theta_prox * beta W / W' + theta / W';   W = W'
+
+which is exactly ``theta_prox.lerp_(theta, 1 / W')``: early on the average is a plain mean of the
+weights seen so far, later an EWMA with decay beta. Its age is a center of mass in gradient steps,
+``COM = beta / (1 - beta)`` (default 8, beta = 0.889).
+
+Why not `torch.optim.swa_utils.AveragedModel` or Lightning's `EMAWeightAveraging`: the update runs
+after every gradient step, so one fused ``torch._foreach_lerp_`` over the parameter list is what we
+want on the hot path; and Lightning's callback swaps the averaged weights into the model for
+validation and at the end of fit, which is wrong for a proximal policy (it is an anchor, never the
+policy that acts).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+from torch import Tensor, nn
+
+
+def beta_from_com(com: float) -> float:
+    """EWMA decay for a center of mass of ``com`` steps: ``beta = com / (1 + com)``."""
+    if com < 0:
+        raise ValueError(f"proximal center of mass must be >= 0, got {com}")
+    return com / (1.0 + com)
+
+
+def com_from_beta(beta: float) -> float:
+    """Center of mass of an EWMA with decay beta: ``1 / (1 - beta) - 1 = beta / (1 - beta)``."""
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"EWMA beta must lie in [0, 1), got {beta}")
+    return beta / (1.0 - beta)
+
+
+@torch.no_grad()
+def ewma_update_(proximal_params: list[Tensor], params: list[Tensor], beta: float, weight: float) -> float:
+    """One weighted EWMA step in place (reference code of Hilton et al.); returns the new weight W'.
+
+    ``W' = beta W + 1``; ``prox = prox * beta W / W' + theta / W'`` for every pair of tensors.
+    """
+    new_weight = beta * weight + 1.0
+    proximal_params = list(proximal_params)
+    if proximal_params:
+        torch._foreach_lerp_(proximal_params, [p.detach() for p in params], 1.0 / new_weight)
+    return new_weight
+
+
+class ProximalPolicyEWMA(Callback):
+    """Keeps the EWMA proximal copy of ``pl_module.network`` up to date after every optimizer step.
+
+    The module asks it for proximal distribution parameters (`proximal_policy`). Its state (weight,
+    age, proximal parameters) goes into the checkpoint. `reset` restarts it from the current weights
+    (PPG does so at the start of each policy phase).
+    """
+
+    def __init__(self, com: float = 8.0) -> None:
+        self.com = float(com)
+        self.beta = beta_from_com(self.com)
+        self.proximal: nn.Module | None = None
+        self.weight = 1.0
+        self.age_sum = 0.0  # sum_i w_i * age_i, so that age = age_sum / weight
+        self.num_updates = 0
+        self._seen_step = 0
+        self._pending_state: dict[str, Any] | None = None
+        self._ready = False  # True between on_fit_start and teardown: a restored state applies at once
+        self._prox_params: list[Tensor] = []
+        self._params: list[Tensor] = []
+
+    @property
+    def state_key(self) -> str:
+        return "ProximalPolicyEWMA"
+
+    @property
+    def age(self) -> float:
+        """Center of mass of the current average, in gradient steps (tends to ``com``)."""
+        return self.age_sum / self.weight
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        pl_module.proximal_source = self
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # After configure_model and the strategy's setup, so that (sharded) parameters are final.
+        self.reset(pl_module.network)
+        self._ready = True
+        if self._pending_state is not None:
+            self._apply_state(self._pending_state)
+            self._pending_state = None
+
+    def reset(self, network: nn.Module) -> None:
+        """Start again from a copy of the current weights with W = 1."""
+        self.proximal = copy.deepcopy(network).requires_grad_(False)
+        self._prox_params = list(self.proximal.parameters())
+        self._params = list(network.parameters())
+        self.weight, self.age_sum = 1.0, 0.0
+
+    def update(self) -> None:
+        """Apply one EWMA step towards the current weights."""
+        self.age_sum = self.beta * (self.age_sum + self.weight)
+        self.weight = ewma_update_(self._prox_params, self._params, self.beta, self.weight)
+        self.num_updates += 1
+
+    @torch.no_grad()
+    def proximal_policy(self, obs: Tensor) -> tuple[Tensor, ...]:
+        """Distribution parameters of the proximal policy."""
+        return self.proximal.policy(obs)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._seen_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # One update per optimizer step (global_step counts them; gradient accumulation skips).
+        while self._seen_step < trainer.global_step:
+            self.update()
+            self._seen_step += 1
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        pl_module.log_dict(
+            {"proximal/age": self.age, "proximal/com": self.com, "proximal/weight": self.weight},
+            on_step=False,
+            on_epoch=True,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "com": self.com,
+            "weight": self.weight,
+            "age_sum": self.age_sum,
+            "num_updates": self.num_updates,
+            "proximal": {k: v.detach().clone() for k, v in self.proximal.state_dict().items()}
+            if self.proximal is not None
+            else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning restores callbacks before on_fit_start (single device) or after it (sharded).
+        if self._ready:
+            self._apply_state(state_dict)
+        else:
+            self._pending_state = state_dict
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._ready = False
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        if not math.isclose(state["com"], self.com):
+            raise ValueError(
+                f"checkpoint's proximal center of mass {state['com']} differs from the config's {self.com}"
+            )
+        self.weight, self.age_sum, self.num_updates = state["weight"], state["age_sum"], state["num_updates"]
+        if state["proximal"] is not None:
+            self.proximal.load_state_dict(state["proximal"])
