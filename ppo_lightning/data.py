@@ -269,6 +269,10 @@ class RolloutDataModule(pl.LightningDataModule):
             out.update(self.source.last_timing)
         if self._iteration_t0 is not None:
             out["time/iteration_s"] = time.perf_counter() - self._iteration_t0
+            # Everything that is not collection or GAE: minibatch forward/backward/step, callbacks.
+            out["time/update_s"] = out["time/iteration_s"] - sum(
+                out.get(k, 0.0) for k in ("time/rollout_s", "time/gae_s")
+            )
         return {k: v for k, v in out.items() if not math.isnan(v)}
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,147 @@
+"""``ppo-lightning`` command line: LightningCLI for ``fit``, plus ``export-hf``.
+
+    ppo-lightning fit --config experiments/cartpole/ppo_ewma.yaml [--model.lr 1e-3 ...] [--ckpt_path X]
+    ppo-lightning export-hf CKPT OUT_DIR [--max-shard-size 2GB] [--dtype bfloat16] [--overwrite]
+
+The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model``
+(`PPOLightningModule`), ``data`` (`RolloutDataModule`), plus ``mlflow``, ``checkpoint_every`` and
+``run_dir``. The data module supplies the observation and action spaces to the model.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+
+from ppo_lightning.callbacks import FramesProgressBar
+from ppo_lightning.data import RolloutDataModule
+from ppo_lightning.module import PPOLightningModule
+from ppo_lightning.tracking import DEFAULT_TRACKING_URI, make_logger
+
+
+class SaveRunConfig(SaveConfigCallback):
+    """Write the resolved config into the run folder (MLflow's logger has no local log_dir) and
+    attach it to the MLflow run."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        run_dir = Path(trainer.default_root_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / self.config_filename
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True)
+        logger = trainer.logger
+        if hasattr(logger, "run_id") and hasattr(logger, "_guard"):
+            logger._guard("log_artifact", lambda: logger.experiment.log_artifact(logger.run_id, str(path)))
+
+
+_TRAINING_STARTED = False  # errors after this point are not configuration errors
+
+
+class PPOCLI(LightningCLI):
+    """LightningCLI with our defaults: MLflow tracking, a frames progress bar, periodic checkpoints."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.observation_space", "model.observation_space", apply_on="instantiate")
+        parser.link_arguments("data.action_space", "model.action_space", apply_on="instantiate")
+        parser.add_argument("--mlflow.enabled", type=bool, default=True, help="track the run in MLflow")
+        parser.add_argument("--mlflow.tracking_uri", type=str, default=DEFAULT_TRACKING_URI)
+        parser.add_argument("--mlflow.experiment", type=str, default="ppo-lightning")
+        parser.add_argument("--mlflow.run_name", type=str | None, default=None)
+        parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
+        parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand]
+        if cfg.checkpoint_every <= 0:
+            raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
+
+    def instantiate_trainer(self, **kwargs):
+        cfg = self.config[self.subcommand]
+        run_name = cfg.mlflow.run_name or time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / run_name)
+        self.run_dir = run_dir
+        if cfg.trainer.get("logger") in (None, True):
+            kwargs["logger"] = (
+                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name)
+                if cfg.mlflow.enabled
+                else False
+            )
+        kwargs.setdefault("default_root_dir", str(run_dir))
+        self.checkpoint_callback = ModelCheckpoint(
+            dirpath=run_dir / "checkpoints",
+            filename="iteration-{epoch:05d}",
+            auto_insert_metric_name=False,
+            every_n_epochs=cfg.checkpoint_every,
+            save_top_k=-1,
+            save_last=True,
+            save_on_train_epoch_end=True,
+        )
+        self.trainer_defaults = {
+            **self.trainer_defaults,
+            "callbacks": [FramesProgressBar(), self.checkpoint_callback],
+        }
+        return super().instantiate_trainer(**kwargs)
+
+    def before_fit(self) -> None:
+        global _TRAINING_STARTED
+        _TRAINING_STARTED = True
+
+    def after_fit(self) -> None:
+        trainer, dm = self.trainer, self.datamodule
+        ckpt = self.checkpoint_callback.last_model_path or "(none)"
+        print(
+            f"\nfinished: {dm.frames} frames, {dm.iteration} iterations, "
+            f"mean return of the last 20 episodes {dm.episodes.mean_return(20):.1f}"
+        )
+        print(f"checkpoint: {ckpt}")
+        logger = trainer.logger
+        run_id = getattr(logger, "run_id", None)
+        if run_id is not None and not getattr(logger, "failed", False):
+            print(f"mlflow run: {run_id} in {logger._tracking_uri} (experiment {logger._experiment_name})")
+            print(f"  view with: mlflow ui --backend-store-uri {logger._tracking_uri}")
+
+
+def fit_main(args: list[str] | None = None) -> None:
+    PPOCLI(
+        PPOLightningModule,
+        RolloutDataModule,
+        trainer_defaults={
+            "max_epochs": -1,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "limit_val_batches": 0,
+            "log_every_n_steps": 1,
+        },
+        save_config_callback=SaveRunConfig,
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+        args=args,
+        auto_configure_optimizers=False,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "export-hf":
+        from ppo_lightning.export import export_main
+
+        return export_main(args[1:])
+    try:
+        fit_main(argv)
+    except ValueError as err:  # invalid configuration: one clear line, before training
+        if _TRAINING_STARTED:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Procgen (Cobbe et al. 2020) as a batched TorchRL env, a thin layer over ``procgen.ProcgenGym3Env``.
+
+Why not TorchRL's ``ProcgenWrapper``: it prints a warning on every partial reset, permutes the
+observation to CHW (a copy per step), drops ``info`` and goes through gym3's baselines adapter. This
+env talks to the C env directly: ``act`` + ``observe`` per step, observations stay uint8 HWC
+(``[num_envs, 64, 64, 3]``; the IMPALA network views them as NCHW channels_last without a copy).
+
+Episode ends and resets. Procgen resets every sub-env itself: the observation returned with
+``done=True`` is already the *first observation of the next episode*, and the partial reset that
+TorchRL then asks for just hands back the stored observation (no warning, no work). GAE is still
+right: every Procgen end is reported as ``terminated`` (the games' time limits included, as in the
+Procgen / PPG / PPO-EWMA reference code), so ``ppo_lightning.advantages.next_values`` may evaluate
+V(next observation) at done steps but GAE multiplies it by ``1 - terminated = 0``: no bootstrap
+from the wrong episode. A *full* reset requested while episodes are running (not after an end)
+restarts the C env with the same options and a seed derived from the reset count.
+
+Threads: Procgen steps its sub-envs on its own worker threads (``num_threads``), torch runs the
+network on its intra-op pool; the two alternate (the policy needs the observation), so on a small
+machine they would only fight. `auto_procgen_threads` gives Procgen 1 worker thread per 32 envs,
+at most one per core minus one and at least 0 (0 = step in the calling thread); override with
+``num_threads``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data.tensor_specs import Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import Compose, EnvBase, RewardSum, StepCounter, TransformedEnv
+
+GAMES = (
+    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
+)  # fmt: skip
+DISTRIBUTION_MODES = ("easy", "hard", "extreme", "memory", "exploration")
+OBS_SHAPE = (64, 64, 3)
+NUM_ACTIONS = 15
+
+
+def _procgen():
+    """Import procgen without gym's 'unmaintained' notice on stderr."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        import procgen
+    return procgen
+
+
+def check_procgen_game(game: str) -> None:
+    """Raise ValueError naming ``data.env_id`` if ``game`` is not a Procgen game."""
+    if game not in GAMES:
+        raise ValueError(f"data.env_id: unknown Procgen game {game!r} in 'procgen:{game}'; games: {', '.join(GAMES)}")
+
+
+def procgen_spaces() -> tuple[dict, dict]:
+    """(observation_space, action_space) of every Procgen game, as plain dicts."""
+    return {"shape": list(OBS_SHAPE), "dtype": "uint8"}, {"type": "discrete", "n": NUM_ACTIONS}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def auto_procgen_threads(num_envs: int) -> int:
+    """Procgen worker threads that do not oversubscribe the cores torch also uses (see module doc)."""
+    return max(0, min(num_envs // 32, _cores() - 1))
+
+
+class ProcgenTorchEnv(EnvBase):
+    """A vector of ``num_envs`` Procgen games as one TorchRL env with batch size ``[num_envs]``.
+
+    Keys: ``observation`` (uint8 ``[64, 64, 3]``), ``action`` (int64 index in [0, 15)), and in
+    ``next``: ``reward``, ``done``, ``terminated`` (== done), ``truncated`` (always False).
+    """
+
+    def __init__(
+        self,
+        game: str,
+        num_envs: int,
+        seed: int = 0,
+        distribution_mode: str = "hard",
+        num_levels: int = 0,
+        start_level: int = 0,
+        num_threads: int | None = None,
+        **procgen_kwargs: Any,
+    ) -> None:
+        check_procgen_game(game)
+        if distribution_mode not in DISTRIBUTION_MODES:
+            raise ValueError(f"data.env_kwargs.distribution_mode must be one of {DISTRIBUTION_MODES}, got {distribution_mode!r}")
+        if num_levels < 0 or start_level < 0:
+            raise ValueError(f"data.env_kwargs.num_levels / start_level must be >= 0, got {num_levels} / {start_level}")
+        super().__init__(batch_size=torch.Size([num_envs]))
+        self.game, self.num_envs = game, num_envs
+        self.distribution_mode, self.num_levels, self.start_level = distribution_mode, num_levels, start_level
+        self.num_threads = auto_procgen_threads(num_envs) if num_threads is None else int(num_threads)
+        self.procgen_kwargs = dict(procgen_kwargs)
+        self._seed = int(seed)
+        self._resets = 0
+        self._venv = None
+        self._obs: torch.Tensor | None = None
+        self._first = np.ones(num_envs, dtype=bool)
+        self._started = False
+        self._make_specs()
+        self._build()
+
+    # ------------------------------------------------------------------ construction
+    def _make_specs(self) -> None:
+        b = self.batch_size
+        self.observation_spec = Composite(
+            observation=Bounded(0, 255, shape=(*b, *OBS_SHAPE), dtype=torch.uint8), shape=b
+        )
+        self.action_spec = Categorical(NUM_ACTIONS, shape=b, dtype=torch.int64)
+        self.reward_spec = Unbounded(shape=(*b, 1), dtype=torch.float32)
+        flag = Categorical(2, shape=(*b, 1), dtype=torch.bool)
+        self.done_spec = Composite(done=flag.clone(), terminated=flag.clone(), truncated=flag.clone(), shape=b)
+
+    def _build(self) -> None:
+        if self._venv is not None:
+            self._venv.close()
+        procgen = _procgen()
+        # Distinct, reproducible Procgen seeds for (seed, number of hard resets).
+        rand_seed = int(np.random.SeedSequence([self._seed, self._resets]).generate_state(1)[0] % (2**31 - 1))
+        self._venv = procgen.ProcgenGym3Env(
+            num=self.num_envs,
+            env_name=self.game,
+            distribution_mode=self.distribution_mode,
+            num_levels=self.num_levels,
+            start_level=self.start_level,
+            num_threads=self.num_threads,
+            rand_seed=rand_seed,
+            **self.procgen_kwargs,
+        )
+        _, ob, first = self._venv.observe()
+        self._obs = torch.from_numpy(ob["rgb"])
+        self._first = first
+        self._started = False
+        self._zeros = torch.zeros((self.num_envs, 1), dtype=torch.bool)
+
+    def _set_seed(self, seed: int | None) -> None:
+        if seed is None or int(seed) == self._seed:
+            return
+        self._seed, self._resets = int(seed), 0
+        self._build()
+
+    # ------------------------------------------------------------------ stepping
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        asked = np.ones(self.num_envs, dtype=bool) if mask is None else mask.reshape(self.num_envs).numpy()
+        if self._started and bool((asked & ~self._first).any()):
+            # A reset of running episodes: Procgen cannot reset one env, so restart them all.
+            self._resets += 1
+            self._build()
+        self._started = True
+        return TensorDict(
+            {"observation": self._obs, "done": self._zeros, "terminated": self._zeros, "truncated": self._zeros},
+            batch_size=self.batch_size,
+        )
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = tensordict.get("action").reshape(self.num_envs).numpy().astype(np.int32)
+        self._venv.act(action)
+        rew, ob, first = self._venv.observe()
+        self._obs = torch.from_numpy(ob["rgb"])
+        self._first = first
+        done = torch.from_numpy(first).unsqueeze(-1)
+        return TensorDict(
+            {
+                "observation": self._obs,
+                "reward": torch.from_numpy(rew).float().unsqueeze(-1),
+                "done": done,
+                "terminated": done.clone(),
+                "truncated": self._zeros.clone(),
+            },
+            batch_size=self.batch_size,
+        )
+
+    def close(self, *, raise_if_closed: bool = True) -> None:
+        if self._venv is not None:
+            self._venv.close()
+            self._venv = None
+        super().close(raise_if_closed=raise_if_closed)
+
+
+def make_procgen_env(
+    game: str,
+    num_envs: int,
+    seed: int,
+    distribution_mode: str = "hard",
+    num_levels: int = 0,
+    start_level: int = 0,
+    num_threads: int | None = None,
+    **procgen_kwargs: Any,
+):
+    """Procgen ``game`` as a batched TorchRL env (batch ``[num_envs]``) with episode statistics.
+
+    ``num_levels=0`` is the full level distribution; ``start_level`` shifts the level seeds (train on
+    ``num_levels`` levels from 0, test on the full distribution from a disjoint start level).
+    ``num_threads``: Procgen's worker threads (None: `auto_procgen_threads`). Other keyword arguments
+    (``use_backgrounds``, ``restrict_themes``, ``paint_vel_info``, ...) go to ``ProcgenGym3Env``.
+    """
+    env = ProcgenTorchEnv(
+        game,
+        num_envs,
+        seed=seed,
+        distribution_mode=distribution_mode,
+        num_levels=num_levels,
+        start_level=start_level,
+        num_threads=num_threads,
+        **procgen_kwargs,
+    )
+    return TransformedEnv(env, Compose(RewardSum(), StepCounter()))
