@@ -34,6 +34,7 @@ import json
 import math
 import os
 import pickle
+import re
 import shutil
 import sys
 import tempfile
@@ -66,15 +67,22 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}".strip()
 
 
+# weights_only unpickler messages that mean "a disallowed object", not "a damaged file"
+_UNSAFE_MARKERS = ("Unsupported global", "unrecognized function", "Can only build", "Can only create new object")
+
+
 def _safe_torch_load(path: Path, what: str) -> Any:
     """``torch.load(weights_only=True)``, every failure an `ExportError`."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        if "weights only" in str(err).lower() or "weights_only" in str(err).lower():
+        text = str(err)
+        if any(marker in text for marker in _UNSAFE_MARKERS):
+            found = re.search(r"GLOBAL (\S+)", text)
+            detail = f" ({found.group(1)})" if found else ""
             raise ExportError(
-                f"refusing to load {what} {path}: it holds pickled objects other than tensors and plain "
-                "containers (read with torch.load(weights_only=True); not executed)"
+                f"refusing to load {what} {path}: it holds pickled objects{detail} other than tensors and "
+                "plain containers (read with torch.load(weights_only=True); nothing was executed)"
             ) from None
         raise ExportError(f"cannot read {what} {path}: corrupt or truncated ({_one_line(err)})") from None
     except Exception as err:  # zip/EOF/runtime errors of truncated or foreign files
