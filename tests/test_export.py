@@ -146,6 +146,68 @@ def test_fsdp_sharded_checkpoint_input(trained, exported, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+_FSDP2_WRITER = """
+import os, sys, torch, torch.distributed as dist
+from pathlib import Path
+
+
+def run(rank, world, ckpt, out, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from ppo_lightning.models import build_network
+
+    checkpoint = torch.load(ckpt, weights_only=True)
+    h = checkpoint["hyper_parameters"]
+    model = torch.nn.Module()  # stands in for the LightningModule: same "network." keys
+    model.network = build_network(h["observation_space"], h["action_space"], h["network"])
+    model.load_state_dict(checkpoint.pop("state_dict"), strict=False)
+    fully_shard(model.network, mesh=init_device_mesh("cpu", (world,)))
+    # What ModelParallelStrategy.save_checkpoint writes: sharded tensors via DCP, the rest in meta.pt.
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False, cpu_offload=True))
+    assert type(state["network.policy_head.weight"]).__name__ == "DTensor"
+    checkpoint.pop("optimizer_states")
+    dcp.save({"state_dict": state}, checkpoint_id=out)
+    if rank == 0:
+        torch.save(checkpoint, Path(out) / "meta.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+
+    torch.set_num_threads(1)
+    mp.spawn(run, args=(2, *sys.argv[1:3], int(sys.argv[3])), nprocs=2)
+"""
+
+
+def test_real_fsdp2_sharded_checkpoint(trained, exported, tmp_path):
+    """Two gloo ranks shard the network with FSDP2 and save it like Lightning; read with no process group."""
+    import socket
+    import subprocess
+    import sys
+
+    model, ckpt = trained
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "write_fsdp2.py"
+    script.write_text(_FSDP2_WRITER)
+    folder = tmp_path / "fsdp2.ckpt"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(ckpt), str(folder), str(port)], capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p.name for p in folder.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"}
+    out = export_hf(folder, tmp_path / "from_fsdp2")
+    _assert_same_policy(_outputs(model.network), _outputs(load_pretrained(out)))
+    a, b = load_file(out / "model.safetensors"), load_file(exported / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_bfloat16_export(trained, tmp_path):
     model, ckpt = trained
     out = export_hf(ckpt, tmp_path / "bf16", dtype="bfloat16")
