@@ -86,7 +86,8 @@ class PPOCLI(LightningCLI):
         )
         self.trainer_defaults = {
             **self.trainer_defaults,
-            "callbacks": [FramesProgressBar(), self.checkpoint_callback],
+            "callbacks": [self.checkpoint_callback]
+            + ([FramesProgressBar()] if cfg.trainer.get("enable_progress_bar") is not False else []),
         }
         return super().instantiate_trainer(**kwargs)
 
@@ -109,8 +110,8 @@ class PPOCLI(LightningCLI):
             print(f"  view with: mlflow ui --backend-store-uri {logger._tracking_uri}")
 
 
-def fit_main(args: list[str] | None = None) -> None:
-    PPOCLI(
+def fit_main(args: list[str] | None = None) -> PPOCLI:
+    return PPOCLI(
         PPOLightningModule,
         RolloutDataModule,
         trainer_defaults={

@@ -1,0 +1,137 @@
+"""End to end: learning on CartPole, resume from a checkpoint, the CLI and MLflow."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from ppo_lightning.cli import fit_main
+from ppo_lightning.data import RolloutDataModule
+from ppo_lightning.module import PPOLightningModule
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "ppo_lightning.cli"]
+
+
+@pytest.mark.parametrize("config", ["ppo.yaml", "ppo_ewma.yaml"])
+def test_cartpole_reaches_475_within_150k_frames(config, tmp_path):
+    cli = fit_main(["fit", "--config", str(ROOT / "experiments/cartpole" / config), "--mlflow.enabled", "false",
+                    "--run_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"])
+    dm = cli.datamodule
+    assert dm.total_frames == 150_000
+    assert dm.episodes.mean_return(20) >= 475, f"mean return {dm.episodes.mean_return(20)} after {dm.frames} frames"
+    assert dm.frames <= 150_000
+    if "ewma" in config:
+        assert cli.model.proximal_source is not None and cli.model.proximal_source.num_updates == cli.trainer.global_step
+
+
+def make(total_frames, **model_kwargs):
+    dm = RolloutDataModule(num_envs=4, rollout_steps=16, num_minibatches=2, update_epochs=2, total_frames=total_frames,
+                           normalize_reward=True, advantage_norm_span=4.0, seed=3)
+    model = PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp", "hidden_sizes": [16]},
+                               objective="adaptive_kl", decoupled=True, proximal_com=4.0, kl_beta=1.0,
+                               kl_target=1e3, **model_kwargs)
+    return dm, model
+
+
+class Capture(pl.Callback):
+    """Records the restored state when training (re)starts."""
+
+    def on_train_start(self, trainer, pl_module):
+        dm = trainer.datamodule
+        self.state = {
+            "frames": dm.frames,
+            "reward_var": dm.reward_normalizer.var,
+            "adv_w": dm.advantage_moments.w,
+            "kl_beta": float(pl_module.loss_module.kl_beta),
+            "ewma_weight": pl_module.proximal_source.weight,
+            "prox": torch.nn.utils.parameters_to_vector(pl_module.proximal_source.proximal.parameters()).clone(),
+            "exp_avg": trainer.optimizers[0].state_dict()["state"][0]["exp_avg"].clone(),
+            "global_step": trainer.global_step,
+        }
+
+
+def test_resume_restores_ewma_normalizers_optimizer_and_beta(tmp_path):
+    dm, model = make(total_frames=4 * 64)
+    ckpt_cb = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_epochs=2, save_top_k=-1, save_last=True)
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[ckpt_cb], default_root_dir=tmp_path)
+    trainer.fit(model, dm)
+    assert float(model.loss_module.kl_beta) == pytest.approx(0.5**4)  # halved once per iteration, 4 iterations
+    ckpt_path = tmp_path / "last.ckpt"
+    ckpt = torch.load(ckpt_path, weights_only=True)  # plain hyperparameters only: no pickle needed
+    saved_prox = ckpt["callbacks"]["ProximalPolicyEWMA"]
+
+    dm2, model2 = make(total_frames=6 * 64)
+    cap = Capture()
+    trainer2 = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                          enable_checkpointing=False, callbacks=[cap], default_root_dir=tmp_path)
+    trainer2.fit(model2, dm2, ckpt_path=ckpt_path)
+    s = cap.state
+    assert s["frames"] == 4 * 64 and s["global_step"] == 4 * 4
+    assert s["reward_var"] == pytest.approx(dm.reward_normalizer.var)
+    assert s["adv_w"] == pytest.approx(dm.advantage_moments.w)
+    assert s["kl_beta"] == pytest.approx(0.5**4)
+    assert s["ewma_weight"] == pytest.approx(saved_prox["weight"])
+    torch.testing.assert_close(s["prox"], torch.nn.utils.parameters_to_vector(
+        model.proximal_source.proximal.parameters()))
+    torch.testing.assert_close(s["exp_avg"], trainer.optimizers[0].state_dict()["state"][0]["exp_avg"])
+    assert dm2.frames == 6 * 64 and trainer2.global_step == 6 * 4  # and it trained on to the new budget
+
+
+def run_cli(*args, env=None, cwd=None):
+    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+SMALL = ["--data.total_frames", "512", "--data.num_envs", "4", "--data.rollout_steps", "32",
+         "--trainer.enable_progress_bar", "false", "--checkpoint_every", "2"]
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [(["--model.lr", "-0.1"], "model.lr"), (["--model.clip_eps", "0"], "model.clip_eps"),
+     (["--data.env_id", "CartPol-v1"], "data.env_id"), (["--data.num_minibatches", "7"], "data.num_minibatches"),
+     (["--model.proximal_com", "-2"], "model.proximal_com")],
+)
+def test_cli_invalid_config_fails_before_training(tmp_path, override, field):
+    out = run_cli("fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--run_dir", str(tmp_path),
+                  *override, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert field in out.stderr and "error:" in out.stderr
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_cli_fit_logs_to_mlflow_and_checkpoints(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = run_cli("fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--mlflow.tracking_uri", uri,
+                  "--mlflow.experiment", "t", "--run_dir", str(tmp_path / "run"), *SMALL, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "checkpoint:" in out.stdout and "mlflow run:" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == [
+        "iteration-00001.ckpt", "iteration-00003.ckpt", "last.ckpt"]
+    client = mlflow.MlflowClient(uri)
+    run = client.search_runs([client.get_experiment_by_name("t").experiment_id])[0]
+    history = client.get_metric_history(run.info.run_id, "episode/return_mean20")
+    assert len(history) == 4  # once per iteration
+    for key in ("train/clip_fraction", "train/approx_kl_behavior", "train/approx_kl_proximal",
+                "train/importance_ratio_max", "train/importance_ratio_capped_fraction", "train/entropy",
+                "train/explained_variance", "proximal/age", "time/fps", "frames"):
+        assert key in run.data.metrics, key
+    assert run.data.params["proximal_com"] == "8.0" and run.data.params["env_id"] == "CartPole-v1"
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "config.yaml" in artifacts and "last" in artifacts
+
+
+def test_cli_unwritable_tracking_store_trains_on(tmp_path):
+    out = run_cli("fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.tracking_uri",
+                  "sqlite:////proc/no/such/dir/mlflow.db", "--run_dir", str(tmp_path / "run"), *SMALL, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "cannot be written" in out.stderr and "training on with console logging" in out.stderr
+    assert (tmp_path / "run/checkpoints/last.ckpt").exists()
