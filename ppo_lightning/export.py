@@ -93,20 +93,78 @@ def _is_sharded(path: Path) -> bool:
     return path.is_dir() and (path / SHARDED_META).is_file() and (path / ".metadata").is_file()
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a DCP ``.metadata`` file allowing only its own plain types.
+
+    torch's ``FileSystemReader.read_metadata`` uses a bare ``pickle.load``, which would run any
+    payload planted in a sharded checkpoint; this allows DCP's metadata dataclasses/enums,
+    ``torch.Size``, dtypes, layouts and paths, and refuses every other global.
+    """
+
+    _MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+    _OTHERS = {
+        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"), ("pathlib", "Path"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in self._MODULES and not name.startswith("__"):
+            import importlib
+
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type):  # dataclasses and enums, not functions
+                return obj
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        elif (module, name) in self._OTHERS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name} in checkpoint metadata")
+
+
+def _safe_reader(path: Path):
+    """A ``FileSystemReader`` whose ``read_metadata`` uses `_MetadataUnpickler` (tensors are
+    already read with ``torch.load(weights_only=True)`` by torch)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            with open(path / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if not isinstance(metadata, Metadata):
+                raise ValueError(f"not DCP metadata but {type(metadata).__name__}")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeFileSystemReader(str(path))
+
+
 def _read_sharded(path: Path) -> dict[str, Any]:
     """A Lightning sharded checkpoint: ``meta.pt`` plus the network's tensors, no process group.
 
     Only the ``state_dict`` entries under ``network.`` are read (optimizer shards are not), and
-    only as tensors, so nothing in the folder is unpickled except by ``weights_only`` loads.
+    only as tensors (``weights_only`` loads); ``meta.pt`` is read with ``weights_only=True`` and
+    ``.metadata`` with `_MetadataUnpickler`, so no payload in the folder can run.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     checkpoint = _safe_torch_load(path / SHARDED_META, "sharded checkpoint metadata")
     if not isinstance(checkpoint, dict):
         raise ExportError(f"{path / SHARDED_META} is not a Lightning checkpoint (not a dict)")
     try:
-        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+        metadata = _safe_reader(path).read_metadata()
+    except pickle.UnpicklingError as err:
+        if "Unsupported global" in str(err):
+            raise ExportError(
+                f"refusing to load sharded checkpoint {path}: its .metadata holds pickled objects "
+                f"({str(err).split('GLOBAL ')[-1].split()[0]}) other than checkpoint metadata; nothing was executed"
+            ) from None
+        raise ExportError(f"cannot read sharded checkpoint {path}: corrupt .metadata ({_one_line(err)})") from None
     except Exception as err:
         raise ExportError(f"cannot read sharded checkpoint {path}: corrupt .metadata ({_one_line(err)})") from None
     # Lightning saves {"state_dict": {...}, "optimizer_0": ...}; DCP flattens it and keeps the
@@ -125,9 +183,11 @@ def _read_sharded(path: Path) -> dict[str, Any]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "no process group, loading in no_dist mode"
-                dcp.load(state, checkpoint_id=str(path), no_dist=True)
-        except Exception as err:
-            raise ExportError(f"cannot read sharded checkpoint {path}: corrupt shards ({_one_line(err)})") from None
+                dcp.load(state, storage_reader=_safe_reader(path), no_dist=True)
+        except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
+            failures = list(getattr(err, "failures", {}).values())
+            cause = failures[0][0] if failures else err
+            raise ExportError(f"cannot read sharded checkpoint {path}: corrupt shards ({_one_line(cause)})") from None
         wanted = state["state_dict"]
     checkpoint["state_dict"] = wanted
     return checkpoint

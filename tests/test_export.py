@@ -146,6 +146,30 @@ def test_fsdp_sharded_checkpoint_input(trained, exported, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+
+
+def test_damaged_sharded_checkpoint(trained, tmp_path, capsys):
+    import shutil
+
+    _, ckpt = trained
+    good = tmp_path / "good.ckpt"
+    _write_sharded_checkpoint(ckpt, good)
+    for damage in ("shard", "metadata", "meta"):
+        folder = tmp_path / f"bad_{damage}"
+        shutil.copytree(good, folder)
+        target = {"shard": next(folder.glob("*.distcp")), "metadata": folder / ".metadata", "meta": folder / "meta.pt"}
+        data = target[damage].read_bytes()
+        target[damage].write_bytes(data[: len(data) // 3])
+        err = _cli_error([folder, tmp_path / "out"], capsys)
+        assert "corrupt" in err, err
+    no_meta = tmp_path / "no_meta"
+    shutil.copytree(good, no_meta)
+    (no_meta / "meta.pt").unlink()
+    assert "not a sharded Lightning checkpoint" in _cli_error([no_meta, tmp_path / "out"], capsys)
+    assert not (tmp_path / "out").exists()
+    _no_leftovers(tmp_path, "out")
+
+
 _FSDP2_WRITER = """
 import os, sys, torch, torch.distributed as dist
 from pathlib import Path
@@ -329,6 +353,16 @@ def test_pickled_payload_is_refused_not_run(trained, tmp_path, capsys):
     torch.save(clean, folder / "meta.pt")
     assert "refusing to load" in _cli_error([folder, tmp_path / "out"], capsys)
     assert not marker.exists()
+
+    # torch reads a sharded checkpoint's .metadata with a bare pickle.load: ours must not.
+    torch.save(torch.load(ckpt, weights_only=True), folder / "meta.pt")
+    import pickle
+
+    (folder / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    err = _cli_error([folder, tmp_path / "out"], capsys)
+    assert "refusing to load" in err and ".metadata" in err and "exec" in err
+    assert not marker.exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_existing_output_folder(trained, tmp_path, capsys):
