@@ -29,6 +29,8 @@ written; the folder is written beside ``out_dir`` under a temporary name, then r
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
 import inspect
 import json
 import math
@@ -113,8 +115,10 @@ class _MetadataUnpickler(pickle.Unpickler):
             import importlib
 
             obj = getattr(importlib.import_module(module), name, None)
-            if isinstance(obj, type):  # dataclasses and enums, not functions
-                return obj
+            # only the plain dataclasses and enums defined there (not functions, not readers/writers)
+            if isinstance(obj, type) and obj.__module__ == module:
+                if dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum):
+                    return obj
         elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         elif (module, name) in self._OTHERS:
