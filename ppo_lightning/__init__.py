@@ -1,1 +1,27 @@
-from ppo_lightning.export import ExportError, load_pretrained  # noqa: F401
+"""ppo-lightning: PPO, decoupled PPO and PPO-EWMA on PyTorch Lightning and TorchRL.
+
+Python API (see the README):
+    from ppo_lightning import RolloutDataModule, PPOLightningModule, load_pretrained
+"""
+
+import sys as _sys
+import types as _types
+
+# procgen needs the legacy `gym` package, whose import prints a multi-line deprecation banner to
+# stderr (from `gym_notices`) in every process; we know, and use gymnasium everywhere else.
+_sys.modules.setdefault("gym_notices.notices", _types.SimpleNamespace(notices={}))
+
+from ppo_lightning.export import ExportError, load_pretrained  # noqa: E402,F401
+
+
+def __getattr__(name):
+    # Lazy: `import ppo_lightning` stays light (export-hf needs no TorchRL collector).
+    if name == "PPOLightningModule":
+        from ppo_lightning.module import PPOLightningModule
+
+        return PPOLightningModule
+    if name == "RolloutDataModule":
+        from ppo_lightning.data import RolloutDataModule
+
+        return RolloutDataModule
+    raise AttributeError(name)

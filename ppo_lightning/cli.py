@@ -57,11 +57,25 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--mlflow.run_name", type=str | None, default=None)
         parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
         parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
+        # Batch-size invariance (ppo_lightning.scaling): divide both batch sizes by c, scale the rest.
+        parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
+        parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span; all; none")
+        parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
+        from ppo_lightning import scaling, staleness
+
+        self.scale_params = None
+        if cfg.get("scale") is not None:
+            rules = scaling.parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
+            report = scaling.apply_scale(cfg, cfg.scale, rules)
+            print(scaling.format_scale_table(cfg.scale, rules, report), flush=True)
+            self.scale_params = scaling.scale_params(cfg.scale, rules, report)
+        staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
+                                     decoupled=cfg.model.get("decoupled"), proximal_com=cfg.model.get("proximal_com"))
 
     def instantiate_trainer(self, **kwargs):
         cfg = self.config[self.subcommand]
@@ -84,16 +98,22 @@ class PPOCLI(LightningCLI):
             save_last=True,
             save_on_train_epoch_end=True,
         )
-        self.trainer_defaults = {
-            **self.trainer_defaults,
-            "callbacks": [self.checkpoint_callback]
-            + ([FramesProgressBar()] if cfg.trainer.get("enable_progress_bar") is not False else []),
-        }
+        callbacks = []
+        if cfg.trainer.get("enable_checkpointing") is not False:
+            callbacks.append(self.checkpoint_callback)
+        if cfg.trainer.get("enable_progress_bar") is not False:
+            callbacks.append(FramesProgressBar())
+        self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
         global _TRAINING_STARTED
         _TRAINING_STARTED = True
+        from ppo_lightning.diagnostics import SmallBatchDiagnostics
+
+        self.trainer.callbacks.append(SmallBatchDiagnostics())  # clip fraction, advantage-std warnings
+        if getattr(self, "scale_params", None) and self.trainer.logger is not None:
+            self.trainer.logger.log_hyperparams(self.scale_params)
 
     def after_fit(self) -> None:
         trainer, dm = self.trainer, self.datamodule

@@ -33,9 +33,11 @@ def dist_param_keys(action_space: dict) -> tuple[str, ...]:
 
 def make_distribution(action_space: dict, *params: Tensor) -> torch.distributions.Distribution:
     """The policy's action distribution from its parameters (see `dist_param_keys`)."""
+    # No argument validation: it checks every call on the hot path; the network's outputs are
+    # well-formed by construction.
     if action_space["type"] == "discrete":
-        return Categorical(logits=params[0])
-    return Independent(Normal(params[0], params[1]), 1)
+        return Categorical(logits=params[0], validate_args=False)
+    return Independent(Normal(params[0], params[1], validate_args=False), 1, validate_args=False)
 
 
 def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
