@@ -1,0 +1,168 @@
+"""Artificial staleness: delay, start-up fill, the three choices of old policy, config errors, diagnostics."""
+
+import copy
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from ppo_lightning.cli import fit_main, main
+from ppo_lightning.data import RolloutDataModule, RolloutSource
+from ppo_lightning.diagnostics import SmallBatchDiagnostics, clip_fraction_problem, std_oscillation
+from ppo_lightning.models import ActorCritic, make_distribution
+from ppo_lightning.staleness import StalenessQueue, relabel, validate_staleness
+
+ROOT = Path(__file__).resolve().parents[1]
+PPO = str(ROOT / "experiments/cartpole/ppo.yaml")
+SPACE = {"type": "discrete", "n": 2}
+
+
+def test_queue_delays_by_k_and_fills_at_start():
+    q = StalenessQueue(2)
+    fills = iter(range(100, 200))
+    trained, lags = [], []
+    for t in range(1, 7):  # iteration t, collected by the policy after t-1 updates
+        out = q.delay(f"r{t}", t - 1, collect_more=lambda: f"fill{next(fills)}")
+        trained.append(out)
+        lags.append(q.last_lag)
+    # iteration 1 collects r1 + 2 fill rollouts (initial policy) and trains on r1, the first collected
+    assert trained == ["r1", "fill100", "fill101", "r2", "r3", "r4"]
+    assert lags == [0, 1, 2, 2, 2, 2]
+    assert len(q) == 2 and q.collected == 8
+
+
+def make_rollout(net, envs=3, steps=5):
+    torch.manual_seed(0)
+    obs = torch.randn(envs, steps, 4)
+    logits = net.policy(obs)[0].detach()
+    dist = make_distribution(SPACE, logits)
+    action = dist.sample()
+    return TensorDict({"observation": obs, "action": action, "logits": logits,
+                       "action_log_prob": dist.log_prob(action), "state_value": net.value(obs).detach()},
+                      batch_size=[envs, steps])
+
+
+@pytest.mark.parametrize("mode", ["behavior", "proximal", "decoupled"])
+def test_relabel_uses_the_right_policy_in_each_role(mode):
+    torch.manual_seed(1)
+    stale = ActorCritic({"shape": [4]}, SPACE, hidden_sizes=(8,))
+    recent = copy.deepcopy(stale)
+    with torch.no_grad():
+        for p in recent.parameters():
+            p.add_(torch.randn_like(p))
+    rollout = make_rollout(stale)
+    old = rollout.clone()
+    relabel(rollout, recent, mode, SPACE)
+    obs, action = rollout["observation"], rollout["action"]
+    recent_logits = recent.policy(obs)[0].detach()
+    recent_lp = make_distribution(SPACE, recent_logits).log_prob(action)
+    # values always come from the current critic
+    torch.testing.assert_close(rollout["state_value"], recent.value(obs).detach())
+    if mode == "behavior":  # stale policy in both roles
+        torch.testing.assert_close(rollout["action_log_prob"], old["action_log_prob"])
+        torch.testing.assert_close(rollout["logits"], old["logits"])
+        assert "proximal" not in rollout.keys()
+    elif mode == "proximal":  # recent policy in both roles
+        torch.testing.assert_close(rollout["action_log_prob"], recent_lp)
+        torch.testing.assert_close(rollout["logits"], recent_logits)
+        assert "proximal" not in rollout.keys()
+    else:  # stale behavior for importance sampling, recent proximal
+        torch.testing.assert_close(rollout["action_log_prob"], old["action_log_prob"])
+        torch.testing.assert_close(rollout["proximal", "logits"], recent_logits)
+    assert not torch.allclose(recent_lp, old["action_log_prob"])
+
+
+def test_data_module_trains_on_delayed_rollouts_with_recent_proximal():
+    dm = RolloutDataModule(num_envs=2, rollout_steps=8, num_minibatches=2, update_epochs=1, seed=0,
+                           staleness=2, staleness_mode="decoupled")
+    net = ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,))
+    source = RolloutSource(dm, net)
+    indices = []
+    for t in range(1, 5):
+        batches = list(iter(source))
+        indices.append(source.stale.last_index)
+        mb = batches[0]
+        # the proximal policy is the network at the start of this iteration
+        torch.testing.assert_close(mb["proximal", "logits"], net.policy(mb["observation"])[0].detach())
+        if t >= 2:  # data collected by an earlier policy: behavior log-probs stay stale
+            recent_lp = make_distribution(SPACE, mb["proximal", "logits"]).log_prob(mb["action"])
+            assert not torch.allclose(mb["action_log_prob"], recent_lp)
+        assert source.last_timing["staleness/lag"] == min(t - 1, 2)
+        with torch.no_grad():  # "training": move the weights between iterations
+            for p in net.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    assert indices == [0, 1, 2, 3]
+    assert dm.frames == (4 + 2) * 16  # two extra rollouts fill the queue in the first iteration
+    source.collector.shutdown()
+
+
+def test_validation_names_fields():
+    for args, field in [((-1, "decoupled"), "data.staleness"), ((1, "recent"), "data.staleness_mode")]:
+        with pytest.raises(ValueError, match=field):
+            validate_staleness(*args)
+    with pytest.raises(ValueError, match="model.decoupled"):
+        validate_staleness(2, "decoupled", decoupled=False)
+    with pytest.raises(ValueError, match="model.proximal_com"):
+        validate_staleness(2, "behavior", decoupled=True, proximal_com=8.0)
+    validate_staleness(0, "decoupled", decoupled=False, proximal_com=8.0)  # off: nothing to check
+    validate_staleness(2, "proximal", decoupled=False)
+
+
+@pytest.mark.parametrize("override,field", [(["--data.staleness", "2"], "model.decoupled"),
+                                            (["--data.staleness", "-1"], "data.staleness"),
+                                            (["--data.staleness", "1", "--data.staleness_mode", "x"], "staleness_mode")])
+def test_cli_staleness_errors_exit_2(tmp_path, capsys, monkeypatch, override, field):
+    monkeypatch.setattr("ppo_lightning.cli._TRAINING_STARTED", False)  # an earlier in-process fit set it
+    rc = main(["fit", "--config", PPO, "--mlflow.enabled", "false", "--run_dir", str(tmp_path), *override])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and field in err
+
+
+def test_cli_stale_decoupled_run(tmp_path):
+    cli = fit_main(["fit", "--config", PPO, "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
+                    "--trainer.enable_progress_bar", "false", "--data.total_frames", "1024", "--data.num_envs", "4",
+                    "--data.rollout_steps", "16", "--model.decoupled", "true", "--model.max_importance_ratio", "100",
+                    "--data.staleness", "2", "--data.staleness_mode", "decoupled"])
+    dm = cli.datamodule
+    assert dm.frames == 1024 and dm.iteration == 1024 // 64 - 2
+    assert cli.trainer.callback_metrics["staleness/lag"] == 2
+    assert "diagnostics/adv_std_oscillation" in cli.trainer.callback_metrics
+
+
+def test_diagnostics_thresholds_and_warn_once():
+    assert clip_fraction_problem(0.0001, 3) == "low"
+    assert clip_fraction_problem(0.15, 1) == "high" and clip_fraction_problem(0.15, 3) is None
+    assert clip_fraction_problem(0.25, 3) == "high" and clip_fraction_problem(0.05, 1) is None
+    assert std_oscillation([1.0, 5.0, 0.4]) == pytest.approx(12.5) and std_oscillation([2.0]) == 1.0
+
+    class DM:
+        update_epochs, iteration = 1, 0
+
+        class advantage_moments:
+            history = []
+
+    class M:
+        hparams = {"objective": "clip"}
+        _stat_names = ["clip_fraction"]
+        _step_stats = [torch.tensor([0.5])]
+        logged = {}
+
+        def log_dict(self, d, **kw):
+            self.logged.update(d)
+
+    class T:
+        datamodule = DM()
+
+    cb, m = SmallBatchDiagnostics(warmup=2), M()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            T.datamodule.iteration = i + 1
+            DM.advantage_moments.history.append(1.0 if i % 2 else 20.0)
+            cb.on_train_epoch_end(T(), m)
+    messages = [str(w.message) for w in caught]
+    assert sum("clip fraction" in s for s in messages) == 1 and sum("advantage-std" in s for s in messages) == 1
+    assert m.logged["diagnostics/adv_std_oscillation"] == pytest.approx(20.0)
