@@ -25,6 +25,7 @@ from torchrl.collectors import Collector
 from ppo_lightning.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.envs import check_env_id, env_spaces, make_env
 from ppo_lightning.models import OBS_KEY, VALUE_KEY, _Method, dist_param_keys
+from ppo_lightning.staleness import StalenessQueue, relabel, validate_staleness
 
 # Keys a minibatch carries to the loss (besides the distribution parameters).
 BATCH_KEYS = (OBS_KEY, "action", "action_log_prob", VALUE_KEY, "advantage", "value_target")
@@ -100,20 +101,20 @@ class RolloutSource:
         self._iterator = iter(self.collector)
         self.gae = make_gae(data.gamma, data.gae_lambda)
         self.last_timing: dict[str, float] = {}
+        # Artificial staleness (ppo_lightning.staleness): train on the rollout of k iterations ago.
+        self.stale = StalenessQueue(data.staleness, data.staleness_mode) if data.staleness else None
 
     def __len__(self) -> int:
         return self.data.update_epochs * self.data.num_minibatches
 
     @torch.no_grad()
-    def collect(self) -> TensorDictBase:
-        """One rollout shaped [envs, time] with advantages and value targets."""
+    def _next_rollout(self) -> TensorDictBase:
+        """The collector's next rollout by the current policy: counted, rewards normalized."""
         data = self.data
-        t0 = time.perf_counter()
         was_training = self.network.training
         self.network.eval()
         rollout = next(self._iterator)
         self.network.train(was_training)
-        t1 = time.perf_counter()
         data.episodes.add_rollout(rollout)
         data.frames += rollout.numel()
         if data.reward_normalizer is not None:
@@ -121,15 +122,31 @@ class RolloutSource:
                 ("next", "reward"),
                 data.reward_normalizer(rollout.get(("next", "reward")), rollout.get(("next", "done"))),
             )
+        return rollout
+
+    @torch.no_grad()
+    def collect(self) -> TensorDictBase:
+        """One rollout shaped [envs, time] with advantages and value targets."""
+        data = self.data
+        t0 = time.perf_counter()
+        rollout = self._next_rollout()
+        if self.stale is not None:  # delayed rollout; values and policy roles by the current network
+            rollout = self.stale.delay(rollout, data.iteration - 1, self._next_rollout)
+            relabel(rollout, self.network, data.staleness_mode, data.action_space)
+        t1 = time.perf_counter()
         rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
         self.gae(rollout)
         t2 = time.perf_counter()
         self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
+        if self.stale is not None:
+            self.last_timing["staleness/lag"] = float(self.stale.last_lag)
         return rollout
 
     def prepare(self, rollout: TensorDictBase) -> TensorDictBase:
         """Flatten to [envs*time], keep the keys the loss reads, normalize advantages."""
         keys = [*BATCH_KEYS, *dist_param_keys(self.data.action_space)]
+        if "proximal" in rollout.keys():  # supplied by the staleness queue (decoupled mode)
+            keys.append("proximal")
         flat = rollout.select(*keys).reshape(-1)
         adv = flat.get("advantage")
         if self.data.normalize_advantage:
@@ -164,6 +181,9 @@ class RolloutDataModule(pl.LightningDataModule):
         normalize_advantage: normalize advantages by EWMA moments over iterations ...
         advantage_norm_span: ... with this span in iterations (1 = per batch).
         normalize_reward: divide rewards by the running std of the discounted return, clip to +-10.
+        staleness: train on each rollout this many iterations after its collection (0: off).
+        staleness_mode: "behavior", "proximal" or "decoupled": which policy plays the old policy
+            on stale data (see `ppo_lightning.staleness`).
         seed: seeds the envs and the minibatch shuffling.
         num_threads: torch intra-op threads (None: 1 for MLP policies; see `ppo_lightning.threads`).
     """
@@ -184,6 +204,8 @@ class RolloutDataModule(pl.LightningDataModule):
         normalize_reward: bool = False,
         seed: int = 0,
         num_threads: int | None = None,
+        staleness: int = 0,
+        staleness_mode: str = "decoupled",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -197,6 +219,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.normalize_reward = normalize_reward
         self.seed = seed
         self.num_threads = num_threads
+        self.staleness, self.staleness_mode = staleness, staleness_mode
         self.validate()
         self.observation_space, self.action_space = env_spaces(env_id, self.env_kwargs)
         self.frames = 0
@@ -240,6 +263,7 @@ class RolloutDataModule(pl.LightningDataModule):
             raise ValueError(f"data.advantage_norm_span must be >= 1, got {self.advantage_norm_span}")
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"data.num_threads must be positive, got {self.num_threads}")
+        validate_staleness(self.staleness, self.staleness_mode)
 
     def setup(self, stage: str) -> None:
         from ppo_lightning.threads import configure_threads
@@ -248,6 +272,9 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> RolloutSource:
         if self.source is None:
+            h = self.trainer.lightning_module.hparams
+            validate_staleness(self.staleness, self.staleness_mode, decoupled=h.get("decoupled"),
+                               proximal_com=h.get("proximal_com"))
             self.source = RolloutSource(self, self.trainer.lightning_module.network)
         return self.source
 
