@@ -23,7 +23,7 @@ from tensordict.nn import TensorDictModule
 from torchrl.collectors import Collector
 
 from ppo_lightning.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
-from ppo_lightning.envs import check_env_id, env_spaces, make_env
+from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
 from ppo_lightning.models import OBS_KEY, VALUE_KEY, _Method, dist_param_keys
 from ppo_lightning.staleness import StalenessQueue, relabel, validate_staleness
 
@@ -292,6 +292,11 @@ class RolloutDataModule(pl.LightningDataModule):
             "episode/length_mean20": self.episodes.mean_length(20),
             "advantage/std_estimate": self.advantage_moments.std,
         }
+        if is_procgen(self.env_id):  # Procgen's per-game normalized return next to the raw one
+            from ppo_lightning.envs.procgen_scores import normalized_return
+
+            game, mode = self.env_id[len(PROCGEN_PREFIX):], self.env_kwargs.get("distribution_mode", "hard")
+            out["episode/normalized_return_mean20"] = normalized_return(game, mode, out["episode/return_mean20"])
         if self.source is not None:
             out.update(self.source.last_timing)
         if self._iteration_t0 is not None:

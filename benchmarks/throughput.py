@@ -1,0 +1,189 @@
+"""Throughput on Procgen at the paper's configuration, in one process.
+
+Prints: raw env frames/s (Procgen stepping alone, random actions); training frames/s of PPO and of
+PPO-EWMA (same invocation, one untimed warm-up iteration each, then ``--iterations`` timed ones); the
+split of an iteration into rollout / GAE / update / proximal-forward seconds; peak RSS. The last
+line is one JSON object:
+
+    {"raw_env_fps": .., "ppo_fps": .., "ppo_ewma_fps": .., "ewma_overhead": .., "peak_rss_gib": .., ...}
+
+with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1``.
+
+    python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, bf16
+    python benchmarks/throughput.py --precision fp32
+    python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+import warnings
+
+import numpy as np
+
+
+def raw_env_fps(game: str, num_envs: int, steps: int, num_threads: int | None) -> float:
+    from ppo_lightning.envs.procgen_env import ProcgenTorchEnv
+
+    env = ProcgenTorchEnv(game, num_envs, seed=0, distribution_mode="hard", num_threads=num_threads)
+    venv = env._venv
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 15, size=(steps, num_envs), dtype=np.int32)
+    for a in actions[:10]:
+        venv.act(a), venv.observe()
+    t0 = time.perf_counter()
+    for a in actions:
+        venv.act(a)
+        venv.observe()
+    dt = time.perf_counter() - t0
+    env.close()
+    return steps * num_envs / dt
+
+
+def train_run(args, decoupled: bool) -> dict:
+    import lightning.pytorch as pl
+    import torch
+
+    from ppo_lightning.data import RolloutDataModule
+    from ppo_lightning.module import PPOLightningModule
+
+    class Timer(pl.Callback):
+        def __init__(self) -> None:
+            self.rows: list[dict] = []
+            self.prox_s = 0.0
+            self.update_s = 0.0
+
+        def on_fit_start(self, trainer, pl_module) -> None:
+            src = pl_module.proximal_source
+            if src is not None:  # time the proximal forward inside the training step
+                inner = src.proximal_policy
+
+                def timed(obs):
+                    t = time.perf_counter()
+                    out = inner(obs)
+                    self.prox_s += time.perf_counter() - t
+                    return out
+
+                src.proximal_policy = timed
+
+        def on_train_epoch_start(self, trainer, pl_module) -> None:
+            self.t0 = time.perf_counter()
+            self.prox_s = self.update_s = 0.0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.tb = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.update_s += time.perf_counter() - self.tb
+
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            dm = trainer.datamodule
+            timing = dm.source.last_timing
+            self.rows.append(
+                {
+                    "wall_s": time.perf_counter() - self.t0,
+                    "rollout_s": timing["time/rollout_s"],
+                    "gae_s": timing["time/gae_s"],
+                    "update_s": self.update_s - self.prox_s,
+                    "proximal_forward_s": self.prox_s,
+                    "frames": dm.frames_per_iteration,
+                }
+            )
+
+    fpi = args.num_envs * args.rollout_steps
+    dm = RolloutDataModule(
+        env_id=f"procgen:{args.game}",
+        env_kwargs={"distribution_mode": "hard", "num_levels": 0, "num_threads": args.procgen_threads},
+        num_envs=args.num_envs,
+        rollout_steps=args.rollout_steps,
+        num_minibatches=args.num_minibatches,
+        update_epochs=args.epochs,
+        total_frames=fpi * (args.iterations + 1),
+        gamma=0.999,
+        gae_lambda=0.95,
+        normalize_reward=True,
+        seed=0,
+        num_threads=args.threads,
+    )
+    torch.manual_seed(0)
+    model = PPOLightningModule(
+        dm.observation_space,
+        dm.action_space,
+        network={"name": "impala_cnn", "precision": args.precision},
+        lr=5e-4,
+        decoupled=decoupled,
+        proximal_com=8.0 if decoupled else None,
+    )
+    timer = Timer()
+    trainer = pl.Trainer(
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        callbacks=[timer],
+    )
+    trainer.fit(model, dm)
+    warm, rows = timer.rows[0], timer.rows[1:]
+    mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
+    mean["fps"] = mean["frames"] / mean["wall_s"]
+    mean["warmup_wall_s"] = warm["wall_s"]
+    return mean
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iterations", type=int, default=2, help="timed iterations per algorithm (after 1 warm-up)")
+    p.add_argument("--num-envs", type=int, default=64)
+    p.add_argument("--rollout-steps", type=int, default=256)
+    p.add_argument("--num-minibatches", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--game", default="coinrun")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
+    p.add_argument("--procgen-threads", type=int, default=None, help="Procgen worker threads (default: auto)")
+    p.add_argument("--only", choices=("ppo", "ppo_ewma"), default=None, help="run one algorithm only")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+
+    import torch
+
+    from ppo_lightning.envs.procgen_env import auto_procgen_threads
+    from ppo_lightning.threads import configure_threads
+
+    threads = configure_threads(args.threads, f"procgen:{args.game}")
+    pthreads = auto_procgen_threads(args.num_envs) if args.procgen_threads is None else args.procgen_threads
+    print(f"torch threads {threads}, procgen threads {pthreads}, precision {args.precision}, "
+          f"{args.num_envs} envs x {args.rollout_steps} steps, {args.epochs} epochs x {args.num_minibatches} minibatches")
+    raw = raw_env_fps(args.game, args.num_envs, max(args.rollout_steps, 256), args.procgen_threads)
+    print(f"raw env: {raw:,.0f} frames/s")
+    result: dict = {"raw_env_fps": round(raw, 1)}
+    runs = {}
+    for name, decoupled in (("ppo", False), ("ppo_ewma", True)):
+        if args.only and args.only != name:
+            continue
+        r = runs[name] = train_run(args, decoupled)
+        print(
+            f"{name:9s} {r['fps']:7.1f} frames/s  iteration {r['wall_s']:.2f} s = rollout {r['rollout_s']:.2f} + "
+            f"gae {r['gae_s']:.2f} + update {r['update_s']:.2f} + proximal forward {r['proximal_forward_s']:.2f} "
+            f"+ other {r['wall_s'] - r['rollout_s'] - r['gae_s'] - r['update_s'] - r['proximal_forward_s']:.2f}"
+            f"  (warm-up iteration {r['warmup_wall_s']:.1f} s)",
+            flush=True,
+        )
+        result[f"{name}_fps"] = round(r["fps"], 1)
+        result[f"{name}_split_s"] = {k: round(r[k], 3) for k in ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s")}
+    if "ppo" in runs and "ppo_ewma" in runs:
+        result["ewma_overhead"] = round(runs["ppo_ewma"]["wall_s"] / runs["ppo"]["wall_s"] - 1.0, 4)
+    result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+    result.update({"precision": args.precision, "torch_threads": threads, "procgen_threads": pthreads,
+                   "num_envs": args.num_envs, "rollout_steps": args.rollout_steps})
+    del torch
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
