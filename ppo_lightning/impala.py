@@ -72,8 +72,8 @@ class ImpalaActorCritic(nn.Module):
     """IMPALA CNN with a shared trunk and policy / value heads; same interface as `ActorCritic`.
 
     Args:
-        observation_space: ``{"shape": [H, W, C], "dtype": "uint8"}`` (HWC images; uint8 is scaled
-            by 1/255, float input is used as is).
+        observation_space: ``{"shape": [H, W, C], "dtype": "uint8"}`` (HWC images; a uint8 tensor is
+            scaled by 1/255, a float one is taken as already scaled).
         action_space: ``{"type": "discrete", "n": k}``.
         channels: output channels of the stacks. dense: width of the dense layer.
         nblock: residual blocks per stack.
@@ -103,7 +103,6 @@ class ImpalaActorCritic(nn.Module):
         self.discrete = True
         self.shared_trunk = True
         h, w, c = shape
-        self.scale_obs = 1.0 / 255.0 if observation_space.get("dtype", "uint8") == "uint8" else 1.0
         stack_scale = 1.0 / math.sqrt(len(channels))
         stacks = []
         for out in channels:
@@ -120,7 +119,7 @@ class ImpalaActorCritic(nn.Module):
         x = obs.reshape(-1, *obs.shape[-3:]).permute(0, 3, 1, 2)  # NHWC memory = NCHW channels_last
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             x = x.to(self.dense.weight.dtype)  # float32, or bf16 when the module itself was cast
-            x = x * self.scale_obs if self.scale_obs != 1.0 else x
+            x = x * (1.0 / 255.0) if obs.dtype == torch.uint8 else x
             for stack in self.stacks:
                 x = stack(x)
             x = F.relu(x).flatten(1)

@@ -1,0 +1,200 @@
+"""Procgen: env factory, IMPALA network, normalized return, held-out evaluation, a tiny training run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ppo_lightning.envs import check_env_id, env_spaces, make_env
+from ppo_lightning.envs.procgen_env import auto_procgen_threads, check_procgen_game, make_procgen_env, procgen_spaces
+from ppo_lightning.envs.procgen_scores import mean_normalized_return, normalized_return, return_range
+from ppo_lightning.impala import ImpalaActorCritic
+
+OBS, ACT = procgen_spaces()
+
+
+# ---------------------------------------------------------------------------------------------- env
+def test_unknown_game_names_the_field():
+    with pytest.raises(ValueError, match="data.env_id"):
+        check_procgen_game("pong")
+    with pytest.raises(ValueError, match="data.env_id"):
+        check_env_id("procgen:pong")
+    check_env_id("procgen:coinrun")
+
+
+def test_spaces():
+    assert OBS == {"shape": [64, 64, 3], "dtype": "uint8"}
+    assert ACT == {"type": "discrete", "n": 15}
+    assert env_spaces("procgen:starpilot", {"distribution_mode": "easy"}) == (OBS, ACT)
+
+
+def test_auto_threads_never_oversubscribe():
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    for n in (1, 4, 64, 1024):
+        assert 0 <= auto_procgen_threads(n) <= max(0, cores - 1)
+
+
+def test_seeds_and_levels():
+    kw = {"distribution_mode": "easy", "num_levels": 50}
+    a = make_procgen_env("coinrun", 4, seed=3, **kw).reset()["observation"]
+    b = make_procgen_env("coinrun", 4, seed=3, **kw).reset()["observation"]
+    c = make_procgen_env("coinrun", 4, seed=4, **kw).reset()["observation"]
+    assert a.dtype == torch.uint8 and a.shape == (4, 64, 64, 3)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    # One level: every env starts in the same level; another start level is another level.
+    one = make_procgen_env("coinrun", 3, seed=0, num_levels=1, start_level=7).reset()["observation"]
+    assert torch.equal(one[0], one[1]) and torch.equal(one[0], one[2])
+    other = make_procgen_env("coinrun", 1, seed=0, num_levels=1, start_level=8).reset()["observation"]
+    assert not torch.equal(one[0], other[0])
+
+
+def test_episode_stats_and_next_observation_consistency():
+    env = make_env("procgen:coinrun", 16, 0, {"distribution_mode": "easy", "num_levels": 20})
+    torch.manual_seed(0)
+    td = env.rollout(250, break_when_any_done=False)  # random actions, TorchRL partial resets
+    done = td["next", "done"].squeeze(-1)
+    assert done.any(), "no coinrun episode ended in 250 random steps x 16 envs"
+    assert torch.equal(td["next", "terminated"], td["next", "done"])
+    assert not td["next", "truncated"].any()
+    # Procgen's auto-reset: the observation after an end is the next episode's first one, and the
+    # partial reset hands back exactly that observation.
+    assert torch.equal(td["next", "observation"][:, :-1], td["observation"][:, 1:])
+    reward, ep_ret, steps = (td["next", k].squeeze(-1) for k in ("reward", "episode_reward", "step_count"))
+    for e, t in done.nonzero().tolist():
+        start = 0
+        prev = done[e, :t].nonzero()
+        if len(prev):
+            start = int(prev[-1]) + 1
+        assert ep_ret[e, t] == pytest.approx(float(reward[e, start : t + 1].sum()))
+        assert int(steps[e, t]) == t - start + 1
+
+
+def test_full_reset_restarts_running_episodes():
+    env = make_procgen_env("coinrun", 2, seed=0, distribution_mode="easy")
+    td = env.reset()
+    for _ in range(5):
+        td = env.step(td.set("action", torch.zeros(2, dtype=torch.int64)))["next"]
+    assert int(td["step_count"].max()) == 5
+    td = env.reset()
+    assert int(td["step_count"].max()) == 0
+    out = env.step(td.set("action", torch.zeros(2, dtype=torch.int64)))
+    assert int(out["next", "step_count"].max()) == 1
+
+
+# ------------------------------------------------------------------------------------------ network
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_impala_shapes(precision):
+    net = ImpalaActorCritic(OBS, ACT, precision=precision)
+    obs = torch.randint(0, 256, (2, 3, 64, 64, 3), dtype=torch.uint8)
+    logits, value = net(obs)
+    assert logits.shape == (2, 3, 15) and value.shape == (2, 3, 1)
+    assert logits.dtype == torch.float32 and value.dtype == torch.float32
+    (p,) = net.policy(obs[0])
+    assert p.shape == (3, 15)
+    assert net.value(obs[0, 0]).shape == (1,)
+    torch.testing.assert_close(net.policy(obs)[0], logits)
+    torch.testing.assert_close(net.value(obs), value)
+    if precision == "fp32":  # float input is taken as already scaled
+        torch.testing.assert_close(net(obs.float() / 255.0)[0], logits, atol=1e-5, rtol=1e-5)
+
+
+def test_impala_reference_init():
+    net = ImpalaActorCritic(OBS, ACT)
+    row = lambda w: w.flatten(1).norm(dim=1)  # noqa: E731
+    for head in (net.policy_head, net.value_head):
+        torch.testing.assert_close(row(head.weight), torch.full((head.out_features,), 0.1))
+        assert not head.bias.any()
+    torch.testing.assert_close(row(net.dense.weight), torch.full((256,), 1.4))
+    assert net.dense.in_features == 32 * 8 * 8
+    block_scale = math.sqrt(1 / math.sqrt(3) / math.sqrt(2))
+    for stack in net.stacks:
+        torch.testing.assert_close(row(stack.firstconv.weight), torch.ones(stack.firstconv.out_channels))
+        assert len(stack.blocks) == 2
+        for block in stack.blocks:
+            for conv in (block.conv0, block.conv1):
+                torch.testing.assert_close(row(conv.weight), torch.full((conv.out_channels,), block_scale))
+                assert not conv.bias.any()
+    with pytest.raises(ValueError, match="precision"):
+        ImpalaActorCritic(OBS, ACT, precision="fp16")
+
+
+def test_build_network_dispatch():
+    from ppo_lightning.models import build_network
+
+    net = build_network(OBS, ACT, {"name": "impala_cnn", "channels": [8, 16], "dense": 32})
+    assert isinstance(net, ImpalaActorCritic)
+    assert net(torch.zeros(5, 64, 64, 3, dtype=torch.uint8))[0].shape == (5, 15)
+
+
+# -------------------------------------------------------------------------------- normalized return
+def test_normalized_return_arithmetic():
+    assert normalized_return("coinrun", "hard", 5.0) == 0.0
+    assert normalized_return("coinrun", "easy", 10.0) == 1.0
+    assert normalized_return("starpilot", "easy", 64.0) == pytest.approx(1.0)
+    assert normalized_return("starpilot", "hard", 18.25) == pytest.approx(0.5)
+    assert normalized_return("fruitbot", "easy", -1.5) == pytest.approx(0.0)
+    assert normalized_return("bigfish", "hard", 10.0) == pytest.approx(0.25)
+    assert return_range("maze", "extreme") == (4.0, 10.0)  # non-easy modes use the hard constants
+    t = normalized_return("jumper", "easy", torch.tensor([1.0, 5.5, 10.0]))
+    torch.testing.assert_close(t, torch.tensor([0.0, 0.5, 1.0]))
+    assert mean_normalized_return({"coinrun": 10.0, "bigfish": 0.0, "maze": float("nan")}, "hard") == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        normalized_return("pong", "hard", 1.0)
+
+
+def test_iteration_metrics_report_normalized_return():
+    from ppo_lightning.data import RolloutDataModule
+
+    dm = RolloutDataModule(env_id="procgen:coinrun", env_kwargs={"distribution_mode": "easy"}, num_envs=2,
+                           rollout_steps=4, num_minibatches=1, update_epochs=1)
+    dm.advantage_moments.update(torch.randn(8))  # as after one iteration
+    assert "episode/normalized_return_mean20" not in dm.iteration_metrics()
+    dm.episodes.returns.extend([5.0, 10.0])
+    m = dm.iteration_metrics()
+    assert m["episode/return_mean20"] == 7.5 and m["episode/normalized_return_mean20"] == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------------------------ evaluation
+def test_held_out_levels_are_disjoint():
+    from types import SimpleNamespace
+
+    from ppo_lightning.evaluation import HeldOutEvaluation
+
+    dm = SimpleNamespace(env_id="procgen:coinrun", env_kwargs={"distribution_mode": "easy", "num_levels": 200})
+    splits = HeldOutEvaluation().split_kwargs(dm)
+    assert splits["train"] == dm.env_kwargs
+    assert splits["test"] == {"distribution_mode": "easy", "num_levels": 0, "start_level": 200}
+    with pytest.raises(ValueError, match="inside the training levels"):
+        HeldOutEvaluation(env_kwargs={"start_level": 10}).split_kwargs(dm)
+
+
+# ---------------------------------------------------------------------------------------- training
+def test_procgen_training_smoke():
+    import lightning.pytorch as pl
+
+    from ppo_lightning.data import RolloutDataModule
+    from ppo_lightning.evaluation import HeldOutEvaluation
+    from ppo_lightning.module import PPOLightningModule
+
+    dm = RolloutDataModule(env_id="procgen:coinrun", env_kwargs={"distribution_mode": "easy", "num_levels": 10},
+                           num_envs=4, rollout_steps=16, num_minibatches=2, update_epochs=2, total_frames=128,
+                           gamma=0.999, normalize_reward=True, seed=0)
+    model = PPOLightningModule(dm.observation_space, dm.action_space,
+                               network={"name": "impala_cnn", "channels": [8, 16, 16], "dense": 64, "precision": "bf16"},
+                               decoupled=True, proximal_com=8.0)
+    evaluation = HeldOutEvaluation(every_n_iterations=1, num_envs=2, num_steps=4)
+    before = [p.detach().clone() for p in model.network.parameters()]
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                         enable_progress_bar=False, callbacks=[evaluation])
+    trainer.fit(model, dm)
+    m = trainer.callback_metrics
+    assert dm.frames == 128 and dm.iteration == 2 and trainer.global_step == 8
+    assert math.isfinite(float(m["train/loss_objective"])) and float(m["proximal/com"]) == 8.0
+    assert "eval/test/episodes" in m and "eval/train/episodes" in m
+    assert [h["iteration"] for h in evaluation.history] == [1.0, 2.0]
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.network.parameters()))
