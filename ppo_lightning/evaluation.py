@@ -69,7 +69,8 @@ class HeldOutEvaluation(Callback):
         """Env keyword arguments of each split ("test", and "train" when enabled)."""
         train = dict(dm.env_kwargs)
         test = dict(train)
-        test.update({"num_levels": 0, "start_level": int(train.get("start_level", 0)) + int(train.get("num_levels", 0))})
+        if is_procgen(dm.env_id):  # other envs: the same env, other seeds (plus self.env_kwargs)
+            test.update({"num_levels": 0, "start_level": int(train.get("start_level", 0)) + int(train.get("num_levels", 0))})
         test.update(self.env_kwargs)
         if is_procgen(dm.env_id) and train.get("num_levels", 0) and test.get("num_levels", 0) == 0:
             lo, hi = int(train.get("start_level", 0)), int(train.get("start_level", 0)) + int(train["num_levels"])
