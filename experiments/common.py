@@ -1,0 +1,152 @@
+"""Shared helpers for the paper-figure scripts: one in-process ``ppo-lightning fit`` per run, its
+learning curve read back from MLflow, CSV and plot writing.
+
+Normalized return (classic control, documented in experiments/README.md):
+    CartPole-v1: R / 500            (the maximum episode return; random play scores ~0.04)
+    Acrobot-v1:  (R + 500) / 500    (-500 = never swings up, 0 = instant)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("PYTHONWARNINGS", "ignore")
+warnings.filterwarnings("ignore")
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RETURN_RANGE = {"CartPole-v1": (0.0, 500.0), "Acrobot-v1": (-500.0, 0.0)}
+
+
+def normalized(env_id: str, ret: float) -> float:
+    lo, hi = RETURN_RANGE[env_id]
+    return (ret - lo) / (hi - lo)
+
+
+# The experiments' base configuration: PPO(-EWMA) on CartPole-v1 at the "default" batch size
+# (32 envs x 32 steps = 1024 frames, 4 minibatches of 256, 3 epochs: the paper's shape, scaled down).
+def base_args(env_id: str = "CartPole-v1", frames: int = 100_000, seed: int = 0, *, ewma: bool = True,
+              num_envs: int = 32, rollout_steps: int = 32) -> list[str]:
+    args = [
+        "--seed_everything", str(seed),
+        "--trainer.max_epochs", "-1",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_checkpointing", "false",
+        "--trainer.gradient_clip_val", "null",  # no grad clipping (paper); clipping is not batch-size invariant
+        "--model.network", '{"name": "mlp", "hidden_sizes": [64, 64], "activation": "tanh"}',
+        "--model.objective", "clip",
+        "--model.clip_eps", "0.2",
+        "--model.lr", "0.001",
+        "--model.value_coef", "0.5",
+        "--model.entropy_coef", "0.0",
+        "--data.env_id", env_id,
+        "--data.num_envs", str(num_envs),
+        "--data.rollout_steps", str(rollout_steps),
+        "--data.num_minibatches", "4",
+        "--data.update_epochs", "3",
+        "--data.total_frames", str(frames),
+        "--data.gamma", "0.99",
+        "--data.gae_lambda", "0.95",
+        "--data.advantage_norm_span", "1",
+        "--data.seed", str(seed),
+        "--checkpoint_every", "1000000",
+    ]
+    if ewma:
+        args += ["--model.decoupled", "true", "--model.proximal_com", "4"]
+    return args
+
+
+def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, env_id: str,
+        run_root: Path) -> dict:
+    """One fit in this process; returns its curve (frames, normalized return) and summary."""
+    from ppo_lightning.cli import fit_main
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    t0 = time.perf_counter()
+    cli = fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", experiment,
+                    "--mlflow.run_name", run_name, "--run_dir", str(run_root / experiment / run_name)])
+    wall = time.perf_counter() - t0
+    logger = cli.trainer.logger
+    run_id = getattr(logger, "run_id", None)
+    if run_id is None or getattr(logger, "failed", False):
+        raise RuntimeError(f"MLflow logging failed for {run_name}; cannot read the learning curve back")
+    client = logger.experiment
+    frames = {m.step: m.value for m in client.get_metric_history(run_id, "frames")}
+    rets = {m.step: m.value for m in client.get_metric_history(run_id, "episode/return_mean20")}
+    curve = sorted((frames[s], normalized(env_id, r)) for s, r in rets.items() if s in frames)
+    elapsed = client.get_metric_history(run_id, "time/elapsed_s")
+    train_s = elapsed[-1].value if elapsed else wall  # training time, without start-up
+    dm = cli.datamodule
+    total = dm.frames
+    tail = [r for f, r in curve if f >= 0.9 * total] or [curve[-1][1]]
+    final = sum(tail) / len(tail)
+    client.log_metric(run_id, "final_normalized_return", final)
+    print(f"[{experiment}] {run_name}: final normalized return {final:.3f} ({total} frames, {wall:.0f} s)", flush=True)
+    return {"run_name": run_name, "run_id": run_id, "curve": curve, "final": final, "frames": total, "wall_s": wall, "train_s": train_s,
+            "global_step": cli.trainer.global_step}
+
+
+def common_parser(description: str, default_frames: int, default_seeds: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--seeds", type=int, default=default_seeds, help="number of seeds (0..n-1)")
+    p.add_argument("--frames", type=int, default=default_frames, help="environment frames per run")
+    p.add_argument("--quick", action="store_true", help="tiny version (smoke test of the pipeline)")
+    p.add_argument("--env", default="CartPole-v1", choices=sorted(RETURN_RANGE))
+    p.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--run-root", type=Path, default=ROOT / "runs" / "experiments")
+    return p
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1))
+    return m, sd
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+
+
+def mean_curve(curves: list[list[tuple[float, float]]], points: int = 60) -> tuple[list[float], list[float]]:
+    """Average several (frames, value) curves on a common frame grid (step interpolation)."""
+    end = min(c[-1][0] for c in curves)
+    grid = [end * (i + 1) / points for i in range(points)]
+    out = []
+    for g in grid:
+        vals = []
+        for c in curves:
+            v = c[0][1]
+            for f, r in c:
+                if f > g:
+                    break
+                v = r
+            vals.append(v)
+        out.append(sum(vals) / len(vals))
+    return grid, out
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot
