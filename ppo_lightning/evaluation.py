@@ -87,7 +87,7 @@ class HeldOutEvaluation(Callback):
         dm = trainer.datamodule
         if dm is None or stage != "fit" or self.envs:
             return
-        base_seed = self.seed if self.seed is not None else dm.seed + 10_000
+        base_seed = (self.seed if self.seed is not None else dm.seed + 10_000) + 1_000 * trainer.global_rank
         for i, (name, kwargs) in enumerate(self.split_kwargs(dm).items()):
             self.envs[name] = make_env(dm.env_id, self.num_envs, base_seed + i, kwargs)
 
