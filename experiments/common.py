@@ -20,6 +20,7 @@ from pathlib import Path
 
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 warnings.filterwarnings("ignore")
+warnings.filterwarnings("default", message=r"(clip fraction|advantage-std)")  # ppo_lightning.diagnostics
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -86,6 +87,12 @@ def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, e
     frames = {m.step: m.value for m in client.get_metric_history(run_id, "frames")}
     rets = {m.step: m.value for m in client.get_metric_history(run_id, "episode/return_mean20")}
     curve = sorted((frames[s], normalized(env_id, r)) for s, r in rets.items() if s in frames)
+    diag = {}
+    for key, name in (("train/clip_fraction", "clip_fraction_mean"), ("diagnostics/adv_std_oscillation",
+                                                                       "adv_std_oscillation_max")):
+        hist = [m.value for m in client.get_metric_history(run_id, key)]
+        if hist:
+            diag[name] = sum(hist) / len(hist) if name.endswith("mean") else max(hist)
     elapsed = client.get_metric_history(run_id, "time/elapsed_s")
     train_s = elapsed[-1].value if elapsed else wall  # training time, without start-up
     dm = cli.datamodule
@@ -94,7 +101,7 @@ def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, e
     final = sum(tail) / len(tail)
     client.log_metric(run_id, "final_normalized_return", final)
     print(f"[{experiment}] {run_name}: final normalized return {final:.3f} ({total} frames, {wall:.0f} s)", flush=True)
-    return {"run_name": run_name, "run_id": run_id, "curve": curve, "final": final, "frames": total, "wall_s": wall, "train_s": train_s,
+    return {"run_name": run_name, "run_id": run_id, "curve": curve, "final": final, "frames": total, "wall_s": wall, "train_s": train_s, **diag,
             "global_step": cli.trainer.global_step}
 
 

@@ -1,10 +1,10 @@
 """Paper Fig. 18 at CPU scale: the KL-penalized decoupled objective over a grid of KL coefficient
 beta x proximal-policy center of mass (EWMA COM, gradient steps).
 
-    python experiments/kl_com.py                # full: beta in 0.1,0.3,1,3,10 x COM in 1,4,16,64, 3 seeds
+    python experiments/kl_com.py                # full: beta in 0.1,0.3,1,3,10 x COM in 1,4,16,64, 3 seeds, 100k frames
     python experiments/kl_com.py --quick        # pipeline smoke test
 
-Base: CartPole-v1, 8 envs x 32 steps, 4 minibatches, 3 epochs, Adam 1e-3, objective ``kl`` (fixed
+Base: CartPole-v1, 32 envs x 32 steps (the default batch of batch_size_invariance.py), 4 minibatches, 3 epochs, Adam 1e-3, objective ``kl`` (fixed
 beta), decoupled, EWMA proximal policy. Writes results/kl_com.{csv,png} (a heat map of the final
 normalized return); MLflow experiment ``fig18-kl-com``.
 """
@@ -17,7 +17,7 @@ EXPERIMENT = "fig18-kl-com"
 
 
 def main() -> None:
-    p = common_parser(__doc__, default_frames=60_000, default_seeds=3)
+    p = common_parser(__doc__, default_frames=100_000, default_seeds=3)
     p.add_argument("--betas", default="0.1,0.3,1,3,10")
     p.add_argument("--coms", default="1,4,16,64")
     a = p.parse_args()
@@ -29,7 +29,7 @@ def main() -> None:
     for seed in range(a.seeds):
         for beta in betas:
             for com in coms:
-                args = base_args(a.env, a.frames, seed, ewma=False, num_envs=8) + [
+                args = base_args(a.env, a.frames, seed, ewma=False) + [
                     "--model.objective", "kl", "--model.kl_beta", f"{beta:g}", "--model.decoupled", "true",
                     "--model.proximal_com", f"{com:g}"]
                 r = run(args, experiment=EXPERIMENT, run_name=f"beta{beta:g}-com{com:g}-s{seed}",
