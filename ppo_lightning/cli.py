@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         from ppo_lightning.export import export_main
 
         return export_main(args[1:])
+    global _TRAINING_STARTED
+    _TRAINING_STARTED = False
     try:
         fit_main(argv)
     except ValueError as err:  # invalid configuration: one clear line, before training
