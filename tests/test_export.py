@@ -84,7 +84,8 @@ def test_round_trip_automodel_and_load_pretrained(trained, exported):
     hf = AutoModel.from_pretrained(exported, trust_remote_code=True)
     _assert_same_policy(expected, _outputs(hf))
     torch.testing.assert_close(hf.value(OBS), expected[1], rtol=0, atol=0)
-    torch.testing.assert_close(hf.distribution(OBS).probs, torch.softmax(expected[0], -1), rtol=0, atol=0)
+    # probs go through a softmax computed two ways: equal to float rounding, not bit for bit
+    torch.testing.assert_close(hf.distribution(OBS).probs, torch.softmax(expected[0], -1))
     assert hf.act(OBS, deterministic=True).tolist() == expected[0].argmax(-1).tolist()
 
     # Only the actor-critic's weights: no proximal copy, optimizer or loss-module state.

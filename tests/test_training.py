@@ -98,12 +98,23 @@ SMALL = ["--data.total_frames", "512", "--data.num_envs", "4", "--data.rollout_s
      (["--data.env_id", "CartPol-v1"], "data.env_id"), (["--data.num_minibatches", "7"], "data.num_minibatches"),
      (["--model.proximal_com", "-2"], "model.proximal_com")],
 )
-def test_cli_invalid_config_fails_before_training(tmp_path, override, field):
-    out = run_cli("fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--run_dir", str(tmp_path),
-                  *override, cwd=tmp_path)
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert field in out.stderr and "error:" in out.stderr
+def test_cli_invalid_config_fails_before_training(tmp_path, capsys, override, field):
+    from ppo_lightning.cli import main
+
+    code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--run_dir", str(tmp_path),
+                 "--mlflow.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db", *override])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert field in err and "error:" in err
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_console_script_reports_config_errors_with_exit_code_2(tmp_path):
+    exe = Path(sys.executable).parent / "ppo-lightning"
+    out = subprocess.run([str(exe), "fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"),
+                          "--model.lr", "0", "--run_dir", str(tmp_path)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 2 and "error: model.lr must be > 0" in out.stderr, out.stderr[-2000:]
 
 
 def test_cli_fit_logs_to_mlflow_and_checkpoints(tmp_path):
