@@ -53,14 +53,15 @@ class Crossing(pl.Callback):
             self.result = {"frames_to_475": dm.frames, "wall_s_to_475": time.perf_counter() - self.t0}
 
 
-def run(algo: str, seed: int, tmp: Path) -> dict:
+def run(algo: str, seed: int, tmp: Path, extra: list[str] = ()) -> dict:
+    """One training run of the algorithm's config (plus CLI overrides ``extra``) until 475."""
     from ppo_lightning.cli import fit_main
 
     crossing = Crossing()
     args = [
         "fit", "--config", str(ROOT / CONFIGS[algo]), "--seed_everything", str(seed), "--data.seed", str(seed),
         "--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_checkpointing", "false", "--run_dir", str(tmp / f"{algo}-{seed}"),
+        "--trainer.enable_checkpointing", "false", "--run_dir", str(tmp / f"{algo}-{seed}"), *extra,
     ]
     # The crossing recorder rides along through the Trainer's callbacks.
     import ppo_lightning.cli as cli_mod

@@ -7,7 +7,9 @@ line is one JSON object:
 
     {"raw_env_fps": .., "ppo_fps": .., "ppo_ewma_fps": .., "ewma_overhead": .., "peak_rss_gib": .., ...}
 
-with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1``.
+with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (and
+``ewma_overhead_within_run`` = proximal-forward seconds / the rest of the EWMA iteration, which a
+shared machine's load changes between the two runs do not distort).
 
     python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, bf16
     python benchmarks/throughput.py --precision fp32
@@ -178,6 +180,11 @@ def main() -> None:
         result[f"{name}_split_s"] = {k: round(r[k], 3) for k in ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s")}
     if "ppo" in runs and "ppo_ewma" in runs:
         result["ewma_overhead"] = round(runs["ppo_ewma"]["wall_s"] / runs["ppo"]["wall_s"] - 1.0, 4)
+    if "ppo_ewma" in runs:
+        # The same ratio measured inside the EWMA run alone (proximal forward vs the rest of its
+        # iteration): insensitive to load changes between the two runs on a shared machine.
+        r = runs["ppo_ewma"]
+        result["ewma_overhead_within_run"] = round(r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     result.update({"precision": args.precision, "torch_threads": threads, "procgen_threads": pthreads,
                    "num_envs": args.num_envs, "rollout_steps": args.rollout_steps})
