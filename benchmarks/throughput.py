@@ -130,6 +130,10 @@ def train_run(args, decoupled: bool) -> dict:
         callbacks=[timer],
     )
     trainer.fit(model, dm)
+    del trainer, model, dm
+    import gc
+
+    gc.collect()
     warm, rows = timer.rows[0], timer.rows[1:]
     mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
     mean["fps"] = mean["frames"] / mean["wall_s"]
@@ -177,6 +181,7 @@ def main() -> None:
             flush=True,
         )
         result[f"{name}_fps"] = round(r["fps"], 1)
+        result[f"peak_rss_after_{name}_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
         result[f"{name}_split_s"] = {k: round(r[k], 3) for k in ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s")}
     if "ppo" in runs and "ppo_ewma" in runs:
         result["ewma_overhead"] = round(runs["ppo_ewma"]["wall_s"] / runs["ppo"]["wall_s"] - 1.0, 4)
