@@ -162,9 +162,10 @@ class RolloutSource:
         n = flat.shape[0]
         size = n // self.data.num_minibatches
         for _ in range(self.data.update_epochs):
-            perm = torch.randperm(n, generator=self.data.shuffle_generator)
+            # One gather per epoch, then contiguous slices (views): cheaper than a gather per minibatch.
+            shuffled = flat[torch.randperm(n, generator=self.data.shuffle_generator)]
             for i in range(self.data.num_minibatches):
-                yield flat[perm[i * size : (i + 1) * size]]
+                yield shuffled[i * size : (i + 1) * size]
 
 
 class RolloutDataModule(pl.LightningDataModule):

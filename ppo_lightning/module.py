@@ -169,6 +169,13 @@ class PPOLightningModule(pl.LightningModule):
         batch.set("proximal", TensorDict(dict(zip(self.param_keys, params)), batch_size=batch.batch_size))
         return batch
 
+    def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
+        # Minibatches are built from a rollout already on the module's device; Lightning's generic
+        # move (TensorDict.to on every step) cost ~0.15 ms per gradient step on CartPole.
+        if isinstance(batch, TensorDictBase) and batch.get(OBS_KEY).device == device:
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         if self.loss_module.decoupled:
             batch = self.add_proximal(batch)
