@@ -7,13 +7,13 @@ CONFIG ?= experiments/cartpole/ppo_ewma.yaml
 
 .PHONY: train test bench install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found (Python 3.11 is required)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first and pinned: the CPU wheel; a looser pin would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,hf]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,hf]"
 	touch $(STAMP)
 
 install: $(STAMP)
