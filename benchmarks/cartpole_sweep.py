@@ -44,6 +44,11 @@ for com in (4, 8, 16, 32, 64):
 VARIANTS["lr2e-3_mb8_e5_com8_clip0.1"] = [*VARIANTS["lr2e-3_mb8_e5_com8"], "--model.clip_eps", "0.1"]
 for base in ("lr1e-3_mb4_e10", "lr1e-3_mb8_e10", "lr1e-3_mb8_e5", "lr2e-3_mb8_e3", "lr2e-3_mb8_e2"):
     VARIANTS[f"{base}_com8"] = [*VARIANTS[base], "--model.proximal_com", "8"]
+VARIANTS["lr2e-3_mb8_e6"] = ["--model.lr", "0.002", *MB, "8", *EP, "6"]
+for com in (24, 32):
+    VARIANTS[f"lr2e-3_mb8_e6_com{com}"] = [*VARIANTS["lr2e-3_mb8_e6"], "--model.proximal_com", str(com)]
+for com in (24, 48):
+    VARIANTS[f"lr2e-3_mb8_e5_com{com}"] = [*VARIANTS["lr2e-3_mb8_e5"], "--model.proximal_com", str(com)]
 VARIANTS["lr2e-3_mb8_e7_com32"] = [*VARIANTS["lr2e-3_mb8_e7"], "--model.proximal_com", "32"]
 
 

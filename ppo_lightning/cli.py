@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -131,6 +132,8 @@ class PPOCLI(LightningCLI):
 
 
 def fit_main(args: list[str] | None = None) -> PPOCLI:
+    if args is not None:  # called from Python (tests, benchmarks, experiments) on purpose
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     return PPOCLI(
         PPOLightningModule,
         RolloutDataModule,

@@ -116,5 +116,7 @@ class SmallBatchDiagnostics(Callback):
                     f"(> {self.max_std_ratio:g}x): small batches make per-batch normalization noisy; raise "
                     "data.advantage_norm_span (span * c, see --scale)",
                 )
-        if metrics:
+        if metrics and hasattr(pl_module, "record_metrics"):
+            pl_module.record_metrics(metrics)
+        elif metrics:
             pl_module.log_dict(metrics, on_step=False, on_epoch=True)

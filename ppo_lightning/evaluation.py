@@ -154,4 +154,8 @@ class HeldOutEvaluation(Callback):
             return
         metrics = self.evaluate(trainer, pl_module)
         self.history.append({"iteration": float(dm.iteration), "frames": float(dm.frames), **metrics})
-        pl_module.log_dict({k: v for k, v in metrics.items() if not math.isnan(v)}, on_step=False, on_epoch=True)
+        metrics = {k: v for k, v in metrics.items() if not math.isnan(v)}
+        if hasattr(pl_module, "record_metrics"):  # published with the iteration's other metrics
+            pl_module.record_metrics(metrics)
+        else:
+            pl_module.log_dict(metrics, on_step=False, on_epoch=True)

@@ -109,6 +109,7 @@ class PPOLightningModule(pl.LightningModule):
         self._step_stats: list[torch.Tensor] = []
         self._stat_names: list[str] | None = None
         self._fit_t0: float | None = None
+        self._recorded: dict[str, float] = {}
         self._fit_frames0 = 0
 
     # ------------------------------------------------------------------ configuration
@@ -214,7 +215,26 @@ class PPOLightningModule(pl.LightningModule):
                 metrics["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
-        self.log_dict(metrics, on_step=False, on_epoch=True)
+        metrics.update(self._recorded)
+        self._recorded = {}
+        self.publish_metrics(metrics)
+
+    # ------------------------------------------------------------------ per-iteration metrics
+    def record_metrics(self, metrics: dict[str, float]) -> None:
+        """Add metrics (from callbacks) to this iteration's batch, published at the iteration's end."""
+        self._recorded.update(metrics)
+
+    def publish_metrics(self, metrics: dict[str, float]) -> None:
+        """Send one iteration's metrics to the loggers and to ``trainer.callback_metrics``.
+
+        Why not ``self.log_dict``: Lightning's result collection costs ~0.25 ms per key; with ~35
+        keys per iteration that was ~9 ms per iteration, 6% of a CartPole run. Monitors
+        (EarlyStopping, ModelCheckpoint) read ``trainer.callback_metrics``, updated here.
+        """
+        trainer = self.trainer
+        trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     # ------------------------------------------------------------------ acting
     @torch.no_grad()

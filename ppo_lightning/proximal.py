@@ -123,11 +123,11 @@ class ProximalPolicyEWMA(Callback):
             self._seen_step += 1
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        pl_module.log_dict(
-            {"proximal/age": self.age, "proximal/com": self.com, "proximal/weight": self.weight},
-            on_step=False,
-            on_epoch=True,
-        )
+        metrics = {"proximal/age": self.age, "proximal/com": self.com, "proximal/weight": self.weight}
+        if hasattr(pl_module, "record_metrics"):
+            pl_module.record_metrics(metrics)
+        else:
+            pl_module.log_dict(metrics, on_step=False, on_epoch=True)
 
     def state_dict(self) -> dict[str, Any]:
         return {

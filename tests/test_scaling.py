@@ -90,7 +90,10 @@ def test_cli_scale_invariance_smoke(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = ["fit", "--config", EWMA, "--trainer.enable_progress_bar", "false", "--trainer.gradient_clip_val", "null",
               "--data.total_frames", "512", "--data.update_epochs", "2", "--mlflow.tracking_uri", uri,
-              "--mlflow.experiment", "scale"]
+              "--mlflow.experiment", "scale",
+              # explicit base values, so that the test does not follow the config's tuning
+              "--model.lr", "0.001", "--model.proximal_com", "8", "--data.num_envs", "8", "--data.rollout_steps", "32",
+              "--data.num_minibatches", "4"]
     runs = {}
     for c in (1, 4):
         cli = fit_main([*common, "--scale", str(c), "--run_dir", str(tmp_path / f"c{c}"), "--mlflow.run_name", f"c{c}"])

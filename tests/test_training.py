@@ -135,7 +135,7 @@ def test_cli_fit_logs_to_mlflow_and_checkpoints(tmp_path):
                 "train/importance_ratio_max", "train/importance_ratio_capped_fraction", "train/entropy",
                 "train/explained_variance", "proximal/age", "time/fps", "frames"):
         assert key in run.data.metrics, key
-    assert run.data.params["proximal_com"] == "8.0" and run.data.params["env_id"] == "CartPole-v1"
+    assert run.data.params["proximal_com"] == "24.0" and run.data.params["env_id"] == "CartPole-v1"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "config.yaml" in artifacts and "last" in artifacts
 
