@@ -15,7 +15,7 @@ Writes results/batch_size_invariance.{csv,png}; every run goes to MLflow experim
 
 from __future__ import annotations
 
-from common import base_args, common_parser, mean_curve, mean_std, plt, run, write_csv
+from common import base_args, common_parser, mean_curve, mean_std, plt, run, save_figure, write_csv
 
 EXPERIMENT = "fig2-batch-size-invariance"
 ABLATIONS = {  # name: (extra args, scale rules)
@@ -96,10 +96,7 @@ def main() -> None:
         axes[1].plot(x, y, "k--", label="c=1 reference")
     axes[1].set(title=f"ablations at c={cmax:g}", xlabel="environment frames", ylabel="normalized return")
     axes[1].legend()
-    fig.tight_layout()
-    out = a.out / f"{a.name}.png"
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, a.out / f"{a.name}.png")
 
 
 if __name__ == "__main__":

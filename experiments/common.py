@@ -157,3 +157,12 @@ def plt():
     import matplotlib.pyplot as pyplot
 
     return pyplot
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write the PNG (creating its folder) and say where."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+    return path

@@ -12,7 +12,7 @@ MLflow experiment ``fig4-ewma``.
 
 from __future__ import annotations
 
-from common import base_args, common_parser, mean_curve, mean_std, plt, run, write_csv
+from common import base_args, common_parser, mean_curve, mean_std, plt, run, save_figure, write_csv
 
 EXPERIMENT = "fig4-ewma"
 
@@ -47,10 +47,7 @@ def main() -> None:
         ax.plot(x, y, label=f"{name} (final {m:.2f})")
     ax.set(xlabel="environment frames", ylabel="normalized return", title="PPO vs PPO-EWMA (CartPole-v1)")
     ax.legend()
-    fig.tight_layout()
-    out = a.out / "ewma.png"
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, a.out / "ewma.png")
 
 
 if __name__ == "__main__":

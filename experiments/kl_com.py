@@ -11,7 +11,7 @@ normalized return); MLflow experiment ``fig18-kl-com``.
 
 from __future__ import annotations
 
-from common import base_args, common_parser, mean_std, plt, run, write_csv
+from common import base_args, common_parser, mean_std, plt, run, save_figure, write_csv
 
 EXPERIMENT = "fig18-kl-com"
 
@@ -55,10 +55,7 @@ def main() -> None:
     ax.set(xlabel="proximal COM (gradient steps)", ylabel="KL coefficient beta",
            title=f"decoupled KL objective, final normalized return ({a.frames} frames)")
     fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    out = a.out / "kl_com.png"
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, a.out / "kl_com.png")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import argparse
 import collections
 from pathlib import Path
 
-from common import mean_curve, normalized, plt
+from common import mean_curve, normalized, plt, save_figure
 
 
 def main() -> None:
@@ -45,10 +45,7 @@ def main() -> None:
             print(f"{g}: n={len(curves[g])}, " + ", ".join(f"{x[i]:.0f}:{y[i]:.2f}" for i in range(9, len(x), 10)))
     ax.set(xlabel="environment frames", ylabel="normalized return", title=a.title or a.experiment)
     ax.legend()
-    fig.tight_layout()
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(a.out, dpi=110)
-    print(f"wrote {a.out}")
+    save_figure(fig, a.out)
 
 
 if __name__ == "__main__":

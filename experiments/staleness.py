@@ -13,7 +13,7 @@ shared. Writes results/staleness.{csv,png}; MLflow experiment ``fig1-staleness``
 
 from __future__ import annotations
 
-from common import base_args, common_parser, mean_std, plt, run, write_csv
+from common import base_args, common_parser, mean_std, plt, run, save_figure, write_csv
 
 EXPERIMENT = "fig1-staleness"
 MODES = {
@@ -63,10 +63,7 @@ def main() -> None:
     ax.set(xlabel="staleness k (iterations)", ylabel=f"final normalized return ({a.frames} frames)",
            title="artificial staleness (CartPole-v1)")
     ax.legend()
-    fig.tight_layout()
-    out = a.out / "staleness.png"
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, a.out / "staleness.png")
 
 
 if __name__ == "__main__":

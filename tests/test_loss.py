@@ -49,26 +49,28 @@ def total(out):
     return out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
 
 
+def torchrl_oracle(loss_cls, net, **kwargs):
+    """TorchRL's own PPO loss over the same network, with our coefficients and L2 critic loss."""
+    return loss_cls(make_policy_operator(net, ACT), make_value_operator(net), entropy_coeff=0.01, critic_coeff=0.5,
+                    loss_critic_type="l2", normalize_advantage=False, **kwargs)
+
+
+def assert_same_losses_and_gradients(net, batch, ours, ref):
+    out_ours, out_ref = ours(batch.clone()), ref(batch.clone())
+    for key in ("loss_objective", "loss_critic", "loss_entropy"):
+        torch.testing.assert_close(out_ours[key], out_ref[key], rtol=1e-5, atol=1e-6)
+    for g1, g2 in zip(grads_of(net, total(ours(batch.clone()))), grads_of(net, total(ref(batch.clone())))):
+        torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-6)
+    return out_ours, out_ref
+
+
 def test_clip_matches_torchrl_clip_ppo_loss():
     torch.manual_seed(0)
     net = ActorCritic(OBS, ACT, hidden_sizes=(16, 16))
     batch = make_batch(net)
     ours = PPOFamilyLoss(net, ACT, objective="clip", clip_eps=0.2, value_coef=0.5, entropy_coef=0.01)
-    ref = ClipPPOLoss(
-        make_policy_operator(net, ACT),
-        make_value_operator(net),
-        clip_epsilon=0.2,
-        entropy_coeff=0.01,
-        critic_coeff=0.5,
-        loss_critic_type="l2",
-        normalize_advantage=False,
-    )
-    out_ours, out_ref = ours(batch.clone()), ref(batch.clone())
-    for key in ("loss_objective", "loss_critic", "loss_entropy"):
-        torch.testing.assert_close(out_ours[key], out_ref[key], rtol=1e-5, atol=1e-6)
+    out_ours, _ = assert_same_losses_and_gradients(net, batch, ours, torchrl_oracle(ClipPPOLoss, net, clip_epsilon=0.2))
     assert 0.0 < out_ours["clip_fraction"] < 1.0  # the case exercises the clip
-    for g1, g2 in zip(grads_of(net, total(ours(batch.clone()))), grads_of(net, total(ref(batch.clone())))):
-        torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-6)
 
 
 def test_kl_matches_torchrl_klpen_ppo_loss():
@@ -79,24 +81,10 @@ def test_kl_matches_torchrl_klpen_ppo_loss():
     net = ActorCritic(OBS, ACT, hidden_sizes=(16, 16))
     batch = make_batch(net, seed=1)
     ours = PPOFamilyLoss(net, ACT, objective="kl", kl_beta=0.7, value_coef=0.5, entropy_coef=0.01)
-    ref = KLPENPPOLoss(
-        make_policy_operator(net, ACT),
-        make_value_operator(net),
-        beta=0.7,
-        increment=1.0,
-        decrement=1.0,
-        entropy_coeff=0.01,
-        critic_coeff=0.5,
-        loss_critic_type="l2",
-        normalize_advantage=False,
-    )
-    out_ours, out_ref = ours(batch.clone()), ref(batch.clone())
-    for key in ("loss_objective", "loss_critic", "loss_entropy"):
-        torch.testing.assert_close(out_ours[key], out_ref[key], rtol=1e-5, atol=1e-6)
+    ref = torchrl_oracle(KLPENPPOLoss, net, beta=0.7, increment=1.0, decrement=1.0)
+    out_ours, out_ref = assert_same_losses_and_gradients(net, batch, ours, ref)
     torch.testing.assert_close(out_ours["kl_anchor"], out_ref["kl"].mean(), rtol=1e-5, atol=1e-6)
     assert out_ours["kl_anchor"] > 1e-3  # the penalty is active
-    for g1, g2 in zip(grads_of(net, total(ours(batch.clone()))), grads_of(net, total(ref(batch.clone())))):
-        torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("objective", ["clip", "kl", "adaptive_kl"])
