@@ -197,16 +197,15 @@ class PPOLightningModule(pl.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         metrics: dict[str, float] = {}
+        dm = self.trainer.datamodule
         if self._step_stats:
             stats = torch.stack(self._step_stats)
             metrics.update({f"train/{k}": v for k, v in zip(self._stat_names, stats.mean(0).tolist())})
             # Adaptive beta: once per iteration, on the mean KL of the last update epoch.
-            dm = self.trainer.datamodule
             per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
             kl_last_epoch = stats[-per_epoch:, self._stat_names.index("kl_anchor")].mean().item()
             metrics["train/kl_anchor_last_epoch"] = kl_last_epoch
             metrics["train/kl_beta"] = self.loss_module.update_kl_beta(kl_last_epoch)
-        dm = self.trainer.datamodule
         if dm is not None and hasattr(dm, "iteration_metrics"):
             metrics.update(dm.iteration_metrics())
             if self._fit_t0 is not None:
