@@ -18,29 +18,16 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModule
+from tensordict import TensorDictBase
 from torchrl.collectors import Collector
 
 from ppo_lightning.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
-from ppo_lightning.models import OBS_KEY, VALUE_KEY, _Method, dist_param_keys
+from ppo_lightning.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
 from ppo_lightning.staleness import StalenessQueue, relabel, validate_staleness
 
 # Keys a minibatch carries to the loss (besides the distribution parameters).
 BATCH_KEYS = (OBS_KEY, "action", "action_log_prob", VALUE_KEY, "advantage", "value_target")
-
-
-def make_collection_policy(net: torch.nn.Module, action_space: dict):
-    """ProbabilisticActor over the network's joint forward: samples the action and records its
-    log-prob, the distribution parameters and the state value in one pass."""
-    from torchrl.modules import IndependentNormal, ProbabilisticActor
-    from torch.distributions import Categorical
-
-    keys = list(dist_param_keys(action_space))
-    module = TensorDictModule(_Method(net, "forward"), in_keys=[OBS_KEY], out_keys=[*keys, VALUE_KEY])
-    dist_cls = Categorical if action_space["type"] == "discrete" else IndependentNormal
-    return ProbabilisticActor(module, in_keys=keys, distribution_class=dist_cls, return_log_prob=True)
 
 
 class EpisodeStats:
@@ -89,7 +76,7 @@ class RolloutSource:
         self.data = data
         self.network = network
         self.env = make_env(data.env_id, data.num_envs, data.seed, data.env_kwargs)
-        self.policy = make_collection_policy(network, data.action_space)
+        self.policy = make_policy_operator(network, data.action_space, with_value=True)
         self.collector = Collector(
             self.env,
             self.policy,

@@ -144,25 +144,19 @@ class _Method(nn.Module):
         return getattr(self.net, self.method)(obs)
 
 
-def make_policy_operator(net: nn.Module, action_space: dict):
-    """TorchRL ProbabilisticActor that samples actions and records their log-prob and parameters."""
-    from torchrl.modules import ProbabilisticActor
+def make_policy_operator(net: nn.Module, action_space: dict, with_value: bool = False):
+    """TorchRL ProbabilisticActor that samples actions and records their log-prob and parameters.
+
+    ``with_value``: run the network's joint ``forward`` instead of ``policy``, so the same pass also
+    records ``state_value`` (the collection policy: GAE then needs no second value pass).
+    """
+    from torchrl.modules import IndependentNormal, ProbabilisticActor
 
     keys = list(dist_param_keys(action_space))
-    module = TensorDictModule(_Method(net, "policy"), in_keys=[OBS_KEY], out_keys=keys)
-    if action_space["type"] == "discrete":
-        dist_cls, dist_kwargs = Categorical, {}
-    else:
-        from torchrl.modules import IndependentNormal
-
-        dist_cls, dist_kwargs = IndependentNormal, {}
-    return ProbabilisticActor(
-        module,
-        in_keys=keys,
-        distribution_class=dist_cls,
-        distribution_kwargs=dist_kwargs,
-        return_log_prob=True,
-    )
+    method, out_keys = ("forward", [*keys, VALUE_KEY]) if with_value else ("policy", keys)
+    module = TensorDictModule(_Method(net, method), in_keys=[OBS_KEY], out_keys=out_keys)
+    dist_cls = Categorical if action_space["type"] == "discrete" else IndependentNormal
+    return ProbabilisticActor(module, in_keys=keys, distribution_class=dist_cls, return_log_prob=True)
 
 
 def make_value_operator(net: nn.Module):
