@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -17,7 +18,8 @@ from tensordict import TensorDict, TensorDictBase
 from ppo_lightning.loss import OBJECTIVES, PPOFamilyLoss
 from ppo_lightning.models import OBS_KEY, build_network, dist_param_keys
 
-LOSS_KEYS = ("loss_objective", "loss_critic", "loss_entropy")
+# Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
+warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
 
 
 class PPOLightningModule(pl.LightningModule):
