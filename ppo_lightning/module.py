@@ -234,8 +234,9 @@ class PPOLightningModule(pl.LightningModule):
         """
         trainer = self.trainer
         trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
-        for logger in trainer.loggers:
+        for logger in trainer.loggers:  # as Lightning's logger connector does: log, then save
             logger.log_metrics(metrics, step=trainer.global_step)
+            logger.save()
 
     # ------------------------------------------------------------------ acting
     @torch.no_grad()
