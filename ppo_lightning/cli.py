@@ -10,7 +10,6 @@ The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model`
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import warnings
