@@ -11,8 +11,9 @@ with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (a
 ``ewma_overhead_within_run`` = proximal-forward seconds / the rest of the EWMA iteration, which a
 shared machine's load changes between the two runs do not distort).
 
-    python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, bf16
-    python benchmarks/throughput.py --precision fp32
+    python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, fp32
+    python benchmarks/throughput.py --precision bf16
+    python benchmarks/throughput.py --micro-batch-size 0  # whole minibatches: slower, 4.6 GiB
     python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
 """
 
@@ -119,6 +120,7 @@ def train_run(args, decoupled: bool) -> dict:
         lr=5e-4,
         decoupled=decoupled,
         proximal_com=8.0 if decoupled else None,
+        micro_batch_size=args.micro_batch_size or None,
     )
     timer = Timer()
     trainer = pl.Trainer(
@@ -148,7 +150,9 @@ def main() -> None:
     p.add_argument("--rollout-steps", type=int, default=256)
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
+    p.add_argument("--micro-batch-size", type=int, default=256,
+                   help="model.micro_batch_size (0: whole 2048-sample minibatches in one pass)")
     p.add_argument("--game", default="coinrun")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
     p.add_argument("--procgen-threads", type=int, default=None, help="Procgen worker threads (default: auto)")
@@ -164,6 +168,7 @@ def main() -> None:
     threads = configure_threads(args.threads, f"procgen:{args.game}")
     pthreads = auto_procgen_threads(args.num_envs) if args.procgen_threads is None else args.procgen_threads
     print(f"torch threads {threads}, procgen threads {pthreads}, precision {args.precision}, "
+          f"micro-batch {args.micro_batch_size or 'none'}, "
           f"{args.num_envs} envs x {args.rollout_steps} steps, {args.epochs} epochs x {args.num_minibatches} minibatches")
     raw = raw_env_fps(args.game, args.num_envs, max(args.rollout_steps, 256), args.procgen_threads)
     print(f"raw env: {raw:,.0f} frames/s")
@@ -191,7 +196,7 @@ def main() -> None:
         r = runs["ppo_ewma"]
         result["ewma_overhead_within_run"] = round(r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
-    result.update({"precision": args.precision, "torch_threads": threads, "procgen_threads": pthreads,
+    result.update({"precision": args.precision, "micro_batch_size": args.micro_batch_size or None, "torch_threads": threads, "procgen_threads": pthreads,
                    "num_envs": args.num_envs, "rollout_steps": args.rollout_steps})
     del torch
     print(json.dumps(result))

@@ -146,3 +146,38 @@ def test_cli_unwritable_tracking_store_trains_on(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "cannot be written" in out.stderr and "training on with console logging" in out.stderr
     assert (tmp_path / "run/checkpoints/last.ckpt").exists()
+
+
+@pytest.mark.parametrize("objective", ["clip", "adaptive_kl"])
+def test_micro_batches_give_the_same_update_as_whole_minibatches(objective):
+    """Chunked forward/backward with accumulated gradients = one pass over the minibatch (also
+    with gradient-norm clipping, which must see the whole accumulated gradient)."""
+    results = []
+    for micro in (None, 5):  # minibatch of 32: chunks 5, 5, 5, 5, 5, 5, 2
+        pl.seed_everything(0)
+        dm = RolloutDataModule(num_envs=4, rollout_steps=16, num_minibatches=2, update_epochs=2, total_frames=64,
+                               seed=3)
+        model = PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp", "hidden_sizes": [16]},
+                                   objective=objective, decoupled=True, proximal_com=2.0, lr=3e-2,
+                                   micro_batch_size=micro)
+        trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                             enable_checkpointing=False, gradient_clip_val=0.05)
+        trainer.fit(model, datamodule=dm)
+        assert trainer.global_step == 4  # one iteration of 2 epochs x 2 minibatches, whatever the chunking
+        stats = dict(zip(model._stat_names, torch.stack(model._step_stats).mean(0).tolist()))
+        results.append((torch.nn.utils.parameters_to_vector(model.network.parameters()).detach(),
+                        torch.nn.utils.parameters_to_vector(model.proximal_source.proximal.parameters()), stats))
+    (w0, p0, s0), (w1, p1, s1) = results
+    assert not torch.equal(w0, torch.nn.utils.parameters_to_vector(
+        PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp", "hidden_sizes": [16]}
+                           ).network.parameters()))
+    torch.testing.assert_close(w1, w0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(p1, p0, rtol=1e-4, atol=1e-5)
+    for k in ("loss_objective", "loss_critic", "entropy", "kl_anchor", "clip_fraction", "importance_ratio_max"):
+        assert s1[k] == pytest.approx(s0[k], rel=1e-4, abs=1e-6), k
+
+
+def test_micro_batch_size_is_validated():
+    dm = RolloutDataModule(num_envs=2, rollout_steps=8, total_frames=16)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        PPOLightningModule(dm.observation_space, dm.action_space, micro_batch_size=0)
