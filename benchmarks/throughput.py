@@ -121,6 +121,7 @@ def train_run(args, decoupled: bool) -> dict:
         decoupled=decoupled,
         proximal_com=8.0 if decoupled else None,
         micro_batch_size=args.micro_batch_size or None,
+        proximal_precision=args.proximal_precision if decoupled else None,
     )
     timer = Timer()
     trainer = pl.Trainer(
@@ -151,6 +152,8 @@ def main() -> None:
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
+    p.add_argument("--proximal-precision", choices=("bf16", "fp32"), default=None,
+                   help="PPO-EWMA's proximal forward precision (default: the network's)")
     p.add_argument("--micro-batch-size", type=int, default=256,
                    help="model.micro_batch_size (0: whole 2048-sample minibatches in one pass)")
     p.add_argument("--game", default="coinrun")
@@ -196,7 +199,8 @@ def main() -> None:
         r = runs["ppo_ewma"]
         result["ewma_overhead_within_run"] = round(r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
-    result.update({"precision": args.precision, "micro_batch_size": args.micro_batch_size or None, "torch_threads": threads, "procgen_threads": pthreads,
+    result.update({"precision": args.precision, "micro_batch_size": args.micro_batch_size or None,
+                   "proximal_precision": args.proximal_precision, "torch_threads": threads, "procgen_threads": pthreads,
                    "num_envs": args.num_envs, "rollout_steps": args.rollout_steps})
     del torch
     print(json.dumps(result))

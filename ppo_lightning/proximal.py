@@ -62,8 +62,11 @@ class ProximalPolicyEWMA(Callback):
     (PPG does so at the start of each policy phase).
     """
 
-    def __init__(self, com: float = 8.0) -> None:
+    def __init__(self, com: float = 8.0, precision: str | None = None) -> None:
         self.com = float(com)
+        # Precision of the proximal *forward* only (the averaged weights stay float32). None: the
+        # network's own. "bf16" needs a network with a ``precision`` switch (the IMPALA CNN).
+        self.precision = precision
         self.beta = beta_from_com(self.com)
         self.proximal: nn.Module | None = None
         self.weight = 1.0
@@ -98,6 +101,10 @@ class ProximalPolicyEWMA(Callback):
     def reset(self, network: nn.Module) -> None:
         """Start again from a copy of the current weights with W = 1."""
         self.proximal = copy.deepcopy(network).requires_grad_(False)
+        if self.precision is not None:
+            if not hasattr(self.proximal, "precision"):
+                raise ValueError(f"proximal precision {self.precision!r} needs a network with a precision switch (impala_cnn)")
+            self.proximal.precision = self.precision
         self._prox_params = list(self.proximal.parameters())
         self._params = list(network.parameters())
         self.weight, self.age_sum = 1.0, 0.0

@@ -174,7 +174,8 @@ def test_held_out_levels_are_disjoint():
 
 
 # ---------------------------------------------------------------------------------------- training
-def test_procgen_training_smoke():
+@pytest.mark.parametrize("precision,proximal_precision,micro", [("bf16", None, None), ("fp32", "bf16", 12)])
+def test_procgen_training_smoke(precision, proximal_precision, micro):
     import lightning.pytorch as pl
 
     from ppo_lightning.data import RolloutDataModule
@@ -185,8 +186,9 @@ def test_procgen_training_smoke():
                            num_envs=4, rollout_steps=16, num_minibatches=2, update_epochs=2, total_frames=128,
                            gamma=0.999, normalize_reward=True, seed=0)
     model = PPOLightningModule(dm.observation_space, dm.action_space,
-                               network={"name": "impala_cnn", "channels": [8, 16, 16], "dense": 64, "precision": "bf16"},
-                               decoupled=True, proximal_com=8.0)
+                               network={"name": "impala_cnn", "channels": [8, 16, 16], "dense": 64, "precision": precision},
+                               decoupled=True, proximal_com=8.0, proximal_precision=proximal_precision,
+                               micro_batch_size=micro)
     evaluation = HeldOutEvaluation(every_n_iterations=1, num_envs=2, num_steps=4)
     before = [p.detach().clone() for p in model.network.parameters()]
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_model_summary=False,
@@ -198,3 +200,21 @@ def test_procgen_training_smoke():
     assert "eval/test/episodes" in m and "eval/train/episodes" in m
     assert [h["iteration"] for h in evaluation.history] == [1.0, 2.0]
     assert any(not torch.equal(a, b) for a, b in zip(before, model.network.parameters()))
+
+
+def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():
+    from ppo_lightning.proximal import ProximalPolicyEWMA
+
+    torch.manual_seed(0)
+    net = ImpalaActorCritic(OBS, ACT, channels=(8, 16, 16), dense=64)
+    with torch.no_grad():
+        net.policy_head.weight.mul_(20)  # logits of a trained policy's magnitude, not the 0.1-scaled init
+    obs = torch.randint(0, 256, (32, 64, 64, 3), dtype=torch.uint8)
+    exact, bf16 = ProximalPolicyEWMA(com=4.0), ProximalPolicyEWMA(com=4.0, precision="bf16")
+    exact.reset(net), bf16.reset(net)
+    lp32 = exact.proximal_policy(obs)[0].log_softmax(-1)
+    lp16 = bf16.proximal_policy(obs)[0].log_softmax(-1)
+    assert lp16.dtype == torch.float32 and all(p.dtype == torch.float32 for p in bf16.proximal.parameters())
+    assert net.precision == "fp32"  # the policy itself is untouched
+    err = (lp32 - lp16).abs()
+    assert 0 < err.max() < 0.1 and err.mean() < 0.02  # far inside the clip range (0.2)

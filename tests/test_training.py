@@ -181,3 +181,12 @@ def test_micro_batch_size_is_validated():
     dm = RolloutDataModule(num_envs=2, rollout_steps=8, total_frames=16)
     with pytest.raises(ValueError, match="micro_batch_size"):
         PPOLightningModule(dm.observation_space, dm.action_space, micro_batch_size=0)
+
+
+@pytest.mark.parametrize("kwargs", [{"proximal_precision": "fp16", "proximal_com": 4.0},
+                                    {"proximal_precision": "bf16", "proximal_com": 4.0},  # MLP: no switch
+                                    {"proximal_precision": "bf16"}])  # no EWMA
+def test_proximal_precision_is_validated(kwargs):
+    dm = RolloutDataModule(num_envs=2, rollout_steps=8, total_frames=16)
+    with pytest.raises(ValueError, match="proximal_precision"):
+        PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, **kwargs)
