@@ -217,6 +217,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.reward_normalizer = RewardNormalizer(num_envs, gamma) if normalize_reward else None
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         self.source: RolloutSource | None = None
+        self._pending_queue_state: dict | None = None  # a checkpoint's staleness queue, until the source exists
         self._iteration_t0 = None
 
     @property
@@ -264,6 +265,9 @@ class RolloutDataModule(pl.LightningDataModule):
             validate_staleness(self.staleness, self.staleness_mode, decoupled=h.get("decoupled"),
                                proximal_com=h.get("proximal_com"))
             self.source = RolloutSource(self, self.trainer.lightning_module.network)
+            if self._pending_queue_state is not None and self.source.stale is not None:
+                self.source.stale.load_state_dict(self._pending_queue_state)
+                self._pending_queue_state = None
         return self.source
 
     def iteration_started(self) -> None:
@@ -303,6 +307,9 @@ class RolloutDataModule(pl.LightningDataModule):
             "advantage_moments": self.advantage_moments.state_dict(),
             "reward_normalizer": None if self.reward_normalizer is None else self.reward_normalizer.state_dict(),
             "shuffle_generator": self.shuffle_generator.get_state(),
+            "staleness_queue": self.source.stale.state_dict()
+            if self.source is not None and self.source.stale is not None
+            else self._pending_queue_state,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -312,6 +319,13 @@ class RolloutDataModule(pl.LightningDataModule):
         if self.reward_normalizer is not None and state["reward_normalizer"] is not None:
             self.reward_normalizer.load_state_dict(state["reward_normalizer"])
         self.shuffle_generator.set_state(state["shuffle_generator"])
+        queue = state.get("staleness_queue")
+        if queue is not None and self.staleness == 0:
+            raise ValueError(f"checkpoint has a staleness queue (data.staleness={queue['staleness']}); the config has data.staleness=0")
+        self._pending_queue_state = queue  # applied when the rollout source is built (after restore)
+        if self.source is not None and self.source.stale is not None and queue is not None:
+            self.source.stale.load_state_dict(queue)
+            self._pending_queue_state = None
 
     def teardown(self, stage: str) -> None:
         if self.source is not None:

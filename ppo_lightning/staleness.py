@@ -24,7 +24,9 @@ Choices made here (documented, tested):
   in every mode, so that the advantages and value targets are those a synchronous learner would
   compute and the three modes differ only in the policy roles. (Rewards are normalized at
   collection time, in order, as usual.)
-* The queue's contents are not checkpointed: after a resume it refills as at start-up.
+* The queue's contents are checkpointed with the data module (``StalenessQueue.state_dict``: up to
+  ``k`` rollouts, so a Procgen checkpoint with k = 8 holds eight rollouts), so a resumed run trains
+  on the same delayed rollouts as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -110,6 +112,27 @@ class StalenessQueue:
 
     def __len__(self) -> int:
         return len(self.queue)
+
+    def state_dict(self) -> dict:
+        """Plain tensors, lists and numbers (loads with ``torch.load(weights_only=True)``)."""
+        return {
+            "staleness": self.staleness,
+            "mode": self.mode,
+            "collected": self.collected,
+            "queue": [{"index": i, "version": v, "batch_size": list(td.batch_size), "data": td.to_dict()}
+                      for i, v, td in self.queue],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["staleness"], state["mode"]) != (self.staleness, self.mode):
+            raise ValueError(
+                f"checkpoint's staleness queue (data.staleness={state['staleness']}, staleness_mode="
+                f"{state['mode']}) differs from the config's ({self.staleness}, {self.mode})"
+            )
+        self.collected = state["collected"]
+        self.queue = collections.deque(
+            (e["index"], e["version"], TensorDict(e["data"], batch_size=e["batch_size"])) for e in state["queue"]
+        )
 
     def _push(self, rollout: TensorDictBase, version: int) -> None:
         self.queue.append((self.collected, version, rollout))

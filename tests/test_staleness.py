@@ -166,3 +166,40 @@ def test_diagnostics_thresholds_and_warn_once():
     messages = [str(w.message) for w in caught]
     assert sum("clip fraction" in s for s in messages) == 1 and sum("advantage-std" in s for s in messages) == 1
     assert m.logged["diagnostics/adv_std_oscillation"] == pytest.approx(20.0)
+
+
+def test_queue_survives_a_checkpoint(tmp_path):
+    """A resumed stale run trains on the rollouts queued before the checkpoint, not on a refill."""
+    import lightning.pytorch as pl
+
+    from ppo_lightning.module import PPOLightningModule
+
+    class Lags(pl.Callback):
+        def __init__(self):
+            self.indices = []
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.indices.append(trainer.datamodule.source.stale.last_index)
+
+    def fit(total_frames, ckpt_path=None):
+        dm = RolloutDataModule(num_envs=2, rollout_steps=8, num_minibatches=2, update_epochs=1, seed=0,
+                               total_frames=total_frames, staleness=2, staleness_mode="decoupled")
+        model = PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp", "hidden_sizes": [8]},
+                                   decoupled=True)
+        lags = Lags()
+        ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+        trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[lags, ckpt])
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return dm, lags.indices
+
+    dm, indices = fit(64)  # iteration 1: 3 rollouts (queue fill), iteration 2: one more
+    assert indices == [0, 1] and dm.frames == 64
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["RolloutDataModule"]["staleness_queue"]
+    assert [e["index"] for e in saved["queue"]] == [2, 3] and saved["collected"] == 4
+    dm, indices = fit(96, ckpt_path=tmp_path / "last.ckpt")
+    assert indices == [2, 3] and dm.frames == 96  # no refill: one new rollout per iteration
+
+    bad = StalenessQueue(3, "decoupled")
+    with pytest.raises(ValueError, match="staleness"):
+        bad.load_state_dict(saved)
