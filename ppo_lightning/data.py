@@ -69,13 +69,25 @@ class EpisodeStats:
         self.count = state["count"]
 
 
+RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for up to 1M envs
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Env seed of a data-parallel rank (rank 0 keeps ``seed``)."""
+    return seed + RANK_SEED_STRIDE * rank
+
+
 class RolloutSource:
     """An iterable whose every pass is one PPO iteration: collect, GAE, normalize, yield minibatches."""
 
     def __init__(self, data: "RolloutDataModule", network: torch.nn.Module) -> None:
         self.data = data
         self.network = network
-        self.env = make_env(data.env_id, data.num_envs, data.seed, data.env_kwargs)
+        # Data-parallel ranks (DDP, FSDP) each collect their own rollout: distinct env seeds, and
+        # every rank's frames count towards data.frames / total_frames (all ranks collect alike).
+        trainer = getattr(data, "trainer", None)
+        self.rank, self.world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), data.env_kwargs)
         self.policy = make_policy_operator(network, data.action_space, with_value=True)
         self.collector = Collector(
             self.env,
@@ -103,7 +115,7 @@ class RolloutSource:
         rollout = next(self._iterator)
         self.network.train(was_training)
         data.episodes.add_rollout(rollout)
-        data.frames += rollout.numel()
+        data.frames += rollout.numel() * self.world_size
         if data.reward_normalizer is not None:
             rollout.set(
                 ("next", "reward"),
@@ -172,7 +184,10 @@ class RolloutDataModule(pl.LightningDataModule):
         staleness: train on each rollout this many iterations after its collection (0: off).
         staleness_mode: "behavior", "proximal" or "decoupled": which policy plays the old policy
             on stale data (see `ppo_lightning.staleness`).
-        seed: seeds the envs and the minibatch shuffling.
+        seed: seeds the envs and the minibatch shuffling. With several data-parallel ranks (DDP,
+            FSDP) rank r seeds its envs with ``rank_seed(seed, r)``, and ``frames`` /
+            ``total_frames`` count the frames of all ranks (the paper's 4 workers x 64 envs = 4 ranks
+            with ``num_envs: 64``). Advantage and reward normalization stay per rank.
         num_threads: torch intra-op threads (None: 1 for MLP policies; see `ppo_lightning.threads`).
     """
 

@@ -161,3 +161,22 @@ def test_gymnasium_continuous_env_batched():
     td = env.rollout(5)
     assert td.batch_size == torch.Size([3, 5]) and td["action"].shape == (3, 5, 1)
     env.close()
+
+
+def test_data_parallel_ranks_collect_different_data_and_count_all_frames():
+    from types import SimpleNamespace
+
+    from ppo_lightning.data import RolloutSource, rank_seed
+    from ppo_lightning.models import ActorCritic
+
+    assert rank_seed(7, 0) == 7 and len({rank_seed(0, r) for r in range(4)}) == 4
+    firsts = []
+    for rank in (0, 1):
+        dm = RolloutDataModule(num_envs=2, rollout_steps=8, num_minibatches=2, update_epochs=1, seed=0)
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+        torch.manual_seed(0)
+        source = RolloutSource(dm, ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,)))
+        firsts.append(source.collect().get("observation")[:, 0])
+        source.collector.shutdown()
+        assert dm.frames == 2 * 16  # both ranks' frames
+    assert not torch.allclose(firsts[0], firsts[1])
