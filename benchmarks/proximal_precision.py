@@ -13,7 +13,7 @@ exact anchor:
 The training itself always uses the exact anchor, so the numbers describe the error of one step,
 not an accumulated drift. Prints one line per iteration and, last, one JSON object.
 
-    python benchmarks/proximal_precision.py                  # 30 iterations (61k frames), ~10 min
+    python benchmarks/proximal_precision.py                  # 30 iterations (61k frames)
     python benchmarks/proximal_precision.py --iterations 5
 """
 
@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--com", type=float, default=8.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
 
@@ -45,7 +46,7 @@ def main() -> None:
     from ppo_lightning.module import PPOLightningModule
 
     cfg = yaml.safe_load((ROOT / "experiments/procgen/ppo_easy_short.yaml").read_text())
-    data = {**cfg["data"], "seed": args.seed}
+    data = {**cfg["data"], "seed": args.seed, "num_threads": args.threads}
     data["total_frames"] = data["num_envs"] * data["rollout_steps"] * args.iterations
     pl.seed_everything(args.seed)
     dm = RolloutDataModule(**data)
