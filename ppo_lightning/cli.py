@@ -117,10 +117,13 @@ class PPOCLI(LightningCLI):
 
     def after_fit(self) -> None:
         trainer, dm = self.trainer, self.datamodule
+        if not trainer.is_global_zero:
+            return
         ckpt = self.checkpoint_callback.last_model_path or "(none)"
         print(
-            f"\nfinished: {dm.frames} frames, {dm.iteration} iterations, "
+            f"\nfinished: {dm.frames} frames (all ranks), {dm.iteration} iterations, "
             f"mean return of the last 20 episodes {dm.episodes.mean_return(20):.1f}"
+            + (f" (rank 0 of {trainer.world_size})" if trainer.world_size > 1 else "")
         )
         print(f"checkpoint: {ckpt}")
         logger = trainer.logger

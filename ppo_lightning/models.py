@@ -141,7 +141,8 @@ class _Method(nn.Module):
         self.method = method
 
     def forward(self, obs: Tensor):
-        return getattr(self.net, self.method)(obs)
+        # __call__ for forward: module hooks (FSDP's weight gathering) must run.
+        return self.net(obs) if self.method == "forward" else getattr(self.net, self.method)(obs)
 
 
 def make_policy_operator(net: nn.Module, action_space: dict, with_value: bool = False):

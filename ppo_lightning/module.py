@@ -22,6 +22,16 @@ from ppo_lightning.models import OBS_KEY, build_network, dist_param_keys
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
 
 
+def shard_network(network: torch.nn.Module, mesh) -> torch.nn.Module:
+    """``fully_shard`` an actor-critic (FSDP2) so that ``forward``, ``policy`` and ``value`` all work."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    fully_shard(network, mesh=mesh)
+    for method in ("policy", "value"):
+        register_fsdp_forward_method(network, method)
+    return network
+
+
 class PPOLightningModule(pl.LightningModule):
     """PPO, decoupled PPO and PPO-EWMA.
 
@@ -168,6 +178,26 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.micro_batch_size must be a positive integer or null, got {h.micro_batch_size!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
+
+    def make_network(self) -> torch.nn.Module:
+        """A fresh, unsharded network of this module's architecture."""
+        h = self.hparams
+        return build_network(h.observation_space, h.action_space, h.network)
+
+    def configure_model(self) -> None:
+        """FSDP2 under ``ModelParallelStrategy``: shard the network over the data-parallel mesh.
+
+        Called by Lightning after the strategy has built ``self.device_mesh`` (None otherwise: DDP
+        or one device keep the plain network). The methods the collector, the EWMA and the
+        evaluation call besides ``forward`` are registered so that FSDP gathers the weights for them.
+        """
+        mesh = self.device_mesh
+        if mesh is None or getattr(self, "_sharded", False):
+            return
+        if "tensor_parallel" in mesh.mesh_dim_names and mesh["tensor_parallel"].size() > 1:
+            raise ValueError("ModelParallelStrategy: tensor parallelism is not supported; set tensor_parallel_size=1")
+        shard_network(self.network, mesh["data_parallel"] if "data_parallel" in mesh.mesh_dim_names else mesh)
+        self._sharded = True
 
     def configure_callbacks(self):
         if self.hparams.decoupled and self.hparams.proximal_com is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from lightning.pytorch import Callback
@@ -54,6 +54,48 @@ def ewma_update_(proximal_params: list[Tensor], params: list[Tensor], beta: floa
     return new_weight
 
 
+def _is_sharded(network: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(network, FSDPModule)
+
+
+def _copy_network(network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> nn.Module:
+    """A copy with its own parameters. An FSDP2-sharded network is rebuilt by ``make_network`` and
+    sharded on the same mesh (a deep copy would share FSDP's hooks and state with the original)."""
+    if not _is_sharded(network):
+        return copy.deepcopy(network)
+    if make_network is None:
+        raise ValueError("copying an FSDP-sharded network needs make_network (the LightningModule's)")
+    from ppo_lightning.module import shard_network
+
+    params = list(network.parameters())
+    clone = shard_network(make_network(), params[0].device_mesh)
+    with torch.no_grad():
+        for q, p in zip(clone.parameters(), params):
+            q.copy_(p)
+    return clone
+
+
+def _full_state_dict(module: nn.Module) -> dict[str, Tensor]:
+    """Plain, full tensors (gathered from all ranks when sharded: every rank must call it)."""
+    if _is_sharded(module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+        return {k: v.detach().clone() for k, v in state.items()}
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _load_full_state_dict(module: nn.Module, state: dict[str, Tensor]) -> None:
+    if _is_sharded(module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        module.load_state_dict(state)
+
+
 class ProximalPolicyEWMA(Callback):
     """Keeps the EWMA proximal copy of ``pl_module.network`` up to date after every optimizer step.
 
@@ -77,6 +119,7 @@ class ProximalPolicyEWMA(Callback):
         self._ready = False  # True between on_fit_start and teardown: a restored state applies at once
         self._prox_params: list[Tensor] = []
         self._params: list[Tensor] = []
+        self._make_network: Callable[[], nn.Module] | None = None
 
     @property
     def state_key(self) -> str:
@@ -92,15 +135,17 @@ class ProximalPolicyEWMA(Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         # After configure_model and the strategy's setup, so that (sharded) parameters are final.
+        self._make_network = getattr(pl_module, "make_network", None)
         self.reset(pl_module.network)
         self._ready = True
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
             self._pending_state = None
 
-    def reset(self, network: nn.Module) -> None:
-        """Start again from a copy of the current weights with W = 1."""
-        self.proximal = copy.deepcopy(network).requires_grad_(False)
+    def reset(self, network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> None:
+        """Start again from a copy of the current weights with W = 1 (``make_network`` builds an
+        unsharded network of the same shape; needed only when ``network`` is FSDP-sharded)."""
+        self.proximal = _copy_network(network, make_network or self._make_network).requires_grad_(False)
         if self.precision is not None:
             if not hasattr(self.proximal, "precision"):
                 raise ValueError(f"proximal precision {self.precision!r} needs a network with a precision switch (impala_cnn)")
@@ -142,9 +187,7 @@ class ProximalPolicyEWMA(Callback):
             "weight": self.weight,
             "age_sum": self.age_sum,
             "num_updates": self.num_updates,
-            "proximal": {k: v.detach().clone() for k, v in self.proximal.state_dict().items()}
-            if self.proximal is not None
-            else None,
+            "proximal": _full_state_dict(self.proximal) if self.proximal is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -164,4 +207,4 @@ class ProximalPolicyEWMA(Callback):
             )
         self.weight, self.age_sum, self.num_updates = state["weight"], state["age_sum"], state["num_updates"]
         if state["proximal"] is not None:
-            self.proximal.load_state_dict(state["proximal"])
+            _load_full_state_dict(self.proximal, state["proximal"])

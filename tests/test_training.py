@@ -190,3 +190,41 @@ def test_proximal_precision_is_validated(kwargs):
     dm = RolloutDataModule(num_envs=2, rollout_steps=8, total_frames=16)
     with pytest.raises(ValueError, match="proximal_precision"):
         PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, **kwargs)
+
+
+FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",
+         "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+         "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1",
+         "--data.num_threads", "1", "--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false"]
+
+
+def test_fsdp2_two_ranks_train_checkpoint_resume_and_export(tmp_path):
+    """PPO-EWMA sharded with FSDP2 over 2 gloo ranks (micro-batched): trains, writes a sharded
+    checkpoint whose EWMA state is full and pickle-free, resumes from it, exports to HF."""
+    from ppo_lightning.export import load_pretrained
+    from ppo_lightning.models import build_network
+
+    config = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), *FSDP2,
+              "--model.micro_batch_size", "24"]
+    out = run_cli(*config, "--data.total_frames", "1024", "--run_dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("finished:") == 1 and "1024 frames (all ranks), 2 iterations" in out.stdout
+    ckpt = tmp_path / "run/checkpoints/last.ckpt"
+    assert {p.name for p in ckpt.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"}
+    meta = torch.load(ckpt / "meta.pt", weights_only=True)
+    h = meta["hyper_parameters"]
+    full = build_network(h["observation_space"], h["action_space"], h["network"]).state_dict()
+    ewma = meta["callbacks"]["ProximalPolicyEWMA"]
+    assert {k: v.shape for k, v in ewma["proximal"].items()} == {k: v.shape for k, v in full.items()}
+    assert ewma["num_updates"] == meta["global_step"] == 2 * 40
+    assert meta["RolloutDataModule"]["frames"] == 1024
+
+    out = run_cli(*config, "--data.total_frames", "1536", "--run_dir", str(tmp_path / "run2"),
+                  "--ckpt_path", str(ckpt), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "1536 frames (all ranks), 3 iterations" in out.stdout
+
+    out = run_cli("export-hf", str(tmp_path / "run2/checkpoints/last.ckpt"), str(tmp_path / "hf"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    net = load_pretrained(tmp_path / "hf")
+    assert net.policy(torch.zeros(3, 4))[0].shape == (3, 2)
