@@ -69,8 +69,11 @@ def base_args(env_id: str = "CartPole-v1", frames: int = 100_000, seed: int = 0,
 
 
 def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, env_id: str,
-        run_root: Path) -> dict:
-    """One fit in this process; returns its curve (frames, normalized return) and summary."""
+        run_root: Path, normalize=None) -> dict:
+    """One fit in this process; returns its curve (frames, normalized return) and summary.
+
+    ``normalize``: return -> normalized return (default: `normalized` for ``env_id``)."""
+    normalize = normalize or (lambda r: normalized(env_id, r))
     from ppo_lightning.cli import fit_main
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
@@ -86,7 +89,7 @@ def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, e
     client = logger.experiment
     frames = {m.step: m.value for m in client.get_metric_history(run_id, "frames")}
     rets = {m.step: m.value for m in client.get_metric_history(run_id, "episode/return_mean20")}
-    curve = sorted((frames[s], normalized(env_id, r)) for s, r in rets.items() if s in frames)
+    curve = sorted((frames[s], normalize(r)) for s, r in rets.items() if s in frames)
     diag = {}
     for key, name in (("train/clip_fraction", "clip_fraction_mean"), ("diagnostics/adv_std_oscillation",
                                                                        "adv_std_oscillation_max")):

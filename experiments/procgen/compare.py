@@ -1,0 +1,78 @@
+"""Learning curves of named variants of the short-budget Procgen config, several seeds each.
+
+Each variant is the base config (``experiments/procgen/ppo_easy_short.yaml`` unless ``--config``)
+plus CLI overrides; every run is an in-process ``ppo-lightning fit`` logged to MLflow. Writes
+``<out>/<name>.csv`` (final normalized return per run: mean over the last 10% of frames of the
+training-episode return, starpilot easy constants) and ``<out>/<name>.png`` (mean curves).
+
+    # PPO-EWMA with the exact proximal forward against a bf16 one (model.proximal_precision)
+    python experiments/procgen/compare.py --name proximal_precision --seeds 2 --frames 100000 \\
+        --common "--model.decoupled true --model.proximal_com 8" \\
+        --variant "fp32 proximal=" --variant "bf16 proximal=--model.proximal_precision bf16"
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import ROOT, mean_curve, mean_std, plt, run, save_figure, write_csv  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=ROOT / "experiments/procgen/ppo_easy_short.yaml")
+    p.add_argument("--variant", action="append", required=True, help='"label=--overrides ..." (repeatable)')
+    p.add_argument("--common", default="", help="overrides applied to every variant")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--frames", type=int, default=100_000)
+    p.add_argument("--name", default="procgen_compare")
+    p.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
+    p.add_argument("--out", type=Path, default=ROOT / "experiments/procgen")
+    p.add_argument("--run-root", type=Path, default=ROOT / "runs" / "experiments")
+    a = p.parse_args()
+
+    import yaml
+
+    from ppo_lightning.envs.procgen_scores import normalized_return
+
+    cfg = yaml.safe_load(a.config.read_text())["data"]
+    game, mode = cfg["env_id"].split(":", 1)[1], cfg["env_kwargs"]["distribution_mode"]
+    variants = [v.split("=", 1) for v in a.variant]
+    results = []
+    for seed in range(a.seeds):
+        for label, overrides in variants:
+            args = ["--config", str(a.config), *shlex.split(a.common), *shlex.split(overrides),
+                    "--seed_everything", str(seed), "--data.seed", str(seed), "--data.total_frames", str(a.frames),
+                    "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1000000"]
+            r = run(args, experiment=f"procgen-{a.name}", run_name=f"{label.replace(' ', '_')}-s{seed}",
+                    tracking_uri=a.tracking_uri, env_id=cfg["env_id"], run_root=a.run_root,
+                    normalize=lambda ret: normalized_return(game, mode, ret))
+            results.append({"variant": label, "seed": seed, **r})
+
+    write_csv(a.out / f"{a.name}.csv", [
+        {"variant": r["variant"], "seed": r["seed"], "frames": r["frames"],
+         "final_normalized_return": round(r["final"], 4), "final_return": round(r["curve"][-1][1], 4),
+         "clip_fraction_mean": round(r.get("clip_fraction_mean", float("nan")), 4),
+         "wall_s": round(r["wall_s"], 1), "mlflow_run_id": r["run_id"]} for r in results])
+    pyplot = plt()
+    fig, ax = pyplot.subplots(figsize=(6.5, 4.5))
+    print(f"\nfinal normalized return ({game} {mode}; mean +- sd over {a.seeds} seeds):")
+    for label, _ in variants:
+        rs = [r for r in results if r["variant"] == label]
+        m, sd = mean_std([r["final"] for r in rs])
+        print(f"  {label:20s} {m:.4f} +- {sd:.4f}   wall {mean_std([r['wall_s'] for r in rs])[0]:.0f} s")
+        xs, ys = mean_curve([r["curve"] for r in rs])
+        ax.plot(xs, ys, label=f"{label} (final {m:.3f})")
+    ax.set_xlabel("environment frames")
+    ax.set_ylabel(f"normalized return ({game} {mode}, last 20 episodes)")
+    ax.set_title(f"{a.name}: mean of {a.seeds} seeds")
+    ax.legend()
+    save_figure(fig, a.out / f"{a.name}.png")
+
+
+if __name__ == "__main__":
+    main()
