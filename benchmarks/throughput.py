@@ -9,12 +9,16 @@ line is one JSON object:
 
 with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (and
 ``ewma_overhead_within_run`` = proximal-forward seconds / the rest of the EWMA iteration, which a
-shared machine's load changes between the two runs do not distort).
+shared machine's load changes between the two runs do not distort). By default PPO-EWMA runs twice:
+with the exact proximal forward (``ppo_ewma_*``, ``ewma_overhead``) and with a bf16 one
+(``model.proximal_precision: bf16``; ``ppo_ewma_bf16_proximal_*``, ``ewma_overhead_bf16_proximal``).
+Training runs in micro-batches of 256 (``model.micro_batch_size``, the Procgen configs' setting).
 
     python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, fp32
     python benchmarks/throughput.py --precision bf16
     python benchmarks/throughput.py --micro-batch-size 0  # whole minibatches: slower, 4.6 GiB
     python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
+    python benchmarks/throughput.py --proximal-precision exact                         # PPO + exact PPO-EWMA only
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def raw_env_fps(game: str, num_envs: int, steps: int, num_threads: int | None) -
     return steps * num_envs / dt
 
 
-def train_run(args, decoupled: bool) -> dict:
+def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> dict:
     import lightning.pytorch as pl
     import torch
 
@@ -119,9 +123,9 @@ def train_run(args, decoupled: bool) -> dict:
         network={"name": "impala_cnn", "precision": args.precision},
         lr=5e-4,
         decoupled=decoupled,
-        proximal_com=8.0 if decoupled else None,
+        proximal_com=args.ewma_com if decoupled else None,
         micro_batch_size=args.micro_batch_size or None,
-        proximal_precision=args.proximal_precision if decoupled else None,
+        proximal_precision=proximal_precision if decoupled else None,
     )
     timer = Timer()
     trainer = pl.Trainer(
@@ -152,14 +156,16 @@ def main() -> None:
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
-    p.add_argument("--proximal-precision", choices=("bf16", "fp32"), default=None,
-                   help="PPO-EWMA's proximal forward precision (default: the network's)")
+    p.add_argument("--proximal-precision", default="exact,bf16",
+                   help="PPO-EWMA runs, one per listed proximal forward precision: exact (the network's), "
+                        "bf16 or fp32; the first is reported as ppo_ewma, the others as ppo_ewma_<p>_proximal")
     p.add_argument("--micro-batch-size", type=int, default=256,
                    help="model.micro_batch_size (0: whole 2048-sample minibatches in one pass)")
     p.add_argument("--game", default="coinrun")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
     p.add_argument("--procgen-threads", type=int, default=None, help="Procgen worker threads (default: auto)")
     p.add_argument("--only", choices=("ppo", "ppo_ewma"), default=None, help="run one algorithm only")
+    p.add_argument("--ewma-com", type=float, default=8.0)
     args = p.parse_args()
     warnings.filterwarnings("ignore")
 
@@ -176,13 +182,20 @@ def main() -> None:
     raw = raw_env_fps(args.game, args.num_envs, max(args.rollout_steps, 256), args.procgen_threads)
     print(f"raw env: {raw:,.0f} frames/s")
     result: dict = {"raw_env_fps": round(raw, 1)}
+    precisions = [x.strip() for x in args.proximal_precision.split(",") if x.strip()]
+    if not precisions or any(x not in ("exact", "bf16", "fp32") for x in precisions):
+        p.error(f"--proximal-precision: a list of exact, bf16, fp32; got {args.proximal_precision!r}")
+    algos = [("ppo", False, None)] + [
+        ("ppo_ewma" if i == 0 else f"ppo_ewma_{x}_proximal", True, None if x == "exact" else x)
+        for i, x in enumerate(precisions)
+    ]
     runs = {}
-    for name, decoupled in (("ppo", False), ("ppo_ewma", True)):
-        if args.only and args.only != name:
+    for name, decoupled, precision in algos:
+        if args.only and not name.startswith(args.only) or (args.only == "ppo" and decoupled):
             continue
-        r = runs[name] = train_run(args, decoupled)
+        r = runs[name] = train_run(args, decoupled, precision)
         print(
-            f"{name:9s} {r['fps']:7.1f} frames/s  iteration {r['wall_s']:.2f} s = rollout {r['rollout_s']:.2f} + "
+            f"{name:24s} {r['fps']:7.1f} frames/s  iteration {r['wall_s']:.2f} s = rollout {r['rollout_s']:.2f} + "
             f"gae {r['gae_s']:.2f} + update {r['update_s']:.2f} + proximal forward {r['proximal_forward_s']:.2f} "
             f"+ other {r['wall_s'] - r['rollout_s'] - r['gae_s'] - r['update_s'] - r['proximal_forward_s']:.2f}"
             f"  (warm-up iteration {r['warmup_wall_s']:.1f} s)",
@@ -191,16 +204,17 @@ def main() -> None:
         result[f"{name}_fps"] = round(r["fps"], 1)
         result[f"peak_rss_after_{name}_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
         result[f"{name}_split_s"] = {k: round(r[k], 3) for k in ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s")}
-    if "ppo" in runs and "ppo_ewma" in runs:
-        result["ewma_overhead"] = round(runs["ppo_ewma"]["wall_s"] / runs["ppo"]["wall_s"] - 1.0, 4)
-    if "ppo_ewma" in runs:
-        # The same ratio measured inside the EWMA run alone (proximal forward vs the rest of its
-        # iteration): insensitive to load changes between the two runs on a shared machine.
-        r = runs["ppo_ewma"]
-        result["ewma_overhead_within_run"] = round(r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
+        if decoupled:
+            suffix = name[len("ppo_ewma"):]
+            if "ppo" in runs:
+                result[f"ewma_overhead{suffix}"] = round(r["wall_s"] / runs["ppo"]["wall_s"] - 1.0, 4)
+            # The same ratio inside the EWMA run alone (proximal forward vs the rest of its
+            # iteration): insensitive to load changes between runs on a shared machine.
+            result[f"ewma_overhead_within_run{suffix}"] = round(
+                r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     result.update({"precision": args.precision, "micro_batch_size": args.micro_batch_size or None,
-                   "proximal_precision": args.proximal_precision, "torch_threads": threads, "procgen_threads": pthreads,
+                   "proximal_precisions": precisions, "torch_threads": threads, "procgen_threads": pthreads,
                    "num_envs": args.num_envs, "rollout_steps": args.rollout_steps})
     del torch
     print(json.dumps(result))
