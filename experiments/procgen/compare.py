@@ -3,7 +3,8 @@
 Each variant is the base config (``experiments/procgen/ppo_easy_short.yaml`` unless ``--config``)
 plus CLI overrides; every run is an in-process ``ppo-lightning fit`` logged to MLflow. Writes
 ``<out>/<name>.csv`` (final normalized return per run: mean over the last 10% of frames of the
-training-episode return, starpilot easy constants) and ``<out>/<name>.png`` (mean curves).
+training-episode return, normalized with the game's constants; ``final_return`` is the same in raw
+return) and ``<out>/<name>.png`` (mean curves).
 
     # PPO-EWMA with the exact proximal forward against a bf16 one (model.proximal_precision)
     python experiments/procgen/compare.py --name proximal_precision --seeds 2 --frames 100000 \\
@@ -37,10 +38,12 @@ def main() -> None:
 
     import yaml
 
-    from ppo_lightning.envs.procgen_scores import normalized_return
+    from ppo_lightning.envs.procgen_scores import normalized_return, return_range
 
     cfg = yaml.safe_load(a.config.read_text())["data"]
     game, mode = cfg["env_id"].split(":", 1)[1], cfg["env_kwargs"]["distribution_mode"]
+    r_min, r_max = return_range(game, mode)
+    raw = lambda n: r_min + n * (r_max - r_min)  # noqa: E731  (back from normalized)
     variants = [v.split("=", 1) for v in a.variant]
     results = []
     for seed in range(a.seeds):
@@ -55,7 +58,7 @@ def main() -> None:
 
     write_csv(a.out / f"{a.name}.csv", [
         {"variant": r["variant"], "seed": r["seed"], "frames": r["frames"],
-         "final_normalized_return": round(r["final"], 4), "final_return": round(r["curve"][-1][1], 4),
+         "final_normalized_return": round(r["final"], 4), "final_return": round(raw(r["final"]), 3),
          "clip_fraction_mean": round(r.get("clip_fraction_mean", float("nan")), 4),
          "wall_s": round(r["wall_s"], 1), "mlflow_run_id": r["run_id"]} for r in results])
     pyplot = plt()
@@ -64,7 +67,8 @@ def main() -> None:
     for label, _ in variants:
         rs = [r for r in results if r["variant"] == label]
         m, sd = mean_std([r["final"] for r in rs])
-        print(f"  {label:20s} {m:.4f} +- {sd:.4f}   wall {mean_std([r['wall_s'] for r in rs])[0]:.0f} s")
+        print(f"  {label:20s} {m:.4f} +- {sd:.4f} (raw return {raw(m):.2f})   "
+              f"wall {mean_std([r['wall_s'] for r in rs])[0]:.0f} s")
         xs, ys = mean_curve([r["curve"] for r in rs])
         ax.plot(xs, ys, label=f"{label} (final {m:.3f})")
     ax.set_xlabel("environment frames")
