@@ -198,7 +198,11 @@ def run(rank, world, ckpt, out, port):
     dcp.save({"state_dict": state}, checkpoint_id=out)
     if rank == 0:
         torch.save(checkpoint, Path(out) / "meta.pt")
+    # Both ranks done before gloo shuts down: tearing the group down while the peer still talks to
+    # it aborted a rank now and then ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
+    os._exit(0)  # skip interpreter teardown, where gloo's threads can still abort the process
 
 
 if __name__ == "__main__":
