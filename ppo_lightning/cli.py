@@ -120,10 +120,11 @@ class PPOCLI(LightningCLI):
         if not trainer.is_global_zero:
             return
         ckpt = self.checkpoint_callback.last_model_path or "(none)"
+        ranks = trainer.world_size > 1
         print(
-            f"\nfinished: {dm.frames} frames (all ranks), {dm.iteration} iterations, "
+            f"\nfinished: {dm.frames} frames{' (all ranks)' if ranks else ''}, {dm.iteration} iterations, "
             f"mean return of the last 20 episodes {dm.episodes.mean_return(20):.1f}"
-            + (f" (rank 0 of {trainer.world_size})" if trainer.world_size > 1 else "")
+            + (f" (rank 0 of {trainer.world_size})" if ranks else "")
         )
         print(f"checkpoint: {ckpt}")
         logger = trainer.logger
