@@ -280,9 +280,7 @@ class RolloutDataModule(pl.LightningDataModule):
             validate_staleness(self.staleness, self.staleness_mode, decoupled=h.get("decoupled"),
                                proximal_com=h.get("proximal_com"))
             self.source = RolloutSource(self, self.trainer.lightning_module.network)
-            if self._pending_queue_state is not None and self.source.stale is not None:
-                self.source.stale.load_state_dict(self._pending_queue_state)
-                self._pending_queue_state = None
+            self._apply_pending_queue()
         return self.source
 
     def iteration_started(self) -> None:
@@ -337,9 +335,12 @@ class RolloutDataModule(pl.LightningDataModule):
         queue = state.get("staleness_queue")
         if queue is not None and self.staleness == 0:
             raise ValueError(f"checkpoint has a staleness queue (data.staleness={queue['staleness']}); the config has data.staleness=0")
-        self._pending_queue_state = queue  # applied when the rollout source is built (after restore)
-        if self.source is not None and self.source.stale is not None and queue is not None:
-            self.source.stale.load_state_dict(queue)
+        self._pending_queue_state = queue  # applied now, or when the rollout source is built
+        self._apply_pending_queue()
+
+    def _apply_pending_queue(self) -> None:
+        if self._pending_queue_state is not None and self.source is not None and self.source.stale is not None:
+            self.source.stale.load_state_dict(self._pending_queue_state)
             self._pending_queue_state = None
 
     def teardown(self, stage: str) -> None:

@@ -132,6 +132,23 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
     raise ValueError(f"model.network.name must be 'mlp' or 'impala_cnn', got {name!r}")
 
 
+def is_sharded(network: nn.Module) -> bool:
+    """Whether ``network`` has been sharded with FSDP2's ``fully_shard``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(network, FSDPModule)
+
+
+def shard_network(network: nn.Module, mesh) -> nn.Module:
+    """``fully_shard`` an actor-critic (FSDP2) so that ``forward``, ``policy`` and ``value`` all work."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    fully_shard(network, mesh=mesh)
+    for method in ("policy", "value"):
+        register_fsdp_forward_method(network, method)
+    return network
+
+
 class _Method(nn.Module):
     """Expose one method of the network as a module, for TensorDictModule (shares parameters)."""
 

@@ -16,20 +16,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.loss import OBJECTIVES, PPOFamilyLoss
-from ppo_lightning.models import OBS_KEY, build_network, dist_param_keys
+from ppo_lightning.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
-
-
-def shard_network(network: torch.nn.Module, mesh) -> torch.nn.Module:
-    """``fully_shard`` an actor-critic (FSDP2) so that ``forward``, ``policy`` and ``value`` all work."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-
-    fully_shard(network, mesh=mesh)
-    for method in ("policy", "value"):
-        register_fsdp_forward_method(network, method)
-    return network
 
 
 class PPOLightningModule(pl.LightningModule):
@@ -136,7 +126,6 @@ class PPOLightningModule(pl.LightningModule):
         self.proximal_source = None  # set by the ProximalPolicyEWMA callback
         self._step_stats: list[torch.Tensor] = []
         self._stat_names: list[str] | None = None
-        self._ratio_max_index: int | None = None
         self._fit_t0: float | None = None
         self._recorded: dict[str, float] = {}
         self._fit_frames0 = 0
@@ -193,12 +182,11 @@ class PPOLightningModule(pl.LightningModule):
         evaluation call besides ``forward`` are registered so that FSDP gathers the weights for them.
         """
         mesh = self.device_mesh
-        if mesh is None or getattr(self, "_sharded", False):
+        if mesh is None or is_sharded(self.network):
             return
         if "tensor_parallel" in mesh.mesh_dim_names and mesh["tensor_parallel"].size() > 1:
             raise ValueError("ModelParallelStrategy: tensor parallelism is not supported; set tensor_parallel_size=1")
         shard_network(self.network, mesh["data_parallel"] if "data_parallel" in mesh.mesh_dim_names else mesh)
-        self._sharded = True
 
     def configure_callbacks(self):
         if self.hparams.decoupled and self.hparams.proximal_com is not None:
@@ -249,19 +237,18 @@ class PPOLightningModule(pl.LightningModule):
         if batch_idx % self.trainer.accumulate_grad_batches == 0:
             self.optimizers(use_pl_optimizer=False).zero_grad()
         chunks = batch.split(m)
-        total, ratio_max = 0.0, None
+        chunk_stats = []
         for i, chunk in enumerate(chunks):
             weight = chunk.shape[0] / n  # chunk losses are means: weight them into the minibatch mean
             loss, stats = self._loss_and_stats(chunk)
             loss = loss * weight
-            total = total + stats * weight
-            if self._ratio_max_index is not None:
-                r = stats[self._ratio_max_index]
-                ratio_max = r if ratio_max is None else torch.maximum(ratio_max, r)
+            chunk_stats.append((weight, stats))
             if i < len(chunks) - 1:
                 self.trainer.strategy.backward(loss, None)  # frees this chunk's activations
-        if ratio_max is not None:
-            total[self._ratio_max_index] = ratio_max
+        total = sum(w * st for w, st in chunk_stats)
+        if "importance_ratio_max" in self._stat_names:  # a maximum, not a mean
+            k = self._stat_names.index("importance_ratio_max")
+            total[k] = max(st[k] for _, st in chunk_stats)
         self._step_stats.append(total)
         return loss
 
@@ -276,8 +263,6 @@ class PPOLightningModule(pl.LightningModule):
         out = self.loss_module(batch)
         if self._stat_names is None:
             self._stat_names = list(out.keys())
-            names = self._stat_names
-            self._ratio_max_index = names.index("importance_ratio_max") if "importance_ratio_max" in names else None
         stats = torch.stack([out[k].detach().float() for k in self._stat_names])
         return out["loss_objective"] + out["loss_critic"] + out["loss_entropy"], stats
 

@@ -26,6 +26,8 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor, nn
 
+from ppo_lightning.models import is_sharded, shard_network
+
 
 def beta_from_com(com: float) -> float:
     """EWMA decay for a center of mass of ``com`` steps: ``beta = com / (1 + com)``."""
@@ -54,21 +56,13 @@ def ewma_update_(proximal_params: list[Tensor], params: list[Tensor], beta: floa
     return new_weight
 
 
-def _is_sharded(network: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(network, FSDPModule)
-
-
 def _copy_network(network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> nn.Module:
     """A copy with its own parameters. An FSDP2-sharded network is rebuilt by ``make_network`` and
     sharded on the same mesh (a deep copy would share FSDP's hooks and state with the original)."""
-    if not _is_sharded(network):
+    if not is_sharded(network):
         return copy.deepcopy(network)
     if make_network is None:
         raise ValueError("copying an FSDP-sharded network needs make_network (the LightningModule's)")
-    from ppo_lightning.module import shard_network
-
     params = list(network.parameters())
     clone = shard_network(make_network(), params[0].device_mesh)
     with torch.no_grad():
@@ -79,7 +73,7 @@ def _copy_network(network: nn.Module, make_network: Callable[[], nn.Module] | No
 
 def _full_state_dict(module: nn.Module) -> dict[str, Tensor]:
     """Plain, full tensors (gathered from all ranks when sharded: every rank must call it)."""
-    if _is_sharded(module):
+    if is_sharded(module):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
@@ -88,7 +82,7 @@ def _full_state_dict(module: nn.Module) -> dict[str, Tensor]:
 
 
 def _load_full_state_dict(module: nn.Module, state: dict[str, Tensor]) -> None:
-    if _is_sharded(module):
+    if is_sharded(module):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
