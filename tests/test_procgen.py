@@ -123,6 +123,44 @@ def test_impala_reference_init():
         ImpalaActorCritic(OBS, ACT, precision="fp16")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size", [(64, 64), (8, 6), (7, 8), (2, 2), (1, 1)])
+def test_no_grad_max_pool_is_max_pool2d_bit_for_bit(dtype, size):
+    from ppo_lightning.impala import max_pool_3x3_s2
+
+    torch.manual_seed(0)
+    x = torch.randint(-3, 4, (4, 5, *size)).to(dtype)  # small integers: many ties and equal windows
+    x[0, 0, 0, 0] = -float("inf")
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xl = x.contiguous(memory_format=layout)
+        with torch.no_grad():
+            assert torch.equal(max_pool_3x3_s2(xl), torch.nn.functional.max_pool2d(xl, 3, 2, 1))
+    xr = torch.randn(2, 3, *size, requires_grad=True)  # with autograd: max_pool2d itself
+    assert max_pool_3x3_s2(xr).grad_fn is not None
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_impala_no_grad_path_equals_training_path(precision):
+    torch.manual_seed(0)
+    net = ImpalaActorCritic(OBS, ACT, channels=(8, 16, 16), dense=64, precision=precision)
+    obs = torch.randint(0, 256, (2, 5, 64, 64, 3), dtype=torch.uint8)
+    obs[:, :, :20] = 7  # flat regions: tied maxima in the first pool
+    logits, value = net(obs)  # autograd: F.max_pool2d, out-of-place sums
+    with torch.no_grad():
+        fast_logits, fast_value = net(obs)  # separable pool, in-place sums: bit for bit
+        net.inference_chunk = 3
+        chunked_logits, chunked_value = net(obs)  # chunks of 3: only float rounding may differ
+    with torch.inference_mode():
+        inf_logits = net.policy(obs)[0]
+    assert logits.requires_grad and not fast_logits.requires_grad
+    assert torch.equal(fast_logits, logits.detach()) and torch.equal(fast_value, value.detach())
+    torch.testing.assert_close(chunked_logits, logits.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(chunked_value, value.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(inf_logits, chunked_logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="inference_chunk"):
+        ImpalaActorCritic(OBS, ACT, inference_chunk=0)
+
+
 def test_build_network_dispatch():
     from ppo_lightning.models import build_network
 
@@ -218,3 +256,18 @@ def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():
     assert net.precision == "fp32"  # the policy itself is untouched
     err = (lp32 - lp16).abs()
     assert 0 < err.max() < 0.1 and err.mean() < 0.02  # far inside the clip range (0.2)
+    # The bf16 weight copy that runs the forward follows the float32 average through updates and a
+    # state reload, and gives exactly the bf16-autocast forward of that average.
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    for _ in range(3):
+        bf16.update()
+    restored = ProximalPolicyEWMA(com=4.0, precision="bf16")
+    restored.load_state_dict(bf16.state_dict())  # before fit: applied at on_fit_start
+    restored.on_fit_start(None, type("Module", (), {"network": net})())
+    for src in (bf16, restored):
+        with torch.no_grad():
+            autocast = src.proximal.policy(obs)[0]  # float32 weights, precision "bf16": autocast
+        assert src.proximal.precision == "bf16" and torch.equal(src.proximal_policy(obs)[0], autocast)
+    assert not torch.equal(restored.proximal_policy(obs)[0].log_softmax(-1), lp16)  # the updates moved it
