@@ -113,6 +113,10 @@ class ProximalPolicyEWMA(Callback):
         self._ready = False  # True between on_fit_start and teardown: a restored state applies at once
         self._prox_params: list[Tensor] = []
         self._params: list[Tensor] = []
+        # With precision "bf16": a bf16 copy of the averaged weights, refreshed after every update,
+        # that runs the forward without autocast (which would cast every weight again per call).
+        self._forward_net: nn.Module | None = None
+        self._forward_params: list[Tensor] = []
         self._make_network: Callable[[], nn.Module] | None = None
 
     @property
@@ -147,17 +151,31 @@ class ProximalPolicyEWMA(Callback):
         self._prox_params = list(self.proximal.parameters())
         self._params = list(network.parameters())
         self.weight, self.age_sum = 1.0, 0.0
+        self._forward_net, self._forward_params = None, []
+        if self.precision == "bf16" and not is_sharded(self.proximal):
+            # Same values as the bf16-autocast forward of the float32 average (tested): autocast
+            # casts weights and conv inputs to bf16 with the same rounding. "fp32" here means no
+            # autocast; the module's own dtype (bf16) sets the computation's.
+            self._forward_net = copy.deepcopy(self.proximal).to(torch.bfloat16)
+            self._forward_net.precision = "fp32"
+            self._forward_params = list(self._forward_net.parameters())
+
+    def _sync_forward_net(self) -> None:
+        if self._forward_params:
+            torch._foreach_copy_(self._forward_params, self._prox_params)
 
     def update(self) -> None:
         """Apply one EWMA step towards the current weights."""
         self.age_sum = self.beta * (self.age_sum + self.weight)
         self.weight = ewma_update_(self._prox_params, self._params, self.beta, self.weight)
+        self._sync_forward_net()
         self.num_updates += 1
 
     @torch.no_grad()
     def proximal_policy(self, obs: Tensor) -> tuple[Tensor, ...]:
         """Distribution parameters of the proximal policy."""
-        return self.proximal.policy(obs)
+        net = self._forward_net if self._forward_net is not None else self.proximal
+        return net.policy(obs)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._seen_step = trainer.global_step
@@ -202,3 +220,4 @@ class ProximalPolicyEWMA(Callback):
         self.weight, self.age_sum, self.num_updates = state["weight"], state["age_sum"], state["num_updates"]
         if state["proximal"] is not None:
             _load_full_state_dict(self.proximal, state["proximal"])
+            self._sync_forward_net()
