@@ -2,9 +2,16 @@
 
 For a 2048-sample minibatch (the paper config's), prints the seconds of:
 - a forward+backward pass over the minibatch in chunks of 128 ... 2048 (``model.micro_batch_size``),
-- a no-grad policy forward (the proximal forward) in the same chunks, fp32 and bf16 autocast,
-- a step with the proximal forward interleaved per chunk vs all proximal forwards first.
-Each figure is the best of ``--repeats`` runs after one warm-up. The last line is one JSON object.
+- the proximal forward (no autograd) of the minibatch in 256-sample micro-batches, by the
+  network's ``inference_chunk`` (16 ... 256), fp32 and bf16 autocast, and with a bf16 copy of the
+  weights (what ``model.proximal_precision: bf16`` runs); next to the same forward with autograd
+  on (the training path: one pass, ``F.max_pool2d``, no in-place sums), to show what the
+  no-autograd path gains,
+- the first stack's 3x3/2 max-pool alone: ``F.max_pool2d`` vs the separable ``max_pool_3x3_s2``,
+- a PPO-EWMA step (proximal forward then training, per 256-sample micro-batch), fp32 and bf16 anchor.
+All timed variants run round-robin, ``--repeats`` rounds after one warm-up round, and each figure is
+the best round, so that load changes on a shared machine hit all of them alike. The last line is
+one JSON object.
 
     python benchmarks/impala_step.py
     python benchmarks/impala_step.py --threads 1
@@ -22,67 +29,87 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=2048)
-    p.add_argument("--chunks", default="128,256,512,1024,2048")
+    p.add_argument("--chunks", default="128,256,512,1024,2048", help="training micro-batch sizes")
+    p.add_argument("--inference-chunks", default="16,32,64,128,256", help="no-autograd chunk sizes")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
 
     import torch
+    import torch.nn.functional as F
 
-    from ppo_lightning.impala import ImpalaActorCritic
+    from ppo_lightning.impala import ImpalaActorCritic, max_pool_3x3_s2
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     obs_space, act_space = {"shape": [64, 64, 3], "dtype": "uint8"}, {"type": "discrete", "n": 15}
     net = ImpalaActorCritic(obs_space, act_space)
     prox = copy.deepcopy(net).requires_grad_(False)
+    prox_bf16 = copy.deepcopy(prox).to(torch.bfloat16)  # precision "fp32": no autocast, bf16 weights
     obs = torch.randint(0, 256, (args.batch, 64, 64, 3), dtype=torch.uint8)
+    micro = obs.split(256)
 
     def train(o):
         logits, value = net(o)
         (logits.logsumexp(-1).mean() + value.mean()).mul(o.shape[0] / args.batch).backward()
 
-    def proximal(o, precision):
-        prox.precision = precision
-        with torch.no_grad():
-            prox.policy(o)
+    def proximal(module, precision, chunk, autograd=False):
+        def run():
+            module.precision, module.inference_chunk = precision, chunk
+            with torch.set_grad_enabled(autograd):
+                for o in micro:
+                    module.policy(o)
+        return run
 
-    def best(fn) -> float:
-        fn()  # warm-up
-        times = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return round(min(times), 3)
-
-    result: dict = {"threads": args.threads, "batch": args.batch, "train_s": {}, "proximal_fp32_s": {},
-                    "proximal_bf16_s": {}}
+    variants: dict = {}
     for c in [int(x) for x in args.chunks.split(",")]:
-        chunks = obs.split(c)
-        result["train_s"][c] = best(lambda: [train(o) for o in chunks])
-        result["proximal_fp32_s"][c] = best(lambda: [proximal(o, "fp32") for o in chunks])
-        result["proximal_bf16_s"][c] = best(lambda: [proximal(o, "bf16") for o in chunks])
-        print(f"chunk {c:5d}: train step {result['train_s'][c]:.3f} s, proximal forward fp32 "
-              f"{result['proximal_fp32_s'][c]:.3f} s, bf16 {result['proximal_bf16_s'][c]:.3f} s", flush=True)
-    chunks = obs.split(256)
+        variants[("train_s", c)] = lambda c=c: [train(o) for o in obs.split(c)]
+    for c in [int(x) for x in args.inference_chunks.split(",")]:
+        variants[("proximal_fp32_s", c)] = proximal(prox, "fp32", c)
+        variants[("proximal_bf16_autocast_s", c)] = proximal(prox, "bf16", c)
+        variants[("proximal_bf16_weights_s", c)] = proximal(prox_bf16, "fp32", c)
+    grad_prox = copy.deepcopy(net)  # parameters that require grad: the training path's forward
+    variants[("forward_with_autograd_fp32_s", 256)] = proximal(grad_prox, "fp32", 256, autograd=True)
+    variants[("forward_with_autograd_bf16_s", 256)] = proximal(grad_prox, "bf16", 256, autograd=True)
+    first = torch.randn(256, 16, 64, 64).contiguous(memory_format=torch.channels_last)
+    for dtype in ("fp32", "bf16"):
+        x = first if dtype == "fp32" else first.bfloat16()
+        variants[(f"first_pool_{dtype}_ms", "max_pool2d")] = lambda x=x: [F.max_pool2d(x, 3, 2, 1) for _ in range(8)]
+        variants[(f"first_pool_{dtype}_ms", "separable")] = lambda x=x: [max_pool_3x3_s2(x) for _ in range(8)]
 
-    def interleaved():
-        for o in chunks:
-            proximal(o, "fp32")
-            train(o)
+    def ewma_step(module, precision):
+        def run():
+            module.precision, module.inference_chunk = precision, 64
+            for o in micro:
+                with torch.no_grad():
+                    module.policy(o)
+                train(o)
+        return run
 
-    def grouped():
-        for o in chunks:
-            proximal(o, "fp32")
-        for o in chunks:
-            train(o)
+    variants[("ewma_step_s", "fp32_anchor")] = ewma_step(prox, "fp32")
+    variants[("ewma_step_s", "bf16_anchor")] = ewma_step(prox_bf16, "fp32")
 
-    result["ewma_step_256_interleaved_s"] = best(interleaved)
-    result["ewma_step_256_grouped_s"] = best(grouped)
-    result["proximal_share_of_train_step_256"] = round(result["proximal_fp32_s"].get(256, float("nan"))
-                                                       / result["train_s"].get(256, float("nan")), 3)
-    print(f"EWMA step, chunks of 256: proximal forward interleaved {result['ewma_step_256_interleaved_s']:.3f} s, "
-          f"grouped first {result['ewma_step_256_grouped_s']:.3f} s")
+    times: dict = {k: [] for k in variants}
+    for rnd in range(args.repeats + 1):  # round 0 is the warm-up
+        for key, fn in variants.items():
+            t = time.perf_counter()
+            with torch.no_grad() if key[0].startswith("first_pool") else torch.enable_grad():
+                fn()
+            if rnd:
+                times[key].append(time.perf_counter() - t)
+        print(f"round {rnd} done", flush=True)
+    result: dict = {"threads": args.threads, "batch": args.batch}
+    for (name, sub), ts in times.items():
+        best = min(ts) * (1000 / 8 if name.startswith("first_pool") else 1)  # pools: ms per call
+        result.setdefault(name, {})[str(sub)] = round(best, 3)
+    for name, row in result.items():
+        if isinstance(row, dict):
+            print(f"{name:30s} " + "  ".join(f"{k}: {v:.3f}" for k, v in row.items()))
+    train256 = result["train_s"].get("256")
+    if train256:
+        result["proximal_share_of_train_step_256"] = {
+            name: round(min(result[name].values()) / train256, 3)
+            for name in ("proximal_fp32_s", "proximal_bf16_autocast_s", "proximal_bf16_weights_s")}
+        print("best proximal forward / training step (micro-batches of 256):", result["proximal_share_of_train_step_256"])
     print(json.dumps(result))
 
 
