@@ -1,14 +1,14 @@
 """One IMPALA-CNN training step on CPU, by micro-batch size; and what the EWMA's proximal forward adds.
 
 For a 2048-sample minibatch (the paper config's), prints the seconds of:
-- a forward+backward pass over the minibatch in chunks of 128 ... 2048 (``model.micro_batch_size``),
-- the proximal forward (no autograd) of the minibatch in 256-sample micro-batches, by the
-  network's ``inference_chunk`` (16 ... 256), fp32 and bf16 autocast, and with a bf16 copy of the
-  weights (what ``model.proximal_precision: bf16`` runs); next to the same forward with autograd
-  on (the training path: one pass, ``F.max_pool2d``, no in-place sums), to show what the
+- a forward+backward pass over the minibatch in chunks of 32 ... 2048 (``model.micro_batch_size``),
+- the proximal forward (no autograd) of the minibatch, one call as in the module, by the network's
+  ``inference_chunk`` (16 ... 256), fp32 and bf16 autocast, and with a bf16 copy of the weights
+  (what ``model.proximal_precision: bf16`` runs); next to the same forward with autograd on in
+  chunks of 64 (the training path: ``F.max_pool2d``, no in-place sums), to show what the
   no-autograd path gains,
 - the first stack's 3x3/2 max-pool alone: ``F.max_pool2d`` vs the separable ``max_pool_3x3_s2``,
-- a PPO-EWMA step (proximal forward then training, per 256-sample micro-batch), fp32 and bf16 anchor.
+- a PPO-EWMA step (the proximal forward, then training in micro-batches of 64), fp32 and bf16 anchor.
 All timed variants run round-robin, ``--repeats`` rounds after one warm-up round, and each figure is
 the best round, so that load changes on a shared machine hit all of them alike. The last line is
 one JSON object.
@@ -29,7 +29,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=2048)
-    p.add_argument("--chunks", default="128,256,512,1024,2048", help="training micro-batch sizes")
+    p.add_argument("--chunks", default="32,64,128,256,512,2048", help="training micro-batch sizes")
     p.add_argument("--inference-chunks", default="16,32,64,128,256", help="no-autograd chunk sizes")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
@@ -46,7 +46,6 @@ def main() -> None:
     prox = copy.deepcopy(net).requires_grad_(False)
     prox_bf16 = copy.deepcopy(prox).to(torch.bfloat16)  # precision "fp32": no autocast, bf16 weights
     obs = torch.randint(0, 256, (args.batch, 64, 64, 3), dtype=torch.uint8)
-    micro = obs.split(256)
 
     def train(o):
         logits, value = net(o)
@@ -56,7 +55,7 @@ def main() -> None:
         def run():
             module.precision, module.inference_chunk = precision, chunk
             with torch.set_grad_enabled(autograd):
-                for o in micro:
+                for o in obs.split(chunk) if autograd else [obs]:
                     module.policy(o)
         return run
 
@@ -68,20 +67,20 @@ def main() -> None:
         variants[("proximal_bf16_autocast_s", c)] = proximal(prox, "bf16", c)
         variants[("proximal_bf16_weights_s", c)] = proximal(prox_bf16, "fp32", c)
     grad_prox = copy.deepcopy(net)  # parameters that require grad: the training path's forward
-    variants[("forward_with_autograd_fp32_s", 256)] = proximal(grad_prox, "fp32", 256, autograd=True)
-    variants[("forward_with_autograd_bf16_s", 256)] = proximal(grad_prox, "bf16", 256, autograd=True)
-    first = torch.randn(256, 16, 64, 64).contiguous(memory_format=torch.channels_last)
+    variants[("forward_with_autograd_fp32_s", 64)] = proximal(grad_prox, "fp32", 64, autograd=True)
+    variants[("forward_with_autograd_bf16_s", 64)] = proximal(grad_prox, "bf16", 64, autograd=True)
+    first = torch.randn(64, 16, 64, 64).contiguous(memory_format=torch.channels_last)
     for dtype in ("fp32", "bf16"):
         x = first if dtype == "fp32" else first.bfloat16()
-        variants[(f"first_pool_{dtype}_ms", "max_pool2d")] = lambda x=x: [F.max_pool2d(x, 3, 2, 1) for _ in range(8)]
-        variants[(f"first_pool_{dtype}_ms", "separable")] = lambda x=x: [max_pool_3x3_s2(x) for _ in range(8)]
+        variants[(f"first_pool_{dtype}_ms", "max_pool2d")] = lambda x=x: [F.max_pool2d(x, 3, 2, 1) for _ in range(32)]
+        variants[(f"first_pool_{dtype}_ms", "separable")] = lambda x=x: [max_pool_3x3_s2(x) for _ in range(32)]
 
     def ewma_step(module, precision):
         def run():
             module.precision, module.inference_chunk = precision, 64
-            for o in micro:
-                with torch.no_grad():
-                    module.policy(o)
+            with torch.no_grad():
+                module.policy(obs)
+            for o in obs.split(64):
                 train(o)
         return run
 
@@ -99,17 +98,17 @@ def main() -> None:
         print(f"round {rnd} done", flush=True)
     result: dict = {"threads": args.threads, "batch": args.batch}
     for (name, sub), ts in times.items():
-        best = min(ts) * (1000 / 8 if name.startswith("first_pool") else 1)  # pools: ms per call
+        best = min(ts) * (1000 / 32 if name.startswith("first_pool") else 1)  # pools: ms per call
         result.setdefault(name, {})[str(sub)] = round(best, 3)
     for name, row in result.items():
         if isinstance(row, dict):
             print(f"{name:30s} " + "  ".join(f"{k}: {v:.3f}" for k, v in row.items()))
-    train256 = result["train_s"].get("256")
-    if train256:
-        result["proximal_share_of_train_step_256"] = {
-            name: round(min(result[name].values()) / train256, 3)
+    train64 = result["train_s"].get("64")
+    if train64:
+        result["proximal_share_of_train_step_64"] = {
+            name: round(min(result[name].values()) / train64, 3)
             for name in ("proximal_fp32_s", "proximal_bf16_autocast_s", "proximal_bf16_weights_s")}
-        print("best proximal forward / training step (micro-batches of 256):", result["proximal_share_of_train_step_256"])
+        print("best proximal forward / training step (micro-batches of 64):", result["proximal_share_of_train_step_64"])
     print(json.dumps(result))
 
 

@@ -236,6 +236,8 @@ class PPOLightningModule(pl.LightningModule):
         # back-propagate all chunks but the last ourselves, and return the last one to Lightning.
         if batch_idx % self.trainer.accumulate_grad_batches == 0:
             self.optimizers(use_pl_optimizer=False).zero_grad()
+        if self.loss_module.decoupled:  # one no-grad pass for the whole minibatch, not one per chunk
+            batch = self.add_proximal(batch)
         chunks = batch.split(m)
         chunk_stats = []
         for i, chunk in enumerate(chunks):
