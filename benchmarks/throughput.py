@@ -12,7 +12,7 @@ with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (a
 shared machine's load changes between the two runs do not distort). By default PPO-EWMA runs twice:
 with the exact proximal forward (``ppo_ewma_*``, ``ewma_overhead``) and with a bf16 one
 (``model.proximal_precision: bf16``; ``ppo_ewma_bf16_proximal_*``, ``ewma_overhead_bf16_proximal``).
-Training runs in micro-batches of 256 (``model.micro_batch_size``, the Procgen configs' setting).
+Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen configs' setting).
 
     python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, fp32
     python benchmarks/throughput.py --precision bf16
@@ -159,7 +159,7 @@ def main() -> None:
     p.add_argument("--proximal-precision", default="exact,bf16",
                    help="PPO-EWMA runs, one per listed proximal forward precision: exact (the network's), "
                         "bf16 or fp32; the first is reported as ppo_ewma, the others as ppo_ewma_<p>_proximal")
-    p.add_argument("--micro-batch-size", type=int, default=256,
+    p.add_argument("--micro-batch-size", type=int, default=128,
                    help="model.micro_batch_size (0: whole 2048-sample minibatches in one pass)")
     p.add_argument("--game", default="coinrun")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
