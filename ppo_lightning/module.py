@@ -41,15 +41,15 @@ class PPOLightningModule(pl.LightningModule):
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
         proximal_precision: PPO-EWMA only: run the proximal policy's forward in "bf16" (or "fp32")
             whatever the network's precision; the averaged weights stay float32. bf16 makes the
-            proximal forward 1.6-1.8x cheaper on AVX512-BF16 CPUs at the price of a small error in
+            proximal forward 2.2x cheaper on AMX/AVX512-BF16 CPUs at the price of a small error in
             the anchor (measured while training on Procgen: |d log pi_prox| <= 0.001 mean, <= 0.008
             max, against a clip range of 0.2; see benchmarks/README.md). None: the network's
             precision (exact).
         micro_batch_size: split each minibatch into chunks of this many samples, each run forward
             and backward on its own with its gradient accumulated, then one optimizer step: the same
             gradient (up to float summation order) with a fraction of the activation memory. For the
-            IMPALA CNN on CPU, 256 is also 1.6x faster than one 2048-sample pass (activations stay
-            in cache). None: the whole minibatch at once. Per-step diagnostics are then
+            IMPALA CNN on CPU, 64-128 is also 1.6x faster than one 2048-sample pass (activations
+            stay in cache; benchmarks/impala_step.py). The proximal forward runs once per minibatch. None: the whole minibatch at once. Per-step diagnostics are then
             size-weighted means over chunks (maxima for ``importance_ratio_max``).
     """
 
