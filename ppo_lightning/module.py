@@ -49,7 +49,8 @@ class PPOLightningModule(pl.LightningModule):
             and backward on its own with its gradient accumulated, then one optimizer step: the same
             gradient (up to float summation order) with a fraction of the activation memory. For the
             IMPALA CNN on CPU, 64-128 is also 1.6x faster than one 2048-sample pass (activations
-            stay in cache; benchmarks/impala_step.py). The proximal forward runs once per minibatch. None: the whole minibatch at once. Per-step diagnostics are then
+            stay in cache; benchmarks/impala_step.py). The proximal forward still runs once per
+            minibatch. None: the whole minibatch at once. Per-step diagnostics are then
             size-weighted means over chunks (maxima for ``importance_ratio_max``).
     """
 
