@@ -271,3 +271,24 @@ def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():
             autocast = src.proximal.policy(obs)[0]  # float32 weights, precision "bf16": autocast
         assert src.proximal.precision == "bf16" and torch.equal(src.proximal_policy(obs)[0], autocast)
     assert not torch.equal(restored.proximal_policy(obs)[0].log_softmax(-1), lp16)  # the updates moved it
+
+
+@pytest.mark.parametrize("config", ["ppo_hard.yaml", "ppo_ewma_hard.yaml", "ppo_easy_short.yaml"])
+def test_procgen_configs_parse_validate_and_train_one_small_iteration(config, tmp_path):
+    """Every shipped Procgen config, its model settings intact (full-size IMPALA CNN, micro-batches,
+    EWMA and its proximal precision), on a small rollout: minibatches of 256 in two micro-batches."""
+    from pathlib import Path
+
+    from ppo_lightning.cli import fit_main
+
+    path = Path(__file__).resolve().parents[1] / "experiments/procgen" / config
+    cli = fit_main(["fit", "--config", str(path), "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
+                    "--trainer.enable_progress_bar", "false", "--data.num_envs", "2", "--data.rollout_steps", "256",
+                    "--data.num_minibatches", "2", "--data.total_frames", "512", "--data.num_threads", "1"])
+    h = cli.model.hparams
+    assert cli.datamodule.frames == 512 and cli.trainer.global_step == cli.datamodule.update_epochs * 2
+    assert h.network["name"] == "impala_cnn" and h.network["channels"] == [16, 32, 32] and h.micro_batch_size == 128
+    if "ewma" in config:
+        src = cli.model.proximal_source
+        assert h.decoupled and h.proximal_com == 8.0 and src.num_updates == cli.trainer.global_step
+        assert src.precision == h.proximal_precision
