@@ -10,15 +10,16 @@ line is one JSON object:
 with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (and
 ``ewma_overhead_within_run`` = proximal-forward seconds / the rest of the EWMA iteration, which a
 shared machine's load changes between the two runs do not distort). By default PPO-EWMA runs twice:
-with the exact proximal forward (``ppo_ewma_*``, ``ewma_overhead``) and with a bf16 one
-(``model.proximal_precision: bf16``; ``ppo_ewma_bf16_proximal_*``, ``ewma_overhead_bf16_proximal``).
+as ``experiments/procgen/ppo_ewma_hard.yaml`` has it, with the proximal forward in bf16
+(``model.proximal_precision: bf16``; ``ppo_ewma_*``, ``ewma_overhead``), and with the exact one
+(``ppo_ewma_exact_proximal_*``, ``ewma_overhead_exact_proximal``).
 Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen configs' setting).
 
     python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, fp32
     python benchmarks/throughput.py --precision bf16
     python benchmarks/throughput.py --micro-batch-size 0  # whole minibatches: slower, 4.6 GiB
     python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
-    python benchmarks/throughput.py --proximal-precision exact                         # PPO + exact PPO-EWMA only
+    python benchmarks/throughput.py --proximal-precision bf16                          # PPO + the config's PPO-EWMA only
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def main() -> None:
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
-    p.add_argument("--proximal-precision", default="exact,bf16",
+    p.add_argument("--proximal-precision", default="bf16,exact",
                    help="PPO-EWMA runs, one per listed proximal forward precision: exact (the network's), "
                         "bf16 or fp32; the first is reported as ppo_ewma, the others as ppo_ewma_<p>_proximal")
     p.add_argument("--micro-batch-size", type=int, default=128,
