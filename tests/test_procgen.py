@@ -291,4 +291,4 @@ def test_procgen_configs_parse_validate_and_train_one_small_iteration(config, tm
     if "ewma" in config:
         src = cli.model.proximal_source
         assert h.decoupled and h.proximal_com == 8.0 and src.num_updates == cli.trainer.global_step
-        assert src.precision == h.proximal_precision
+        assert src.precision == h.proximal_precision == "bf16" and src._forward_net is not None  # bf16 weight copy
