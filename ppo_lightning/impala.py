@@ -16,10 +16,9 @@ Without autograd (rollouts, the PPO-EWMA proximal forward, evaluation) the trunk
 path. The 3x3/2 max-pool is two separable passes of ``torch.maximum`` over strided views (in a
 profile of the bf16 forward, ``max_pool2d_with_indices``, which also writes an int64 index per
 output, took nearly as long as all the convolutions) and residual sums are in place, both bit for
-bit the same values. And
-batches run in chunks of ``inference_chunk`` samples (the first stack's activations of 64 samples
-stay near the 2 MiB per-core L2; 256 at once were 1.3x slower in fp32), which changes only float
-rounding (~1e-8). Training keeps ``F.max_pool2d`` (its backward sends a tie's gradient to one input).
+bit the same values. And batches run in chunks of ``inference_chunk`` samples (the first stack's
+activations of 64 samples stay near the 2 MiB per-core L2; 256 at once were 1.3x slower in fp32),
+which changes only float rounding (~1e-8). Training keeps ``F.max_pool2d`` (its backward sends a tie's gradient to one input).
 See benchmarks/impala_step.py.
 """
 
