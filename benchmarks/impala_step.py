@@ -8,7 +8,13 @@ For a 2048-sample minibatch (the paper config's), prints the seconds of:
   chunks of 64 (the training path: ``F.max_pool2d``, no in-place sums), to show what the
   no-autograd path gains,
 - the first stack's 3x3/2 max-pool alone: ``F.max_pool2d`` vs the separable ``max_pool_3x3_s2``,
-- a PPO-EWMA step (the proximal forward, then training in micro-batches of 64), fp32 and bf16 anchor.
+- a PPO-EWMA step (the proximal forward, then training in micro-batches of 64), fp32 and bf16 anchor,
+- with ``--layouts channels_last,nchw``: training (micro-batches of 128) and the fp32 proximal forward
+  with NCHW-contiguous activations next to the default channels_last (the layout oneDNN picks from
+  the uint8 NHWC observations), to see which layout is faster on this CPU.
+The machine (CPU model, cores, ISA flags, torch threads; `ppo_lightning.hardware`) is printed first
+and goes into the JSON line as ``"machine"``; emulate an AVX2-only CPU with
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` (the JSON then says so).
 All timed variants run round-robin, ``--repeats`` rounds after one warm-up round, and each figure is
 the best round, so that load changes on a shared machine hit all of them alike. The last line is
 one JSON object.
@@ -32,6 +38,7 @@ def main() -> None:
     p.add_argument("--chunks", default="32,64,128,256,512,2048", help="training micro-batch sizes")
     p.add_argument("--inference-chunks", default="16,32,64,128,256", help="no-autograd chunk sizes")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--layouts", default="channels_last", help="channels_last and/or nchw (see above)")
     args = p.parse_args()
 
     import torch
@@ -39,7 +46,11 @@ def main() -> None:
 
     from ppo_lightning.impala import ImpalaActorCritic, max_pool_3x3_s2
 
+    from ppo_lightning.hardware import machine_info, machine_line
+
     torch.set_num_threads(args.threads)
+    machine = machine_info()
+    print(machine_line(machine), flush=True)
     torch.manual_seed(0)
     obs_space, act_space = {"shape": [64, 64, 3], "dtype": "uint8"}, {"type": "discrete", "n": 15}
     net = ImpalaActorCritic(obs_space, act_space)
@@ -75,6 +86,23 @@ def main() -> None:
         variants[(f"first_pool_{dtype}_ms", "max_pool2d")] = lambda x=x: [F.max_pool2d(x, 3, 2, 1) for _ in range(32)]
         variants[(f"first_pool_{dtype}_ms", "separable")] = lambda x=x: [max_pool_3x3_s2(x) for _ in range(32)]
 
+    if "nchw" in args.layouts.split(","):
+        # The same observations as a view whose NCHW permutation is contiguous: every activation
+        # then stays NCHW-contiguous (oneDNN's plain layout) instead of channels_last.
+        obs_nchw = obs.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)
+        variants[("train_layout_s", "channels_last")] = lambda: [train(o) for o in obs.split(128)]
+        variants[("train_layout_s", "nchw")] = lambda: [train(o) for o in obs_nchw.split(128)]
+
+        def prox_layout(o):
+            def run():
+                prox.precision, prox.inference_chunk = "fp32", 64
+                with torch.no_grad():
+                    prox.policy(o)
+            return run
+
+        variants[("proximal_fp32_layout_s", "channels_last")] = prox_layout(obs)
+        variants[("proximal_fp32_layout_s", "nchw")] = prox_layout(obs_nchw)
+
     def ewma_step(module, precision):
         def run():
             module.precision, module.inference_chunk = precision, 64
@@ -109,6 +137,7 @@ def main() -> None:
             name: round(min(result[name].values()) / train64, 3)
             for name in ("proximal_fp32_s", "proximal_bf16_autocast_s", "proximal_bf16_weights_s")}
         print("best proximal forward / training step (micro-batches of 64):", result["proximal_share_of_train_step_64"])
+    result["machine"] = machine
     print(json.dumps(result))
 
 

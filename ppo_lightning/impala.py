@@ -9,8 +9,10 @@ dense 1.4, policy and value heads 0.1; biases zero.
 
 Speed on CPU: observations arrive as uint8 NHWC; ``permute`` gives an NCHW view that is already
 channels_last in memory, so every convolution runs in oneDNN's channels_last kernels without a copy.
-``precision="bf16"`` runs the trunk under CPU bf16 autocast (outputs are float32): with AVX512_BF16
-a training step is ~1.7x faster than fp32 channels_last (see benchmarks/throughput.py).
+``precision="bf16"`` runs the trunk under bf16 autocast (outputs are float32): faster where bf16 is
+native (AVX512_BF16/AMX CPUs, Ampere+ GPUs), much slower where it is emulated (AVX2-only CPUs);
+``precision="auto"`` picks bf16 only where it is native (`ppo_lightning.hardware`), per device type,
+and logs the choice once (figures per CPU in benchmarks/README.md).
 
 Without autograd (rollouts, the PPO-EWMA proximal forward, evaluation) the trunk takes a faster
 path. The 3x3/2 max-pool is two separable passes of ``torch.maximum`` over strided views (in a
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 def normed_linear(in_features: int, out_features: int, scale: float = 1.0) -> nn.Linear:
@@ -103,7 +105,8 @@ class ImpalaActorCritic(nn.Module):
         action_space: ``{"type": "discrete", "n": k}``.
         channels: output channels of the stacks. dense: width of the dense layer.
         nblock: residual blocks per stack.
-        precision: "fp32" or "bf16" (CPU/GPU bf16 autocast of the trunk; outputs stay float32).
+        precision: "fp32", "bf16" (CPU/GPU bf16 autocast of the trunk; outputs stay float32) or
+            "auto" (bf16 where the device computes it natively, else fp32; `ppo_lightning.hardware`).
         inference_chunk: without autograd, run the trunk on at most this many samples at a time.
     Accepts any leading batch dimensions: ``obs`` of shape ``[..., H, W, C]``.
     """
@@ -131,6 +134,7 @@ class ImpalaActorCritic(nn.Module):
         self.action_space = action_space
         self.precision = precision
         self.inference_chunk = inference_chunk
+        self._auto_bf16: dict[str, bool] = {}  # precision "auto": the choice per device type
         self.discrete = True
         self.shared_trunk = True
         h, w, c = shape
@@ -149,12 +153,25 @@ class ImpalaActorCritic(nn.Module):
         lead = obs.shape[:-3]
         x = obs.reshape(-1, *obs.shape[-3:]).permute(0, 3, 1, 2)  # NHWC memory = NCHW channels_last
         scale = obs.dtype == torch.uint8
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self._bf16(x.device)):
             if torch.is_grad_enabled() or x.shape[0] <= self.inference_chunk:
                 x = self._trunk(x, scale)
             else:
                 x = torch.cat([self._trunk(c, scale) for c in x.split(self.inference_chunk)])
         return x.reshape(*lead, x.shape[-1])
+
+    def _bf16(self, device: torch.device) -> bool:
+        """Whether the trunk runs under bf16 autocast on ``device``."""
+        if self.precision != "auto":
+            return self.precision == "bf16"
+        choice = self._auto_bf16.get(device.type)
+        if choice is None:
+            from ppo_lightning.hardware import log_choice, resolve_precision
+
+            precision, reason = resolve_precision("auto", device)
+            log_choice(f"model.network.precision auto on {device.type}", precision, reason)
+            choice = self._auto_bf16[device.type] = precision == "bf16"
+        return choice
 
     def _trunk(self, x: Tensor, scale: bool) -> Tensor:
         x = x.to(self.dense.weight.dtype)  # float32, or bf16 when the module itself was cast
@@ -165,7 +182,7 @@ class ImpalaActorCritic(nn.Module):
         return F.relu(self.dense(x), inplace=True)
 
     def _heads(self, x: Tensor, value: bool = True, policy: bool = True):
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self._bf16(x.device)):
             logits = self.policy_head(x).float() if policy else None
             v = self.value_head(x).float() if value else None
         return logits, v

@@ -41,10 +41,11 @@ class PPOLightningModule(pl.LightningModule):
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
         proximal_precision: PPO-EWMA only: run the proximal policy's forward in "bf16" (or "fp32")
             whatever the network's precision; the averaged weights stay float32. bf16 makes the
-            proximal forward 2.2x cheaper on AMX/AVX512-BF16 CPUs at the price of a small error in
-            the anchor (measured while training on Procgen: |d log pi_prox| <= 0.001 mean, <= 0.008
-            max, against a clip range of 0.2; see benchmarks/README.md). None: the network's
-            precision (exact).
+            proximal forward cheaper where bf16 is native (AVX512_BF16/AMX CPUs, Ampere+ GPUs) at
+            the price of a small error in the anchor (|d log pi_prox| <= 0.008 on Procgen, against a
+            clip range of 0.2; benchmarks/README.md), and much slower where it is emulated (AVX2).
+            "auto": bf16 where native on the training device, else fp32 (`ppo_lightning.hardware`;
+            the choice and its reason are logged at start). None: the network's precision (exact).
         micro_batch_size: split each minibatch into chunks of this many samples, each run forward
             and backward on its own with its gradient accumulated, then one optimizer step: the same
             gradient (up to float summation order) with a fraction of the activation memory. For the
@@ -159,8 +160,8 @@ class PPOLightningModule(pl.LightningModule):
         if h.optimizer not in ("adam", "sgd"):
             raise ValueError(f"model.optimizer must be 'adam' or 'sgd', got {h.optimizer!r}")
         if h.proximal_precision is not None:
-            if h.proximal_precision not in ("fp32", "bf16"):
-                raise ValueError(f"model.proximal_precision must be 'fp32', 'bf16' or null, got {h.proximal_precision!r}")
+            if h.proximal_precision not in ("fp32", "bf16", "auto"):
+                raise ValueError(f"model.proximal_precision must be 'fp32', 'bf16', 'auto' or null, got {h.proximal_precision!r}")
             if h.proximal_com is None:
                 raise ValueError("model.proximal_precision applies to the EWMA proximal policy: set model.proximal_com")
             if (h.network or {}).get("name", "mlp") != "impala_cnn":
@@ -193,8 +194,21 @@ class PPOLightningModule(pl.LightningModule):
         if self.hparams.decoupled and self.hparams.proximal_com is not None:
             from ppo_lightning.proximal import ProximalPolicyEWMA
 
-            return [ProximalPolicyEWMA(com=self.hparams.proximal_com, precision=self.hparams.proximal_precision)]
+            return [ProximalPolicyEWMA(com=self.hparams.proximal_com, precision=self.resolved_proximal_precision())]
         return []
+
+    def resolved_proximal_precision(self) -> str | None:
+        """``model.proximal_precision`` with "auto" resolved for the training device (logged once)."""
+        from ppo_lightning.hardware import log_choice, resolve_precision
+
+        try:
+            device = self.trainer.strategy.root_device
+        except RuntimeError:  # not attached to a Trainer
+            device = self.device
+        choice, reason = resolve_precision(self.hparams.proximal_precision, device)
+        if self.hparams.proximal_precision == "auto":
+            log_choice(f"model.proximal_precision auto on {device.type}", choice, reason)
+        return choice
 
     def configure_optimizers(self):
         h = self.hparams

@@ -1,0 +1,153 @@
+"""What machine this runs on, and which precision tricks pay off on it.
+
+A speed-up measured on one CPU can be a slow-down on another: bf16 convolutions are ~2x faster
+than fp32 on CPUs with native bf16 instructions (AVX512_BF16, AMX) and ~12x *slower* on AVX2-only
+CPUs, where oneDNN emulates them (benchmarks/README.md). So ``"auto"`` precisions pick bf16 only
+where it is native, and the benchmarks record the machine they ran on (`machine_info`).
+
+The effective instruction set is what the CPU reports *and* what torch is allowed to use:
+``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2`` (used to emulate an AVX2-only CPU for
+measurement) make a bf16-capable CPU count as not bf16-native.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from functools import lru_cache
+
+import torch
+
+PRECISION_CHOICES = ("fp32", "bf16", "auto")
+# ISA flags (as /proc/cpuinfo spells them) that decide which CPU kernels run fast.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+BF16_NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")
+# ONEDNN_MAX_CPU_ISA values (oneDNN's names, lower case) under which bf16 is still native.
+_ONEDNN_BF16_ISAS = ("avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx", "avx512_core_amx_fp16",
+                     "avx10_1_512_amx", "avx10_1_512_amx_fp16", "all")
+
+
+@lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """(model name, flags) of the first CPU in /proc/cpuinfo."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+                if "model name" in fields and "flags" in fields:
+                    break
+    except OSError:  # not Linux: no flags, so nothing counts as bf16-native on the CPU
+        pass
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    return model, frozenset(fields.get("flags", "").split())
+
+
+def cpu_model() -> str:
+    return _cpuinfo()[0]
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
+    return _cpuinfo()[1]
+
+
+def cpu_capability() -> str:
+    """The vector ISA torch's own CPU kernels use ("AVX512", "AVX2", ...; follows ATEN_CPU_CAPABILITY)."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def core_count() -> int:
+    """Cores this process may run on (its affinity mask; the container's, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def bf16_native_cpu() -> tuple[bool, str]:
+    """Whether bf16 matmuls/convolutions run natively on this CPU, and why (one phrase)."""
+    have = [f for f in BF16_NATIVE_FLAGS if f in cpu_flags()]
+    if not have:
+        return False, "CPU without avx512_bf16/amx_bf16 (bf16 would be emulated, up to 12x slower)"
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", ""))
+    if limit and limit.lower() not in _ONEDNN_BF16_ISAS:
+        return False, f"ONEDNN_MAX_CPU_ISA={limit} hides the CPU's {'/'.join(have)}"
+    if not cpu_capability().startswith("AVX512"):
+        return False, f"torch CPU capability {cpu_capability()} (ATEN_CPU_CAPABILITY) hides the CPU's {'/'.join(have)}"
+    return True, f"CPU has {'/'.join(have)}"
+
+
+def bf16_native(device: torch.device | str) -> tuple[bool, str]:
+    """Whether bf16 compute is native (known faster than fp32) on ``device``, and why."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return bf16_native_cpu()
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        name = torch.cuda.get_device_name(index)
+        major, minor = torch.cuda.get_device_capability(index)
+        if major >= 8:  # Ampere and later: bf16 tensor cores
+            return True, f"CUDA {name} (sm_{major}{minor}) has bf16 tensor cores"
+        return False, f"CUDA {name} (sm_{major}{minor}) has no native bf16"
+    return False, f"no known native bf16 on device type {device.type!r}"
+
+
+def resolve_precision(requested: str | None, device: torch.device | str = "cpu") -> tuple[str | None, str]:
+    """``(choice, reason)`` for a requested precision: "fp32"/"bf16"/None stay as set, "auto"
+    becomes "bf16" where bf16 is native on ``device`` and "fp32" everywhere else."""
+    if requested is None or requested in ("fp32", "bf16"):
+        return requested, "set in the config"
+    if requested != "auto":
+        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {requested!r}")
+    native, why = bf16_native(device)
+    return ("bf16", why) if native else ("fp32", why)
+
+
+_logged: set[tuple[str, str | None, str]] = set()
+
+
+def log_choice(what: str, choice: str | None, reason: str) -> None:
+    """Log a hardware-dependent choice once per process (same what, choice and reason)."""
+    key = (what, choice, reason)
+    if key not in _logged:
+        _logged.add(key)
+        _emit(f"{what}: {choice} ({reason})")
+
+
+def _emit(message: str) -> None:
+    # Lightning's rank-zero logger: shown at INFO on the console where Lightning logs, rank 0 only.
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(message)
+
+
+def machine_info() -> dict:
+    """Plain description of the machine for benchmark output: CPU model, cores, the ISA flags that
+    matter, bf16-native or not, torch's threads and CPU capability, CUDA devices."""
+    flags = cpu_flags()
+    native, why = bf16_native_cpu()
+    info = {
+        "cpu_model": cpu_model(),
+        "cores": core_count(),
+        "isa": {f: f in flags for f in ISA_FLAGS},
+        "torch_cpu_capability": cpu_capability(),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "bf16_native_cpu": native,
+        "bf16_reason": why,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available() else [],
+    }
+    return info
+
+
+def machine_line(info: dict | None = None) -> str:
+    """One human-readable line of `machine_info`."""
+    info = info or machine_info()
+    isa = " ".join(f for f, on in info["isa"].items() if on) or "none of " + "/".join(ISA_FLAGS)
+    emu = ""
+    if info["onednn_max_cpu_isa"] or info["torch_cpu_capability"] != "AVX512" and info["isa"].get("avx512f"):
+        emu = f", EMULATED: torch capability {info['torch_cpu_capability']}, ONEDNN_MAX_CPU_ISA={info['onednn_max_cpu_isa']}"
+    gpus = f", GPUs: {', '.join(info['cuda_devices'])}" if info["cuda_devices"] else ""
+    return (f"machine: {info['cpu_model']}, {info['cores']} cores, ISA {isa}, bf16 native: "
+            f"{info['bf16_native_cpu']}{emu}, torch threads {info['torch_threads']}{gpus}")

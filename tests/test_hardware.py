@@ -1,0 +1,101 @@
+"""Hardware-dependent choices: "auto" precisions pick bf16 only where it is native, and say why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ppo_lightning import hardware
+
+AVX2_EPYC = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # an AMD EPYC of the issue: no AVX-512
+SPR = AVX2_EPYC | {"avx512f", "avx512_vnni", "avx512_bf16"}  # this project's Intel Xeon
+AMX = AVX2_EPYC | {"avx512f", "amx_bf16", "amx_tile"}
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """Pretend to be a CPU with the given flags (and torch capability), without hiding env vars."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+
+    def set_cpu(flags, capability="AVX512"):
+        monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+        monkeypatch.setattr(hardware, "cpu_capability", lambda: capability)
+
+    return set_cpu
+
+
+def test_auto_is_fp32_on_avx2_and_bf16_where_native(cpu):
+    cpu(AVX2_EPYC, "AVX2")
+    choice, reason = hardware.resolve_precision("auto", "cpu")
+    assert choice == "fp32" and "avx512_bf16" in reason
+    for flags in (SPR, AMX):
+        cpu(flags)
+        choice, reason = hardware.resolve_precision("auto", torch.device("cpu"))
+        assert choice == "bf16" and ("avx512_bf16" in reason or "amx_bf16" in reason)
+
+
+def test_emulated_avx2_counts_as_not_native(cpu, monkeypatch):
+    cpu(SPR, "AVX2")  # ATEN_CPU_CAPABILITY=avx2 on a bf16 CPU
+    assert hardware.resolve_precision("auto", "cpu")[0] == "fp32"
+    cpu(SPR, "AVX512")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    choice, reason = hardware.resolve_precision("auto", "cpu")
+    assert choice == "fp32" and "ONEDNN_MAX_CPU_ISA=AVX2" in reason
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")  # a limit that keeps bf16
+    assert hardware.resolve_precision("auto", "cpu")[0] == "bf16"
+
+
+def test_explicit_precisions_are_kept_and_bad_ones_refused(cpu):
+    cpu(AVX2_EPYC, "AVX2")
+    assert hardware.resolve_precision("bf16", "cpu") == ("bf16", "set in the config")  # the user's call
+    assert hardware.resolve_precision("fp32", "cpu")[0] == "fp32"
+    assert hardware.resolve_precision(None, "cpu")[0] is None
+    with pytest.raises(ValueError, match="precision"):
+        hardware.resolve_precision("fp16", "cpu")
+
+
+@pytest.mark.parametrize("capability,expected", [((8, 0), "bf16"), ((9, 0), "bf16"), ((7, 0), "fp32")])
+def test_auto_on_cuda_follows_the_compute_capability(monkeypatch, capability, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "a GPU")
+    choice, reason = hardware.resolve_precision("auto", "cuda:0")
+    assert choice == expected and f"sm_{capability[0]}{capability[1]}" in reason
+
+
+def test_machine_info_is_plain_and_names_the_isa():
+    info = hardware.machine_info()
+    assert json.loads(json.dumps(info)) == info  # goes into the benchmarks' JSON line as is
+    assert set(info["isa"]) == set(hardware.ISA_FLAGS) and info["cores"] >= 1
+    assert info["torch_threads"] == torch.get_num_threads() and info["cpu_model"]
+    assert "cores" in hardware.machine_line(info)
+
+
+def test_choice_is_logged_once(monkeypatch):
+    lines = []
+    monkeypatch.setattr(hardware, "_logged", set())
+    monkeypatch.setattr(hardware, "_emit", lines.append)
+    for _ in range(3):
+        hardware.log_choice("model.proximal_precision auto on cpu", "fp32", "CPU without avx512_bf16")
+    assert lines == ["model.proximal_precision auto on cpu: fp32 (CPU without avx512_bf16)"]
+
+
+def test_module_and_network_resolve_auto(cpu):
+    from ppo_lightning.impala import ImpalaActorCritic
+    from ppo_lightning.module import PPOLightningModule
+
+    obs_space, act_space = {"shape": [16, 16, 3], "dtype": "uint8"}, {"type": "discrete", "n": 3}
+    net_cfg = {"name": "impala_cnn", "channels": [4, 4, 4], "dense": 8, "nblock": 1, "precision": "auto"}
+    obs = torch.randint(0, 256, (2, 16, 16, 3), dtype=torch.uint8)
+    for flags, capability, expected in ((AVX2_EPYC, "AVX2", "fp32"), (SPR, "AVX512", "bf16")):
+        cpu(flags, capability)
+        model = PPOLightningModule(obs_space, act_space, network=net_cfg, decoupled=True, proximal_com=8.0,
+                                   proximal_precision="auto")
+        assert model.resolved_proximal_precision() == expected
+        (callback,) = model.configure_callbacks()
+        assert callback.precision == expected
+        net = ImpalaActorCritic(obs_space, act_space, channels=(4, 4, 4), dense=8, nblock=1, precision="auto")
+        with torch.no_grad():
+            assert net.features(obs).dtype == (torch.bfloat16 if expected == "bf16" else torch.float32)
