@@ -9,7 +9,8 @@ per-iteration timings the data module reports.
 
     python benchmarks/cartpole.py [--seeds 1 2 3] [--algos ppo ppo_ewma]
 
-The last line printed is one JSON object with the medians.
+The machine (CPU model, cores, ISA flags, torch threads) is printed first; the last line printed is
+one JSON object with the medians and ``"machine"`` (`ppo_lightning.hardware.machine_info`).
 """
 
 from __future__ import annotations
@@ -97,7 +98,10 @@ def main(argv=None) -> int:
     import logging
     import tempfile
 
+    from ppo_lightning.hardware import machine_info, machine_line
+
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    print(machine_line(machine_info()), flush=True)
     summary = {}
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos:
@@ -115,6 +119,7 @@ def main(argv=None) -> int:
             }
             if summary[algo]["wall_s_to_475"] is not None:
                 summary[algo]["wall_s_to_475"] = round(summary[algo]["wall_s_to_475"], 2)
+    summary["machine"] = machine_info()  # after the runs: torch threads as the configs set them
     print(json.dumps(summary))
     return 0
 

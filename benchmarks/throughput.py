@@ -10,16 +10,19 @@ line is one JSON object:
 with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (and
 ``ewma_overhead_within_run`` = proximal-forward seconds / the rest of the EWMA iteration, which a
 shared machine's load changes between the two runs do not distort). By default PPO-EWMA runs twice:
-as ``experiments/procgen/ppo_ewma_hard.yaml`` has it, with the proximal forward in bf16
-(``model.proximal_precision: bf16``; ``ppo_ewma_*``, ``ewma_overhead``), and with the exact one
-(``ppo_ewma_exact_proximal_*``, ``ewma_overhead_exact_proximal``).
+as ``experiments/procgen/ppo_ewma_hard.yaml`` has it (``model.proximal_precision: auto``: bf16 where
+native, else fp32; ``ppo_ewma_*``, ``ewma_overhead``, the choice in ``ppo_ewma_proximal_precision``),
+and with the exact one (``ppo_ewma_exact_proximal_*``, ``ewma_overhead_exact_proximal``).
+The machine (CPU model, cores, ISA flags, torch threads) is printed first and goes into the JSON
+line as ``"machine"`` (`ppo_lightning.hardware.machine_info`).
 Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen configs' setting).
 
     python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, fp32
     python benchmarks/throughput.py --precision bf16
     python benchmarks/throughput.py --micro-batch-size 0  # whole minibatches: slower, 4.6 GiB
     python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
-    python benchmarks/throughput.py --proximal-precision bf16                          # PPO + the config's PPO-EWMA only
+    python benchmarks/throughput.py --proximal-precision auto                          # PPO + the config's PPO-EWMA only
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/throughput.py  # an AVX2-only CPU, emulated
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> d
         callbacks=[timer],
     )
     trainer.fit(model, dm)
+    resolved = model.proximal_source.precision if model.proximal_source is not None else None
     del trainer, model, dm
     import gc
 
@@ -146,6 +150,7 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> d
     mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
     mean["fps"] = mean["frames"] / mean["wall_s"]
     mean["warmup_wall_s"] = warm["wall_s"]
+    mean["proximal_precision"] = resolved
     return mean
 
 
@@ -157,9 +162,10 @@ def main() -> None:
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
-    p.add_argument("--proximal-precision", default="bf16,exact",
+    p.add_argument("--proximal-precision", default="auto,exact",
                    help="PPO-EWMA runs, one per listed proximal forward precision: exact (the network's), "
-                        "bf16 or fp32; the first is reported as ppo_ewma, the others as ppo_ewma_<p>_proximal")
+                        "auto (the config's), bf16 or fp32; the first is reported as ppo_ewma, the others as "
+                        "ppo_ewma_<p>_proximal")
     p.add_argument("--micro-batch-size", type=int, default=128,
                    help="model.micro_batch_size (0: whole 2048-sample minibatches in one pass)")
     p.add_argument("--game", default="coinrun")
@@ -175,7 +181,11 @@ def main() -> None:
     from ppo_lightning.envs.procgen_env import auto_procgen_threads
     from ppo_lightning.threads import configure_threads
 
+    from ppo_lightning.hardware import machine_info, machine_line
+
     threads = configure_threads(args.threads, f"procgen:{args.game}")
+    machine = machine_info()
+    print(machine_line(machine), flush=True)
     pthreads = auto_procgen_threads(args.num_envs) if args.procgen_threads is None else args.procgen_threads
     print(f"torch threads {threads}, procgen threads {pthreads}, precision {args.precision}, "
           f"micro-batch {args.micro_batch_size or 'none'}, "
@@ -184,8 +194,8 @@ def main() -> None:
     print(f"raw env: {raw:,.0f} frames/s")
     result: dict = {"raw_env_fps": round(raw, 1)}
     precisions = [x.strip() for x in args.proximal_precision.split(",") if x.strip()]
-    if not precisions or any(x not in ("exact", "bf16", "fp32") for x in precisions):
-        p.error(f"--proximal-precision: a list of exact, bf16, fp32; got {args.proximal_precision!r}")
+    if not precisions or any(x not in ("exact", "auto", "bf16", "fp32") for x in precisions):
+        p.error(f"--proximal-precision: a list of exact, auto, bf16, fp32; got {args.proximal_precision!r}")
     algos = [("ppo", False, None)] + [
         ("ppo_ewma" if i == 0 else f"ppo_ewma_{x}_proximal", True, None if x == "exact" else x)
         for i, x in enumerate(precisions)
@@ -207,6 +217,7 @@ def main() -> None:
         result[f"{name}_split_s"] = {k: round(r[k], 3) for k in ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s")}
         if decoupled:
             suffix = name[len("ppo_ewma"):]
+            result[f"ppo_ewma{suffix}_proximal_precision"] = r["proximal_precision"] or "exact"
             if "ppo" in runs:
                 result[f"ewma_overhead{suffix}"] = round(r["wall_s"] / runs["ppo"]["wall_s"] - 1.0, 4)
             # The same ratio inside the EWMA run alone (proximal forward vs the rest of its
@@ -217,6 +228,7 @@ def main() -> None:
     result.update({"precision": args.precision, "micro_batch_size": args.micro_batch_size or None,
                    "proximal_precisions": precisions, "torch_threads": threads, "procgen_threads": pthreads,
                    "num_envs": args.num_envs, "rollout_steps": args.rollout_steps})
+    result["machine"] = machine
     del torch
     print(json.dumps(result))
 
