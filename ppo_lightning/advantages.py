@@ -17,10 +17,12 @@ from torch import Tensor
 from torchrl.objectives.value import GAE
 
 
-def make_gae(gamma: float, gae_lambda: float) -> GAE:
+def make_gae(gamma: float, gae_lambda: float, device: torch.device | str = "cpu") -> GAE:
     """TorchRL's GAE on precomputed values; ``done`` cuts the trace, only ``terminated`` drops the
-    bootstrap (so truncated episodes bootstrap from V(final observation))."""
-    return GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False, vectorized=False)
+    bootstrap (so truncated episodes bootstrap from V(final observation)). The time loop on the CPU
+    (faster there for long rollouts), the vectorized form on a GPU (one kernel instead of one per step)."""
+    vectorized = torch.device(device).type == "cuda"
+    return GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False, vectorized=vectorized)
 
 
 @torch.no_grad()
@@ -127,6 +129,8 @@ class RewardNormalizer:
         """Normalize a rollout's rewards shaped [envs, time, 1] (done likewise); returns a new tensor."""
         r = reward.squeeze(-1).double()
         d = done.squeeze(-1)
+        if self.ret.device != r.device:  # rollouts on a GPU: keep the running return there
+            self.ret = self.ret.to(r.device)
         returns = torch.empty_like(r)
         for t in range(r.shape[1]):
             self.ret = self.ret * self.gamma + r[:, t]
@@ -137,7 +141,7 @@ class RewardNormalizer:
         return scaled.to(reward.dtype).unsqueeze(-1)
 
     def state_dict(self) -> dict:
-        return {"ret": self.ret.clone(), "count": self.count, "mean": self.mean, "m2": self.m2}
+        return {"ret": self.ret.cpu().clone(), "count": self.count, "mean": self.mean, "m2": self.m2}
 
     def load_state_dict(self, state: dict) -> None:
         self.ret = state["ret"].clone()

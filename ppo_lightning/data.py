@@ -22,6 +22,7 @@ from tensordict import TensorDictBase
 from torchrl.collectors import Collector
 
 from ppo_lightning.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
+from ppo_lightning.devices import collector_devices, device_env_kwargs, network_device
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
 from ppo_lightning.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
 from ppo_lightning.staleness import StalenessQueue, relabel, validate_staleness
@@ -87,7 +88,10 @@ class RolloutSource:
         # every rank's frames count towards data.frames / total_frames (all ranks collect alike).
         trainer = getattr(data, "trainer", None)
         self.rank, self.world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), data.env_kwargs)
+        # Envs on the CPU; policy, rollout, GAE and minibatches on the network's device (ppo_lightning.devices).
+        self.device = network_device(network)
+        env_kwargs = device_env_kwargs(data.env_id, data.env_kwargs, self.device)
+        self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), env_kwargs)
         self.policy = make_policy_operator(network, data.action_space, with_value=True)
         self.collector = Collector(
             self.env,
@@ -96,9 +100,10 @@ class RolloutSource:
             total_frames=-1,
             auto_register_policy_transforms=False,
             trust_policy=True,
+            **collector_devices(self.device),
         )
         self._iterator = iter(self.collector)
-        self.gae = make_gae(data.gamma, data.gae_lambda)
+        self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
         self.last_timing: dict[str, float] = {}
         # Artificial staleness (ppo_lightning.staleness): train on the rollout of k iterations ago.
         self.stale = StalenessQueue(data.staleness, data.staleness_mode) if data.staleness else None
@@ -162,7 +167,8 @@ class RolloutSource:
         size = n // self.data.num_minibatches
         for _ in range(self.data.update_epochs):
             # One gather per epoch, then contiguous slices (views): cheaper than a gather per minibatch.
-            shuffled = flat[torch.randperm(n, generator=self.data.shuffle_generator)]
+            order = torch.randperm(n, generator=self.data.shuffle_generator)  # CPU generator: same order anywhere
+            shuffled = flat[order.to(flat.device, non_blocking=True)]
             for i in range(self.data.num_minibatches):
                 yield shuffled[i * size : (i + 1) * size]
 

@@ -101,13 +101,15 @@ class HeldOutEvaluation(Callback):
     def run_split(self, name: str, network: torch.nn.Module, action_space: dict) -> dict[str, float]:
         """Step one split's envs ``num_steps`` times; returns statistics of the episodes that ended."""
         env = self.envs[name]
+        device = next(network.parameters()).device
         td = self._tds.get(name)
         if td is None:
             td = env.reset()
         returns, lengths = [], []
         for _ in range(self.num_steps):
-            dist = make_distribution(action_space, *network.policy(td.get("observation")))
-            td.set("action", dist.mode if self.deterministic else dist.sample())
+            obs = td.get("observation").to(device, non_blocking=True)  # envs on the CPU, network anywhere
+            dist = make_distribution(action_space, *network.policy(obs))
+            td.set("action", (dist.mode if self.deterministic else dist.sample()).cpu())
             out, td = env.step_and_maybe_reset(td)
             done = out.get(("next", "done")).reshape(-1)
             if done.any():

@@ -265,7 +265,7 @@ class PPOLightningModule(pl.LightningModule):
         total = sum(w * st for w, st in chunk_stats)
         if "importance_ratio_max" in self._stat_names:  # a maximum, not a mean
             k = self._stat_names.index("importance_ratio_max")
-            total[k] = max(st[k] for _, st in chunk_stats)
+            total[k] = torch.stack([st[k] for _, st in chunk_stats]).max()  # on device: no host sync
         self._step_stats.append(total)
         return loss
 

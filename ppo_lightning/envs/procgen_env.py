@@ -86,6 +86,7 @@ class ProcgenTorchEnv(EnvBase):
         num_levels: int = 0,
         start_level: int = 0,
         num_threads: int | None = None,
+        pin_memory: bool = False,
         **procgen_kwargs: Any,
     ) -> None:
         check_procgen_game(game)
@@ -104,6 +105,12 @@ class ProcgenTorchEnv(EnvBase):
         self._obs: torch.Tensor | None = None
         self._first = np.ones(num_envs, dtype=bool)
         self._started = False
+        # pin_memory (a policy on a GPU, see ppo_lightning.devices): observations are copied into a
+        # ring of two pinned host buffers, so that their copy to the GPU is asynchronous. A returned
+        # observation is overwritten two steps later: only for consumers that copy it every step.
+        self._pinned = [torch.empty((num_envs, *OBS_SHAPE), dtype=torch.uint8).pin_memory() for _ in range(2)] \
+            if pin_memory else None
+        self._pin_index = 0
         self._make_specs()
         self._build()
 
@@ -135,10 +142,16 @@ class ProcgenTorchEnv(EnvBase):
             **self.procgen_kwargs,
         )
         _, ob, first = self._venv.observe()
-        self._obs = torch.from_numpy(ob["rgb"])
+        self._obs = self._host_obs(ob["rgb"])
         self._first = first
         self._started = False
         self._zeros = torch.zeros((self.num_envs, 1), dtype=torch.bool)
+
+    def _host_obs(self, rgb: np.ndarray) -> torch.Tensor:
+        if self._pinned is None:
+            return torch.from_numpy(rgb)
+        self._pin_index ^= 1
+        return self._pinned[self._pin_index].copy_(torch.from_numpy(rgb))
 
     def _set_seed(self, seed: int | None) -> None:
         if seed is None or int(seed) == self._seed:
@@ -164,7 +177,7 @@ class ProcgenTorchEnv(EnvBase):
         action = tensordict.get("action").reshape(self.num_envs).numpy().astype(np.int32)
         self._venv.act(action)
         rew, ob, first = self._venv.observe()
-        self._obs = torch.from_numpy(ob["rgb"])
+        self._obs = self._host_obs(ob["rgb"])
         self._first = first
         done = torch.from_numpy(first).unsqueeze(-1)
         return TensorDict(
@@ -193,13 +206,15 @@ def make_procgen_env(
     num_levels: int = 0,
     start_level: int = 0,
     num_threads: int | None = None,
+    pin_memory: bool = False,
     **procgen_kwargs: Any,
 ):
     """Procgen ``game`` as a batched TorchRL env (batch ``[num_envs]``) with episode statistics.
 
     ``num_levels=0`` is the full level distribution; ``start_level`` shifts the level seeds (train on
     ``num_levels`` levels from 0, test on the full distribution from a disjoint start level).
-    ``num_threads``: Procgen's worker threads (None: `auto_procgen_threads`). Other keyword arguments
+    ``num_threads``: Procgen's worker threads (None: `auto_procgen_threads`). ``pin_memory``: hand
+    observations over in pinned host memory (set by the data side for a policy on a GPU). Other keyword arguments
     (``use_backgrounds``, ``restrict_themes``, ``paint_vel_info``, ...) go to ``ProcgenGym3Env``.
     """
     env = ProcgenTorchEnv(
@@ -210,6 +225,7 @@ def make_procgen_env(
         num_levels=num_levels,
         start_level=start_level,
         num_threads=num_threads,
+        pin_memory=pin_memory,
         **procgen_kwargs,
     )
     return TransformedEnv(env, Compose(RewardSum(), StepCounter()))
