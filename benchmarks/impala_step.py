@@ -39,6 +39,8 @@ def main() -> None:
     p.add_argument("--inference-chunks", default="16,32,64,128,256", help="no-autograd chunk sizes")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--layouts", default="channels_last", help="channels_last and/or nchw (see above)")
+    p.add_argument("--precisions", default="fp32,bf16",
+                   help="proximal forward precisions timed per inference chunk (bf16: autocast and bf16 weights)")
     args = p.parse_args()
 
     import torch
@@ -75,8 +77,9 @@ def main() -> None:
         variants[("train_s", c)] = lambda c=c: [train(o) for o in obs.split(c)]
     for c in [int(x) for x in args.inference_chunks.split(",")]:
         variants[("proximal_fp32_s", c)] = proximal(prox, "fp32", c)
-        variants[("proximal_bf16_autocast_s", c)] = proximal(prox, "bf16", c)
-        variants[("proximal_bf16_weights_s", c)] = proximal(prox_bf16, "fp32", c)
+        if "bf16" in args.precisions.split(","):
+            variants[("proximal_bf16_autocast_s", c)] = proximal(prox, "bf16", c)
+            variants[("proximal_bf16_weights_s", c)] = proximal(prox_bf16, "fp32", c)
     grad_prox = copy.deepcopy(net)  # parameters that require grad: the training path's forward
     variants[("forward_with_autograd_fp32_s", 64)] = proximal(grad_prox, "fp32", 64, autograd=True)
     variants[("forward_with_autograd_bf16_s", 64)] = proximal(grad_prox, "bf16", 64, autograd=True)
@@ -135,7 +138,7 @@ def main() -> None:
     if train64:
         result["proximal_share_of_train_step_64"] = {
             name: round(min(result[name].values()) / train64, 3)
-            for name in ("proximal_fp32_s", "proximal_bf16_autocast_s", "proximal_bf16_weights_s")}
+            for name in ("proximal_fp32_s", "proximal_bf16_autocast_s", "proximal_bf16_weights_s") if name in result}
         print("best proximal forward / training step (micro-batches of 64):", result["proximal_share_of_train_step_64"])
     result["machine"] = machine
     print(json.dumps(result))

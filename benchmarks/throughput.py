@@ -161,7 +161,7 @@ def main() -> None:
     p.add_argument("--rollout-steps", type=int, default=256)
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
+    p.add_argument("--precision", choices=("bf16", "fp32", "auto"), default="fp32", help="model.network.precision")
     p.add_argument("--proximal-precision", default="auto,exact",
                    help="PPO-EWMA runs, one per listed proximal forward precision: exact (the network's), "
                         "auto (the config's), bf16 or fp32; the first is reported as ppo_ewma, the others as "
