@@ -244,3 +244,30 @@ def test_ppg_ewma_learns_cartpole_quickly(tmp_path):
     trainer(tmp_path).fit(model, dm)
     assert model.ppg_phases.phase == 6
     assert dm.episodes.mean_return(20) > 100, dm.episodes.mean_return(20)  # random play: ~22
+
+
+@pytest.mark.parametrize("config", ["ppg_hard.yaml", "ppg_ewma_hard.yaml"])
+def test_procgen_ppg_configs_train_a_policy_and_an_auxiliary_phase(config, tmp_path):
+    """The shipped Procgen PPG configs, model settings intact (full dual IMPALA CNN, micro-batches), on a
+    small rollout with n_pi 1 and one auxiliary epoch, so that both phases run."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from ppo_lightning.cli import fit_main
+
+    path = Path(__file__).resolve().parents[1] / "experiments/procgen" / config
+    ppg = {**yaml.safe_load(path.read_text())["model"]["ppg"], "n_pi": 1, "n_aux_epochs": 1}
+    cli = fit_main(["fit", "--config", str(path), "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
+                    "--trainer.enable_progress_bar", "false", "--data.num_envs", "2", "--data.rollout_steps", "128",
+                    "--data.num_minibatches", "2", "--data.total_frames", "256", "--data.num_threads", "1",
+                    "--model.ppg", json.dumps(ppg), "--trainer.callbacks", "[]"])  # no held-out evaluation (38 s)
+    h = cli.model.hparams
+    assert h.network["arch"] == "dual" and h.network["channels"] == [16, 32, 32] and h.micro_batch_size == 128
+    assert h.ppg["n_aux_epochs"] == 1 and h.ppg["aux_mbsize"] == 4 and cli.datamodule.update_epochs == 1
+    # 2 policy steps, then one auxiliary step on both env trajectories; the phase closed.
+    assert cli.trainer.global_step == 3 and cli.model.ppg_phases.phase == 1
+    if "ewma" in config:
+        assert h.proximal_com == 8.0 and cli.model.proximal_source.num_updates == 2
+        assert cli.model.proximal_source.num_resets == 1
