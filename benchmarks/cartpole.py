@@ -1,13 +1,13 @@
 """CartPole-v1 learning speed: frames and wall seconds until the mean return of the last 20
-episodes reaches 475, checked after each iteration; 3 seeds each of PPO and PPO-EWMA with the
-project's configs (experiments/cartpole/*.yaml).
+episodes reaches 475, checked after each iteration; 3 seeds each of PPO, PPO-EWMA, PPG and PPG-EWMA
+with the project's configs (experiments/cartpole/*.yaml).
 
 Wall time runs from the start of training (Lightning's on_train_start, after the env and collector
 are built) to the end of the iteration where the criterion first holds. The per-run split of that
 time into rollout / GAE / update (forward, backward, Adam, callbacks incl. the EWMA) comes from the
 per-iteration timings the data module reports.
 
-    python benchmarks/cartpole.py [--seeds 1 2 3] [--algos ppo ppo_ewma]
+    python benchmarks/cartpole.py [--seeds 1 2 3] [--algos ppo ppo_ewma ppg ppg_ewma]
 
 The machine (CPU model, cores, ISA flags, torch threads) is printed first; the last line printed is
 one JSON object with the medians and ``"machine"`` (`ppo_lightning.hardware.machine_info`).
@@ -25,7 +25,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"ppo": "experiments/cartpole/ppo.yaml", "ppo_ewma": "experiments/cartpole/ppo_ewma.yaml"}
+CONFIGS = {"ppo": "experiments/cartpole/ppo.yaml", "ppo_ewma": "experiments/cartpole/ppo_ewma.yaml",
+           "ppg": "experiments/cartpole/ppg.yaml", "ppg_ewma": "experiments/cartpole/ppg_ewma.yaml"}
 THRESHOLD = 475.0
 
 

@@ -59,7 +59,7 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
         # Batch-size invariance (ppo_lightning.scaling): divide both batch sizes by c, scale the rest.
         parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
-        parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span; all; none")
+        parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
         parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
 
     def before_instantiate_classes(self) -> None:
@@ -108,6 +108,11 @@ class PPOCLI(LightningCLI):
 
     def before_fit(self) -> None:
         global _TRAINING_STARTED
+        from ppo_lightning.ppg import check_phase_buffer_memory
+
+        # PPG's phase buffer must fit in this host's memory (one buffer per data-parallel rank here).
+        check_phase_buffer_memory(self.model.hparams, self.datamodule,
+                                  processes=max(1, self.trainer.world_size // max(1, self.trainer.num_nodes)))
         _TRAINING_STARTED = True
         from ppo_lightning.diagnostics import SmallBatchDiagnostics
 

@@ -107,8 +107,11 @@ class RolloutSource:
         self.last_timing: dict[str, float] = {}
         # Artificial staleness (ppo_lightning.staleness): train on the rollout of k iterations ago.
         self.stale = StalenessQueue(data.staleness, data.staleness_mode) if data.staleness else None
+        self.phases = None  # PPG: the module's ppo_lightning.ppg.PPGPhases (set by train_dataloader)
 
     def __len__(self) -> int:
+        if self.phases is not None:  # an upper bound: the iteration that ends a PPG phase is longer
+            return self.phases.max_batches_per_iteration(self.data)
         return self.data.update_epochs * self.data.num_minibatches
 
     @torch.no_grad()
@@ -162,7 +165,11 @@ class RolloutSource:
 
     def __iter__(self):
         self.data.iteration_started()
-        flat = self.prepare(self.collect())
+        rollout = self.collect()
+        flat = self.prepare(rollout)
+        if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
+            yield from self.phases.iteration_batches(rollout, flat, self.data)
+            return
         n = flat.shape[0]
         size = n // self.data.num_minibatches
         for _ in range(self.data.update_epochs):
@@ -286,6 +293,7 @@ class RolloutDataModule(pl.LightningDataModule):
             validate_staleness(self.staleness, self.staleness_mode, decoupled=h.get("decoupled"),
                                proximal_com=h.get("proximal_com"))
             self.source = RolloutSource(self, self.trainer.lightning_module.network)
+            self.source.phases = getattr(self.trainer.lightning_module, "ppg_phases", None)
             self._apply_pending_queue()
         return self.source
 

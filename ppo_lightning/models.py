@@ -57,11 +57,31 @@ def mlp(in_dim: int, hidden: tuple[int, ...], activation: str) -> tuple[nn.Seque
     return nn.Sequential(*layers), dim
 
 
+ARCHS = ("dual", "shared", "detach")
+
+
+def resolve_arch(arch: str | None, shared_trunk: bool = False) -> str:
+    """The encoder layout: "dual" (separate policy and value encoders), "shared" (one encoder for
+    both heads) or "detach" (one encoder; the value head reads it through a stop-gradient, so value
+    losses train only the head; Phasic Policy Gradient, Cobbe et al. 2021, and the reference code's
+    ``PhasicValueModel``). None: from the older ``shared_trunk`` flag."""
+    if arch is None:
+        return "shared" if shared_trunk else "dual"
+    if arch not in ARCHS:
+        raise ValueError(f"model.network.arch must be one of {ARCHS}, got {arch!r}")
+    if shared_trunk and arch == "dual":
+        raise ValueError("model.network: shared_trunk=true contradicts arch='dual' (set one of them)")
+    return arch
+
+
 class ActorCritic(nn.Module):
     """Actor-critic over flat observations: separate MLPs (default) or one shared trunk.
 
     Policy head init scale 0.01 and value head 1.0, as in CleanRL and the PPO baselines.
     Continuous actions use a state-independent log standard deviation.
+
+    ``arch`` (see `resolve_arch`) overrides ``shared_trunk``. ``aux_value_head`` adds PPG's
+    auxiliary value head on the policy encoder, read by `forward_aux` (the auxiliary phase) only.
     """
 
     def __init__(
@@ -71,6 +91,8 @@ class ActorCritic(nn.Module):
         hidden_sizes: tuple[int, ...] = (64, 64),
         activation: str = "tanh",
         shared_trunk: bool = False,
+        arch: str | None = None,
+        aux_value_head: bool = False,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -80,9 +102,10 @@ class ActorCritic(nn.Module):
         self.obs_ndim = len(observation_space["shape"])
         self.discrete = action_space["type"] == "discrete"
         out_dim = action_space["n"] if self.discrete else int(math.prod(action_space["shape"]))
-        self.shared_trunk = shared_trunk
+        self.arch = resolve_arch(arch, shared_trunk)
+        self.shared_trunk = self.arch != "dual"
         self.policy_body, feat = mlp(in_dim, tuple(hidden_sizes), activation)
-        if shared_trunk:
+        if self.shared_trunk:
             self.value_body = None
             value_feat = feat
         else:
@@ -90,6 +113,7 @@ class ActorCritic(nn.Module):
         self.policy_head = _init_linear(nn.Linear(feat, out_dim), 0.01)
         self.value_head = _init_linear(nn.Linear(value_feat, 1), 1.0)
         self.log_std = None if self.discrete else nn.Parameter(torch.zeros(out_dim))
+        self.aux_value_head = _init_linear(nn.Linear(feat, 1), 1.0) if aux_value_head else None
 
     def _flat(self, obs: Tensor) -> Tensor:
         obs = obs.float()
@@ -101,22 +125,34 @@ class ActorCritic(nn.Module):
             return (out,)
         return (out, self.log_std.exp().expand_as(out))
 
+    def _value_features(self, obs: Tensor, policy_features: Tensor | None = None) -> Tensor:
+        if self.value_body is not None:
+            return self.value_body(obs)
+        features = self.policy_body(obs) if policy_features is None else policy_features
+        return features.detach() if self.arch == "detach" else features
+
     def policy(self, obs: Tensor) -> tuple[Tensor, ...]:
         """Distribution parameters for `make_distribution`."""
         return self._dist_params(self.policy_body(self._flat(obs)))
 
     def value(self, obs: Tensor) -> Tensor:
         """State value, shape ``[..., 1]``."""
-        obs = self._flat(obs)
-        body = self.policy_body if self.value_body is None else self.value_body
-        return self.value_head(body(obs))
+        return self.value_head(self._value_features(self._flat(obs)))
 
     def forward(self, obs: Tensor) -> tuple[Tensor, ...]:
         """Distribution parameters and value, computing a shared trunk once."""
         obs = self._flat(obs)
         features = self.policy_body(obs)
-        value_features = features if self.value_body is None else self.value_body(obs)
-        return (*self._dist_params(features), self.value_head(value_features))
+        return (*self._dist_params(features), self.value_head(self._value_features(obs, features)))
+
+    def forward_aux(self, obs: Tensor) -> tuple[Tensor, ...]:
+        """Distribution parameters, value and the auxiliary value (PPG's auxiliary phase)."""
+        if self.aux_value_head is None:
+            raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
+        obs = self._flat(obs)
+        features = self.policy_body(obs)
+        value = self.value_head(self._value_features(obs, features))
+        return (*self._dist_params(features), value, self.aux_value_head(features))
 
 
 def build_network(observation_space: dict, action_space: dict, network: dict[str, Any]) -> nn.Module:
@@ -126,6 +162,10 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
     if name == "mlp":
         return ActorCritic(observation_space, action_space, **network)
     if name == "impala_cnn":
+        if "arch" in network or "aux_value_head" in network:  # PPG's layouts (ppo_lightning.impala_phasic)
+            from ppo_lightning.impala_phasic import PhasicImpalaActorCritic
+
+            return PhasicImpalaActorCritic(observation_space, action_space, **network)
         from ppo_lightning.impala import ImpalaActorCritic
 
         return ImpalaActorCritic(observation_space, action_space, **network)
@@ -144,8 +184,9 @@ def shard_network(network: nn.Module, mesh) -> nn.Module:
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     fully_shard(network, mesh=mesh)
-    for method in ("policy", "value"):
-        register_fsdp_forward_method(network, method)
+    for method in ("policy", "value", "forward_aux"):
+        if hasattr(network, method):
+            register_fsdp_forward_method(network, method)
     return network
 
 

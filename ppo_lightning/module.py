@@ -46,6 +46,11 @@ class PPOLightningModule(pl.LightningModule):
             clip range of 0.2; benchmarks/README.md), and much slower where it is emulated (AVX2).
             "auto": bf16 where native on the training device, else fp32 (`ppo_lightning.hardware`;
             the choice and its reason are logged at start). None: the network's precision (exact).
+        ppg: Phasic Policy Gradient (``ppo_lightning.ppg``): null (PPO) or a mapping of PPG
+            settings (``n_pi``, ``epochs_value``, ``n_aux_epochs``, ``aux_mbsize``, ``beta_clone``,
+            ``vf_true_weight``, ``aux_lr``, ``aux_betas``, ``max_grad_norm``; defaults: the paper's,
+            ``ppo_lightning.ppg.PPG_DEFAULTS``). The policy phase is this module's PPO family; the
+            network gets ``arch`` (default "dual") and the auxiliary value head.
         micro_batch_size: split each minibatch into chunks of this many samples, each run forward
             and backward on its own with its gradient accumulated, then one optimizer step: the same
             gradient (up to float summation order) with a fraction of the activation memory. For the
@@ -77,9 +82,15 @@ class PPOLightningModule(pl.LightningModule):
         init_from: str | None = None,
         proximal_precision: str | None = None,
         micro_batch_size: int | None = None,
+        ppg: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
+        from ppo_lightning import ppg as ppg_lib
+
+        ppg = ppg_lib.resolve_ppg_config(ppg)
+        if ppg is not None:
+            network = ppg_lib.ppg_network_config(network)
         adam_betas = tuple(float(b) for b in adam_betas)
         self.save_hyperparameters(
             {
@@ -103,6 +114,7 @@ class PPOLightningModule(pl.LightningModule):
                 "init_from": init_from,
                 "proximal_precision": proximal_precision,
                 "micro_batch_size": micro_batch_size,
+                "ppg": ppg,
             }
         )
         self.validate_config()
@@ -125,7 +137,17 @@ class PPOLightningModule(pl.LightningModule):
             value_clip_eps=value_clip_eps,
         )
         self.param_keys = dist_param_keys(action_space)
-        self.proximal_source = None  # set by the ProximalPolicyEWMA callback
+        # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
+        # the ProximalEWMAStep callback only says when to update it.
+        self.proximal_source = None
+        if decoupled and proximal_com is not None:
+            from ppo_lightning.proximal import ProximalPolicyEWMA
+
+            self.proximal_source = ProximalPolicyEWMA(com=proximal_com, precision=proximal_precision)
+        # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
+        self.ppg_phases = None if ppg is None else ppg_lib.PPGPhases(ppg, action_space)
+        self.automatic_optimization = ppg is None
+        self._policy_step = True  # the last optimizer step changed the policy (EWMA moves after it)
         self._step_stats: list[torch.Tensor] = []
         self._stat_names: list[str] | None = None
         self._fit_t0: float | None = None
@@ -170,6 +192,10 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.micro_batch_size must be a positive integer or null, got {h.micro_batch_size!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
+        if h.get("ppg") is not None:
+            from ppo_lightning.ppg import validate_ppg_config
+
+            validate_ppg_config(h.ppg, h)
 
     def make_network(self) -> torch.nn.Module:
         """A fresh, unsharded network of this module's architecture."""
@@ -191,10 +217,10 @@ class PPOLightningModule(pl.LightningModule):
         shard_network(self.network, mesh["data_parallel"] if "data_parallel" in mesh.mesh_dim_names else mesh)
 
     def configure_callbacks(self):
-        if self.hparams.decoupled and self.hparams.proximal_com is not None:
-            from ppo_lightning.proximal import ProximalPolicyEWMA
+        if self.proximal_source is not None:
+            from ppo_lightning.proximal import ProximalEWMAStep
 
-            return [ProximalPolicyEWMA(com=self.hparams.proximal_com, precision=self.resolved_proximal_precision())]
+            return [ProximalEWMAStep()]
         return []
 
     def resolved_proximal_precision(self) -> str | None:
@@ -210,8 +236,42 @@ class PPOLightningModule(pl.LightningModule):
             log_choice(f"model.proximal_precision auto on {device.type}", choice, reason)
         return choice
 
+    def step_proximal(self) -> None:
+        """After an optimizer step (``ProximalEWMAStep``): move the EWMA if the step changed the policy."""
+        if self.proximal_source is not None and self._policy_step:
+            self.proximal_source.update()
+
+    def on_fit_start(self) -> None:
+        # After configure_model and the strategy's setup, so that (sharded) parameters are final.
+        if self.proximal_source is not None:
+            self.proximal_source.precision = self.resolved_proximal_precision()
+            self.proximal_source.start(self.network, self.make_network)
+
+    def teardown(self, stage: str) -> None:
+        if self.proximal_source is not None:
+            self.proximal_source.stop()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.proximal_source is not None:
+            checkpoint["proximal_ewma"] = self.proximal_source.state_dict()
+        if self.ppg_phases is not None:
+            checkpoint["ppg"] = self.ppg_phases.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.proximal_source is not None:
+            # Checkpoints from before the module owned the EWMA kept it in the callback's state.
+            state = checkpoint.get("proximal_ewma") or checkpoint.get("callbacks", {}).get("ProximalPolicyEWMA")
+            if state is not None:
+                self.proximal_source.load_state_dict(state)
+        if self.ppg_phases is not None and checkpoint.get("ppg") is not None:
+            self.ppg_phases.load_state_dict(checkpoint["ppg"])
+
     def configure_optimizers(self):
         h = self.hparams
+        if self.ppg_phases is not None:
+            from ppo_lightning.ppg import configure_optimizers
+
+            return configure_optimizers(self)
         if h.optimizer == "sgd":
             return torch.optim.SGD(self.network.parameters(), lr=h.lr)
         params = list(self.network.parameters())
@@ -240,6 +300,10 @@ class PPOLightningModule(pl.LightningModule):
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
+        if self.ppg_phases is not None:
+            from ppo_lightning.ppg import training_step
+
+            return training_step(self, batch, batch_idx)
         n, m = batch.shape[0], self.hparams.micro_batch_size
         self._micro_batched = m is not None and m < n
         if not self._micro_batched:
@@ -273,20 +337,27 @@ class PPOLightningModule(pl.LightningModule):
         if not self._micro_batched:  # else training_step has zeroed them before the first chunk
             optimizer.zero_grad()
 
-    def _loss_and_stats(self, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
-        """Total loss of a (micro)batch and its diagnostics stacked in ``self._stat_names`` order."""
+    def _loss_and_stats(
+        self, batch: TensorDictBase, terms: tuple[str, ...] = ("loss_objective", "loss_critic", "loss_entropy")
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss (the sum of ``terms``) of a (micro)batch and its diagnostics stacked in
+        ``self._stat_names`` order."""
         if self.loss_module.decoupled:
             batch = self.add_proximal(batch)
         out = self.loss_module(batch)
         if self._stat_names is None:
             self._stat_names = list(out.keys())
         stats = torch.stack([out[k].detach().float() for k in self._stat_names])
-        return out["loss_objective"] + out["loss_critic"] + out["loss_entropy"], stats
+        return sum(out[k] for k in terms), stats
 
     def on_train_start(self) -> None:
         self._fit_t0 = time.perf_counter()
         dm = self.trainer.datamodule
         self._fit_frames0 = dm.frames if dm is not None else 0
+        if self.ppg_phases is not None and self.ppg_phases.restart_pending:  # resumed mid-phase
+            self.ppg_phases.restart_pending = False
+            if self.proximal_source is not None:
+                self.proximal_source.reset(self.network)
 
     def on_train_epoch_start(self) -> None:
         self._step_stats = []
@@ -310,6 +381,10 @@ class PPOLightningModule(pl.LightningModule):
                 metrics["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
+        if self.proximal_source is not None:
+            metrics.update(self.proximal_source.metrics())
+        if self.ppg_phases is not None:
+            metrics.update(self.ppg_phases.iteration_metrics())
         metrics.update(self._recorded)
         self._recorded = {}
         self.publish_metrics(metrics)

@@ -27,6 +27,7 @@ __all__ = [
     "clip_fraction",
     "value_loss",
     "explained_variance",
+    "ppg_auxiliary_loss",
 ]
 
 
@@ -165,3 +166,29 @@ def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
     """``1 - Var[target - prediction] / Var[target]`` (a scalar; nan when the target is constant)."""
     var_target = target.var(unbiased=False)
     return 1.0 - (target - prediction).var(unbiased=False) / var_target
+
+
+def ppg_auxiliary_loss(
+    kl_old_new: Tensor,
+    aux_value: Tensor,
+    value: Tensor,
+    value_target: Tensor,
+    beta_clone: float,
+    vf_true_weight: float,
+) -> dict[str, Tensor]:
+    """Auxiliary-phase loss of Phasic Policy Gradient (Cobbe et al. 2021, eqs. 2-3 and Algorithm 1).
+
+    ``L = beta_clone * E[KL[pi_old || pi]] + E[0.5 (V_aux - V_targ)^2] + vf_true_weight * E[0.5 (V - V_targ)^2]``
+
+    where ``pi_old`` is the policy at the start of the auxiliary phase (its outputs computed once on
+    all stored data before the first auxiliary epoch), ``V_aux`` the auxiliary value head on the
+    policy encoder and ``V`` the true value head; the factor 0.5 on both value terms is the
+    reference code's (openai/ppo-ewma ``ppg.py``: ``compute_aux_loss``, ``name2coef``).
+    ``kl_old_new`` is the per-sample KL (e.g. `categorical_kl(old_logits, logits)`). Returns the
+    means: ``{"loss", "pol_distance", "vf_aux", "vf_true"}`` (``loss`` is the weighted sum).
+    """
+    pol_distance = kl_old_new.mean()
+    vf_aux = 0.5 * (aux_value - value_target).pow(2).mean()
+    vf_true = 0.5 * (value - value_target).pow(2).mean()
+    loss = beta_clone * pol_distance + vf_aux + vf_true_weight * vf_true
+    return {"loss": loss, "pol_distance": pol_distance, "vf_aux": vf_aux, "vf_true": vf_true}

@@ -90,12 +90,13 @@ def _load_full_state_dict(module: nn.Module, state: dict[str, Tensor]) -> None:
         module.load_state_dict(state)
 
 
-class ProximalPolicyEWMA(Callback):
-    """Keeps the EWMA proximal copy of ``pl_module.network`` up to date after every optimizer step.
+class ProximalPolicyEWMA:
+    """The EWMA proximal copy of a network: owned by the LightningModule (``proximal_source``).
 
-    The module asks it for proximal distribution parameters (`proximal_policy`). Its state (weight,
-    age, proximal parameters) goes into the checkpoint. `reset` restarts it from the current weights
-    (PPG does so at the start of each policy phase).
+    The module asks it for proximal distribution parameters (`proximal_policy`), calls `update`
+    after every policy optimizer step (told *when* by the `ProximalEWMAStep` callback), and saves
+    `state_dict` (weight, age, proximal parameters) in its checkpoint. `reset` restarts it from the
+    current weights with W = 1 (PPG does so after each auxiliary phase, reference ``EwmaModel.reset``).
     """
 
     def __init__(self, com: float = 8.0, precision: str | None = None) -> None:
@@ -108,9 +109,9 @@ class ProximalPolicyEWMA(Callback):
         self.weight = 1.0
         self.age_sum = 0.0  # sum_i w_i * age_i, so that age = age_sum / weight
         self.num_updates = 0
-        self._seen_step = 0
+        self.num_resets = 0
         self._pending_state: dict[str, Any] | None = None
-        self._ready = False  # True between on_fit_start and teardown: a restored state applies at once
+        self._ready = False  # True between start() and stop(): a restored state applies at once
         self._prox_params: list[Tensor] = []
         self._params: list[Tensor] = []
         # With precision "bf16": a bf16 copy of the averaged weights, refreshed after every update,
@@ -120,25 +121,22 @@ class ProximalPolicyEWMA(Callback):
         self._make_network: Callable[[], nn.Module] | None = None
 
     @property
-    def state_key(self) -> str:
-        return "ProximalPolicyEWMA"
-
-    @property
     def age(self) -> float:
         """Center of mass of the current average, in gradient steps (tends to ``com``)."""
         return self.age_sum / self.weight
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        pl_module.proximal_source = self
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        # After configure_model and the strategy's setup, so that (sharded) parameters are final.
-        self._make_network = getattr(pl_module, "make_network", None)
-        self.reset(pl_module.network)
+    def start(self, network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> None:
+        """At fit start, once (sharded) parameters are final: copy the weights, apply a restored state."""
+        self._make_network = make_network
+        self.reset(network)
+        self.num_resets = 0
         self._ready = True
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
             self._pending_state = None
+
+    def stop(self) -> None:
+        self._ready = False
 
     def reset(self, network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> None:
         """Start again from a copy of the current weights with W = 1 (``make_network`` builds an
@@ -151,6 +149,7 @@ class ProximalPolicyEWMA(Callback):
         self._prox_params = list(self.proximal.parameters())
         self._params = list(network.parameters())
         self.weight, self.age_sum = 1.0, 0.0
+        self.num_resets += 1
         self._forward_net, self._forward_params = None, []
         if self.precision == "bf16" and not is_sharded(self.proximal):
             # Same values as the bf16-autocast forward of the float32 average (tested): autocast
@@ -177,21 +176,8 @@ class ProximalPolicyEWMA(Callback):
         net = self._forward_net if self._forward_net is not None else self.proximal
         return net.policy(obs)
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        self._seen_step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # One update per optimizer step (global_step counts them; gradient accumulation skips).
-        while self._seen_step < trainer.global_step:
-            self.update()
-            self._seen_step += 1
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        metrics = {"proximal/age": self.age, "proximal/com": self.com, "proximal/weight": self.weight}
-        if hasattr(pl_module, "record_metrics"):
-            pl_module.record_metrics(metrics)
-        else:
-            pl_module.log_dict(metrics, on_step=False, on_epoch=True)
+    def metrics(self) -> dict[str, float]:
+        return {"proximal/age": self.age, "proximal/com": self.com, "proximal/weight": self.weight}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -203,14 +189,11 @@ class ProximalPolicyEWMA(Callback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # Lightning restores callbacks before on_fit_start (single device) or after it (sharded).
+        # Lightning restores checkpoints before on_fit_start (single device) or after it (sharded).
         if self._ready:
             self._apply_state(state_dict)
         else:
             self._pending_state = state_dict
-
-    def teardown(self, trainer, pl_module, stage: str) -> None:
-        self._ready = False
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         if not math.isclose(state["com"], self.com):
@@ -221,3 +204,23 @@ class ProximalPolicyEWMA(Callback):
         if state["proximal"] is not None:
             _load_full_state_dict(self.proximal, state["proximal"])
             self._sync_forward_net()
+
+
+class ProximalEWMAStep(Callback):
+    """Says *when* the module's EWMA proximal policy moves: after every optimizer step.
+
+    ``trainer.global_step`` counts optimizer steps (gradient accumulation does not step); for each
+    new one the module's ``step_proximal`` runs, which updates the EWMA only after steps that
+    changed the policy (not after PPG's value-only or auxiliary steps).
+    """
+
+    def __init__(self) -> None:
+        self._seen_step = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._seen_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        while self._seen_step < trainer.global_step:
+            pl_module.step_proximal()
+            self._seen_step += 1

@@ -114,8 +114,9 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
     """Apply ``--scale c`` to a ``fit`` config namespace in place; returns ``{name: {"from", "to"}}``.
 
     ``cfg.data.{num_envs, rollout_steps}`` are divided (the minibatch size follows, since
-    ``num_minibatches`` is kept); ``model.lr``, ``model.proximal_com``, ``data.advantage_norm_span``
-    and (with ``scale_adam_betas``) ``model.adam_betas`` follow the rules named in ``rules``.
+    ``num_minibatches`` is kept); ``model.lr``, ``model.proximal_com``, ``data.advantage_norm_span``,
+    ``model.ppg.n_pi`` (PPG runs only) and (with ``scale_adam_betas``) ``model.adam_betas`` follow the
+    rules named in ``rules``.
     """
     c = _check_c(c)
     chosen = parse_rules(rules, scale_adam_betas)
@@ -140,6 +141,7 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
         lr=float(model.lr),
         proximal_com=model.get("proximal_com"),
         adv_norm_span=float(data.advantage_norm_span),
+        ppg_n_pi=_ppg_n_pi(model),
         adam_betas=None if betas is None else tuple(betas),
         optimizer=model.get("optimizer", "adam"),
     )
@@ -151,7 +153,24 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
         setv(data, "data", "advantage_norm_span", scaled["adv_norm_span"])
     if "adam_betas" in chosen and scaled["adam_betas"] is not None:
         setv(model, "model", "adam_betas", list(scaled["adam_betas"]))
+    if "ppg_n_pi" in chosen and scaled["ppg_n_pi"] is not None:
+        ppg = dict(model.ppg)
+        old = _ppg_n_pi(model)
+        if old != scaled["ppg_n_pi"]:
+            report["model.ppg.n_pi"] = {"from": old, "to": scaled["ppg_n_pi"]}
+        ppg["n_pi"] = scaled["ppg_n_pi"]
+        model.ppg = ppg
     return report
+
+
+def _ppg_n_pi(model) -> int | None:
+    """``model.ppg.n_pi`` of a config namespace (its default when unset); None without PPG."""
+    ppg = model.get("ppg")
+    if ppg is None:
+        return None
+    from ppo_lightning.ppg import PPG_DEFAULTS
+
+    return int(ppg.get("n_pi", PPG_DEFAULTS["n_pi"]))
 
 
 def format_scale_table(c: float, rules: Iterable[str], report: dict[str, dict[str, Any]]) -> str:

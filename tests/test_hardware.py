@@ -94,8 +94,9 @@ def test_module_and_network_resolve_auto(cpu):
         model = PPOLightningModule(obs_space, act_space, network=net_cfg, decoupled=True, proximal_com=8.0,
                                    proximal_precision="auto")
         assert model.resolved_proximal_precision() == expected
-        (callback,) = model.configure_callbacks()
-        assert callback.precision == expected
+        model.on_fit_start()  # the module owns the EWMA copy and resolves its precision at fit start
+        assert model.proximal_source.precision == expected
+        assert (model.proximal_source._forward_net is not None) == (expected == "bf16")
         net = ImpalaActorCritic(obs_space, act_space, channels=(4, 4, 4), dense=8, nblock=1, precision="auto")
         with torch.no_grad():
             assert net.features(obs).dtype == (torch.bfloat16 if expected == "bf16" else torch.float32)

@@ -99,3 +99,28 @@ def test_value_loss_plain_and_clipped():
     assert F.value_loss(v, target, old, 0.5).item() == pytest.approx(4.0)
     v = t(-0.2)  # unclipped error 0.04; clipped prediction 0.5 -> 0.25: the max keeps 0.25
     assert F.value_loss(v, target, old, 0.5).item() == pytest.approx(0.25)
+
+
+def test_ppg_auxiliary_loss_hand_values():
+    # Two samples. Old policy p_old = (0.5, 0.5), new p = (0.8, 0.2) on both:
+    # KL = 0.5 log(0.5/0.8) + 0.5 log(0.5/0.2) = 0.5 log(25/16) = log(5/4).
+    old = torch.log(t(0.5, 0.5)).expand(2, 2)
+    new = torch.log(t(0.8, 0.2)).expand(2, 2)
+    kl = F.categorical_kl(old, new)
+    torch.testing.assert_close(kl, t(log(1.25), log(1.25)))
+    # V_aux - V_targ = (1, -3): 0.5 * mean(1, 9) = 2.5; V - V_targ = (2, 0): 0.5 * mean(4, 0) = 1.0
+    out = F.ppg_auxiliary_loss(kl, aux_value=t(1.0, -1.0), value=t(2.0, 2.0), value_target=t(0.0, 2.0),
+                               beta_clone=2.0, vf_true_weight=0.5)
+    torch.testing.assert_close(out["pol_distance"], torch.tensor(log(1.25), dtype=torch.float64))
+    torch.testing.assert_close(out["vf_aux"], torch.tensor(2.5, dtype=torch.float64))
+    torch.testing.assert_close(out["vf_true"], torch.tensor(1.0, dtype=torch.float64))
+    torch.testing.assert_close(out["loss"], torch.tensor(2.0 * log(1.25) + 2.5 + 0.5 * 1.0, dtype=torch.float64))
+
+
+def test_ppg_auxiliary_loss_gradients():
+    # d/dV_aux of 0.5 mean((V_aux - y)^2) = (V_aux - y) / n; the true head is weighted by vf_true_weight.
+    aux, val = t(1.0, -1.0).requires_grad_(), t(2.0, 2.0).requires_grad_()
+    out = F.ppg_auxiliary_loss(t(0.0, 0.0), aux, val, t(0.0, 2.0), beta_clone=1.0, vf_true_weight=3.0)
+    out["loss"].backward()
+    torch.testing.assert_close(aux.grad, t(0.5, -1.5))
+    torch.testing.assert_close(val.grad, t(3.0, 0.0))

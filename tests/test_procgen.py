@@ -265,7 +265,7 @@ def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():
         bf16.update()
     restored = ProximalPolicyEWMA(com=4.0, precision="bf16")
     restored.load_state_dict(bf16.state_dict())  # before fit: applied at on_fit_start
-    restored.on_fit_start(None, type("Module", (), {"network": net})())
+    restored.start(net)
     for src in (bf16, restored):
         with torch.no_grad():
             autocast = src.proximal.policy(obs)[0]  # float32 weights, precision "bf16": autocast

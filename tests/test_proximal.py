@@ -70,7 +70,7 @@ def tiny_run(tmp_path, com=3.0, frames=3 * 64, **data_kwargs):
     return dm, model
 
 
-def test_callback_applies_ewma_after_every_optimizer_step(tmp_path):
+def test_module_applies_ewma_after_every_optimizer_step(tmp_path):
     dm, model = tiny_run(tmp_path)
     rec = RecordWeights()
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -99,12 +99,12 @@ def test_ewma_state_round_trip():
     state = cb.state_dict()
     other = ProximalPolicyEWMA(com=4.0)
     other.reset(torch.nn.Linear(3, 2))
-    other._ready = True
-    other.load_state_dict(state)
+    other.load_state_dict(state)  # pending until start() (fit start), as in a resumed fit
+    assert other.weight == 1.0
+    other.start(torch.nn.Linear(3, 2))
     assert other.weight == cb.weight and other.age == cb.age and other.num_updates == 1
     torch.testing.assert_close(other.proximal.weight, cb.proximal.weight)
     mismatch = ProximalPolicyEWMA(com=8.0)
-    mismatch.reset(torch.nn.Linear(3, 2))
-    mismatch._ready = True
+    mismatch.start(torch.nn.Linear(3, 2))
     with pytest.raises(ValueError, match="center of mass"):
         mismatch.load_state_dict(state)

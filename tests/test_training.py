@@ -64,7 +64,7 @@ def test_resume_restores_ewma_normalizers_optimizer_and_beta(tmp_path):
     assert float(model.loss_module.kl_beta) == pytest.approx(0.5**4)  # halved once per iteration, 4 iterations
     ckpt_path = tmp_path / "last.ckpt"
     ckpt = torch.load(ckpt_path, weights_only=True)  # plain hyperparameters only: no pickle needed
-    saved_prox = ckpt["callbacks"]["ProximalPolicyEWMA"]
+    saved_prox = ckpt["proximal_ewma"]  # the module owns the EWMA state
 
     dm2, model2 = make(total_frames=6 * 64)
     cap = Capture()
@@ -214,7 +214,7 @@ def test_fsdp2_two_ranks_train_checkpoint_resume_and_export(tmp_path):
     meta = torch.load(ckpt / "meta.pt", weights_only=True)
     h = meta["hyper_parameters"]
     full = build_network(h["observation_space"], h["action_space"], h["network"]).state_dict()
-    ewma = meta["callbacks"]["ProximalPolicyEWMA"]
+    ewma = meta["proximal_ewma"]
     assert {k: v.shape for k, v in ewma["proximal"].items()} == {k: v.shape for k, v in full.items()}
     assert ewma["num_updates"] == meta["global_step"] == 2 * 40
     assert meta["RolloutDataModule"]["frames"] == 1024
