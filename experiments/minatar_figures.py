@@ -78,7 +78,9 @@ def _klcom_arms() -> dict[str, list[str]]:
     arms = {}
     for beta in (0.1, 1.0, 10.0):
         for com in (1, 8, 64):
+            # the reference code's KL form, 0.5 (log pi - log pi_prox)^2 on the taken action
             arms[f"beta{beta:g}_com{com}"] = ["--model.objective", "kl", "--model.kl_beta", f"{beta:g}",
+                                              "--model.kl_form", "sq_logratio",
                                               "--model.decoupled", "true", "--model.proximal_com", str(com)]
     return arms
 

@@ -36,7 +36,7 @@ class PPOLightningModule(pl.LightningModule):
             this center of mass in gradient steps (PPO-EWMA; the paper's default is 8). None: the
             proximal policy comes with the batch (staleness experiments) or equals the behavior one.
         clip_eps, kl_beta, kl_target, max_importance_ratio, value_coef, entropy_coef,
-            value_clip_eps: see `ppo_lightning.loss.PPOFamilyLoss`.
+            value_clip_eps, kl_form: see `ppo_lightning.loss.PPOFamilyLoss`.
         lr, adam_eps, adam_betas, optimizer: Adam (default) or SGD.
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
         proximal_precision: PPO-EWMA only: run the proximal policy's forward in "bf16" (or "fp32")
@@ -76,6 +76,7 @@ class PPOLightningModule(pl.LightningModule):
         init_from: str | None = None,
         proximal_precision: str | None = None,
         micro_batch_size: int | None = None,
+        kl_form: str = "analytic",
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
@@ -102,6 +103,7 @@ class PPOLightningModule(pl.LightningModule):
                 "init_from": init_from,
                 "proximal_precision": proximal_precision,
                 "micro_batch_size": micro_batch_size,
+                "kl_form": kl_form,
             }
         )
         self.validate_config()
@@ -122,6 +124,7 @@ class PPOLightningModule(pl.LightningModule):
             value_coef=value_coef,
             entropy_coef=entropy_coef,
             value_clip_eps=value_clip_eps,
+            kl_form=kl_form,
         )
         self.param_keys = dist_param_keys(action_space)
         self.proximal_source = None  # set by the ProximalPolicyEWMA callback

@@ -202,3 +202,32 @@ def test_quick_runs_of_the_figure_driver(tmp_path):
     minatar_figures.main(["ewma", "--quick", "--games", "breakout", "--arms", "ppo", "--out", str(tmp_path),
                           "--run-root", str(tmp_path / "runs")])
     assert len(list(csv.DictReader(open(tmp_path / "ewma_runs.csv")))) == 2  # nothing rerun
+
+
+def test_reference_kl_form_is_half_squared_log_ratio():
+    """model.kl_form=sq_logratio: the penalty is beta * 0.5 (log pi(a) - log pi_prox(a))^2 (reference code)."""
+    from tensordict import TensorDict
+
+    from ppo_lightning.loss import PPOFamilyLoss
+    from ppo_lightning.models import ActorCritic, make_distribution
+
+    torch.manual_seed(0)
+    space = {"type": "discrete", "n": 3}
+    net = ActorCritic({"shape": [4]}, space, hidden_sizes=(8,))
+    obs = torch.randn(16, 4)
+    logits, _ = net(obs)
+    logits = logits.detach()
+    prox = logits + 0.3 * torch.randn_like(logits)
+    action = make_distribution(space, logits).sample()
+    td = TensorDict({"observation": obs, "action": action, "logits": logits,
+                     "action_log_prob": make_distribution(space, logits).log_prob(action),
+                     "advantage": torch.zeros(16, 1), "value_target": torch.zeros(16, 1),
+                     "state_value": torch.zeros(16, 1), "proximal": TensorDict({"logits": prox}, [16])}, [16])
+    loss = PPOFamilyLoss(net, space, objective="kl", decoupled=True, kl_beta=2.0, kl_form="sq_logratio")
+    out = loss(td)
+    lp = make_distribution(space, logits).log_prob(action)
+    lp_prox = make_distribution(space, prox).log_prob(action)
+    # advantages are zero: the objective is -(-beta * KL) = beta * mean(0.5 (lp - lp_prox)^2)
+    assert out["loss_objective"].item() == pytest.approx((2.0 * 0.5 * (lp - lp_prox) ** 2).mean().item(), rel=1e-5)
+    with pytest.raises(ValueError, match="model.kl_form"):
+        PPOFamilyLoss(net, space, kl_form="exact")
