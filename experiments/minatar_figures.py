@@ -110,7 +110,8 @@ def base_args(game: str, frames: int, seed: int) -> list[str]:
 
 # ----------------------------------------------------------------------------------- CSV I/O
 RUN_FIELDS = ["figure", "arm", "game", "seed", "frames", "final_return", "auc_return", "iterations",
-              "gradient_steps", "wall_s", "train_s", "B_simple", "minibatch_size", "clip_fraction",
+              "gradient_steps", "wall_s", "train_s", "B_simple", "grad_sq_mean", "trace_cov_mean", "minibatch_size",
+              "clip_fraction",
               "mlflow_run_id", "args"]
 
 
@@ -124,6 +125,15 @@ def read_rows(path: Path) -> list[dict]:
 def append_row(path: Path, row: dict, fields: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
+    if not new:
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != fields:  # a CSV from an older version of this script: rewrite with the new columns
+            old = read_rows(path)
+            with open(path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=fields)
+                w.writeheader()
+                w.writerows({k: r.get(k, "") for k in fields} for r in old)
     with open(path, "a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         if new:
@@ -145,14 +155,17 @@ def sweep(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list
         args = base_args(game, frames, seed) + arms[arm]
         t0 = time.time()
         r = run(args, experiment=f"minatar-{figure}", run_name=f"{arm}-{game}-s{seed}", tracking_uri=tracking_uri,
-                env_id=f"minatar:{game}", run_root=run_root, normalize=lambda x: x, last_metrics=("noise/B_simple",))
-        noise = r["last"].get("noise/B_simple")
+                env_id=f"minatar:{game}", run_root=run_root, normalize=lambda x: x, last_metrics=("noise/grad_sq_mean", "noise/trace_cov_mean"))
+        g2, tr = r["last"].get("noise/grad_sq_mean"), r["last"].get("noise/trace_cov_mean")
+        # B_simple = tr(Sigma) / |G|^2 from the run's averages; "inf" when |G|^2 is not resolved (<= 0)
+        noise = None if g2 is None else (tr / g2 if g2 > 0 else float("inf"))
         row = {"figure": figure, "arm": arm, "game": game, "seed": seed, "frames": r["frames"],
                "final_return": round(final_value(r["curve"], r["frames"]), 4),
                "auc_return": round(curve_auc(r["curve"], r["frames"]), 4),
                "iterations": r["iterations"], "gradient_steps": r["global_step"],
                "wall_s": round(r["wall_s"], 1), "train_s": round(r["train_s"], 1),
                "B_simple": round(noise, 1) if noise is not None else "",
+               "grad_sq_mean": "" if g2 is None else f"{g2:.4g}", "trace_cov_mean": "" if tr is None else f"{tr:.4g}",
                "minibatch_size": r["minibatch_size"],
                "clip_fraction": round(r.get("clip_fraction_mean", float("nan")), 4),
                "mlflow_run_id": r["run_id"], "args": json.dumps(args)}
@@ -198,7 +211,7 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
             scores = list(pooled(arm, which).values())
             m, lo, hi = bootstrap_ci(scores)
             sd = float(np.std(scores, ddof=1)) if len(scores) > 1 else float("nan")
-            noise = [float(r["B_simple"]) for r in rows if r["arm"] == arm and r["B_simple"]]
+            noise = [float(r["B_simple"]) for r in rows if r["arm"] == arm and r.get("B_simple")]
             summary.append({"figure": figure, "row": arm, "stat": stat, "n_seeds": len(scores), "mean": m, "ci_low": lo,
                             "ci_high": hi, "sd": sd, "seeds_for_0.05": seeds_needed(sd, target) if math.isfinite(sd) else "",
                             "B_simple_median": float(np.median(noise)) if noise else "",

@@ -41,14 +41,17 @@ def noise_scale_terms(small_grads: Tensor, b_small: int) -> tuple[float, float]:
 
 
 class GradientNoiseScale(Callback):
-    """Logs ``noise/B_simple`` (ratio of the run's averages so far), ``noise/grad_sq`` and
-    ``noise/trace_cov`` (this iteration's estimates) once per iteration, from the gradients of the
+    """Logs ``noise/B_simple`` (ratio of the run's averages so far; not logged while the average
+    ``|G|^2`` estimate is <= 0, i.e. the gradient is not resolved from its noise), ``noise/grad_sq``
+    and ``noise/trace_cov`` (this iteration's estimates) and their running means
+    (``noise/grad_sq_mean``, ``noise/trace_cov_mean``) once per iteration, from the gradients of the
     first ``data.num_minibatches`` optimizer steps of each iteration (the first epoch)."""
 
     def __init__(self) -> None:
         self._grads: list[Tensor] = []
         self._sum_grad_sq = 0.0
         self._sum_trace = 0.0
+        self._n = 0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._grads = []
@@ -66,7 +69,9 @@ class GradientNoiseScale(Callback):
         grad_sq, trace = noise_scale_terms(torch.stack(self._grads), trainer.datamodule.minibatch_size)
         self._sum_grad_sq += grad_sq
         self._sum_trace += trace
-        out = {"noise/grad_sq": grad_sq, "noise/trace_cov": trace}
-        if self._sum_grad_sq > 0:
+        self._n += 1
+        out = {"noise/grad_sq": grad_sq, "noise/trace_cov": trace, "noise/grad_sq_mean": self._sum_grad_sq / self._n,
+               "noise/trace_cov_mean": self._sum_trace / self._n}
+        if self._sum_grad_sq > 0:  # else |G|^2 is not resolved from the noise yet: B_simple is "very large"
             out["noise/B_simple"] = self._sum_trace / self._sum_grad_sq
         pl_module.record_metrics(out)
