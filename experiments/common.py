@@ -69,10 +69,11 @@ def base_args(env_id: str = "CartPole-v1", frames: int = 100_000, seed: int = 0,
 
 
 def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, env_id: str,
-        run_root: Path, normalize=None) -> dict:
+        run_root: Path, normalize=None, last_metrics: tuple[str, ...] = ()) -> dict:
     """One fit in this process; returns its curve (frames, normalized return) and summary.
 
-    ``normalize``: return -> normalized return (default: `normalized` for ``env_id``)."""
+    ``normalize``: return -> normalized return (default: `normalized` for ``env_id``).
+    ``last_metrics``: MLflow metric keys whose last logged value is returned under ``"last"``."""
     normalize = normalize or (lambda r: normalized(env_id, r))
     from ppo_lightning.cli import fit_main
 
@@ -104,8 +105,14 @@ def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, e
     final = sum(tail) / len(tail)
     client.log_metric(run_id, "final_normalized_return", final)
     print(f"[{experiment}] {run_name}: final normalized return {final:.3f} ({total} frames, {wall:.0f} s)", flush=True)
+    last = {}
+    for key in last_metrics:
+        hist = client.get_metric_history(run_id, key)
+        if hist:
+            last[key] = hist[-1].value
     return {"run_name": run_name, "run_id": run_id, "curve": curve, "final": final, "frames": total, "wall_s": wall, "train_s": train_s, **diag,
-            "global_step": cli.trainer.global_step}
+            "global_step": cli.trainer.global_step, "last": last, "minibatch_size": dm.minibatch_size,
+            "iterations": dm.iteration}
 
 
 def common_parser(description: str, default_frames: int, default_seeds: int) -> argparse.ArgumentParser:
@@ -169,3 +176,18 @@ def save_figure(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
     return path
+
+
+def cpu_label() -> str:
+    """``lscpu`` model name, core count and the ISA flags that matter for torch on CPU (for figures)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "CPU: unknown"
+    info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    model = info.get("Model name", "?").strip()
+    flags = set(info.get("Flags", "").split())
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"CPU: {model}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"

@@ -6,8 +6,8 @@ policy (``data.staleness_mode``: behavior, proximal, decoupled; see ppo_lightnin
 
 Base: CartPole-v1, 8 envs x 32 steps (256 frames per iteration, so 60k frames = 234 iterations),
 4 minibatches, 3 epochs, Adam 1e-3, clipped objective, no EWMA. ``behavior`` and ``proximal`` use
-the standard objective; ``decoupled`` uses the decoupled objective with the behavior ratio capped at
-100 (reference code). At k = 0 the three are the same algorithm, so k = 0 is run once per seed and
+the standard objective; ``decoupled`` uses the decoupled objective; every arm caps the importance
+ratio pi / pi_behav at 100 (reference code, issue 11). At k = 0 the three are the same algorithm, so k = 0 is run once per seed and
 shared. Writes results/staleness.{csv,png}; MLflow experiment ``fig1-staleness``.
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 from common import base_args, common_parser, mean_std, plt, run, save_figure, write_csv
 
 EXPERIMENT = "fig1-staleness"
-MODES = {
-    "behavior": ["--model.decoupled", "false"],
-    "proximal": ["--model.decoupled", "false"],
+MODES = {  # the importance-ratio cap 100 in every arm, as the reference code's imp_samp_max (issue 11)
+    "behavior": ["--model.decoupled", "false", "--model.max_importance_ratio", "100"],
+    "proximal": ["--model.decoupled", "false", "--model.max_importance_ratio", "100"],
     "decoupled": ["--model.decoupled", "true", "--model.max_importance_ratio", "100"],
 }
 

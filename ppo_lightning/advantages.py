@@ -45,10 +45,18 @@ def next_values(rollout: TensorDictBase, value_fn, value_key: str = "state_value
 
 
 def ewma_beta_from_span(span: float) -> float:
-    """Decay of an EWMA with the given span in iterations: ``span = 2 / (1 - beta) - 1``."""
+    """Decay of the advantage-moment EWMA whose window is ``span`` iterations: ``beta = 1 - 1/span``.
+
+    With equal batches, iteration ``t - j`` gets weight ``beta**j`` and the weights sum to
+    ``1 / (1 - beta) = span`` iterations' worth of samples: span 1 (beta 0) is per-batch
+    normalization, and the paper's rule "multiply the number of iterations over which the advantage
+    moments are estimated by c" is ``span -> span * c`` (Hilton et al. 2021, section 4; the
+    reference code's ``adv_ewma_decay`` is this beta, 0 = per batch). Not the pandas "span"
+    (``beta = 1 - 2/(span + 1)``), whose window is ``(span + 1) / 2`` iterations.
+    """
     if span < 1:
         raise ValueError(f"advantage normalization span must be >= 1, got {span}")
-    return 1.0 - 2.0 / (span + 1.0)
+    return 1.0 - 1.0 / span
 
 
 class AdvantageMoments:

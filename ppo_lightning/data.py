@@ -115,15 +115,17 @@ class RolloutSource:
         return self.data.update_epochs * self.data.num_minibatches
 
     @torch.no_grad()
-    def _next_rollout(self) -> TensorDictBase:
-        """The collector's next rollout by the current policy: counted, rewards normalized."""
+    def _next_rollout(self, count: bool = True) -> TensorDictBase:
+        """The collector's next rollout by the current policy: counted (unless ``count`` is False:
+        a stale run's start-up rollouts, see `ppo_lightning.staleness`), rewards normalized."""
         data = self.data
         was_training = self.network.training
         self.network.eval()
         rollout = next(self._iterator)
         self.network.train(was_training)
         data.episodes.add_rollout(rollout)
-        data.frames += rollout.numel() * self.world_size
+        if count:
+            data.frames += rollout.numel() * self.world_size
         if data.reward_normalizer is not None:
             rollout.set(
                 ("next", "reward"),
@@ -137,8 +139,8 @@ class RolloutSource:
         data = self.data
         t0 = time.perf_counter()
         rollout = self._next_rollout()
-        if self.stale is not None:  # delayed rollout; values and policy roles by the current network
-            rollout = self.stale.delay(rollout, data.iteration - 1, self._next_rollout)
+        if self.stale is not None:  # delayed rollout: collection-time values, policy roles by mode
+            rollout = self.stale.delay(rollout, data.iteration - 1, lambda: self._next_rollout(count=False))
             relabel(rollout, self.network, data.staleness_mode, data.action_space)
         t1 = time.perf_counter()
         rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))

@@ -27,6 +27,9 @@ from ppo_lightning.models import dist_param_keys, make_distribution
 OBJECTIVES = ("clip", "kl", "adaptive_kl")
 
 
+KL_FORMS = ("analytic", "sq_logratio")
+
+
 class PPOFamilyLoss(LossModule):
     """PPO losses of Schulman et al. (2017) and their decoupled forms (Hilton et al. 2021).
 
@@ -40,6 +43,9 @@ class PPOFamilyLoss(LossModule):
         clip_eps, kl_beta, kl_target, max_importance_ratio: see `ppo_lightning.objectives`.
         value_coef, entropy_coef: coefficients of the L2 value loss and the entropy bonus.
         value_clip_eps: clip the value around the behavior value (PPO2 baselines); None = off.
+        kl_form: the KL term of the "kl" objectives: "analytic" (exact KL between the anchor's and
+            the current distribution) or "sq_logratio" (the PPO-EWMA reference code's
+            ``0.5 (log pi(a) - log pi_anchor(a))^2`` on the taken action).
     """
 
     @dataclass
@@ -69,8 +75,12 @@ class PPOFamilyLoss(LossModule):
         value_coef: float = 0.5,
         entropy_coef: float = 0.01,
         value_clip_eps: float | None = None,
+        kl_form: str = "analytic",
     ) -> None:
         super().__init__()
+        if kl_form not in KL_FORMS:
+            raise ValueError(f"model.kl_form must be one of {KL_FORMS}, got {kl_form!r}")
+        self.kl_form = kl_form
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         # Not registered as a submodule: the LightningModule owns the network (one copy of the
@@ -121,6 +131,8 @@ class PPOFamilyLoss(LossModule):
             anchor_params, proximal_log_prob, anchor_log_prob = behavior_params, None, behavior_log_prob
 
         kl_anchor = self._kl([p.detach() for p in anchor_params], params)
+        if self.kl_form == "sq_logratio":  # the reference code's penalty: 0.5 (log pi - log pi_anchor)^2
+            kl_anchor = F.squared_log_ratio_kl(log_prob, anchor_log_prob.detach())
         if self.objective == "clip":
             surrogate = F.clipped_surrogate(
                 log_prob, behavior_log_prob, advantage, self.clip_eps, proximal_log_prob, self.max_importance_ratio

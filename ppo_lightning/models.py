@@ -169,7 +169,11 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
         from ppo_lightning.impala import ImpalaActorCritic
 
         return ImpalaActorCritic(observation_space, action_space, **network)
-    raise ValueError(f"model.network.name must be 'mlp' or 'impala_cnn', got {name!r}")
+    if name == "minatar_cnn":  # issue 11: the MinAtar paper's conv(16, 3x3) + dense 128
+        from ppo_lightning.minatar_cnn import MinAtarActorCritic
+
+        return MinAtarActorCritic(observation_space, action_space, **network)
+    raise ValueError(f"model.network.name must be 'mlp', 'impala_cnn' or 'minatar_cnn', got {name!r}")
 
 
 def is_sharded(network: nn.Module) -> bool:

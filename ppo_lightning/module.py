@@ -36,7 +36,7 @@ class PPOLightningModule(pl.LightningModule):
             this center of mass in gradient steps (PPO-EWMA; the paper's default is 8). None: the
             proximal policy comes with the batch (staleness experiments) or equals the behavior one.
         clip_eps, kl_beta, kl_target, max_importance_ratio, value_coef, entropy_coef,
-            value_clip_eps: see `ppo_lightning.loss.PPOFamilyLoss`.
+            value_clip_eps, kl_form: see `ppo_lightning.loss.PPOFamilyLoss`.
         lr, adam_eps, adam_betas, optimizer: Adam (default) or SGD.
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
         proximal_precision: PPO-EWMA only: run the proximal policy's forward in "bf16" (or "fp32")
@@ -83,6 +83,7 @@ class PPOLightningModule(pl.LightningModule):
         proximal_precision: str | None = None,
         micro_batch_size: int | None = None,
         ppg: dict[str, Any] | None = None,
+        kl_form: str = "analytic",
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
@@ -115,6 +116,7 @@ class PPOLightningModule(pl.LightningModule):
                 "proximal_precision": proximal_precision,
                 "micro_batch_size": micro_batch_size,
                 "ppg": ppg,
+                "kl_form": kl_form,
             }
         )
         self.validate_config()
@@ -135,6 +137,7 @@ class PPOLightningModule(pl.LightningModule):
             value_coef=value_coef,
             entropy_coef=entropy_coef,
             value_clip_eps=value_clip_eps,
+            kl_form=kl_form,
         )
         self.param_keys = dist_param_keys(action_space)
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;

@@ -24,6 +24,7 @@ __all__ = [
     "categorical_kl",
     "diagonal_normal_kl",
     "approx_kl",
+    "squared_log_ratio_kl",
     "clip_fraction",
     "value_loss",
     "explained_variance",
@@ -138,6 +139,13 @@ def approx_kl(log_prob: Tensor, anchor_log_prob: Tensor) -> Tensor:
     """
     log_ratio = log_prob - anchor_log_prob
     return torch.expm1(log_ratio) - log_ratio
+
+
+def squared_log_ratio_kl(log_prob: Tensor, anchor_log_prob: Tensor) -> Tensor:
+    """The KL penalty of the PPO-EWMA reference code (openai/ppo-ewma ``ppo.py``, ``pi_kl``):
+    ``0.5 * (log pi - log pi_anchor)^2`` per sample, on the taken action (Schulman's k2 estimator
+    of ``KL[anchor || current]``; carries gradient through ``log_prob``)."""
+    return 0.5 * (log_prob - anchor_log_prob).pow(2)
 
 
 def clip_fraction(log_prob: Tensor, anchor_log_prob: Tensor, clip_eps: float) -> Tensor:

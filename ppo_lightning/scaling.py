@@ -5,7 +5,8 @@ learning curve against environment steps (approximately) unchanged if, at the sa
 
     Adam lr      -> lr / sqrt(c)          (SGD: lr / c)
     proximal COM -> COM * c               (the EWMA proximal policy's center of mass, gradient steps)
-    adv. span    -> span * c              (advantage-normalization EWMA span, iterations)
+    adv. span    -> span * c              (advantage-normalization window in iterations: EWMA decay
+                                           1 - 1/span, `ppo_lightning.advantages.ewma_beta_from_span`)
     PPG N_pi     -> N_pi * c              (policy-phase iterations between auxiliary phases)
     Adam betas   -> betas ** (1 / c)      (optional)
 

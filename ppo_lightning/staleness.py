@@ -17,13 +17,17 @@ iteration's first optimizer step). The reference code's three choices for the "o
 Choices made here (documented, tested):
 
 * Start-up: the queue is *filled* in the first iteration by collecting ``k`` extra rollouts with the
-  initial policy (``k + 1`` rollouts, all counted in ``data.frames``), and that iteration trains on the
-  first of them. From then on each iteration collects one rollout and trains on the one collected
-  ``k`` iterations earlier; the policy lag is ``min(t - 1, k)`` iterations at iteration ``t``.
-* Values: the state values of a delayed rollout are recomputed with the *current* critic before GAE,
-  in every mode, so that the advantages and value targets are those a synchronous learner would
-  compute and the three modes differ only in the policy roles. (Rewards are normalized at
-  collection time, in order, as usual.)
+  initial policy (``k + 1`` rollouts), and that iteration trains on the first of them. As in the
+  reference code (openai/ppo-ewma ``ppo.py``: while the queue fills, the loop ``continue``s before
+  counting interactions), the ``k`` start-up rollouts are *not* counted in ``data.frames``: a stale
+  run of N frames makes as many iterations as a synchronous one. From then on each iteration
+  collects one rollout and trains on the one collected ``k`` iterations earlier; the policy lag is
+  ``min(t - 1, k)`` iterations at iteration ``t``.
+* Values: as in the reference code, a delayed rollout keeps the state values predicted at
+  collection time; only the bootstrap values (V of the rollout's final observation, and of the
+  final observation of an episode cut by truncation) are computed by the *current* critic
+  (`ppo_lightning.advantages.next_values`, after `relabel`). (Rewards are normalized at collection
+  time, in order; the reference normalizes at training time, in the same order.)
 * The queue's contents are checkpointed with the data module (``StalenessQueue.state_dict``: up to
   ``k`` rollouts, so a Procgen checkpoint with k = 8 holds eight rollouts), so a resumed run trains
   on the same delayed rollouts as an uninterrupted one.
@@ -37,7 +41,7 @@ from typing import Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ppo_lightning.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
+from ppo_lightning.models import OBS_KEY, dist_param_keys, make_distribution
 
 STALENESS_MODES = ("behavior", "proximal", "decoupled")
 LOG_PROB_KEY = "action_log_prob"
@@ -68,15 +72,14 @@ def validate_staleness(staleness, mode: str, *, decoupled: bool | None = None,
 def relabel(rollout: TensorDictBase, network: torch.nn.Module, mode: str, action_space: dict) -> TensorDictBase:
     """Prepare a delayed rollout for training by the current ``network`` (in place; returns it).
 
-    Recomputes the state values with the current critic; then, by ``mode``, keeps the behavior
-    policy (``behavior``), replaces it by the recent policy (``proximal``), or adds the recent
-    policy's distribution parameters under ``proximal`` (``decoupled``).
+    Keeps the collection-time state values (the reference protocol: only bootstrap values are
+    recomputed, by `next_values`); by ``mode``, keeps the behavior policy (``behavior``), replaces
+    it by the recent policy (``proximal``), or adds the recent policy's distribution parameters
+    under ``proximal`` (``decoupled``).
     """
     if mode not in STALENESS_MODES:
         raise ValueError(f"data.staleness_mode must be one of {STALENESS_MODES}, got {mode!r}")
     obs = rollout.get(OBS_KEY)
-    value = rollout.get(VALUE_KEY)
-    rollout.set(VALUE_KEY, network.value(obs).to(value.dtype).reshape(value.shape))
     if mode == "behavior":
         return rollout
     keys = dist_param_keys(action_space)

@@ -81,14 +81,40 @@ def test_advantage_moments_span_one_is_batch_normalization_and_weighting():
     a = torch.tensor([1.0, 2.0, 3.0, 6.0])
     m.update(a)
     assert m.mean == pytest.approx(3.0) and m.var == pytest.approx(a.var(unbiased=False).item())
-    # span 3 -> beta 0.5; two batches of sizes 2 and 4, weighted by sample count.
-    m = AdvantageMoments(span=3)
+    # span 2 -> beta 1 - 1/2 = 0.5; two batches of sizes 2 and 4, weighted by sample count.
+    m = AdvantageMoments(span=2)
     b1, b2 = torch.tensor([0.0, 2.0]), torch.tensor([1.0, 1.0, 3.0, 3.0])
     m.update(b1), m.update(b2)
     w = 0.5 * 2 + 4
     s = 0.5 * 2 * 1.0 + 4 * 2.0
     q = 0.5 * 2 * (1.0 + 1.0) + 4 * (1.0 + 4.0)
     assert m.mean == pytest.approx(s / w) and m.var == pytest.approx(q / w - (s / w) ** 2)
+
+
+@pytest.mark.parametrize("span", [1, 2, 4, 16])
+def test_advantage_span_is_a_window_of_span_iterations(span):
+    """Span s = a window of s iterations (issue 11): with equal batches, the weights of past iterations
+    sum to s batches' worth, and a shift in the advantage mean reaches 1 - 1/e of its size after
+    about s iterations; the old pandas convention (beta = 1 - 2/(s+1)) gave (s+1)/2."""
+    beta = ewma_beta_from_span(span)
+    assert beta == pytest.approx(1 - 1 / span)
+    m = AdvantageMoments(span=span)
+    n = 8
+    for _ in range(400):
+        m.update(torch.zeros(n))
+    assert m.w / n == pytest.approx(span, rel=1e-6)  # total weight = span iterations
+    # Step response: after j iterations of mean 1, the estimated mean is 1 - beta**j.
+    steps = 0
+    while m.mean < 1 - math.exp(-1):
+        m.update(torch.ones(n))
+        steps += 1
+    assert steps == max(1, math.ceil(-1 / math.log(beta))) if span > 1 else steps == 1
+    assert abs(steps - span) <= 1
+    # batch_size_scaling keeps span * c: at c = 4 per-batch normalization becomes a 4-iteration window
+    from ppo_lightning.scaling import batch_size_scaling
+
+    scaled = batch_size_scaling(4, lr=1e-3, proximal_com=None, adv_norm_span=float(span))["adv_norm_span"]
+    assert scaled == 4 * span and ewma_beta_from_span(scaled) == pytest.approx(1 - 1 / (4 * span))
 
 
 def test_reward_normalizer_matches_hand_loop():

@@ -58,8 +58,9 @@ def test_relabel_uses_the_right_policy_in_each_role(mode):
     obs, action = rollout["observation"], rollout["action"]
     recent_logits = recent.policy(obs)[0].detach()
     recent_lp = make_distribution(SPACE, recent_logits).log_prob(action)
-    # values always come from the current critic
-    torch.testing.assert_close(rollout["state_value"], recent.value(obs).detach())
+    # values stay those predicted at collection (reference protocol; only bootstraps are recomputed)
+    torch.testing.assert_close(rollout["state_value"], old["state_value"])
+    assert not torch.allclose(old["state_value"], recent.value(obs).detach())
     if mode == "behavior":  # stale policy in both roles
         torch.testing.assert_close(rollout["action_log_prob"], old["action_log_prob"])
         torch.testing.assert_close(rollout["logits"], old["logits"])
@@ -94,7 +95,7 @@ def test_data_module_trains_on_delayed_rollouts_with_recent_proximal():
             for p in net.parameters():
                 p.add_(0.3 * torch.randn_like(p))
     assert indices == [0, 1, 2, 3]
-    assert dm.frames == (4 + 2) * 16  # two extra rollouts fill the queue in the first iteration
+    assert dm.frames == 4 * 16  # the two extra start-up rollouts that fill the queue are not counted
     source.collector.shutdown()
 
 
@@ -127,7 +128,7 @@ def test_cli_stale_decoupled_run(tmp_path):
                     "--data.rollout_steps", "16", "--model.decoupled", "true", "--model.max_importance_ratio", "100",
                     "--data.staleness", "2", "--data.staleness_mode", "decoupled"])
     dm = cli.datamodule
-    assert dm.frames == 1024 and dm.iteration == 1024 // 64 - 2
+    assert dm.frames == 1024 and dm.iteration == 1024 // 64  # start-up rollouts not counted
     assert cli.trainer.callback_metrics["staleness/lag"] == 2
     assert "diagnostics/adv_std_oscillation" in cli.trainer.callback_metrics
 
@@ -193,12 +194,12 @@ def test_queue_survives_a_checkpoint(tmp_path):
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
         return dm, lags.indices
 
-    dm, indices = fit(64)  # iteration 1: 3 rollouts (queue fill), iteration 2: one more
-    assert indices == [0, 1] and dm.frames == 64
+    dm, indices = fit(48)  # iteration 1: 3 rollouts (queue fill, 2 not counted), then one per iteration
+    assert indices == [0, 1, 2] and dm.frames == 48
     saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["RolloutDataModule"]["staleness_queue"]
-    assert [e["index"] for e in saved["queue"]] == [2, 3] and saved["collected"] == 4
-    dm, indices = fit(96, ckpt_path=tmp_path / "last.ckpt")
-    assert indices == [2, 3] and dm.frames == 96  # no refill: one new rollout per iteration
+    assert [e["index"] for e in saved["queue"]] == [3, 4] and saved["collected"] == 5
+    dm, indices = fit(80, ckpt_path=tmp_path / "last.ckpt")
+    assert indices == [3, 4] and dm.frames == 80  # no refill: one new rollout per iteration
 
     bad = StalenessQueue(3, "decoupled")
     with pytest.raises(ValueError, match="staleness"):

@@ -1,7 +1,8 @@
 """Environment factories: a small spec (an id string plus keyword arguments) -> a batched TorchRL env.
 
 ``"CartPole-v1"`` or any registered gymnasium id -> `ppo_lightning.envs.gymnasium_env`;
-``"procgen:<game>"`` -> `ppo_lightning.envs.procgen_env` (issue 3). Every env is batched over
+``"procgen:<game>"`` -> `ppo_lightning.envs.procgen_env` (issue 3);
+``"minatar:<game>"`` -> `ppo_lightning.envs.minatar_env` (issue 11). Every env is batched over
 ``num_envs`` on its first dimension, reports ``episode_reward`` and ``step_count`` in ``next`` and
 resets through TorchRL (no fake transitions from a vector env's autoreset).
 """
@@ -13,15 +14,24 @@ from typing import Any
 from ppo_lightning.envs.gymnasium_env import check_gymnasium_id, gymnasium_spaces, make_gymnasium_env
 
 PROCGEN_PREFIX = "procgen:"
+MINATAR_PREFIX = "minatar:"
 
 
 def is_procgen(env_id: str) -> bool:
     return env_id.startswith(PROCGEN_PREFIX)
 
 
+def is_minatar(env_id: str) -> bool:
+    return env_id.startswith(MINATAR_PREFIX)
+
+
 def check_env_id(env_id: str) -> None:
     """Raise ValueError naming ``data.env_id`` if the id is unknown."""
-    if is_procgen(env_id):
+    if is_minatar(env_id):
+        from ppo_lightning.envs.minatar_env import check_minatar_game
+
+        check_minatar_game(env_id[len(MINATAR_PREFIX):])
+    elif is_procgen(env_id):
         from ppo_lightning.envs.procgen_env import check_procgen_game
 
         check_procgen_game(env_id[len(PROCGEN_PREFIX):])
@@ -32,6 +42,10 @@ def check_env_id(env_id: str) -> None:
 def env_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[dict, dict]:
     """(observation_space, action_space) as plain dicts, without building the vector env."""
     env_kwargs = env_kwargs or {}
+    if is_minatar(env_id):
+        from ppo_lightning.envs.minatar_env import minatar_spaces
+
+        return minatar_spaces(env_id[len(MINATAR_PREFIX):])
     if is_procgen(env_id):
         from ppo_lightning.envs.procgen_env import procgen_spaces
 
@@ -42,6 +56,10 @@ def env_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[d
 def make_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] | None = None):
     """A batched TorchRL env for the spec."""
     env_kwargs = env_kwargs or {}
+    if is_minatar(env_id):
+        from ppo_lightning.envs.minatar_env import make_minatar_env
+
+        return make_minatar_env(env_id[len(MINATAR_PREFIX):], num_envs=num_envs, seed=seed, **env_kwargs)
     if is_procgen(env_id):
         from ppo_lightning.envs.procgen_env import make_procgen_env
 

@@ -1,0 +1,56 @@
+"""Normalized return for MinAtar: ``(R - R_random) / (R_ref - R_random)`` with per-game constants.
+
+MinAtar has no published normalization constants, so both are measured by this project
+(issue 11), with MinAtar's defaults (sticky actions 0.1, difficulty ramping, all 6 actions):
+
+* ``R_random``: mean episode return of a uniform random policy, 300 episodes per game (32 envs,
+  seed 12345): ``python experiments/minatar_figures.py random`` ->
+  ``experiments/results/minatar/random_returns.csv``.
+* ``R_ref``: the project's own longer PPO run per game: experiments/minatar/ppo.yaml (MinAtar CNN,
+  64 envs x 64 steps, 8 minibatches x 3 epochs, Adam 5e-4, reward normalization), 1,000,000 frames,
+  one seed (1000, disjoint from the experiments' seeds); R_ref = the mean over the last 10% of its
+  frames of the mean return of the last 20 episodes:
+  ``python experiments/minatar_figures.py reference --seeds 1 --frames 1000000`` ->
+  ``experiments/results/minatar/reference_runs.csv``.
+
+So 0 = random play and 1 = what PPO at the base configuration reaches in 1M frames (4x the
+experiments' 250k-frame runs); longer or better runs exceed 1. One seed makes R_ref itself noisy
+(a few percent): it scales every arm of a game alike, so comparisons between arms are unaffected
+in sign, only in units.
+"""
+
+from __future__ import annotations
+
+import math
+
+# game: (R_random, R_ref)
+RETURN_RANGES: dict[str, tuple[float, float]] = {
+    "asterix": (0.4567, float("nan")),
+    "breakout": (0.4767, float("nan")),
+    "freeway": (0.1267, float("nan")),
+    "seaquest": (0.0967, float("nan")),
+    "space_invaders": (2.5033, float("nan")),
+}
+
+
+def return_range(game: str) -> tuple[float, float]:
+    """(R_random, R_ref) of a MinAtar game."""
+    if game not in RETURN_RANGES:
+        raise ValueError(f"no normalized-return constants for MinAtar game {game!r}; games: {', '.join(RETURN_RANGES)}")
+    r_random, r_ref = RETURN_RANGES[game]
+    if not math.isfinite(r_ref):
+        raise ValueError(f"no R_ref measured for MinAtar game {game!r} (no reference run at this project's budget: "
+                         f"python experiments/minatar_figures.py reference --games {game})")
+    return r_random, r_ref
+
+
+def normalized_return(game: str, R: float) -> float:
+    """``(R - R_random) / (R_ref - R_random)``; works elementwise on arrays; nan stays nan."""
+    r_random, r_ref = return_range(game)
+    return (R - r_random) / (r_ref - r_random)
+
+
+def mean_normalized_return(returns: dict[str, float]) -> float:
+    """Mean normalized return over games ``{game: mean raw return}``; non-finite returns skipped."""
+    values = [normalized_return(g, r) for g, r in returns.items() if r is not None and math.isfinite(r)]
+    return sum(values) / len(values) if values else float("nan")

@@ -1,0 +1,77 @@
+"""Gradient noise scale B_simple (McCandlish et al. 2018, "An empirical model of large-batch training").
+
+``B_simple = tr(Sigma) / |G|^2``: Sigma is the per-sample gradient covariance, G the true gradient.
+Hilton et al. (2021) use it to say when batch-size invariance can hold: the scaling rules assume the
+minibatch is below the noise scale (appendix; the paper's Procgen minibatches are below it).
+
+Estimator (McCandlish et al., appendix A.1): from gradients averaged over batches of two sizes
+``b_small < b_big``, ``E|G_b|^2 = |G|^2 + tr(Sigma) / b``, so
+
+    |G|^2     ~ (b_big |G_big|^2 - b_small |G_small|^2) / (b_big - b_small)
+    tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1 / b_small - 1 / b_big)
+
+Both are unbiased but noisy; B_simple is the ratio of their averages over many iterations (not the
+average of per-iteration ratios). Here ``G_small`` are the minibatch gradients of the first epoch of
+an iteration (``|G_small|^2`` averaged over them) and ``G_big`` their mean, the gradient of the
+whole rollout batch. The minibatch gradients are taken at the successive parameters of the first
+epoch (the optimizer steps between them): a small approximation, also made by the paper's
+measurements on PPO.
+"""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+
+
+def noise_scale_terms(small_grads: Tensor, b_small: int) -> tuple[float, float]:
+    """``(|G|^2 estimate, tr(Sigma) estimate)`` from ``k >= 2`` minibatch gradients ``[k, P]`` of
+    ``b_small`` samples each (their mean is the gradient of ``k * b_small`` samples)."""
+    k = small_grads.shape[0]
+    if k < 2:
+        raise ValueError("the noise scale needs at least 2 minibatch gradients per batch")
+    b_big = k * b_small
+    g = small_grads.double()
+    small_sq = g.pow(2).sum(1).mean().item()
+    big_sq = g.mean(0).pow(2).sum().item()
+    grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+    trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
+    return grad_sq, trace
+
+
+class GradientNoiseScale(Callback):
+    """Logs ``noise/B_simple`` (ratio of the run's averages so far; not logged while the average
+    ``|G|^2`` estimate is <= 0, i.e. the gradient is not resolved from its noise), ``noise/grad_sq``
+    and ``noise/trace_cov`` (this iteration's estimates) and their running means
+    (``noise/grad_sq_mean``, ``noise/trace_cov_mean``) once per iteration, from the gradients of the
+    first ``data.num_minibatches`` optimizer steps of each iteration (the first epoch)."""
+
+    def __init__(self) -> None:
+        self._grads: list[Tensor] = []
+        self._sum_grad_sq = 0.0
+        self._sum_trace = 0.0
+        self._n = 0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._grads = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if len(self._grads) >= trainer.datamodule.num_minibatches:
+            return
+        grads = [p.grad.reshape(-1) for p in pl_module.network.parameters() if p.grad is not None]
+        if grads:
+            self._grads.append(torch.cat(grads).detach().double().clone())
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if len(self._grads) < 2:
+            return
+        grad_sq, trace = noise_scale_terms(torch.stack(self._grads), trainer.datamodule.minibatch_size)
+        self._sum_grad_sq += grad_sq
+        self._sum_trace += trace
+        self._n += 1
+        out = {"noise/grad_sq": grad_sq, "noise/trace_cov": trace, "noise/grad_sq_mean": self._sum_grad_sq / self._n,
+               "noise/trace_cov_mean": self._sum_trace / self._n}
+        if self._sum_grad_sq > 0:  # else |G|^2 is not resolved from the noise yet: B_simple is "very large"
+            out["noise/B_simple"] = self._sum_trace / self._sum_grad_sq
+        pl_module.record_metrics(out)

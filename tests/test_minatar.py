@@ -1,0 +1,235 @@
+"""MinAtar (issue 11): the env, the CNN, the normalized-score table, the statistics, the noise scale
+and a --quick run of the figure driver."""
+
+import csv
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ppo_lightning.envs import check_env_id, env_spaces, make_env
+from ppo_lightning.envs.minatar_env import GAMES, MinAtarTorchEnv
+from ppo_lightning.models import build_network
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+
+def _random_actions(n, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 6, (n,), generator=g) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_spec_and_reset_step(game):
+    from torchrl.envs.utils import check_env_specs
+
+    env = make_env(f"minatar:{game}", 3, seed=0)
+    check_env_specs(env)
+    obs_space, act_space = env_spaces(f"minatar:{game}")
+    td = env.reset()
+    assert list(td["observation"].shape) == [3, *obs_space["shape"]] and td["observation"].dtype == torch.bool
+    assert act_space == {"type": "discrete", "n": 6}
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    out = env.step(td)["next"]
+    assert out["reward"].shape == (3, 1) and out["done"].shape == (3, 1)
+    assert (out["step_count"] == 1).all()
+
+
+def test_unknown_game_is_a_clear_error():
+    with pytest.raises(ValueError, match="data.env_id: unknown MinAtar game 'pong'"):
+        check_env_id("minatar:pong")
+
+
+def test_seeding_is_deterministic_and_seeds_differ():
+    def trajectory(seed):
+        env = make_env("minatar:asterix", 4, seed=seed)
+        td = env.reset()
+        obs, rew = [], []
+        for a in _random_actions(4, 60):
+            td["action"] = a
+            td = env.step(td)
+            obs.append(td["next", "observation"].clone()), rew.append(td["next", "reward"].clone())
+            td = env.step_mdp(td)
+            if td["done"].any():
+                td["_reset"] = td["done"].clone()
+                td = env.reset(td)
+        return torch.stack(obs), torch.stack(rew)
+
+    o1, r1 = trajectory(7)
+    o2, r2 = trajectory(7)
+    o3, _ = trajectory(8)
+    assert torch.equal(o1, o2) and torch.equal(r1, r2)
+    assert not torch.equal(o1, o3)
+
+
+def test_frames_and_episodes_counted_and_final_obs_kept():
+    """Episode statistics match a hand count; the observation with done is the final one (the
+    partial reset restarts only the ended games); truncation at max_episode_steps is 'truncated'."""
+    env = make_env("minatar:breakout", 4, seed=0)
+    rollout = env.rollout(200, break_when_any_done=False, policy=None)
+    done = rollout["next", "done"].squeeze(-1)
+    rew = rollout["next", "reward"].squeeze(-1)
+    assert rollout.numel() == 800 and done.any()
+    for i in range(4):  # returns and lengths of every finished episode, by hand
+        start = 0
+        for t in torch.nonzero(done[i]).flatten().tolist():
+            assert rollout["next", "episode_reward"][i, t].item() == pytest.approx(rew[i, start:t + 1].sum().item())
+            assert rollout["next", "step_count"][i, t].item() == t + 1 - start
+            start = t + 1
+    assert rollout["next", "terminated"].equal(rollout["next", "done"])  # Breakout ends only by losing
+    short = MinAtarTorchEnv("freeway", 2, seed=0, max_episode_steps=5)
+    td = short.reset()
+    for _ in range(5):
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        td = short.step(td)
+        nxt = td["next"]
+        td = short.step_mdp(td)
+    assert nxt["truncated"].all() and not nxt["terminated"].any() and nxt["done"].all()
+    with pytest.raises(ValueError, match="sticky_action_prob"):
+        MinAtarTorchEnv("breakout", 1, sticky_action_prob=1.5)
+
+
+@pytest.mark.parametrize("network", [{"name": "minatar_cnn"}, {"name": "minatar_cnn", "shared_trunk": False},
+                                     {"name": "impala_cnn", "channels": [16, 32], "dense": 64}])
+def test_networks_on_minatar_observations(network):
+    obs_space, act_space = env_spaces("minatar:seaquest")
+    net = build_network(obs_space, act_space, network)
+    obs = torch.rand(2, 5, *obs_space["shape"]) > 0.5
+    logits, value = net(obs)
+    assert logits.shape == (2, 5, 6) and value.shape == (2, 5, 1)
+    torch.testing.assert_close(net.policy(obs)[0], logits)
+    torch.testing.assert_close(net.value(obs), value)
+    if network["name"] == "minatar_cnn":  # conv 16 @ 3x3 on 10x10x10 -> 8x8x16 -> 128
+        n = sum(p.numel() for p in net.policy_body.parameters())
+        assert n == (3 * 3 * 10 * 16 + 16) + (8 * 8 * 16 * 128 + 128)
+    with pytest.raises(ValueError, match="model.network"):
+        build_network(obs_space, {"type": "continuous", "shape": [2]}, network)
+
+
+# ------------------------------------------------------------------ normalized-score table
+def test_score_table_matches_the_measurements():
+    from ppo_lightning.envs.minatar_scores import RETURN_RANGES, mean_normalized_return, normalized_return
+
+    out = ROOT / "experiments" / "results" / "minatar"
+    with open(out / "random_returns.csv") as f:
+        random = {r["game"]: float(r["mean_return"]) for r in csv.DictReader(f)}
+    with open(out / "reference_runs.csv") as f:
+        ref: dict[str, list[float]] = {}
+        for r in csv.DictReader(f):
+            ref.setdefault(r["game"], []).append(float(r["final_return"]))
+    assert set(RETURN_RANGES) == set(GAMES) == set(random) and set(ref) <= set(GAMES) and ref
+    for g in set(GAMES) - set(ref):  # no reference run at this budget: a clear error, not a number
+        assert RETURN_RANGES[g][0] == pytest.approx(random[g], abs=1e-4)
+        with pytest.raises(ValueError, match="no R_ref"):
+            normalized_return(g, 1.0)
+    for g in ref:
+        r_random, r_ref = RETURN_RANGES[g]
+        assert r_random == pytest.approx(random[g], abs=1e-4)
+        assert r_ref == pytest.approx(float(np.mean(ref[g])), abs=1e-3)
+        assert r_ref > r_random  # PPO learned something on every game
+        assert normalized_return(g, r_random) == pytest.approx(0.0) and normalized_return(g, r_ref) == pytest.approx(1.0)
+    mid = {g: (RETURN_RANGES[g][0] + RETURN_RANGES[g][1]) / 2 for g in ref}
+    assert mean_normalized_return({**mid, "breakout": float("nan")}) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="no normalized-return constants"):
+        normalized_return("pong", 1.0)
+
+
+# ------------------------------------------------------------------ statistics
+def test_bootstrap_ci_and_seed_count_on_a_known_case():
+    from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, pooled_scores, seeds_needed
+
+    # Known case: N(0.5, 0.2^2) samples; the 95% CI of the mean has half-width ~1.96 * 0.2 / sqrt(n).
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.5, 0.2, size=400)
+    m, lo, hi = bootstrap_ci(x)
+    assert m == pytest.approx(x.mean()) and lo < m < hi
+    assert (hi - lo) / 2 == pytest.approx(1.96 * x.std(ddof=1) / math.sqrt(400), rel=0.1)
+    # Coverage: over many repeated 10-seed experiments the CI holds the true mean ~95% of the time (percentile
+    # bootstrap with small n under-covers a little).
+    hits = sum(lo <= 0.5 <= hi for lo, hi in (bootstrap_ci(rng.normal(0.5, 0.2, 10), n_boot=1000, seed=i)[1:]
+                                                for i in range(200)))
+    assert 0.85 <= hits / 200 <= 0.99
+    d, lo, hi = bootstrap_diff_ci(x + 0.1, x)
+    assert d == pytest.approx(0.1) and lo < 0.1 < hi
+    # sd 0.2, half-width 0.05: (1.96 * 0.2 / 0.05)^2 = 61.5 -> 62 seeds; a difference needs twice that.
+    assert seeds_needed(0.2, 0.05) == 62 and seeds_needed(0.2, 0.05, arms=2) == 123 and seeds_needed(0.0) == 2
+    assert pooled_scores({"a": [0.0, 1.0], "b": [1.0, 1.0]}).tolist() == [0.5, 1.0]
+    # AUC of a step curve: 0 until 50, then 1 until 100 -> 0.5; final = mean of points in the last 10%.
+    assert curve_auc([(10, 0.0), (50, 1.0), (100, 1.0)], 100) == pytest.approx(0.5)
+    assert final_value([(10, 0.0), (50, 1.0), (95, 3.0), (100, 5.0)], 100) == pytest.approx(4.0)
+
+
+def test_noise_scale_recovers_a_known_gradient_noise():
+    """Minibatch gradients g_i = G + noise/sqrt(b) with per-sample covariance s^2 I: B_simple = P s^2 / |G|^2."""
+    from ppo_lightning.noise_scale import noise_scale_terms
+
+    rng = torch.Generator().manual_seed(0)
+    P, b, k, s = 50, 32, 8, 2.0
+    G = torch.full((P,), 0.5)
+    sums_g2 = sums_tr = 0.0
+    for _ in range(400):
+        grads = G + s / math.sqrt(b) * torch.randn(k, P, generator=rng, dtype=torch.float64)
+        g2, tr = noise_scale_terms(grads, b)
+        sums_g2 += g2
+        sums_tr += tr
+    assert sums_g2 / 400 == pytest.approx(float(G.pow(2).sum()), rel=0.05)
+    assert sums_tr / 400 == pytest.approx(P * s * s, rel=0.05)
+    assert sums_tr / sums_g2 == pytest.approx(P * s * s / float(G.pow(2).sum()), rel=0.08)
+
+
+# ------------------------------------------------------------------ the figure driver
+def test_quick_runs_of_the_figure_driver(tmp_path, monkeypatch):
+    """Each figure's --quick sweep runs, writes its CSVs (with the run's exact config), analyzes, plots,
+    and a rerun skips the finished runs (resumable)."""
+    import minatar_figures
+
+    from ppo_lightning.envs import minatar_scores
+
+    monkeypatch.setitem(minatar_scores.RETURN_RANGES, "breakout", (0.5, 10.0))  # independent of the measured table
+    common = ["--quick", "--games", "breakout", "--out", str(tmp_path), "--run-root", str(tmp_path / "runs")]
+    for figure, arm in (("ewma", "ppo_ewma"), ("bsi", "c4_no_lr"), ("staleness", "k2_decoupled"), ("klcom", "beta1_com8")):
+        minatar_figures.main([figure, "--arms", arm, *common])
+        with open(tmp_path / f"{figure}_runs.csv") as f:
+            (row,) = list(csv.DictReader(f))
+        assert row["arm"] == arm and '"--data.env_id", "minatar:breakout"' in row["args"] and row["B_simple"]
+        assert '"--model.max_importance_ratio", "100"' in row["args"]  # the cap in every arm
+        assert (tmp_path / f"{figure}.png").exists() and (tmp_path / f"{figure}_summary.csv").exists()
+        if figure == "staleness":  # 4096 frames = 8 iterations of 512: the 2 start-up rollouts not counted
+            assert int(row["frames"]) == 4096 and int(row["iterations"]) == 8
+        if figure == "bsi":  # c = 4: minibatch 512 / 8 / 4 = 16, lr not scaled, COM and span scaled
+            assert int(row["minibatch_size"]) == 16 and '"--scale_rules", "com,adv_span"' in row["args"]
+    minatar_figures.main(["ewma", "--arms", "ppo_ewma", *common])
+    assert len(list(csv.DictReader(open(tmp_path / "ewma_runs.csv")))) == 1  # nothing rerun
+
+
+def test_reference_kl_form_is_half_squared_log_ratio():
+    """model.kl_form=sq_logratio: the penalty is beta * 0.5 (log pi(a) - log pi_prox(a))^2 (reference code)."""
+    from tensordict import TensorDict
+
+    from ppo_lightning.loss import PPOFamilyLoss
+    from ppo_lightning.models import ActorCritic, make_distribution
+
+    torch.manual_seed(0)
+    space = {"type": "discrete", "n": 3}
+    net = ActorCritic({"shape": [4]}, space, hidden_sizes=(8,))
+    obs = torch.randn(16, 4)
+    logits, _ = net(obs)
+    logits = logits.detach()
+    prox = logits + 0.3 * torch.randn_like(logits)
+    action = make_distribution(space, logits).sample()
+    td = TensorDict({"observation": obs, "action": action, "logits": logits,
+                     "action_log_prob": make_distribution(space, logits).log_prob(action),
+                     "advantage": torch.zeros(16, 1), "value_target": torch.zeros(16, 1),
+                     "state_value": torch.zeros(16, 1), "proximal": TensorDict({"logits": prox}, [16])}, [16])
+    loss = PPOFamilyLoss(net, space, objective="kl", decoupled=True, kl_beta=2.0, kl_form="sq_logratio")
+    out = loss(td)
+    lp = make_distribution(space, logits).log_prob(action)
+    lp_prox = make_distribution(space, prox).log_prob(action)
+    # advantages are zero: the objective is -(-beta * KL) = beta * mean(0.5 (lp - lp_prox)^2)
+    assert out["loss_objective"].item() == pytest.approx((2.0 * 0.5 * (lp - lp_prox) ** 2).mean().item(), rel=1e-5)
+    with pytest.raises(ValueError, match="model.kl_form"):
+        PPOFamilyLoss(net, space, kl_form="exact")
