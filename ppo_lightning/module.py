@@ -76,6 +76,7 @@ class PPOLightningModule(pl.LightningModule):
         init_from: str | None = None,
         proximal_precision: str | None = None,
         micro_batch_size: int | None = None,
+        lr_schedule: str = "constant",
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
@@ -102,6 +103,7 @@ class PPOLightningModule(pl.LightningModule):
                 "init_from": init_from,
                 "proximal_precision": proximal_precision,
                 "micro_batch_size": micro_batch_size,
+                "lr_schedule": lr_schedule,
             }
         )
         self.validate_config()
@@ -167,6 +169,10 @@ class PPOLightningModule(pl.LightningModule):
                 raise ValueError("model.proximal_precision needs model.network.name impala_cnn (the MLP has no precision switch)")
         if h.micro_batch_size is not None and not (isinstance(h.micro_batch_size, int) and h.micro_batch_size > 0):
             raise ValueError(f"model.micro_batch_size must be a positive integer or null, got {h.micro_batch_size!r}")
+        from ppo_lightning.schedules import LR_SCHEDULES
+
+        if h.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
 
@@ -197,6 +203,16 @@ class PPOLightningModule(pl.LightningModule):
         return []
 
     def configure_optimizers(self):
+        optimizer = self._make_optimizer()
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if self.hparams.lr_schedule == "constant" or dm is None:
+            return optimizer
+        from ppo_lightning.schedules import make_lr_scheduler
+
+        scheduler = make_lr_scheduler(self.hparams.lr_schedule, optimizer, dm.total_frames, dm.frames_per_iteration)
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
         h = self.hparams
         if h.optimizer == "sgd":
             return torch.optim.SGD(self.network.parameters(), lr=h.lr)
