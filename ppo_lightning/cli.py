@@ -156,10 +156,10 @@ def fit_main(args: list[str] | None = None) -> PPOCLI:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "export-hf":
-        from ppo_lightning.export import export_main
+    if args and args[0] in ("export-hf", "evaluate"):
+        from ppo_lightning.main import main as dispatch
 
-        return export_main(args[1:])
+        return dispatch(args)
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
     try:
