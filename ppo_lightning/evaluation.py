@@ -226,7 +226,7 @@ def evaluate_policy(
     ``policy``: a `PPOLightningModule`, an actor-critic (``load_pretrained``), an exported model
     (``AutoModel.from_pretrained``) or a callable ``obs -> action``. ``deterministic`` acts with the
     distribution's mode. ``num_envs`` (default ``min(episodes, 16)``) envs run in one vector env
-    seeded with ``seed``. ``video``: an MP4 path; env 0's first ``video_episodes`` episodes are
+    seeded with ``seed``, which also seeds the action sampling (the same seed gives the same figures). ``video``: an MP4 path; env 0's first ``video_episodes`` episodes are
     recorded (rendered frames; Procgen: the observations). Raises ValueError with one line for bad
     input (no episodes, an env whose spaces do not fit the policy).
     """
@@ -262,7 +262,9 @@ def evaluate_policy(
             frames.append(td.get("observation")[0].cpu().numpy())
 
     try:
-        with torch.inference_mode():
+        # sampled actions reproducible for a given seed, without touching the caller's RNG
+        with torch.random.fork_rng(devices=[]), torch.inference_mode():
+            torch.manual_seed(seed)
             td = env.reset()
             if recording:
                 record(td)
