@@ -145,3 +145,51 @@ def quiet_library_notices() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoTip())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
     quiet_mlflow()
+
+
+class TrainingVideo(Callback):
+    """Records one episode of the current policy as an MP4 every ``every`` iterations and at the end
+    of fit (``every=0``: only at the end), into ``<run_dir>/videos/iteration-NNNNN.mp4``, and
+    uploads it to the MLflow run (artifact folder ``videos``).
+
+    The episode is played in an env of its own (one env, seed ``seed``, sampled actions), so the
+    training envs, their episodes and every random generator of the run are untouched. Rank 0 only;
+    skipped for FSDP-sharded networks (a forward on one rank alone would wait for the others).
+    """
+
+    def __init__(self, run_dir: str, every: int = 0, seed: int = 12_345) -> None:
+        if every < 0:
+            raise ValueError(f"video_every must be >= 0 (0: one video at the end of fit), got {every}")
+        self.run_dir, self.every, self.seed = Path(run_dir), every, seed
+        self.paths: list[Path] = []
+        self._last_iteration = -1
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        if self.every and dm is not None and dm.iteration % self.every == 0:
+            self.record(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.record(trainer, pl_module)
+
+    def record(self, trainer, pl_module) -> Path | None:
+        from ppo_lightning.evaluation import evaluate_policy
+        from ppo_lightning.models import is_sharded
+
+        dm = trainer.datamodule
+        if trainer.global_rank != 0 or dm is None or dm.iteration == self._last_iteration or is_sharded(pl_module.network):
+            return None
+        self._last_iteration = dm.iteration
+        path = self.run_dir / "videos" / f"iteration-{dm.iteration:05d}.mp4"
+        try:
+            evaluate_policy(pl_module.network, dm.env_id, episodes=1, num_envs=1, env_kwargs=dm.env_kwargs,
+                            seed=self.seed, video=str(path))
+        except Exception as err:  # noqa: BLE001 - a video must never stop training
+            print(f"[ppo-lightning] no video at iteration {dm.iteration} ({type(err).__name__}: {err})",
+                  file=sys.stderr, flush=True)
+            return None
+        self.paths.append(path)
+        log_file = getattr(trainer.logger, "log_file", None)
+        if log_file is not None:
+            log_file(path, "videos")
+        return path

@@ -21,6 +21,7 @@ from ppo_lightning.callbacks import (
     FramesProgressBar,
     IterationCheckpoint,
     TrackingState,
+    TrainingVideo,
     quiet_library_notices,
     read_tracking_state,
     wait_for_episodes,
@@ -62,6 +63,9 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--mlflow.run_name", type=str | None, default=None)
         parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
         parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
+        parser.add_argument("--video_every", type=int | None, default=0,
+                            help="record an MP4 every N iterations and at the end (0: at the end only; null: never); "
+                                 "uploaded to MLflow")
         # Batch-size invariance (ppo_lightning.scaling): divide both batch sizes by c, scale the rest.
         parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span; all; none")
@@ -109,6 +113,8 @@ class PPOCLI(LightningCLI):
             save_on_train_epoch_end=True,
         )
         callbacks = [TrackingState(str(run_dir))]
+        if cfg.get("video_every") is not None:
+            callbacks.append(TrainingVideo(str(run_dir), every=cfg.video_every))
         if cfg.trainer.get("enable_checkpointing") is not False:
             callbacks.append(self.checkpoint_callback)
         if cfg.trainer.get("enable_progress_bar") is not False:

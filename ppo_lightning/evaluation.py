@@ -249,17 +249,18 @@ def evaluate_policy(
     counts = [0] * num_envs
     returns: list[float] = []
     lengths: list[int] = []
-    frames: list = []
+    writer = None
+    if video is not None:
+        from ppo_lightning.video import VideoWriter
+
+        writer = VideoWriter(video, fps=fps)
     recording, video_done = video is not None, 0
     was_training = getattr(actor, "training", None)
     if was_training:
         actor.eval()
 
     def record(td) -> None:
-        if frame_fn is not None:
-            frames.append(frame_fn())
-        else:
-            frames.append(td.get("observation")[0].cpu().numpy())
+        writer.write(frame_fn() if frame_fn is not None else td.get("observation")[0].cpu().numpy())
 
     try:
         # sampled actions reproducible for a given seed, without touching the caller's RNG
@@ -301,6 +302,8 @@ def evaluate_policy(
                     record(td)
     finally:
         env.close()
+        if writer is not None:
+            writer.close()
         if was_training:
             actor.train()
     n = len(returns)
@@ -324,11 +327,9 @@ def evaluate_policy(
 
         game, mode = env_id[len(PROCGEN_PREFIX):], env_kwargs.get("distribution_mode", "hard")
         result["normalized_return_mean"] = normalized_return(game, mode, mean)
-    if video is not None and frames:
-        from ppo_lightning.video import write_mp4
-
-        result["video"] = str(write_mp4(video, frames, fps=fps))
-        result["video_frames"] = len(frames)
+    if writer is not None and writer.frames:
+        result["video"] = str(writer.path)
+        result["video_frames"] = writer.frames
     return result
 
 

@@ -21,6 +21,41 @@ import numpy as np
 MIN_SIDE = 256
 
 
+class VideoWriter:
+    """Streams frames into an H.264 MP4 (a long episode is never held in memory)::
+
+        with VideoWriter("out.mp4", fps=30) as video:
+            video.write(frame)          # RGB uint8 [H, W, 3]; every frame the size of the first
+    """
+
+    def __init__(self, path: str | os.PathLike, fps: int = 30) -> None:
+        self.path, self.fps = Path(path), int(fps)
+        self.frames = 0
+        self._file = None
+
+    def write(self, frame: np.ndarray) -> None:
+        import imageio.v3 as iio
+
+        image = prepare_frames([frame])[0]
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = iio.imopen(self.path, "w", plugin="pyav")
+            self._file.init_video_stream("libx264", fps=self.fps, pixel_format="yuv420p")
+        self._file.write_frame(image)
+        self.frames += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "VideoWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def prepare_frames(frames: Sequence[np.ndarray]) -> np.ndarray:
     """``[T, H, W, 3]`` uint8, enlarged below `MIN_SIDE` and padded to even sizes."""
     if len(frames) == 0:

@@ -18,7 +18,7 @@ def test_mlflow_frames_resume_same_run_uploads_last_only(tmp_path, capfd):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_dir = tmp_path / "run"
     common = [*ARGS, "--mlflow.tracking_uri", uri, "--mlflow.experiment", "t"]
-    assert main([*common, "--data.total_frames", "96", "--run_dir", str(run_dir)]) == 0  # 3 iterations
+    assert main([*common, "--data.total_frames", "96", "--run_dir", str(run_dir), "--video_every", "2"]) == 0  # 3 its
     out = capfd.readouterr()
     for noise in ("litlogger", "LeafSpec", "Updating database tables", "Creating it"):
         assert noise not in out.out + out.err
@@ -29,6 +29,13 @@ def test_mlflow_frames_resume_same_run_uploads_last_only(tmp_path, capfd):
     (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "frames")]
     assert steps == [32, 64, 96]  # x-axis: environment frames
+    # --video_every 2: iteration 2 and the end of fit, in the run folder and in MLflow
+    videos = sorted(p.name for p in (run_dir / "videos").iterdir())
+    assert videos == ["iteration-00002.mp4", "iteration-00003.mp4"]
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "videos")} == {f"videos/{v}" for v in videos}
+    from ppo_lightning.video import read_mp4
+
+    assert read_mp4(run_dir / "videos" / videos[-1]).shape[1:] == (400, 600, 3)
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]["TrackingState"]
     assert state == {"mlflow_run_id": run.info.run_id, "run_dir": str(run_dir)}
 
@@ -52,4 +59,5 @@ def test_return_threshold_waits_for_episodes(tmp_path):
     """CartPole's EarlyStopping config on an env whose episodes outlast the first rollouts
     (Pendulum: 200 steps, rollouts of 16) waits for episodes instead of crashing."""
     assert main([*ARGS, "--data.env_id", "Pendulum-v1", "--data.total_frames", "480", "--mlflow.enabled", "false",
+                 "--video_every", "null",
                  "--run_dir", str(tmp_path)]) == 0
