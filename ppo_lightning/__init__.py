@@ -1,7 +1,7 @@
 """ppo-lightning: PPO, decoupled PPO and PPO-EWMA on PyTorch Lightning and TorchRL.
 
 Python API (see the README):
-    from ppo_lightning import RolloutDataModule, PPOLightningModule, load_pretrained
+    from ppo_lightning import RolloutDataModule, PPOLightningModule, load_pretrained, evaluate_policy
 """
 
 import sys as _sys
@@ -11,7 +11,8 @@ import types as _types
 # stderr (from `gym_notices`) in every process; we know, and use gymnasium everywhere else.
 _sys.modules.setdefault("gym_notices.notices", _types.SimpleNamespace(notices={}))
 
-from ppo_lightning.export import ExportError, load_pretrained  # noqa: E402,F401
+from ppo_lightning.checkpoint_io import ExportError  # noqa: E402,F401
+from ppo_lightning.hf.loader import load_pretrained  # noqa: E402,F401
 
 
 def __getattr__(name):
@@ -20,6 +21,10 @@ def __getattr__(name):
         from ppo_lightning.module import PPOLightningModule
 
         return PPOLightningModule
+    if name == "evaluate_policy":
+        from ppo_lightning.evaluation import evaluate_policy
+
+        return evaluate_policy
     if name == "RolloutDataModule":
         from ppo_lightning.data import RolloutDataModule
 

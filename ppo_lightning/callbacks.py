@@ -1,10 +1,13 @@
-"""Callbacks that read per-iteration figures: a progress bar in frames, and a return-threshold stop."""
+"""Callbacks of a run: a progress bar in frames, checkpoints named by iteration, the MLflow run id
+kept in checkpoints."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
 
 class FramesProgressBar(ProgressBar):
@@ -53,3 +56,140 @@ class FramesProgressBar(ProgressBar):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class IterationCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` whose file names can use ``{iteration}``: the PPO iteration just finished,
+    1-based as the progress bar shows it (``epoch + 1``; Lightning's ``{epoch}`` counts from 0)."""
+
+    def format_checkpoint_name(self, metrics, filename=None, ver=None, prefix=None) -> str:
+        metrics = dict(metrics)
+        if "epoch" in metrics:
+            metrics["iteration"] = int(metrics["epoch"]) + 1
+        return super().format_checkpoint_name(metrics, filename, ver, prefix)
+
+
+class TrackingState(Callback):
+    """Keeps the MLflow run id (and the run folder) in every checkpoint, so that resuming with
+    ``--ckpt_path`` continues the same MLflow run (`read_tracking_state`)."""
+
+    def __init__(self, run_dir: str | None = None) -> None:
+        self.run_dir = run_dir
+        self.run_id: str | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        logger = trainer.logger
+        if getattr(logger, "failed", True) is False:  # our SafeMLFlowLogger, store writable
+            try:
+                self.run_id = logger.run_id
+            except Exception:  # noqa: BLE001 - the logger reports store errors itself
+                self.run_id = None
+
+    def state_dict(self) -> dict:
+        return {"mlflow_run_id": self.run_id, "run_dir": self.run_dir}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass  # read before the logger exists (read_tracking_state); the new values stand
+
+
+def read_tracking_state(ckpt_path: str) -> dict:
+    """`TrackingState`'s entry of a checkpoint (``.ckpt`` file or sharded folder); {} if none."""
+    import torch
+
+    path = Path(ckpt_path)
+    meta = path / "meta.pt" if path.is_dir() else path
+    try:
+        checkpoint = torch.load(meta, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - a bad checkpoint fails later, with Lightning's own message
+        return {}
+    state = (checkpoint.get("callbacks") or {}).get(TrackingState.__qualname__) if isinstance(checkpoint, dict) else None
+    return dict(state) if isinstance(state, dict) else {}
+
+
+EPISODE_METRIC_PREFIXES = ("episode/", "eval/")
+
+
+def wait_for_episodes(callbacks) -> list[str]:
+    """Let monitors on episode statistics wait for the first finished episode instead of crashing.
+
+    Before an episode ends (an env whose episodes outlast the first rollouts) ``episode/...`` and
+    ``eval/...`` metrics do not exist yet; an `EarlyStopping` with ``strict=True`` (its default)
+    would stop the run with "metric ... not available". For those monitors only, a missing value
+    is skipped silently until it exists (``strict=False``, ``verbose=False``); a missing metric of
+    any other name still fails, and a `ModelCheckpoint` on such a monitor skips those iterations
+    by itself. Returns the monitors relaxed.
+    """
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    relaxed = []
+    for cb in callbacks:
+        if isinstance(cb, EarlyStopping) and str(cb.monitor).startswith(EPISODE_METRIC_PREFIXES):
+            cb.strict = False
+            cb.verbose = False
+            relaxed.append(cb.monitor)
+    return relaxed
+
+
+def quiet_library_notices() -> None:
+    """Silence notices a user of this command cannot act on: Lightning's litlogger tip and its pytree
+    deprecation warning (raised inside Lightning, fixed upstream), MLflow's table-creation lines."""
+    import logging
+    import warnings
+
+    from ppo_lightning.tracking import quiet_mlflow
+
+    class _NoTip(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "litlogger" not in record.getMessage()
+
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoTip())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    quiet_mlflow()
+
+
+class TrainingVideo(Callback):
+    """Records one episode of the current policy as an MP4 every ``every`` iterations and at the end
+    of fit (``every=0``: only at the end), into ``<run_dir>/videos/iteration-NNNNN.mp4``, and
+    uploads it to the MLflow run (artifact folder ``videos``).
+
+    The episode is played in an env of its own (one env, seed ``seed``, sampled actions), so the
+    training envs, their episodes and every random generator of the run are untouched. Rank 0 only;
+    skipped for FSDP-sharded networks (a forward on one rank alone would wait for the others).
+    """
+
+    def __init__(self, run_dir: str, every: int = 0, seed: int = 12_345) -> None:
+        if every < 0:
+            raise ValueError(f"video_every must be >= 0 (0: one video at the end of fit), got {every}")
+        self.run_dir, self.every, self.seed = Path(run_dir), every, seed
+        self.paths: list[Path] = []
+        self._last_iteration = -1
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        if self.every and dm is not None and dm.iteration % self.every == 0:
+            self.record(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.record(trainer, pl_module)
+
+    def record(self, trainer, pl_module) -> Path | None:
+        from ppo_lightning.evaluation import evaluate_policy
+        from ppo_lightning.models import is_sharded
+
+        dm = trainer.datamodule
+        if trainer.global_rank != 0 or dm is None or dm.iteration == self._last_iteration or is_sharded(pl_module.network):
+            return None
+        self._last_iteration = dm.iteration
+        path = self.run_dir / "videos" / f"iteration-{dm.iteration:05d}.mp4"
+        try:
+            evaluate_policy(pl_module.network, dm.env_id, episodes=1, num_envs=1, env_kwargs=dm.env_kwargs,
+                            seed=self.seed, video=str(path))
+        except Exception as err:  # noqa: BLE001 - a video must never stop training
+            print(f"[ppo-lightning] no video at iteration {dm.iteration} ({type(err).__name__}: {err})",
+                  file=sys.stderr, flush=True)
+            return None
+        self.paths.append(path)
+        log_file = getattr(trainer.logger, "log_file", None)
+        if log_file is not None:
+            log_file(path, "videos")
+        return path

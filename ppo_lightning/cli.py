@@ -15,13 +15,20 @@ import time
 import warnings
 from pathlib import Path
 
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
-from ppo_lightning.callbacks import FramesProgressBar
+from ppo_lightning.callbacks import (
+    FramesProgressBar,
+    IterationCheckpoint,
+    TrackingState,
+    TrainingVideo,
+    quiet_library_notices,
+    read_tracking_state,
+    wait_for_episodes,
+)
 from ppo_lightning.data import RolloutDataModule
 from ppo_lightning.module import PPOLightningModule
-from ppo_lightning.tracking import DEFAULT_TRACKING_URI, make_logger
+from ppo_lightning.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -33,9 +40,8 @@ class SaveRunConfig(SaveConfigCallback):
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / self.config_filename
         self.parser.save(self.config, str(path), skip_none=False, overwrite=True)
-        logger = trainer.logger
-        if hasattr(logger, "run_id") and hasattr(logger, "_guard"):
-            logger._guard("log_artifact", lambda: logger.experiment.log_artifact(logger.run_id, str(path)))
+        if isinstance(trainer.logger, SafeMLFlowLogger):
+            trainer.logger.log_file(path)
 
 
 _TRAINING_STARTED = False  # errors after this point are not configuration errors
@@ -57,6 +63,9 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--mlflow.run_name", type=str | None, default=None)
         parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
         parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
+        parser.add_argument("--video_every", type=int | None, default=0,
+                            help="record an MP4 every N iterations and at the end (0: at the end only; null: never); "
+                                 "uploaded to MLflow")
         # Batch-size invariance (ppo_lightning.scaling): divide both batch sizes by c, scale the rest.
         parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
@@ -79,26 +88,33 @@ class PPOCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         cfg = self.config[self.subcommand]
+        # Resuming (--ckpt_path) continues the checkpoint's MLflow run and run folder, unless
+        # --mlflow.run_name asks for a new run.
+        resumed = read_tracking_state(cfg.ckpt_path) if cfg.get("ckpt_path") and not cfg.mlflow.run_name else {}
         run_name = cfg.mlflow.run_name or time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / run_name)
+        run_dir = Path(cfg.run_dir or resumed.get("run_dir") or Path("runs") / cfg.mlflow.experiment / run_name)
         self.run_dir = run_dir
+        if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         if cfg.trainer.get("logger") in (None, True):
             kwargs["logger"] = (
-                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name)
+                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"))
                 if cfg.mlflow.enabled
                 else False
             )
         kwargs.setdefault("default_root_dir", str(run_dir))
-        self.checkpoint_callback = ModelCheckpoint(
+        self.checkpoint_callback = IterationCheckpoint(
             dirpath=run_dir / "checkpoints",
-            filename="iteration-{epoch:05d}",
+            filename="iteration-{iteration:05d}",
             auto_insert_metric_name=False,
             every_n_epochs=cfg.checkpoint_every,
             save_top_k=-1,
             save_last=True,
             save_on_train_epoch_end=True,
         )
-        callbacks = []
+        callbacks = [TrackingState(str(run_dir))]
+        if cfg.get("video_every") is not None:
+            callbacks.append(TrainingVideo(str(run_dir), every=cfg.video_every))
         if cfg.trainer.get("enable_checkpointing") is not False:
             callbacks.append(self.checkpoint_callback)
         if cfg.trainer.get("enable_progress_bar") is not False:
@@ -117,6 +133,7 @@ class PPOCLI(LightningCLI):
         from ppo_lightning.diagnostics import SmallBatchDiagnostics
 
         self.trainer.callbacks.append(SmallBatchDiagnostics())  # clip fraction, advantage-std warnings
+        wait_for_episodes(self.trainer.callbacks)  # episode/... monitors wait for the first episode
         if getattr(self, "scale_params", None) and self.trainer.logger is not None:
             self.trainer.logger.log_hyperparams(self.scale_params)
 
@@ -134,14 +151,16 @@ class PPOCLI(LightningCLI):
         print(f"checkpoint: {ckpt}")
         logger = trainer.logger
         run_id = getattr(logger, "run_id", None)
-        if run_id is not None and not getattr(logger, "failed", False):
-            print(f"mlflow run: {run_id} in {logger._tracking_uri} (experiment {logger._experiment_name})")
-            print(f"  view with: mlflow ui --backend-store-uri {logger._tracking_uri}")
+        if isinstance(logger, SafeMLFlowLogger) and not logger.failed:
+            continued = " (continued)" if logger.resumed else ""
+            print(f"mlflow run: {run_id}{continued} in {logger.tracking_uri} (experiment {logger.experiment_name})")
+            print(f"  view with: mlflow ui --backend-store-uri {logger.tracking_uri}")
 
 
 def fit_main(args: list[str] | None = None) -> PPOCLI:
     if args is not None:  # called from Python (tests, benchmarks, experiments) on purpose
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    quiet_library_notices()
     return PPOCLI(
         PPOLightningModule,
         RolloutDataModule,
@@ -161,10 +180,10 @@ def fit_main(args: list[str] | None = None) -> PPOCLI:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "export-hf":
-        from ppo_lightning.export import export_main
+    if args and args[0] in ("export-hf", "evaluate"):
+        from ppo_lightning.main import main as dispatch
 
-        return export_main(args[1:])
+        return dispatch(args)
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
     try:

@@ -24,6 +24,7 @@ from torchrl.collectors import Collector
 from ppo_lightning.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.devices import collector_devices, device_env_kwargs, network_device
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
+from ppo_lightning.obs_norm import RunningObservationNorm, update_observation_norm
 from ppo_lightning.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
 from ppo_lightning.staleness import StalenessQueue, relabel, validate_staleness
 
@@ -108,6 +109,8 @@ class RolloutSource:
         # Artificial staleness (ppo_lightning.staleness): train on the rollout of k iterations ago.
         self.stale = StalenessQueue(data.staleness, data.staleness_mode) if data.staleness else None
         self.phases = None  # PPG: the module's ppo_lightning.ppg.PPGPhases (set by train_dataloader)
+        self._normalizes_observations = any(isinstance(m, RunningObservationNorm) for m in network.modules())
+        self._pending_observations = None
 
     def __len__(self) -> int:
         if self.phases is not None:  # an upper bound: the iteration that ends a PPG phase is longer
@@ -121,7 +124,10 @@ class RolloutSource:
         data = self.data
         was_training = self.network.training
         self.network.eval()
+        if self._pending_observations is not None:  # normalizer stats from the previous rollout
+            update_observation_norm(self.network, self._pending_observations)
         rollout = next(self._iterator)
+        self._pending_observations = rollout.get(OBS_KEY) if self._normalizes_observations else None
         self.network.train(was_training)
         data.episodes.add_rollout(rollout)
         if count:

@@ -1,5 +1,13 @@
-"""Generalization evaluation: the training policy on held-out Procgen levels, logged next to the
-training levels (Cobbe et al. 2020: train on ``num_levels`` levels, test on the full distribution).
+"""Scoring a policy: `evaluate_policy` (N complete episodes, the ``ppo-lightning evaluate`` figures)
+and `HeldOutEvaluation`, the training-time generalization check on held-out Procgen levels, logged
+next to the training levels (Cobbe et al. 2020: train on ``num_levels`` levels, test on the full
+distribution).
+
+`evaluate_policy(policy, env_id, episodes=10, ...)` runs ``episodes`` whole episodes over
+``num_envs`` envs; like Stable-Baselines3's ``evaluate_policy``, env i contributes exactly
+``(episodes + i) // num_envs`` episodes, so short episodes are not over-represented. It returns the
+mean, std (population), min and max return, the mean length, the returns themselves and, for
+Procgen, the normalized return; ``video=PATH`` also records env 0's episodes as an MP4.
 
 `HeldOutEvaluation` keeps its own env(s), separate from the training rollout, and every
 ``every_n_iterations`` PPO iterations runs ``num_steps`` steps of the current network, sampling
@@ -25,8 +33,21 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback
 
-from ppo_lightning.envs import PROCGEN_PREFIX, is_procgen, make_env
+from ppo_lightning.envs import PROCGEN_PREFIX, env_spaces, is_procgen, make_env, make_recordable_env
 from ppo_lightning.models import make_distribution
+
+LEVEL_SPLITS = ("train", "test")
+
+
+def procgen_level_kwargs(train_kwargs: dict[str, Any], split: str) -> dict[str, Any]:
+    """Procgen env kwargs of a level split: ``train`` = the training levels; ``test`` = the full
+    distribution (``num_levels=0``) from the first level seed past the training ones."""
+    if split not in LEVEL_SPLITS:
+        raise ValueError(f"levels must be one of {LEVEL_SPLITS}, got {split!r}")
+    out = dict(train_kwargs)
+    if split == "test":
+        out.update({"num_levels": 0, "start_level": int(train_kwargs.get("start_level", 0)) + int(train_kwargs.get("num_levels", 0))})
+    return out
 
 
 class HeldOutEvaluation(Callback):
@@ -68,9 +89,8 @@ class HeldOutEvaluation(Callback):
     def split_kwargs(self, dm) -> dict[str, dict[str, Any]]:
         """Env keyword arguments of each split ("test", and "train" when enabled)."""
         train = dict(dm.env_kwargs)
-        test = dict(train)
-        if is_procgen(dm.env_id):  # other envs: the same env, other seeds (plus self.env_kwargs)
-            test.update({"num_levels": 0, "start_level": int(train.get("start_level", 0)) + int(train.get("num_levels", 0))})
+        # other envs than Procgen: the same env, other seeds (plus self.env_kwargs)
+        test = procgen_level_kwargs(train, "test") if is_procgen(dm.env_id) else dict(train)
         test.update(self.env_kwargs)
         if is_procgen(dm.env_id) and train.get("num_levels", 0) and test.get("num_levels", 0) == 0:
             lo, hi = int(train.get("start_level", 0)), int(train.get("start_level", 0)) + int(train["num_levels"])
@@ -161,3 +181,170 @@ class HeldOutEvaluation(Callback):
             pl_module.record_metrics(metrics)
         else:
             pl_module.log_dict(metrics, on_step=False, on_epoch=True)
+
+
+# ---------------------------------------------------------------------------------------- evaluate_policy
+def _policy_parts(policy) -> tuple[Any, dict | None]:
+    """(object with ``.policy(obs)`` or a plain callable, action space or None) of anything we accept:
+    a `PPOLightningModule`, an actor-critic network, an exported Hugging Face model, or a callable
+    ``obs -> action``."""
+    network = getattr(policy, "network", None)
+    if isinstance(network, torch.nn.Module) and hasattr(network, "policy"):  # the LightningModule
+        hparams = getattr(policy, "hparams", {}) or {}
+        return network, hparams.get("action_space") or getattr(network, "action_space", None)
+    config = getattr(policy, "config", None)
+    if hasattr(policy, "policy") and getattr(config, "action_space", None) is not None:  # transformers model
+        return policy, dict(config.action_space)
+    if hasattr(policy, "policy") and getattr(policy, "action_space", None) is not None:
+        return policy, dict(policy.action_space)
+    if callable(policy):
+        return policy, None
+    raise TypeError(f"evaluate_policy: cannot act with a {type(policy).__name__} (give a network, a module or a callable obs -> action)")
+
+
+def _check_action_space(env_id: str, net_space: dict | None, env_space: dict) -> None:
+    if net_space is None:
+        return
+    if net_space.get("type") != env_space.get("type") or (
+        net_space.get("type") == "discrete" and int(net_space["n"]) != int(env_space["n"])
+    ) or (net_space.get("type") == "continuous" and list(net_space["shape"]) != list(env_space["shape"])):
+        raise ValueError(f"env {env_id} has action space {env_space}, the policy acts in {net_space}")
+
+
+def evaluate_policy(
+    policy,
+    env_id: str,
+    episodes: int = 10,
+    deterministic: bool = False,
+    env_kwargs: dict[str, Any] | None = None,
+    seed: int = 0,
+    num_envs: int | None = None,
+    video: str | None = None,
+    video_episodes: int = 1,
+    fps: int = 30,
+) -> dict[str, Any]:
+    """Run ``episodes`` complete episodes of ``policy`` on ``env_id``; returns their figures.
+
+    ``policy``: a `PPOLightningModule`, an actor-critic (``load_pretrained``), an exported model
+    (``AutoModel.from_pretrained``) or a callable ``obs -> action``. ``deterministic`` acts with the
+    distribution's mode. ``num_envs`` (default ``min(episodes, 16)``) envs run in one vector env
+    seeded with ``seed``, which also seeds the action sampling (the same seed gives the same figures). ``video``: an MP4 path; env 0's first ``video_episodes`` episodes are
+    recorded (rendered frames; Procgen: the observations). Raises ValueError with one line for bad
+    input (no episodes, an env whose spaces do not fit the policy).
+    """
+    if not isinstance(episodes, int) or episodes <= 0:
+        raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
+    num_envs = min(episodes, 16) if num_envs is None else num_envs
+    if not isinstance(num_envs, int) or num_envs <= 0:
+        raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+    if video is not None and video_episodes <= 0:
+        raise ValueError(f"video_episodes must be a positive integer, got {video_episodes!r}")
+    actor, action_space = _policy_parts(policy)
+    env_kwargs = dict(env_kwargs or {})
+    env_obs_space, env_action_space = env_spaces(env_id, env_kwargs)
+    _check_action_space(env_id, action_space, env_action_space)
+    if video is not None:
+        env, frame_fn = make_recordable_env(env_id, num_envs, seed, env_kwargs)
+    else:
+        env, frame_fn = make_env(env_id, num_envs, seed, env_kwargs), None
+    targets = [(episodes + i) // num_envs for i in range(num_envs)]
+    counts = [0] * num_envs
+    returns: list[float] = []
+    lengths: list[int] = []
+    writer = None
+    if video is not None:
+        from ppo_lightning.video import VideoWriter
+
+        writer = VideoWriter(video, fps=fps)
+    recording, video_done = video is not None, 0
+    was_training = getattr(actor, "training", None)
+    if was_training:
+        actor.eval()
+
+    def record(td) -> None:
+        writer.write(frame_fn() if frame_fn is not None else td.get("observation")[0].cpu().numpy())
+
+    try:
+        # sampled actions reproducible for a given seed, without touching the caller's RNG
+        with torch.random.fork_rng(devices=[]), torch.inference_mode():
+            torch.manual_seed(seed)
+            td = env.reset()
+            if recording:
+                record(td)
+            while any(c < t for c, t in zip(counts, targets)):
+                obs = td.get("observation")
+                try:
+                    if action_space is None:
+                        action = actor(obs)
+                    else:
+                        params = [p.float() for p in actor.policy(obs)]
+                        dist = make_distribution(action_space, *params)
+                        action = dist.mode if deterministic else dist.sample()
+                except RuntimeError as err:
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    raise ValueError(
+                        f"env {env_id} gives observations of shape {list(env_obs_space['shape'])} that the policy "
+                        f"cannot read ({first})"
+                    ) from None
+                td.set("action", action)
+                out, td = env.step_and_maybe_reset(td)
+                done = out.get(("next", "done")).reshape(-1).tolist()
+                if any(done):
+                    ep_ret = out.get(("next", "episode_reward")).reshape(-1).tolist()
+                    ep_len = out.get(("next", "step_count")).reshape(-1).tolist()
+                    for i, d in enumerate(done):
+                        if d and counts[i] < targets[i]:
+                            counts[i] += 1
+                            returns.append(float(ep_ret[i]))
+                            lengths.append(int(ep_len[i]))
+                    video_done += int(done[0])
+                    if recording and video_done >= video_episodes:
+                        recording = False
+                if recording:
+                    record(td)
+    finally:
+        env.close()
+        if writer is not None:
+            writer.close()
+        if was_training:
+            actor.train()
+    n = len(returns)
+    mean = sum(returns) / n
+    result: dict[str, Any] = {
+        "env_id": env_id,
+        "episodes": n,
+        "mean_return": mean,
+        "std_return": math.sqrt(sum((r - mean) ** 2 for r in returns) / n),
+        "min_return": min(returns),
+        "max_return": max(returns),
+        "mean_length": sum(lengths) / n,
+        "deterministic": bool(deterministic),
+        "seed": seed,
+        "num_envs": num_envs,
+        "returns": returns,
+        "lengths": lengths,
+    }
+    if is_procgen(env_id):
+        from ppo_lightning.envs.procgen_scores import normalized_return
+
+        game, mode = env_id[len(PROCGEN_PREFIX):], env_kwargs.get("distribution_mode", "hard")
+        result["normalized_return_mean"] = normalized_return(game, mode, mean)
+    if writer is not None and writer.frames:
+        result["video"] = str(writer.path)
+        result["video_frames"] = writer.frames
+    return result
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """One readable line per figure, as ``ppo-lightning evaluate`` prints them."""
+    lines = [
+        f"{result['env_id']}: {result['episodes']} episodes ({'deterministic' if result['deterministic'] else 'sampled'} actions, seed {result['seed']})",
+        f"  return  mean {result['mean_return']:.2f}  std {result['std_return']:.2f}  "
+        f"min {result['min_return']:.2f}  max {result['max_return']:.2f}",
+        f"  length  mean {result['mean_length']:.1f}",
+    ]
+    if "normalized_return_mean" in result:
+        lines.append(f"  normalized return  mean {result['normalized_return_mean']:.3f}")
+    if "video" in result:
+        lines.append(f"  video: {result['video']} ({result['video_frames']} frames)")
+    return "\n".join(lines)

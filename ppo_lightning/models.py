@@ -20,6 +20,8 @@ from tensordict.nn import TensorDictModule
 from torch import Tensor, nn
 from torch.distributions import Categorical, Independent, Normal
 
+from ppo_lightning.obs_norm import RunningObservationNorm
+
 OBS_KEY = "observation"
 VALUE_KEY = "state_value"
 
@@ -93,6 +95,7 @@ class ActorCritic(nn.Module):
         shared_trunk: bool = False,
         arch: str | None = None,
         aux_value_head: bool = False,
+        normalize_observation: bool = False,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -114,10 +117,14 @@ class ActorCritic(nn.Module):
         self.value_head = _init_linear(nn.Linear(value_feat, 1), 1.0)
         self.log_std = None if self.discrete else nn.Parameter(torch.zeros(out_dim))
         self.aux_value_head = _init_linear(nn.Linear(feat, 1), 1.0) if aux_value_head else None
+        # Running observation statistics inside the network (ppo_lightning.obs_norm): saved,
+        # exported and evaluated with the weights.
+        self.obs_norm = RunningObservationNorm(in_dim) if normalize_observation else None
 
     def _flat(self, obs: Tensor) -> Tensor:
         obs = obs.float()
-        return obs.flatten(-self.obs_ndim) if self.obs_ndim > 1 else obs
+        obs = obs.flatten(-self.obs_ndim) if self.obs_ndim > 1 else obs
+        return obs if self.obs_norm is None else self.obs_norm(obs)
 
     def _dist_params(self, features: Tensor) -> tuple[Tensor, ...]:
         out = self.policy_head(features)

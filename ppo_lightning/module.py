@@ -84,6 +84,7 @@ class PPOLightningModule(pl.LightningModule):
         micro_batch_size: int | None = None,
         ppg: dict[str, Any] | None = None,
         kl_form: str = "analytic",
+        lr_schedule: str = "constant",
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
@@ -117,6 +118,7 @@ class PPOLightningModule(pl.LightningModule):
                 "micro_batch_size": micro_batch_size,
                 "ppg": ppg,
                 "kl_form": kl_form,
+                "lr_schedule": lr_schedule,
             }
         )
         self.validate_config()
@@ -193,12 +195,18 @@ class PPOLightningModule(pl.LightningModule):
                 raise ValueError("model.proximal_precision needs model.network.name impala_cnn (the MLP has no precision switch)")
         if h.micro_batch_size is not None and not (isinstance(h.micro_batch_size, int) and h.micro_batch_size > 0):
             raise ValueError(f"model.micro_batch_size must be a positive integer or null, got {h.micro_batch_size!r}")
+        from ppo_lightning.schedules import LR_SCHEDULES
+
+        if h.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
         if h.get("ppg") is not None:
             from ppo_lightning.ppg import validate_ppg_config
 
             validate_ppg_config(h.ppg, h)
+            if h.lr_schedule != "constant":
+                raise ValueError("model.lr_schedule must be 'constant' with model.ppg (PPG steps its optimizers manually)")
 
     def make_network(self) -> torch.nn.Module:
         """A fresh, unsharded network of this module's architecture."""
@@ -270,11 +278,21 @@ class PPOLightningModule(pl.LightningModule):
             self.ppg_phases.load_state_dict(checkpoint["ppg"])
 
     def configure_optimizers(self):
-        h = self.hparams
-        if self.ppg_phases is not None:
+        if self.ppg_phases is not None:  # manual optimization: its own optimizers, constant lr
             from ppo_lightning.ppg import configure_optimizers
 
             return configure_optimizers(self)
+        optimizer = self._make_optimizer()
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if self.hparams.lr_schedule == "constant" or dm is None:
+            return optimizer
+        from ppo_lightning.schedules import make_lr_scheduler
+
+        scheduler = make_lr_scheduler(self.hparams.lr_schedule, optimizer, dm.total_frames, dm.frames_per_iteration)
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        h = self.hparams
         if h.optimizer == "sgd":
             return torch.optim.SGD(self.network.parameters(), lr=h.lr)
         params = list(self.network.parameters())

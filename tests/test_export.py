@@ -71,6 +71,7 @@ def test_round_trip_automodel_and_load_pretrained(trained, exported):
     files = sorted(p.name for p in exported.iterdir())
     assert files == [
         "README.md", "config.json", "configuration_ppo_lightning.py", "model.safetensors", "modeling_ppo_lightning.py",
+        "networks_ppo_lightning.py", "replay.mp4",
     ]
     expected = _outputs(model.network)
 
@@ -104,6 +105,14 @@ def test_round_trip_automodel_and_load_pretrained(trained, exported):
     assert config["algorithm"]["decoupled"] is True and config["algorithm"]["proximal_com"] == 8.0
     card = (exported / "README.md").read_text()
     assert "PPO-EWMA" in card and "CartPole-v1" in card and "load_pretrained" in card
+    # the measured evaluation, as Hub model-index metadata (parsed back by huggingface_hub)
+    from huggingface_hub import ModelCard
+
+    evaluation = config["evaluation"]
+    assert evaluation["episodes"] == 10 and len(evaluation["returns"]) == 10
+    (result,) = ModelCard.load(exported / "README.md").data.eval_results
+    assert result.dataset_name == "CartPole-v1" and result.metric_type == "mean_reward"
+    assert result.metric_value == f"{evaluation['mean_return']:.2f} +/- {evaluation['std_return']:.2f}"
 
 
 def test_sharded_export_writes_index(trained, tmp_path):

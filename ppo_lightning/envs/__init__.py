@@ -65,3 +65,20 @@ def make_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] |
 
         return make_procgen_env(env_id[len(PROCGEN_PREFIX):], num_envs=num_envs, seed=seed, **env_kwargs)
     return make_gymnasium_env(env_id, num_envs=num_envs, seed=seed, **env_kwargs)
+
+
+def make_recordable_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] | None = None):
+    """(env, frame_fn): `make_env` plus a function returning env 0's current RGB frame ``[H, W, 3]``
+    uint8 numpy array, or None if the env's observations are the frames (Procgen)."""
+    env_kwargs = dict(env_kwargs or {})
+    if is_procgen(env_id):
+        return make_env(env_id, num_envs, seed, env_kwargs), None
+    import os
+
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame (classic control) renders off-screen
+    os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders headless (GLFW needs a display)
+    from ppo_lightning.envs.gymnasium_env import build_gymnasium_env
+
+    env_kwargs.setdefault("render_mode", "rgb_array")
+    env, vec = build_gymnasium_env(env_id, num_envs=num_envs, seed=seed, **env_kwargs)
+    return env, lambda: vec.envs[0].render()

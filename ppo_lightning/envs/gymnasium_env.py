@@ -46,6 +46,11 @@ def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dic
 
 
 def make_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
+    return build_gymnasium_env(env_id, num_envs, seed, **env_kwargs)[0]
+
+
+def build_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
+    """(the TorchRL env, the gymnasium ``SyncVectorEnv`` inside it: ``.envs[i].render()``)."""
     check_gymnasium_id(env_id)
     wrappers = []
     if isinstance(gym.spec(env_id), gym.envs.registration.EnvSpec):
@@ -64,4 +69,4 @@ def make_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
     env = GymWrapper(vec, categorical_action_encoding=True)
     env = TransformedEnv(env, Compose(RewardSum(), StepCounter()))
     env.set_seed(seed)
-    return env
+    return env, vec

@@ -1,5 +1,5 @@
-"""Files copied next to the weights by ``ppo-lightning export-hf`` (Hugging Face remote code).
-
-They are templates, not imported by ppo_lightning itself: transformers imports them from the
-exported folder when ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` is called.
+"""Hugging Face folders: `writer` (``export-hf``), `loader` (``load_pretrained``), `card` (the model
+card), `bundle` (the folder's self-contained network code). ``remote/`` holds the configuration and
+modeling templates copied next to the weights for ``AutoModel.from_pretrained(...,
+trust_remote_code=True)``; ppo_lightning never imports them.
 """

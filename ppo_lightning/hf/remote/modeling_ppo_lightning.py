@@ -1,10 +1,9 @@
 """Hugging Face wrapper of a ppo_lightning actor-critic (written by ``ppo-lightning export-hf``).
 
-The network itself is built by ``ppo_lightning.models.build_network`` (the package must be
-installed: ``pip install ppo-lightning``), so the architecture has one definition, for every
-network name, and cannot drift from the code that trained it. The weights in this folder are the
-plain network's state dict; this wrapper holds the network as ``self.network``
-(``base_model_prefix``), which transformers loads them into.
+The network is built by ``build_network`` of ``networks_ppo_lightning.py`` in this folder: pure
+torch, generated at export time from the very definitions that trained it (ppo_lightning need not
+be installed). The weights in this folder are the plain network's state dict; this wrapper holds
+the network as ``self.network`` (``base_model_prefix``), which transformers loads them into.
 """
 
 import contextlib
@@ -13,13 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .configuration_ppo_lightning import PPOLightningConfig
-
-try:
-    from ppo_lightning.models import build_network, make_distribution
-except ImportError as err:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "This model needs the ppo_lightning package (pip install ppo-lightning) to build its network"
-    ) from err
+from .networks_ppo_lightning import build_network, make_distribution
 
 
 class PPOLightningActorCritic(PreTrainedModel):

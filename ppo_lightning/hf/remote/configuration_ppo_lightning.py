@@ -7,7 +7,7 @@ class PPOLightningConfig(PretrainedConfig):
     """Architecture (``network``) and spaces of the actor-critic, plus training provenance.
 
     ``observation_space`` / ``action_space`` / ``network`` are the plain dicts that
-    ``ppo_lightning.models.build_network`` takes; every other field (``algorithm``,
+    ``build_network`` (``networks_ppo_lightning.py``) takes; every other field (``algorithm``,
     ``environment``, ``training``) is informational.
     """
 

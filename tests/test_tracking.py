@@ -1,0 +1,63 @@
+"""Issue 12: runs that read like Lightning runs (MLflow by frames, resume into the same run, quiet)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppo_lightning.cli import main
+
+ARGS = ["fit", "--config", "experiments/cartpole/ppo.yaml", "--data.num_envs", "2", "--data.rollout_steps", "16",
+        "--data.num_minibatches", "2", "--data.update_epochs", "1", "--checkpoint_every", "2",
+        "--trainer.enable_progress_bar", "false"]
+
+
+def test_mlflow_frames_resume_same_run_uploads_last_only(tmp_path, capfd):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    common = [*ARGS, "--mlflow.tracking_uri", uri, "--mlflow.experiment", "t"]
+    assert main([*common, "--data.total_frames", "96", "--run_dir", str(run_dir), "--video_every", "2"]) == 0  # 3 its
+    out = capfd.readouterr()
+    for noise in ("litlogger", "LeafSpec", "Updating database tables", "Creating it"):
+        assert noise not in out.out + out.err
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == ["iteration-00002.ckpt", "last.ckpt"]  # the progress bar's 1-based iteration numbers
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "frames")]
+    assert steps == [32, 64, 96]  # x-axis: environment frames
+    # --video_every 2: iteration 2 and the end of fit, in the run folder and in MLflow
+    videos = sorted(p.name for p in (run_dir / "videos").iterdir())
+    assert videos == ["iteration-00002.mp4", "iteration-00003.mp4"]
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "videos")} == {f"videos/{v}" for v in videos}
+    from ppo_lightning.video import read_mp4
+
+    assert read_mp4(run_dir / "videos" / videos[-1]).shape[1:] == (400, 600, 3)
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]["TrackingState"]
+    assert state == {"mlflow_run_id": run.info.run_id, "run_dir": str(run_dir)}
+
+    # resume: the same MLflow run and run folder, metrics continue on the frames axis
+    assert main([*common, "--data.total_frames", "160", "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]) == 0
+    assert "(continued)" in capfd.readouterr().out
+    (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "frames")] == [32, 64, 96, 128, 160]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "iteration-00002.ckpt", "iteration-00004.ckpt", "last.ckpt"]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
+    assert artifacts == {"checkpoints/last.ckpt"}  # not the periodic ones
+
+    # --mlflow.run_name asks for a new run
+    assert main([*common, "--data.total_frames", "192", "--mlflow.run_name", "fresh", "--run_dir", str(tmp_path / "r2"),
+                 "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]) == 0
+    assert len(client.search_runs([client.get_experiment_by_name("t").experiment_id])) == 2
+
+
+def test_return_threshold_waits_for_episodes(tmp_path):
+    """CartPole's EarlyStopping config on an env whose episodes outlast the first rollouts
+    (Pendulum: 200 steps, rollouts of 16) waits for episodes instead of crashing."""
+    assert main([*ARGS, "--data.env_id", "Pendulum-v1", "--data.total_frames", "480", "--mlflow.enabled", "false",
+                 "--video_every", "null",
+                 "--run_dir", str(tmp_path)]) == 0
