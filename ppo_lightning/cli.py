@@ -89,6 +89,10 @@ class PPOCLI(LightningCLI):
                 else False
             )
         kwargs.setdefault("default_root_dir", str(run_dir))
+        if not cfg.trainer.get("plugins"):  # atomic checkpoint writes, one-line errors on unreadable files
+            from ppo_lightning.checkpointing import AtomicCheckpointIO
+
+            kwargs["plugins"] = [AtomicCheckpointIO()]
         self.checkpoint_callback = ModelCheckpoint(
             dirpath=run_dir / "checkpoints",
             filename="iteration-{epoch:05d}",
@@ -162,8 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         return export_main(args[1:])
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
+    from ppo_lightning.faults import TrainingFault
+
     try:
         fit_main(argv)
+    except TrainingFault as err:  # a bad checkpoint file, a numerical or an environment fault
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     except ValueError as err:  # invalid configuration: one clear line, before training
         if _TRAINING_STARTED:
             raise

@@ -195,7 +195,7 @@ def test_queue_survives_a_checkpoint(tmp_path):
 
     dm, indices = fit(64)  # iteration 1: 3 rollouts (queue fill), iteration 2: one more
     assert indices == [0, 1] and dm.frames == 64
-    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["RolloutDataModule"]["staleness_queue"]
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["RolloutDataModule"]["per_rank"][0]["staleness_queue"]
     assert [e["index"] for e in saved["queue"]] == [2, 3] and saved["collected"] == 4
     dm, indices = fit(96, ckpt_path=tmp_path / "last.ckpt")
     assert indices == [2, 3] and dm.frames == 96  # no refill: one new rollout per iteration
