@@ -62,6 +62,17 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span; all; none")
         parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the checkpoint's hyperparameters right after parsing: refuse an incomplete
+        # file first, in one line (ppo_lightning.checkpointing).
+        sub = self.config.get("subcommand")
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if ckpt_path:
+            from ppo_lightning.checkpointing import check_checkpoint_file
+
+            check_checkpoint_file(ckpt_path)
+
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
         if cfg.checkpoint_every <= 0:
