@@ -72,11 +72,17 @@ class AdvantageMoments:
         self.eps = eps
         self.w = self.s = self.q = 0.0
         self.history: list[float] = []  # std estimate per iteration (small-batch diagnostic)
+        # (n, mean, var) -> the same over all data-parallel ranks (ppo_lightning.parallel); None: this rank's
+        self.reduce_moments = None
 
     def update(self, advantage: Tensor) -> None:
         n = advantage.numel()
-        mu = advantage.mean().item()
-        var = advantage.var(unbiased=False).item()
+        mu = advantage.mean().item() if n else 0.0
+        var = advantage.var(unbiased=False).item() if n else 0.0
+        if self.reduce_moments is not None:
+            n, mu, var = self.reduce_moments(n, mu, var)
+        if n == 0:  # nothing to learn from (e.g. no finite advantage)
+            return
         b = self.beta
         self.w = b * self.w + n
         self.s = b * self.s + n * mu
@@ -118,6 +124,7 @@ class RewardNormalizer:
         self.gamma, self.clip, self.eps = gamma, clip, eps
         self.ret = torch.zeros(num_envs, dtype=torch.float64)
         self.count, self.mean, self.m2 = 1e-4, 0.0, 0.0  # Welford / Chan, as baselines' RunningMeanStd
+        self.reduce_moments = None  # as AdvantageMoments.reduce_moments
 
     @property
     def var(self) -> float:
@@ -126,6 +133,8 @@ class RewardNormalizer:
     def _update_stats(self, x: Tensor) -> None:
         n = x.numel()
         mu, var = x.mean().item(), x.var(unbiased=False).item()
+        if self.reduce_moments is not None:
+            n, mu, var = self.reduce_moments(n, mu, var)
         delta = mu - self.mean
         total = self.count + n
         self.mean += delta * n / total

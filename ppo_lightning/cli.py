@@ -71,6 +71,17 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
         parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the checkpoint's hyperparameters right after parsing: refuse an incomplete
+        # file first, in one line (ppo_lightning.checkpointing).
+        sub = self.config.get("subcommand")
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if ckpt_path:
+            from ppo_lightning.checkpointing import check_checkpoint_file
+
+            check_checkpoint_file(ckpt_path)
+
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
         if cfg.checkpoint_every <= 0:
@@ -103,6 +114,10 @@ class PPOCLI(LightningCLI):
                 else False
             )
         kwargs.setdefault("default_root_dir", str(run_dir))
+        if not cfg.trainer.get("plugins"):  # atomic checkpoint writes, one-line errors on unreadable files
+            from ppo_lightning.checkpointing import AtomicCheckpointIO
+
+            kwargs["plugins"] = [AtomicCheckpointIO()]
         self.checkpoint_callback = IterationCheckpoint(
             dirpath=run_dir / "checkpoints",
             filename="iteration-{iteration:05d}",
@@ -186,8 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         return dispatch(args)
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
+    from ppo_lightning.faults import TrainingFault
+
     try:
         fit_main(argv)
+    except TrainingFault as err:  # a bad checkpoint file, a numerical or an environment fault
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     except ValueError as err:  # invalid configuration: one clear line, before training
         if _TRAINING_STARTED:
             raise

@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.collectors import Collector
 
+from ppo_lightning import faults, resume_state
 from ppo_lightning.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.devices import collector_devices, device_env_kwargs, network_device
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
@@ -92,7 +93,8 @@ class RolloutSource:
         # Envs on the CPU; policy, rollout, GAE and minibatches on the network's device (ppo_lightning.devices).
         self.device = network_device(network)
         env_kwargs = device_env_kwargs(data.env_id, data.env_kwargs, self.device)
-        self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), env_kwargs)
+        self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), env_kwargs,
+                            timeout_s=data.env_timeout_s)
         self.policy = make_policy_operator(network, data.action_space, with_value=True)
         self.collector = Collector(
             self.env,
@@ -106,6 +108,12 @@ class RolloutSource:
         self._iterator = iter(self.collector)
         self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
         self.last_timing: dict[str, float] = {}
+        if self.world_size > 1:  # normalization statistics over all ranks' samples (ppo_lightning.parallel)
+            from ppo_lightning.parallel import all_reduce_moments
+
+            data.advantage_moments.reduce_moments = all_reduce_moments
+            if data.reward_normalizer is not None:
+                data.reward_normalizer.reduce_moments = all_reduce_moments
         # Artificial staleness (ppo_lightning.staleness): train on the rollout of k iterations ago.
         self.stale = StalenessQueue(data.staleness, data.staleness_mode) if data.staleness else None
         self.phases = None  # PPG: the module's ppo_lightning.ppg.PPGPhases (set by train_dataloader)
@@ -126,7 +134,11 @@ class RolloutSource:
         self.network.eval()
         if self._pending_observations is not None:  # normalizer stats from the previous rollout
             update_observation_norm(self.network, self._pending_observations)
-        rollout = next(self._iterator)
+        try:
+            rollout = next(self._iterator)
+        except faults.EnvFault as err:  # name the iteration too
+            err.iteration = data.iteration
+            raise
         self._pending_observations = rollout.get(OBS_KEY) if self._normalizes_observations else None
         self.network.train(was_training)
         data.episodes.add_rollout(rollout)
@@ -135,7 +147,8 @@ class RolloutSource:
         if data.reward_normalizer is not None:
             rollout.set(
                 ("next", "reward"),
-                data.reward_normalizer(rollout.get(("next", "reward")), rollout.get(("next", "done"))),
+                faults.normalize_rewards_finite(data.reward_normalizer, rollout.get(("next", "reward")),
+                                                rollout.get(("next", "done"))),
             )
         return rollout
 
@@ -164,11 +177,9 @@ class RolloutSource:
             keys.append("proximal")
         flat = rollout.select(*keys).reshape(-1)
         adv = flat.get("advantage")
+        faults.update_moments_finite(self.data.advantage_moments, adv)  # never absorbs a NaN
         if self.data.normalize_advantage:
-            self.data.advantage_moments.update(adv)
             flat.set("advantage", self.data.advantage_moments.normalize(adv))
-        else:
-            self.data.advantage_moments.update(adv)  # keeps the std diagnostic
         return flat
 
     def __iter__(self):
@@ -208,8 +219,11 @@ class RolloutDataModule(pl.LightningDataModule):
         seed: seeds the envs and the minibatch shuffling. With several data-parallel ranks (DDP,
             FSDP) rank r seeds its envs with ``rank_seed(seed, r)``, and ``frames`` /
             ``total_frames`` count the frames of all ranks (the paper's 4 workers x 64 envs = 4 ranks
-            with ``num_envs: 64``). Advantage and reward normalization stay per rank.
+            with ``num_envs: 64``). Advantage and reward normalization statistics are pooled over
+            the ranks (`ppo_lightning.parallel`).
         num_threads: torch intra-op threads (None: 1 for MLP policies; see `ppo_lightning.threads`).
+        env_timeout_s: a gymnasium env step or reset that takes longer stops training with an
+            error naming the env (`ppo_lightning.faults`); 0: no limit.
     """
 
     def __init__(
@@ -230,6 +244,7 @@ class RolloutDataModule(pl.LightningDataModule):
         num_threads: int | None = None,
         staleness: int = 0,
         staleness_mode: str = "decoupled",
+        env_timeout_s: float = faults.DEFAULT_ENV_TIMEOUT_S,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -244,6 +259,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.seed = seed
         self.num_threads = num_threads
         self.staleness, self.staleness_mode = staleness, staleness_mode
+        self.env_timeout_s = env_timeout_s
         self.validate()
         self.observation_space, self.action_space = env_spaces(env_id, self.env_kwargs)
         self.frames = 0
@@ -254,6 +270,10 @@ class RolloutDataModule(pl.LightningDataModule):
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         self.source: RolloutSource | None = None
         self._pending_queue_state: dict | None = None  # a checkpoint's staleness queue, until the source exists
+        # Exact resume (ppo_lightning.resume_state): RNGs, env and collector state, until the source exists;
+        # other per-rank state (e.g. an algorithm's phase buffer) registers here by name.
+        self._pending_resume: dict | None = None
+        self.resume_providers: dict[str, resume_state.Stateful] = {}
         self._iteration_t0 = None
 
     @property
@@ -289,6 +309,8 @@ class RolloutDataModule(pl.LightningDataModule):
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"data.num_threads must be positive, got {self.num_threads}")
         validate_staleness(self.staleness, self.staleness_mode)
+        if not (isinstance(self.env_timeout_s, (int, float)) and self.env_timeout_s >= 0):
+            raise ValueError(f"data.env_timeout_s must be a number of seconds >= 0 (0: no limit), got {self.env_timeout_s!r}")
 
     def setup(self, stage: str) -> None:
         from ppo_lightning.threads import configure_threads
@@ -303,6 +325,7 @@ class RolloutDataModule(pl.LightningDataModule):
             self.source = RolloutSource(self, self.trainer.lightning_module.network)
             self.source.phases = getattr(self.trainer.lightning_module, "ppg_phases", None)
             self._apply_pending_queue()
+            self._apply_pending_resume()
         return self.source
 
     def iteration_started(self) -> None:
@@ -335,6 +358,12 @@ class RolloutDataModule(pl.LightningDataModule):
         return {k: v for k, v in out.items() if not math.isnan(v)}
 
     def state_dict(self) -> dict[str, Any]:
+        """Rank 0's state, plus every rank's own under ``per_rank`` (gathered: all ranks call this)."""
+        local = self._local_state_dict()
+        shared = {k: local[k] for k in ("frames", "iteration")}  # the same on every rank
+        return {**shared, "per_rank": resume_state.gather_rank_states(local)}
+
+    def _local_state_dict(self) -> dict[str, Any]:
         return {
             "frames": self.frames,
             "iteration": self.iteration,
@@ -345,9 +374,13 @@ class RolloutDataModule(pl.LightningDataModule):
             "staleness_queue": self.source.stale.state_dict()
             if self.source is not None and self.source.stale is not None
             else self._pending_queue_state,
+            "resume": resume_state.capture(self),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "per_rank" in state:  # this rank's own normalizers, queue, envs and RNGs
+            trainer = getattr(self, "trainer", None)
+            state = resume_state.select_rank_state(state["per_rank"], trainer.global_rank if trainer else 0)
         self.frames, self.iteration = state["frames"], state["iteration"]
         self.episodes.load_state_dict(state["episodes"])
         self.advantage_moments.load_state_dict(state["advantage_moments"])
@@ -359,6 +392,13 @@ class RolloutDataModule(pl.LightningDataModule):
             raise ValueError(f"checkpoint has a staleness queue (data.staleness={queue['staleness']}); the config has data.staleness=0")
         self._pending_queue_state = queue  # applied now, or when the rollout source is built
         self._apply_pending_queue()
+        self._pending_resume = state.get("resume")
+        self._apply_pending_resume()
+
+    def _apply_pending_resume(self) -> None:
+        if self._pending_resume is not None and self.source is not None:
+            resume_state.apply(self, self._pending_resume)
+            self._pending_resume = None
 
     def _apply_pending_queue(self) -> None:
         if self._pending_queue_state is not None and self.source is not None and self.source.stale is not None:

@@ -15,6 +15,8 @@ import lightning.pytorch as pl
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from ppo_lightning import parallel
+from ppo_lightning.faults import NumericalGuard, finite_mean
 from ppo_lightning.loss import OBJECTIVES, PPOFamilyLoss
 from ppo_lightning.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
 
@@ -58,6 +60,9 @@ class PPOLightningModule(pl.LightningModule):
             stay in cache; benchmarks/impala_step.py). The proximal forward still runs once per
             minibatch. None: the whole minibatch at once. Per-step diagnostics are then
             size-weighted means over chunks (maxima for ``importance_ratio_max``).
+        max_bad_steps: optimizer steps with a non-finite input, loss or gradient are skipped and
+            counted (``train/skipped_steps``); this many in a row stop training with an error naming
+            the first bad quantity (`ppo_lightning.faults.NumericalGuard`). None: never stop.
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class PPOLightningModule(pl.LightningModule):
         ppg: dict[str, Any] | None = None,
         kl_form: str = "analytic",
         lr_schedule: str = "constant",
+        max_bad_steps: int | None = 100,
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
@@ -119,6 +125,7 @@ class PPOLightningModule(pl.LightningModule):
                 "ppg": ppg,
                 "kl_form": kl_form,
                 "lr_schedule": lr_schedule,
+                "max_bad_steps": max_bad_steps,
             }
         )
         self.validate_config()
@@ -159,6 +166,7 @@ class PPOLightningModule(pl.LightningModule):
         self._recorded: dict[str, float] = {}
         self._fit_frames0 = 0
         self._micro_batched = False  # this step's gradients were accumulated inside training_step
+        self.numerical_guard = NumericalGuard(max_bad_steps)
 
     # ------------------------------------------------------------------ configuration
     def validate_config(self) -> None:
@@ -199,6 +207,8 @@ class PPOLightningModule(pl.LightningModule):
 
         if h.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
+        if h.max_bad_steps is not None and not (isinstance(h.max_bad_steps, int) and h.max_bad_steps > 0):
+            raise ValueError(f"model.max_bad_steps must be a positive integer or null, got {h.max_bad_steps!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
         if h.get("ppg") is not None:
@@ -326,6 +336,7 @@ class PPOLightningModule(pl.LightningModule):
 
             return training_step(self, batch, batch_idx)
         n, m = batch.shape[0], self.hparams.micro_batch_size
+        self.numerical_guard.check_batch(batch)
         self._micro_batched = m is not None and m < n
         if not self._micro_batched:
             loss, stats = self._loss_and_stats(batch)
@@ -345,14 +356,27 @@ class PPOLightningModule(pl.LightningModule):
             loss, stats = self._loss_and_stats(chunk)
             loss = loss * weight
             chunk_stats.append((weight, stats))
-            if i < len(chunks) - 1:
-                self.trainer.strategy.backward(loss, None)  # frees this chunk's activations
+            if i < len(chunks) - 1:  # frees this chunk's activations; Lightning back-propagates the last
+                parallel.backward_chunk(self, loss)
         total = sum(w * st for w, st in chunk_stats)
         if "importance_ratio_max" in self._stat_names:  # a maximum, not a mean
             k = self._stat_names.index("importance_ratio_max")
             total[k] = torch.stack([st[k] for _, st in chunk_stats]).max()  # on device: no host sync
         self._step_stats.append(total)
         return loss
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        # Non-finite steps are skipped inside the closure (`NumericalGuard`); parameters that
+        # became non-finite stop training before the EWMA callback sees them.
+        optimizer.step(closure=self.numerical_guard.guard_closure(self, optimizer, optimizer_closure))
+        self.numerical_guard.check_parameters(self, optimizer)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["numerical_guard"] = self.numerical_guard.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "numerical_guard" in checkpoint:
+            self.numerical_guard.load_state_dict(checkpoint["numerical_guard"])
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
         if not self._micro_batched:  # else training_step has zeroed them before the first chunk
@@ -388,14 +412,20 @@ class PPOLightningModule(pl.LightningModule):
         dm = self.trainer.datamodule
         if self._step_stats:
             stats = torch.stack(self._step_stats)
-            metrics.update({f"train/{k}": v for k, v in zip(self._stat_names, stats.mean(0).tolist())})
-            # Adaptive beta: once per iteration, on the mean KL of the last update epoch.
+            # Means over the steps with finite diagnostics (skipped steps have non-finite ones).
+            metrics.update({f"train/{k}": finite_mean(stats[:, i]) for i, k in enumerate(self._stat_names)})
+            # Adaptive beta: once per iteration, on the mean KL of the last update epoch (all ranks').
             per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
-            kl_last_epoch = stats[-per_epoch:, self._stat_names.index("kl_anchor")].mean().item()
+            kl_last_epoch = parallel.mean_over_ranks(self, finite_mean(stats[-per_epoch:, self._stat_names.index("kl_anchor")]))
             metrics["train/kl_anchor_last_epoch"] = kl_last_epoch
-            metrics["train/kl_beta"] = self.loss_module.update_kl_beta(kl_last_epoch)
+            if math.isfinite(kl_last_epoch):  # a NaN never reaches beta
+                metrics["train/kl_beta"] = self.loss_module.update_kl_beta(kl_last_epoch)
+            else:
+                metrics["train/kl_beta"] = float(self.loss_module.kl_beta)
+        metrics.update(self.numerical_guard.metrics())
         if dm is not None and hasattr(dm, "iteration_metrics"):
             metrics.update(dm.iteration_metrics())
+            parallel.pool_episode_metrics(self, dm, metrics)  # all ranks' episodes, same figure on every rank
             if self._fit_t0 is not None:
                 elapsed = time.perf_counter() - self._fit_t0
                 metrics["time/fps"] = (dm.frames - self._fit_frames0) / max(elapsed, 1e-9)

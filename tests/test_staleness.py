@@ -196,7 +196,7 @@ def test_queue_survives_a_checkpoint(tmp_path):
 
     dm, indices = fit(48)  # iteration 1: 3 rollouts (queue fill, 2 not counted), then one per iteration
     assert indices == [0, 1, 2] and dm.frames == 48
-    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["RolloutDataModule"]["staleness_queue"]
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["RolloutDataModule"]["per_rank"][0]["staleness_queue"]
     assert [e["index"] for e in saved["queue"]] == [3, 4] and saved["collected"] == 5
     dm, indices = fit(80, ckpt_path=tmp_path / "last.ckpt")
     assert indices == [3, 4] and dm.frames == 80  # no refill: one new rollout per iteration

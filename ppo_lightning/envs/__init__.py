@@ -53,8 +53,10 @@ def env_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[d
     return gymnasium_spaces(env_id, env_kwargs)
 
 
-def make_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] | None = None):
-    """A batched TorchRL env for the spec."""
+def make_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] | None = None,
+             timeout_s: float | None = None):
+    """A batched TorchRL env for the spec. ``timeout_s``: gymnasium envs only, a step or reset that
+    takes longer is an `ppo_lightning.faults.EnvFault` (None: the default, 60 s; 0: no limit)."""
     env_kwargs = env_kwargs or {}
     if is_minatar(env_id):
         from ppo_lightning.envs.minatar_env import make_minatar_env
@@ -64,6 +66,8 @@ def make_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] |
         from ppo_lightning.envs.procgen_env import make_procgen_env
 
         return make_procgen_env(env_id[len(PROCGEN_PREFIX):], num_envs=num_envs, seed=seed, **env_kwargs)
+    if timeout_s is not None:
+        env_kwargs = {**env_kwargs, "timeout_s": timeout_s}
     return make_gymnasium_env(env_id, num_envs=num_envs, seed=seed, **env_kwargs)
 
 

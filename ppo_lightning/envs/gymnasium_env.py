@@ -14,6 +14,8 @@ import gymnasium as gym
 import numpy as np
 from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, TransformedEnv
 
+from ppo_lightning.faults import DEFAULT_ENV_TIMEOUT_S, make_guarded_env_class
+
 
 def check_gymnasium_id(env_id: str) -> None:
     if env_id not in gym.registry:
@@ -45,12 +47,17 @@ def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dic
     return obs, act
 
 
-def make_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
-    return build_gymnasium_env(env_id, num_envs, seed, **env_kwargs)[0]
+def make_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
+                       **env_kwargs):
+    return build_gymnasium_env(env_id, num_envs, seed, timeout_s, **env_kwargs)[0]
 
 
-def build_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
-    """(the TorchRL env, the gymnasium ``SyncVectorEnv`` inside it: ``.envs[i].render()``)."""
+def build_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
+                        **env_kwargs):
+    """``num_envs`` copies of ``env_id`` in one ``SyncVectorEnv``, each wrapped in
+    `ppo_lightning.faults.GuardedEnv` (exceptions, hangs past ``timeout_s`` and malformed
+    observations become an `EnvFault` naming the env index), as a TorchRL env with episode stats.
+    Returns (the TorchRL env, the ``SyncVectorEnv`` inside it: ``.envs[i].render()``)."""
     check_gymnasium_id(env_id)
     wrappers = []
     if isinstance(gym.spec(env_id), gym.envs.registration.EnvSpec):
@@ -58,14 +65,20 @@ def build_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
         if isinstance(probe.action_space, gym.spaces.Box):
             wrappers.append(gym.wrappers.ClipAction)  # sample unbounded Gaussians, clip in the env
         probe.close()
-    vec = gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED},
-        wrappers=wrappers or None,
-        **env_kwargs,
-    )
+    guarded = make_guarded_env_class()
+
+    def sub_env(index: int):
+        def make():
+            env = gym.make(env_id, **env_kwargs)
+            for wrapper in wrappers:
+                env = wrapper(env)
+            return guarded(env, env_id, index, timeout_s)
+
+        return make
+
+    # As gym.make_vec(vectorization_mode="sync") builds it, with the guard around each sub-env.
+    vec = gym.vector.SyncVectorEnv([sub_env(i) for i in range(num_envs)],
+                                   autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     env = GymWrapper(vec, categorical_action_encoding=True)
     env = TransformedEnv(env, Compose(RewardSum(), StepCounter()))
     env.set_seed(seed)

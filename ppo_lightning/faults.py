@@ -1,0 +1,303 @@
+"""Faults during training: numerical (non-finite losses, gradients, parameters) and environmental
+(an env that raises, hangs or returns malformed data), each surfacing as one clear line.
+
+Numerical faults (`NumericalGuard`). Before every optimizer step the guard looks at the minibatch's
+floating-point inputs, the loss and the gradients. If any is non-finite, the step is *skipped*: the
+gradients are dropped (``p.grad = None``, so Adam/SGD leave the parameters *and* their moments
+untouched), the step is counted (``train/skipped_steps``) and training goes on. After
+``max_bad_steps`` consecutive skipped steps training stops with a `NumericalFault` naming the first
+bad quantity of the streak. After a step that was taken, parameters that became non-finite (an
+exploding learning rate) stop training at once, before the EWMA proximal policy or a checkpoint
+can absorb them. Under data parallelism the skip decision is all-reduced, so every rank skips the
+same steps. The data side keeps the normalizers finite: `normalize_rewards_finite` and
+`update_moments_finite` feed them only finite values and leave the non-finite ones in the batch, where
+the guard sees them.
+
+Environment faults (`GuardedEnv`, one per gymnasium sub-env). An exception from ``step``/``reset``, a
+call that does not return within ``timeout_s`` (SIGALRM, main thread only), an observation of the
+wrong shape or with non-finite values, or a non-scalar reward becomes an `EnvFault` naming the env id,
+the env index and (filled in by the data side) the PPO iteration. Training stops; checkpoints already
+written are kept (nothing is saved on an exception).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# ---------------------------------------------------------------------------- errors
+
+
+class TrainingFault(RuntimeError):
+    """A fault that stops training with one line on stderr (``error: ...``) and ``exit_code``."""
+
+    exit_code = 3
+
+
+class CheckpointError(TrainingFault, ValueError):
+    """A checkpoint file that does not exist, is truncated or does not load (bad input: exit code 2)."""
+
+    exit_code = 2
+
+
+class NumericalFault(TrainingFault):
+    """Too many consecutive non-finite steps, or parameters that became non-finite."""
+
+
+class EnvFault(TrainingFault):
+    """An environment raised, hung or returned malformed data."""
+
+    def __init__(self, env_id: str, index: int | None, what: str, iteration: int | None = None) -> None:
+        self.env_id, self.index, self.what, self.iteration = env_id, index, what, iteration
+        super().__init__()
+
+    def __str__(self) -> str:
+        where = [f"env index {self.index}" if self.index is not None else None,
+                 f"iteration {self.iteration}" if self.iteration is not None else None]
+        where = ", ".join(w for w in where if w)
+        return f"environment {self.env_id!r} ({where}) {self.what}"
+
+
+# ---------------------------------------------------------------------------- numerical faults
+
+
+def _local(tensors) -> list[Tensor]:
+    """This rank's shards (FSDP2 DTensors) or the tensors themselves, without empty ones."""
+    out = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return [t for t in out if t.numel() > 0]
+
+
+def _all_finite(tensors) -> bool:
+    """One max-abs norm per tensor, one sync: True if every value is finite."""
+    tensors = _local(tensors)
+    if not tensors:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors, math.inf))).all())
+
+
+def first_nonfinite_key(batch, keys=None) -> str | None:
+    """The first floating-point entry of a TensorDict batch with a non-finite value, or None."""
+    for key in keys if keys is not None else batch.keys(include_nested=True, leaves_only=True):
+        value = batch.get(key)
+        if isinstance(value, Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return key if isinstance(key, str) else "/".join(key)
+    return None
+
+
+class NumericalGuard:
+    """Skips optimizer steps with non-finite inputs, loss or gradients; stops after too many in a row.
+
+    The module calls `check_batch` in ``training_step``, wraps Lightning's optimizer closure with
+    `guard_closure` in ``optimizer_step``, and calls `check_parameters` after the step.
+    """
+
+    def __init__(self, max_bad_steps: int = 100) -> None:
+        self.max_bad_steps = max_bad_steps
+        self.skipped_steps = 0  # over the whole run (restored from checkpoints)
+        self.consecutive = 0
+        self.first_bad: str | None = None  # first bad quantity of the current streak
+        self._batch_bad: str | None = None  # this step's minibatch, set by check_batch
+
+    # -- inputs
+    def check_batch(self, batch, where: str = "") -> None:
+        """Note the first non-finite input of this step's minibatch (accumulates over micro-batches
+        and gradient-accumulation batches until the next optimizer step)."""
+        if self._batch_bad is None:
+            key = first_nonfinite_key(batch)
+            if key is not None:
+                self._batch_bad = f"non-finite minibatch input {key!r}{where}"
+
+    # -- the optimizer step
+    def guard_closure(self, module, optimizer, closure):
+        """Lightning's closure (forward + backward), then the check; bad steps drop the gradients."""
+
+        def guarded():
+            loss = closure()
+            self.after_backward(module, optimizer, loss)
+            return loss
+
+        return guarded
+
+    @torch.no_grad()
+    def after_backward(self, module, optimizer, loss: Tensor | None) -> bool:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        bad = self._batch_bad
+        if bad is None and not _all_finite(([loss.detach()] if isinstance(loss, Tensor) else []) + grads):
+            bad = self._describe(module, params, loss)
+        trainer = module._trainer
+        if trainer is not None and trainer.world_size > 1:  # every rank skips the same steps
+            any_bad = trainer.strategy.reduce_boolean_decision(bad is not None, all=False)
+            if any_bad and bad is None:
+                bad = "a non-finite quantity on another data-parallel rank"
+        self._batch_bad = None
+        if bad is None:
+            self.consecutive, self.first_bad = 0, None
+            return True
+        for p in params:
+            p.grad = None  # Adam and SGD skip parameters without a gradient: no update, no moment change
+        self.skipped_steps += 1
+        self.consecutive += 1
+        if self.first_bad is None:
+            self.first_bad = f"{bad} (iteration {self._iteration(module)}, step {self._step(module)})"
+        if self.max_bad_steps is not None and self.consecutive >= self.max_bad_steps:
+            raise NumericalFault(
+                f"{self.consecutive} consecutive optimizer steps skipped (model.max_bad_steps={self.max_bad_steps});"
+                f" the first bad quantity: {self.first_bad}"
+            )
+        return False
+
+    def _describe(self, module, params, loss) -> str:
+        if isinstance(loss, Tensor) and not bool(torch.isfinite(loss).all()):
+            return f"non-finite loss ({float(loss):g})"
+        names = {id(p): n for n, p in module.named_parameters()}
+        for p in params:
+            if p.grad is not None and not _all_finite([p.grad]):
+                return f"non-finite gradient of {names.get(id(p), 'a parameter')!r}"
+        return "a non-finite quantity"
+
+    @torch.no_grad()
+    def check_parameters(self, module, optimizer) -> None:
+        """After a step: non-finite parameters stop training now (before EWMA or checkpoint see them)."""
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        ok = _all_finite([p.detach() for p in params])
+        trainer = module._trainer
+        if trainer is not None and trainer.world_size > 1 and hasattr(params[0], "to_local"):  # shards differ
+            ok = not trainer.strategy.reduce_boolean_decision(not ok, all=False)
+        if ok:
+            return
+        names = {id(p): n for n, p in module.named_parameters()}
+        name = next((names.get(id(p), "a parameter") for p in params if not _all_finite([p.detach()])), "(another rank's)")
+        lr = optimizer.param_groups[0].get("lr")
+        raise NumericalFault(
+            f"parameter {name!r} became non-finite after the optimizer step (iteration {self._iteration(module)}, "
+            f"step {self._step(module)}, lr {lr:g}): the learning rate is probably too large; "
+            f"the last checkpoint is unaffected"
+        )
+
+    @staticmethod
+    def _iteration(module) -> Any:
+        dm = getattr(module._trainer, "datamodule", None) if module._trainer is not None else None
+        return getattr(dm, "iteration", "?")
+
+    @staticmethod
+    def _step(module) -> Any:
+        return module._trainer.global_step if module._trainer is not None else "?"
+
+    def metrics(self) -> dict[str, float]:
+        return {"train/skipped_steps": float(self.skipped_steps)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped_steps": self.skipped_steps, "consecutive": self.consecutive, "first_bad": self.first_bad}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.skipped_steps, self.consecutive = int(state["skipped_steps"]), int(state["consecutive"])
+        self.first_bad = state.get("first_bad")
+
+
+def finite_mean(values: Tensor) -> float:
+    """Mean over the finite entries (nan if there are none): per-iteration figures that skip bad steps."""
+    ok = torch.isfinite(values)
+    return float(values[ok].mean()) if bool(ok.any()) else float("nan")
+
+
+@torch.no_grad()
+def normalize_rewards_finite(normalizer, reward: Tensor, done: Tensor) -> Tensor:
+    """``normalizer(reward, done)`` that never lets a non-finite reward into its running statistics:
+    those rewards count as 0 for the running return and the variance, and stay non-finite in the output
+    (the minibatches holding them are then skipped by `NumericalGuard`)."""
+    ok = torch.isfinite(reward)
+    if bool(ok.all()):
+        return normalizer(reward, done)
+    out = normalizer(torch.where(ok, reward, torch.zeros_like(reward)), done)
+    return torch.where(ok, out, reward)
+
+
+def update_moments_finite(moments, advantage: Tensor) -> None:
+    """Advantage moments from the finite advantages only (no change if there are none)."""
+    ok = torch.isfinite(advantage)
+    # Always one call (it may be a collective over data-parallel ranks), possibly with no sample.
+    moments.update(advantage if bool(ok.all()) else advantage[ok])
+
+
+# ---------------------------------------------------------------------------- environment faults
+
+DEFAULT_ENV_TIMEOUT_S = 60.0
+
+
+class _EnvTimeout(BaseException):
+    """Raised by the SIGALRM handler inside a hanging env call (a BaseException, so that an env's own
+    ``except Exception`` does not swallow it); `GuardedEnv` turns it into an `EnvFault`."""
+
+
+def _on_alarm(signum, frame):
+    raise _EnvTimeout()
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def make_guarded_env_class():
+    """`GuardedEnv` subclasses gymnasium's Wrapper; built lazily so that this module imports without gymnasium."""
+    import gymnasium as gym
+
+    class GuardedEnv(gym.Wrapper):
+        """One sub-env of a vector env, with its faults named (see the module docstring)."""
+
+        def __init__(self, env, env_id: str, index: int, timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S) -> None:
+            super().__init__(env)
+            self.env_id, self.index, self.timeout_s = env_id, index, timeout_s
+            self._obs_shape = tuple(env.observation_space.shape) if env.observation_space.shape is not None else None
+            self._float_obs = env.observation_space.dtype is not None and np.issubdtype(env.observation_space.dtype, np.floating)
+
+        def _call(self, what: str, fn, *args, **kwargs):
+            timer = self.timeout_s is not None and self.timeout_s > 0 and _in_main_thread()
+            if timer:
+                previous = signal.signal(signal.SIGALRM, _on_alarm)
+                signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+            try:
+                return fn(*args, **kwargs)
+            except _EnvTimeout:
+                raise EnvFault(self.env_id, self.index, f"did not return from {what}() within {self.timeout_s:g} s "
+                                                        f"(data.env_timeout_s)") from None
+            except EnvFault:
+                raise
+            except Exception as err:
+                raise EnvFault(self.env_id, self.index, f"raised {type(err).__name__} in {what}(): {err}") from err
+            finally:
+                if timer:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.signal(signal.SIGALRM, previous)
+
+        def _check_obs(self, obs, what: str) -> None:
+            if self._obs_shape is not None and np.shape(obs) != self._obs_shape:
+                raise EnvFault(self.env_id, self.index,
+                               f"returned an observation of shape {tuple(np.shape(obs))} from {what}(), expected {self._obs_shape}")
+            if self._float_obs and not np.isfinite(obs).all():
+                raise EnvFault(self.env_id, self.index, f"returned a non-finite observation from {what}()")
+
+        def step(self, action):
+            out = self._call("step", self.env.step, action)
+            if not isinstance(out, tuple) or len(out) != 5:
+                raise EnvFault(self.env_id, self.index, f"step() returned {type(out).__name__} of length "
+                                                        f"{len(out) if hasattr(out, '__len__') else '?'}, expected 5 values")
+            self._check_obs(out[0], "step")
+            if np.ndim(out[1]) != 0:
+                raise EnvFault(self.env_id, self.index, f"returned a reward of shape {np.shape(out[1])}, expected a scalar")
+            return out
+
+        def reset(self, **kwargs):
+            out = self._call("reset", self.env.reset, **kwargs)
+            self._check_obs(out[0], "reset")
+            return out
+
+    return GuardedEnv

@@ -1,0 +1,119 @@
+"""Data-parallel semantics: R ranks x N envs mean the same as 1 rank x R*N envs.
+
+Every rank collects its own rollout and computes its own gradient; the strategy averages the
+gradients. Statistics that shape the update must be global too, or the ranks train on differently
+scaled data:
+
+- advantage-normalization moments and reward-normalization statistics (count, mean, variance) are
+  combined over ranks (`all_reduce_moments`: exact pooled moments, weighted by sample count);
+- the adaptive KL coefficient is decided from the KL averaged over ranks (`mean_over_ranks`), so
+  beta stays identical on every rank;
+- episode statistics are pooled before logging (`pool_episode_metrics`), so every rank logs and
+  monitors (EarlyStopping) the same figure and they stop together;
+- micro-batched steps under DDP (`backward_chunk`): DDP's reducer all-reduces the gradients of the
+  *first* backward after its forward and then stops listening, so the chunks before the last are
+  differentiated with ``torch.autograd.grad`` (no reducer hook) and added into ``.grad``; the last
+  chunk's ordinary backward then all-reduces the accumulated total. FSDP2 reduces every backward
+  (linear, hence exact) and keeps the strategy's backward.
+
+Chunks are also divided by ``accumulate_grad_batches``, as Lightning divides the loss it
+back-propagates itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _dist_world() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def _device() -> torch.device:
+    backend = torch.distributed.get_backend()
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_moments(n: float, mean: float, var: float) -> tuple[float, float, float]:
+    """Pooled (count, mean, population variance) of samples spread over the ranks."""
+    if _dist_world() == 1:
+        return n, mean, var
+    t = torch.tensor([n, n * mean, n * (var + mean * mean)], dtype=torch.float64, device=_device())
+    torch.distributed.all_reduce(t)
+    total, s, q = t.tolist()
+    if total <= 0:
+        return 0.0, 0.0, 0.0
+    m = s / total
+    return total, m, max(q / total - m * m, 0.0)
+
+
+def mean_over_ranks(module, value: float) -> float:
+    """Mean of a per-rank figure over the ranks whose value is finite (nan if none)."""
+    trainer = getattr(module, "_trainer", None)
+    if trainer is None or trainer.world_size == 1 or _dist_world() == 1:
+        return value
+    ok = math.isfinite(value)
+    t = torch.tensor([value if ok else 0.0, 1.0 if ok else 0.0], dtype=torch.float64, device=_device())
+    torch.distributed.all_reduce(t)
+    return t[0].item() / t[1].item() if t[1].item() > 0 else float("nan")
+
+
+def pool_episode_metrics(module, dm, metrics: dict[str, float], last: int = 20) -> None:
+    """Replace the per-rank episode figures by those of the episodes of all ranks (the last ``last``
+    episodes of each rank; counts summed). No-op on one process."""
+    trainer = getattr(module, "_trainer", None)
+    if trainer is None or trainer.world_size == 1 or _dist_world() == 1:
+        return
+    returns, lengths = list(dm.episodes.returns)[-last:], list(dm.episodes.lengths)[-last:]
+    t = torch.tensor([sum(returns), sum(lengths), len(returns), dm.episodes.count], dtype=torch.float64,
+                     device=_device())
+    torch.distributed.all_reduce(t)
+    ret_sum, len_sum, k, count = t.tolist()
+    metrics["episodes"] = count
+    for key, value in (("episode/return_mean20", ret_sum / k if k else math.nan),
+                       ("episode/length_mean20", len_sum / k if k else math.nan)):
+        if math.isfinite(value):
+            metrics[key] = value
+        else:
+            metrics.pop(key, None)
+    if "episode/normalized_return_mean20" in metrics and "episode/return_mean20" in metrics:
+        from ppo_lightning.envs import PROCGEN_PREFIX
+        from ppo_lightning.envs.procgen_scores import normalized_return
+
+        game, mode = dm.env_id[len(PROCGEN_PREFIX):], dm.env_kwargs.get("distribution_mode", "hard")
+        metrics["episode/normalized_return_mean20"] = normalized_return(game, mode, metrics["episode/return_mean20"])
+
+
+def _is_ddp(strategy) -> bool:
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return isinstance(strategy, DDPStrategy) and strategy.world_size > 1
+
+
+def backward_chunk(module, loss: torch.Tensor) -> None:
+    """Back-propagate a micro-batch chunk that is not the step's last (see the module docstring)."""
+    trainer = module.trainer
+    loss = loss / trainer.accumulate_grad_batches  # as Lightning scales the loss it back-propagates
+    strategy = trainer.strategy
+    if not _is_ddp(strategy):
+        strategy.backward(loss, None)
+        return
+    precision = strategy.precision_plugin
+    scaled = precision.pre_backward(loss, module)
+    params = [p for p in module.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(scaled, params, allow_unused=True)
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g.detach().clone()
+            else:
+                p.grad.add_(g)
+    precision.post_backward(scaled, module)

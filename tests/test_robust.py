@@ -1,0 +1,172 @@
+"""Runs that survive (issue 13): atomic checkpoints, numerical and environment faults, exact resume
+after SIGKILL, data-parallel semantics."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+import robust_helpers  # noqa: F401  (registers FaultyCartPole-v0)
+from ppo_lightning.checkpointing import AtomicCheckpointIO, atomic_torch_save, check_checkpoint_file
+from ppo_lightning.data import RolloutDataModule
+from ppo_lightning.faults import CheckpointError, EnvFault, NumericalFault
+from ppo_lightning.module import PPOLightningModule
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore",
+       "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+
+
+def fit(tmp_path, env_id="CartPole-v1", env_kwargs=None, total_frames=4 * 64, callbacks=(), data_kwargs=None,
+        **model_kwargs):
+    """Tiny PPO-EWMA run (4 envs x 16 steps, 2 x 2 minibatches; data seed 3: sub-env i has seed 3 + i)."""
+    dm = RolloutDataModule(env_id=env_id, env_kwargs=env_kwargs, num_envs=4, rollout_steps=16, num_minibatches=2,
+                           update_epochs=2, total_frames=total_frames, seed=3, normalize_reward=True,
+                           **(data_kwargs or {}))
+    model_kwargs = {"decoupled": True, "proximal_com": 4.0, "objective": "adaptive_kl", "kl_target": 1e-3,
+                    **model_kwargs}
+    model = PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp", "hidden_sizes": [16]},
+                               **model_kwargs)
+    ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_last=True,
+                                        save_on_train_epoch_end=True)
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[ckpt, *callbacks], plugins=[AtomicCheckpointIO()], default_root_dir=tmp_path)
+    return dm, model, trainer
+
+
+def finite_state(dm, model) -> None:
+    """Normalizers, EWMA proximal weights and adaptive beta hold no NaN or inf."""
+    import math
+
+    assert all(math.isfinite(v) for v in (dm.reward_normalizer.mean, dm.reward_normalizer.m2,
+                                           dm.advantage_moments.mean, dm.advantage_moments.var))
+    assert bool(torch.isfinite(dm.reward_normalizer.ret).all())
+    prox = model.proximal_source.proximal
+    assert all(bool(torch.isfinite(p).all()) for p in prox.parameters())
+    assert math.isfinite(float(model.loss_module.kl_beta))
+
+
+# ---------------------------------------------------------------------------- atomic checkpoints
+
+
+def test_kill_while_writing_keeps_the_previous_checkpoint(tmp_path):
+    """SIGKILL inside torch.save (while pickling into the file): the target keeps the previous,
+    complete checkpoint; the leftover temp file is removed by the next save."""
+    target = tmp_path / "last.ckpt"
+    atomic_torch_save({"step": 1, "w": torch.arange(5.0)}, target)
+    code = ("import os, signal, torch; from ppo_lightning.checkpointing import atomic_torch_save\n"
+            "class Die:\n    def __reduce__(self): os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"atomic_torch_save({{'step': 2, 'w': torch.zeros(10**6), 'x': Die()}}, {str(target)!r})")
+    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    leftovers = list(tmp_path.glob(".last.ckpt.*.tmp"))
+    assert len(leftovers) == 1  # the killed writer's temp file, never the target
+    assert torch.load(target, weights_only=True)["step"] == 1
+    atomic_torch_save({"step": 3}, target)
+    assert not list(tmp_path.glob(".last.ckpt.*.tmp")) and torch.load(target, weights_only=True)["step"] == 3
+
+
+def test_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    from ppo_lightning.cli import main
+
+    good = tmp_path / "good.ckpt"
+    atomic_torch_save({"w": torch.randn(1000)}, good)
+    bad = tmp_path / "last.ckpt"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        check_checkpoint_file(bad)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "missing.ckpt")
+    code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
+                 "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path / "run"), "--ckpt_path", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: checkpoint {bad} is truncated or corrupt" in err, err[-2000:]
+    assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- numerical faults
+
+
+def test_nan_reward_steps_are_skipped_and_normalizers_stay_finite(tmp_path):
+    """One NaN reward (sub-env 1, its 20th step: iteration 2): the minibatches holding it are
+    skipped and counted, training goes on, no state absorbs the NaN."""
+    dm, model, trainer = fit(tmp_path, "FaultyCartPole-v0", {"fault": "nan_reward", "after": 20, "fault_seed": 4},
+                             total_frames=4 * 64, max_bad_steps=None)
+    trainer.fit(model, dm)
+    skipped = model.numerical_guard.skipped_steps
+    assert 1 <= skipped < trainer.global_step == 4 * 4
+    assert trainer.callback_metrics["train/skipped_steps"] == skipped
+    finite_state(dm, model)
+    assert all(bool(torch.isfinite(p).all()) for p in model.network.parameters())
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["numerical_guard"]["skipped_steps"] == skipped
+
+
+def test_consecutive_bad_steps_stop_training_naming_the_first_bad_quantity(tmp_path):
+    dm, model, trainer = fit(tmp_path, "FaultyCartPole-v0", {"fault": "nan_reward", "after": 20, "fault_seed": 4},
+                             max_bad_steps=2)
+    with pytest.raises(NumericalFault, match=r"2 consecutive optimizer steps skipped \(model.max_bad_steps=2\); "
+                                             r"the first bad quantity: non-finite minibatch input .* \(iteration 2"):
+        trainer.fit(model, dm)
+    finite_state(dm, model)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["epoch"] == 0  # iteration 1's, intact
+
+
+def test_nan_observation_is_an_env_fault(tmp_path):
+    dm, model, trainer = fit(tmp_path, "FaultyCartPole-v0", {"fault": "nan_obs", "after": 20, "fault_seed": 5})
+    with pytest.raises(EnvFault, match=r"'FaultyCartPole-v0' \(env index 2, iteration 2\) returned a non-finite observation"):
+        trainer.fit(model, dm)
+    finite_state(dm, model)
+
+
+class ExplodeLr(pl.Callback):
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.datamodule.iteration == 1:  # the 2nd iteration starts
+            for group in trainer.optimizers[0].param_groups:
+                group["lr"] = 1e39
+
+
+def test_exploding_learning_rate_stops_before_the_ewma_absorbs_it(tmp_path):
+    dm, model, trainer = fit(tmp_path, callbacks=[ExplodeLr()])
+    with pytest.raises(NumericalFault, match=r"parameter '.*' became non-finite after the optimizer step \(iteration 2, "
+                                             r"step 4, lr 1e\+39\)"):
+        trainer.fit(model, dm)
+    finite_state(dm, model)
+    assert model.proximal_source.num_updates == 4  # the EWMA never saw the bad step
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert all(bool(torch.isfinite(v).all()) for v in saved["state_dict"].values())
+
+
+# ---------------------------------------------------------------------------- environment faults
+
+
+@pytest.mark.parametrize("fault,message", [
+    ("raise", r"raised RuntimeError in step\(\): simulator crashed"),
+    ("hang", r"did not return from step\(\) within 0.5 s \(data.env_timeout_s\)"),
+    ("shape", r"returned an observation of shape \(8,\) from step\(\), expected \(4,\)"),
+])
+def test_env_faults_name_env_index_and_iteration(tmp_path, fault, message):
+    dm, model, trainer = fit(tmp_path, "FaultyCartPole-v0", {"fault": fault, "after": 20, "fault_seed": 5},
+                             data_kwargs={"env_timeout_s": 0.5})
+    with pytest.raises(EnvFault, match=r"environment 'FaultyCartPole-v0' \(env index 2, iteration 2\) " + message):
+        trainer.fit(model, dm)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["epoch"] == 0  # the last good checkpoint
+
+
+def test_env_fault_through_the_cli_is_one_line_with_exit_code_3(tmp_path, capsys):
+    from ppo_lightning.cli import main
+
+    code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
+                 "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path), "--checkpoint_every", "1",
+                 "--data.env_id", "FaultyCartPole-v0", "--data.env_kwargs", '{"fault": "raise", "after": 40, "fault_seed": 0}',
+                 "--data.total_frames", "2048"])
+    err = capsys.readouterr().err
+    assert code == 3, err[-2000:]
+    assert "error: environment 'FaultyCartPole-v0' (env index 0, iteration 2) raised RuntimeError" in err
+    assert "Traceback" not in err
+    assert torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)["RolloutDataModule"]["iteration"] == 1
