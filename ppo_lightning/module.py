@@ -273,12 +273,15 @@ class PPOLightningModule(pl.LightningModule):
             self.proximal_source.stop()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["numerical_guard"] = self.numerical_guard.state_dict()
         if self.proximal_source is not None:
             checkpoint["proximal_ewma"] = self.proximal_source.state_dict()
         if self.ppg_phases is not None:
             checkpoint["ppg"] = self.ppg_phases.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "numerical_guard" in checkpoint:
+            self.numerical_guard.load_state_dict(checkpoint["numerical_guard"])
         if self.proximal_source is not None:
             # Checkpoints from before the module owned the EWMA kept it in the callback's state.
             state = checkpoint.get("proximal_ewma") or checkpoint.get("callbacks", {}).get("ProximalPolicyEWMA")
@@ -370,13 +373,6 @@ class PPOLightningModule(pl.LightningModule):
         # became non-finite stop training before the EWMA callback sees them.
         optimizer.step(closure=self.numerical_guard.guard_closure(self, optimizer, optimizer_closure))
         self.numerical_guard.check_parameters(self, optimizer)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["numerical_guard"] = self.numerical_guard.state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "numerical_guard" in checkpoint:
-            self.numerical_guard.load_state_dict(checkpoint["numerical_guard"])
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
         if not self._micro_batched:  # else training_step has zeroed them before the first chunk
