@@ -14,7 +14,7 @@ For a 2048-sample minibatch (the paper config's), prints the seconds of:
   the uint8 NHWC observations), to see which layout is faster on this CPU.
 The machine (CPU model, cores, ISA flags, torch threads; `ppo_lightning.hardware`) is printed first
 and goes into the JSON line as ``"machine"``; emulate an AVX2-only CPU with
-``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` (the JSON then says so).
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` (the JSON then says so).
 All timed variants run round-robin, ``--repeats`` rounds after one warm-up round, and each figure is
 the best round, so that load changes on a shared machine hit all of them alike. The last line is
 one JSON object.

@@ -21,11 +21,12 @@ OpenMP spinning counted). Its GFLOP/s are per core; 2x is then the 2-core limit 
 it assumes perfect scaling over the two cores). Other processes still share the caches.
 
 The machine is printed first and goes into the JSON line. Emulate an AVX2-only CPU with
-``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``.
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` (the last one for MKL:
+the matmul peak and the linear layers).
 
     python benchmarks/roofline.py
     python benchmarks/roofline.py --clock cpu --threads 1        # on a loaded machine
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/roofline.py --ppo-fps 125
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/roofline.py --clock cpu --threads 1
 """
 
 from __future__ import annotations
