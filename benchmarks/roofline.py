@@ -14,11 +14,19 @@
    no-autograd proximal forward of the same minibatch, per stage: conv, pool, ReLU, adds, linear,
    Adam, data movement, other.
 
+Clocks: ``--clock wall`` (default) times with the wall clock; on a shared, oversubscribed machine
+wall time measures the load more than the kernels, so ``--clock cpu --threads 1`` times each call
+by the CPU seconds this process used (one thread: every kernel runs in the calling thread, no
+OpenMP spinning counted). Its GFLOP/s are per core; 2x is then the 2-core limit (an upper bound:
+it assumes perfect scaling over the two cores). Other processes still share the caches.
+
 The machine is printed first and goes into the JSON line. Emulate an AVX2-only CPU with
-``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``.
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` (the last one for MKL:
+the matmul peak and the linear layers).
 
     python benchmarks/roofline.py
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/roofline.py --ppo-fps 125
+    python benchmarks/roofline.py --clock cpu --threads 1        # on a loaded machine
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/roofline.py --clock cpu --threads 1
 """
 
 from __future__ import annotations
@@ -64,13 +72,16 @@ def layer_flops(net: nn.Module, obs_shape) -> list[tuple[str, nn.Module, tuple, 
     return rows
 
 
+CLOCK = time.perf_counter  # or time.process_time (--clock cpu)
+
+
 def best_of(fn, repeats: int) -> float:
     fn()
     best = float("inf")
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = CLOCK()
         fn()
-        best = min(best, time.perf_counter() - t)
+        best = min(best, CLOCK() - t)
     return best
 
 
@@ -88,9 +99,9 @@ def profile_split(fn) -> dict[str, float]:
 
     fn()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t = time.perf_counter()
+        t = CLOCK()
         fn()
-        wall = time.perf_counter() - t
+        wall = CLOCK() - t
     split: dict[str, float] = {}
     other: dict[str, float] = {}
     for e in prof.key_averages():
@@ -118,7 +129,13 @@ def main() -> None:
     p.add_argument("--ppo-fps", type=float, default=None, help="measured PPO frames/s to place on the roofline")
     p.add_argument("--ewma-fps", type=float, default=None, help="measured PPO-EWMA frames/s")
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="see the module docstring")
     args = p.parse_args()
+    global CLOCK
+    if args.clock == "cpu":
+        if args.threads != 1:
+            p.error("--clock cpu needs --threads 1 (CPU seconds of several threads include OpenMP spinning)")
+        CLOCK = time.process_time
 
     from ppo_lightning.hardware import machine_info, machine_line
     from ppo_lightning.impala import ImpalaActorCritic
@@ -185,7 +202,8 @@ def main() -> None:
           f"PPO {limit['ppo_fps_at_matmul_peak']} frames/s")
     result = {"flops_per_frame": {"forward": fwd, "backward": bwd, "ppo_iteration": ppo, "ppo_ewma_iteration": ewma},
               "rates": {k: {kk: vv for kk, vv in v.items() if not kk.endswith("_s")} for k, v in rates.items()},
-              "matmul_peak_gflops": round(peak, 1), "limit": limit, "batch": args.batch}
+              "matmul_peak_gflops": round(peak, 1), "limit": limit, "batch": args.batch,
+              "clock": args.clock, "threads": args.threads}
     for name, fps, flops in (("ppo", args.ppo_fps, ppo), ("ppo_ewma", args.ewma_fps, ewma)):
         if fps:
             result[f"{name}_measured"] = {"fps": fps, "gflops": round(fps * flops / 1e9, 1),
@@ -212,6 +230,14 @@ def main() -> None:
 
         result["profile_train_step"] = profile_split(train_step)
         result["profile_proximal_forward"] = profile_split(proximal)
+        step, prox_s = best_of(train_step, 2), best_of(proximal, 2)
+        result["train_step_s"], result["proximal_forward_s"] = round(step, 3), round(prox_s, 3)
+        result["train_step_gflops"] = round(args.minibatch * (fwd + bwd) / step / 1e9, 1)
+        result["proximal_forward_gflops"] = round(args.minibatch * fwd / prox_s / 1e9, 1)
+        result["proximal_share_of_train_step"] = round(prox_s / step, 3)
+        print(f"training step ({args.minibatch} samples, micro-batches of {args.batch}): {step:.2f} s = "
+              f"{result['train_step_gflops']} GFLOP/s; proximal forward {prox_s:.2f} s = "
+              f"{result['proximal_forward_gflops']} GFLOP/s ({prox_s / step:.1%} of the step)", flush=True)
         for k in ("profile_train_step", "profile_proximal_forward"):
             r = result[k]
             print(f"{k}: wall {r['wall_s']} s; " + ", ".join(f"{s} {v:.0%}" for s, v in

@@ -22,7 +22,7 @@ Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen c
     python benchmarks/throughput.py --micro-batch-size 0  # whole minibatches: slower, 4.6 GiB
     python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
     python benchmarks/throughput.py --proximal-precision auto                          # PPO + the config's PPO-EWMA only
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/throughput.py  # an AVX2-only CPU, emulated
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/throughput.py  # AVX2-only, emulated
 """
 
 from __future__ import annotations

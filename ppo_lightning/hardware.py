@@ -5,9 +5,11 @@ than fp32 on CPUs with native bf16 instructions (AVX512_BF16, AMX) and ~12x *slo
 CPUs, where oneDNN emulates them (benchmarks/README.md). So ``"auto"`` precisions pick bf16 only
 where it is native, and the benchmarks record the machine they ran on (`machine_info`).
 
-The effective instruction set is what the CPU reports *and* what torch is allowed to use:
-``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2`` (used to emulate an AVX2-only CPU for
-measurement) make a bf16-capable CPU count as not bf16-native.
+The effective instruction set is what the CPU reports *and* what torch is allowed to use. An
+AVX2-only CPU is emulated for measurement with ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels),
+``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN: convolutions, bf16) and ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (MKL:
+matmul, linear layers; without it they keep AVX-512); the first two make a bf16-capable CPU count as
+not bf16-native.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def machine_info() -> dict:
         "isa": {f: f in flags for f in ISA_FLAGS},
         "torch_cpu_capability": cpu_capability(),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
         "bf16_native_cpu": native,
         "bf16_reason": why,
         "torch_threads": torch.get_num_threads(),
@@ -146,8 +149,10 @@ def machine_line(info: dict | None = None) -> str:
     info = info or machine_info()
     isa = " ".join(f for f, on in info["isa"].items() if on) or "none of " + "/".join(ISA_FLAGS)
     emu = ""
-    if info["onednn_max_cpu_isa"] or info["torch_cpu_capability"] != "AVX512" and info["isa"].get("avx512f"):
-        emu = f", EMULATED: torch capability {info['torch_cpu_capability']}, ONEDNN_MAX_CPU_ISA={info['onednn_max_cpu_isa']}"
+    limited = info["onednn_max_cpu_isa"] or info.get("mkl_enable_instructions")
+    if limited or info["torch_cpu_capability"] != "AVX512" and info["isa"].get("avx512f"):
+        emu = (f", EMULATED: torch capability {info['torch_cpu_capability']}, ONEDNN_MAX_CPU_ISA="
+               f"{info['onednn_max_cpu_isa']}, MKL_ENABLE_INSTRUCTIONS={info.get('mkl_enable_instructions')}")
     gpus = f", GPUs: {', '.join(info['cuda_devices'])}" if info["cuda_devices"] else ""
     return (f"machine: {info['cpu_model']}, {info['cores']} cores, ISA {isa}, bf16 native: "
             f"{info['bf16_native_cpu']}{emu}, torch threads {info['torch_threads']}{gpus}")
