@@ -388,7 +388,9 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
         stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
         phases.record_aux_stats(stats)
     else:
-        if module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
+        if module.loss_module.decoupled and phase == "value":  # the value loss ignores the anchor: no EWMA forward
+            batch.set("proximal", batch.select(*module.param_keys))
+        elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
             batch = module.add_proximal(batch)
         terms = PHASE_TERMS[phase]
         stats = _accumulate(module, batch, lambda c: module._loss_and_stats(c, terms), lambda: module._stat_names)
