@@ -23,6 +23,15 @@ Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen c
     python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
     python benchmarks/throughput.py --proximal-precision auto                          # PPO + the config's PPO-EWMA only
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/throughput.py  # AVX2-only, emulated
+
+PPG and PPG-EWMA (``experiments/procgen/ppg*_hard.yaml``: dual IMPALA, E_pi = E_V = 1, 6 auxiliary
+epochs of ``--ppg-aux-mbsize`` trajectories) run in the same invocation: one untimed warm-up phase,
+then one timed phase of ``--ppg-n-pi`` iterations including its auxiliary phase, so that their
+frames/s are per frame over a whole phase (``ppg_fps``, ``ppg_ewma_fps``; ``ppg_ewma_overhead`` =
+PPG-EWMA wall per phase / PPG wall per phase - 1, ``ppg_ewma_overhead_within_run`` = proximal-forward
+seconds / the rest of the PPG-EWMA phase). The per-frame cost hardly depends on n_pi (both phases
+scale with it), so a small ``--ppg-n-pi`` measures the paper's configuration in less time.
+``--skip-ppg`` leaves them out.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ def raw_env_fps(game: str, num_envs: int, steps: int, num_threads: int | None) -
     return steps * num_envs / dt
 
 
-def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> dict:
+def train_run(args, decoupled: bool, proximal_precision: str | None = None, ppg: bool = False) -> dict:
     import lightning.pytorch as pl
     import torch
 
@@ -67,6 +76,7 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> d
             self.rows: list[dict] = []
             self.prox_s = 0.0
             self.update_s = 0.0
+            self.aux_s = 0.0
 
         def on_fit_start(self, trainer, pl_module) -> None:
             src = pl_module.proximal_source
@@ -83,13 +93,16 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> d
 
         def on_train_epoch_start(self, trainer, pl_module) -> None:
             self.t0 = time.perf_counter()
-            self.prox_s = self.update_s = 0.0
+            self.prox_s = self.update_s = self.aux_s = 0.0
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.tb = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            self.update_s += time.perf_counter() - self.tb
+            if isinstance(outputs, dict) and outputs.get("ppg_phase") == "aux":
+                self.aux_s += time.perf_counter() - self.tb
+            else:
+                self.update_s += time.perf_counter() - self.tb
 
         def on_train_epoch_end(self, trainer, pl_module) -> None:
             dm = trainer.datamodule
@@ -101,19 +114,21 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> d
                     "gae_s": timing["time/gae_s"],
                     "update_s": self.update_s - self.prox_s,
                     "proximal_forward_s": self.prox_s,
+                    "aux_phase_s": self.aux_s,
                     "frames": dm.frames_per_iteration,
                 }
             )
 
     fpi = args.num_envs * args.rollout_steps
+    n_pi = args.ppg_n_pi if ppg else 1  # PPG: a warm-up phase and a timed phase of n_pi iterations
     dm = RolloutDataModule(
         env_id=f"procgen:{args.game}",
         env_kwargs={"distribution_mode": "hard", "num_levels": 0, "num_threads": args.procgen_threads},
         num_envs=args.num_envs,
         rollout_steps=args.rollout_steps,
         num_minibatches=args.num_minibatches,
-        update_epochs=args.epochs,
-        total_frames=fpi * (args.iterations + 1),
+        update_epochs=1 if ppg else args.epochs,
+        total_frames=fpi * 2 * n_pi if ppg else fpi * (args.iterations + 1),
         gamma=0.999,
         gae_lambda=0.95,
         normalize_reward=True,
@@ -130,6 +145,7 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> d
         proximal_com=args.ewma_com if decoupled else None,
         micro_batch_size=args.micro_batch_size or None,
         proximal_precision=proximal_precision if decoupled else None,
+        ppg={"n_pi": n_pi, "aux_mbsize": args.ppg_aux_mbsize} if ppg else None,
     )
     timer = Timer()
     trainer = pl.Trainer(
@@ -146,6 +162,12 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None) -> d
     import gc
 
     gc.collect()
+    if ppg:  # sums over the timed phase (its n_pi iterations, the last with the auxiliary phase)
+        warm, rows = timer.rows[:n_pi], timer.rows[n_pi:]
+        mean = {k: sum(r[k] for r in rows) for k in rows[0]}
+        mean["fps"] = mean["frames"] / mean["wall_s"]
+        mean["warmup_wall_s"] = sum(r["wall_s"] for r in warm)
+        return mean
     warm, rows = timer.rows[0], timer.rows[1:]
     mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
     mean["fps"] = mean["frames"] / mean["wall_s"]
@@ -171,7 +193,10 @@ def main() -> None:
     p.add_argument("--game", default="coinrun")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
     p.add_argument("--procgen-threads", type=int, default=None, help="Procgen worker threads (default: auto)")
-    p.add_argument("--only", choices=("ppo", "ppo_ewma"), default=None, help="run one algorithm only")
+    p.add_argument("--only", choices=("ppo", "ppo_ewma", "ppg", "ppg_ewma"), default=None, help="run one algorithm only")
+    p.add_argument("--ppg-n-pi", type=int, default=32, help="PPG: policy iterations per phase (timed: one phase)")
+    p.add_argument("--ppg-aux-mbsize", type=int, default=4, help="PPG: env trajectories per auxiliary minibatch")
+    p.add_argument("--skip-ppg", action="store_true", help="PPO and PPO-EWMA only")
     p.add_argument("--ewma-com", type=float, default=8.0)
     args = p.parse_args()
     warnings.filterwarnings("ignore")
@@ -200,18 +225,34 @@ def main() -> None:
         ("ppo_ewma" if i == 0 else f"ppo_ewma_{x}_proximal", True, None if x == "exact" else x)
         for i, x in enumerate(precisions)
     ]
+    algos = [(n, d, p_, False) for n, d, p_ in algos]
+    if not args.skip_ppg:  # PPG-EWMA with the exact proximal forward (the PPG-EWMA config's null)
+        algos += [("ppg", False, None, True), ("ppg_ewma", True, None, True)]
     runs = {}
-    for name, decoupled, precision in algos:
-        if args.only and not name.startswith(args.only) or (args.only == "ppo" and decoupled):
+    for name, decoupled, precision, ppg in algos:
+        if args.only and (name.split("_")[0] != args.only.split("_")[0] or
+                          not name.startswith(args.only) or (args.only in ("ppo", "ppg") and decoupled)):
             continue
-        r = runs[name] = train_run(args, decoupled, precision)
+        r = runs[name] = train_run(args, decoupled, precision, ppg)
+        unit = f"phase of {args.ppg_n_pi} iterations" if ppg else "iteration"
         print(
-            f"{name:24s} {r['fps']:7.1f} frames/s  iteration {r['wall_s']:.2f} s = rollout {r['rollout_s']:.2f} + "
+            f"{name:24s} {r['fps']:7.1f} frames/s  {unit} {r['wall_s']:.2f} s = rollout {r['rollout_s']:.2f} + "
             f"gae {r['gae_s']:.2f} + update {r['update_s']:.2f} + proximal forward {r['proximal_forward_s']:.2f} "
-            f"+ other {r['wall_s'] - r['rollout_s'] - r['gae_s'] - r['update_s'] - r['proximal_forward_s']:.2f}"
-            f"  (warm-up iteration {r['warmup_wall_s']:.1f} s)",
+            + (f"+ aux phase {r['aux_phase_s']:.2f} " if ppg else "")
+            + f"+ other {r['wall_s'] - r['rollout_s'] - r['gae_s'] - r['update_s'] - r['proximal_forward_s'] - r['aux_phase_s']:.2f}"
+            f"  (warm-up {r['warmup_wall_s']:.1f} s)",
             flush=True,
         )
+        if ppg:
+            result[f"{name}_fps"] = round(r["fps"], 1)
+            result[f"{name}_split_s"] = {k: round(r[k], 3) for k in
+                                         ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s", "aux_phase_s")}
+            if decoupled:
+                if "ppg" in runs:
+                    result["ppg_ewma_overhead"] = round(r["wall_s"] / runs["ppg"]["wall_s"] - 1.0, 4)
+                result["ppg_ewma_overhead_within_run"] = round(
+                    r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
+            continue
         result[f"{name}_fps"] = round(r["fps"], 1)
         result[f"peak_rss_after_{name}_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
         result[f"{name}_split_s"] = {k: round(r[k], 3) for k in ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s")}
@@ -227,7 +268,8 @@ def main() -> None:
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     result.update({"precision": args.precision, "micro_batch_size": args.micro_batch_size or None,
                    "proximal_precisions": precisions, "torch_threads": threads, "procgen_threads": pthreads,
-                   "num_envs": args.num_envs, "rollout_steps": args.rollout_steps})
+                   "num_envs": args.num_envs, "rollout_steps": args.rollout_steps,
+                   "ppg_n_pi": None if args.skip_ppg else args.ppg_n_pi})
     result["machine"] = machine
     del torch
     print(json.dumps(result))

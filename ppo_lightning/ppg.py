@@ -328,13 +328,11 @@ def _adam(params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
 
 
 def optimizer_names(module) -> list[str]:
-    phases = module.ppg_phases
-    e_pi = module.trainer.datamodule.update_epochs if module._trainer is not None and module.trainer.datamodule is not None else None
-    names = ["policy"]
-    ev = phases.cfg["epochs_value"]
-    if ev is not None and e_pi is not None and ev != e_pi:
-        names.append("value")
-    return names + ["aux"]
+    """``["policy", "aux"]``, or ``["policy", "value", "aux"]`` when E_V != E_pi (reference ``opt_keys``)."""
+    e_v = module.ppg_phases.cfg["epochs_value"]
+    dm = module.trainer.datamodule if module._trainer is not None else None
+    separate = e_v is not None and dm is not None and e_v != dm.update_epochs
+    return ["policy", "value", "aux"] if separate else ["policy", "aux"]
 
 
 def configure_optimizers(module) -> list[torch.optim.Optimizer]:
@@ -356,23 +354,24 @@ def configure_optimizers(module) -> list[torch.optim.Optimizer]:
     return opts
 
 
-def _accumulate(module, batch: TensorDictBase, loss_and_stats, names=None) -> torch.Tensor:
+def _accumulate(module, batch: TensorDictBase, loss_and_stats, names=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward of ``loss_and_stats(batch)`` (in micro-batches of ``model.micro_batch_size``, each
-    weighted into the minibatch mean); returns the size-weighted mean of the stats (the maximum
-    for ``importance_ratio_max`` among ``names()``)."""
+    weighted into the minibatch mean); returns the minibatch loss (detached) and the size-weighted
+    mean of the stats (the maximum for ``importance_ratio_max`` among ``names()``)."""
     n, m = batch.shape[0], module.hparams.micro_batch_size
     chunks = batch.split(m) if m is not None and m < n else [batch]
-    chunk_stats = []
+    chunk_stats, total_loss = [], 0.0
     for chunk in chunks:
         w = chunk.shape[0] / n
         loss, stats = loss_and_stats(chunk)
         module.manual_backward(loss * w)
         chunk_stats.append((w, stats))
+        total_loss = total_loss + w * loss.detach()
     total = sum(w * st for w, st in chunk_stats)
     if len(chunk_stats) > 1 and names is not None and "importance_ratio_max" in names():
         k = names().index("importance_ratio_max")
         total[k] = max(st[k] for _, st in chunk_stats)
-    return total
+    return total_loss, total
 
 
 def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
@@ -385,13 +384,15 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
         device = next(module.network.parameters()).device
         phases.start_aux_step(module.network, device)
         mb = phases.gather(batch, device)
-        stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
+        loss, stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
         phases.record_aux_stats(stats)
     else:
-        if module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
+        if module.loss_module.decoupled and phase == "value":  # the value loss ignores the anchor: no EWMA forward
+            batch.set("proximal", batch.select(*module.param_keys))
+        elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
             batch = module.add_proximal(batch)
         terms = PHASE_TERMS[phase]
-        stats = _accumulate(module, batch, lambda c: module._loss_and_stats(c, terms), lambda: module._stat_names)
+        loss, stats = _accumulate(module, batch, lambda c: module._loss_and_stats(c, terms), lambda: module._stat_names)
         module._step_stats.append(stats)
     clip = phases.cfg["max_grad_norm"]
     if clip is not None:
@@ -403,7 +404,7 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
         phases.finish_aux_phase()
         if module.proximal_source is not None:
             module.proximal_source.reset(module.network)
-    return {"loss": stats[0], "ppg_phase": phase}
+    return {"loss": loss, "ppg_phase": phase}
 
 
 def aux_loss_and_stats(module, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
