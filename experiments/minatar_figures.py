@@ -184,8 +184,9 @@ def normalizer(game: str):
     return lambda r: normalized_return(game, r)
 
 
-def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: float = 0.05) -> list[dict]:
-    rows = read_rows(out / f"{figure}_runs.csv")
+def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: float = 0.05,
+            games: list[str] | None = None) -> list[dict]:
+    rows = [r for r in read_rows(out / f"{figure}_runs.csv") if games is None or r["game"] in games]
     if not rows:
         print(f"[{figure}] no runs in {out}")
         return []
@@ -338,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--frames", type=int, default=250_000)
     p.add_argument("--arms", default=None, help="comma list of the figure's arms (default: all)")
     p.add_argument("--episodes", type=int, default=300, help="random: episodes per game")
-    p.add_argument("--analyze", action="store_true", help="only analyze the CSVs")
+    p.add_argument("--analyze", action="store_true", help="only analyze the CSVs (of the --games given)")
+    p.add_argument("--target", type=float, default=0.05, help="target CI half-width for the seed count")
     p.add_argument("--quick", action="store_true", help="seconds-long pipeline check (tiny runs, its own folder)")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--tracking-uri", default=None, help="MLflow store (default: sqlite in --out)")
@@ -374,7 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.figure == "reference":
         summarize_reference(a.out)
     else:
-        analyze(a.figure, a.out, [c for c in fig["compare"] if c[0] in arms and c[1] in arms])
+        analyze(a.figure, a.out, [c for c in fig["compare"] if c[0] in arms and c[1] in arms], games=games,
+                target=a.target)
 
 
 def summarize_reference(out: Path) -> None:
