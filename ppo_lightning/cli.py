@@ -15,15 +15,18 @@ import time
 import warnings
 from pathlib import Path
 
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from ppo_lightning.callbacks import (
+    MANAGED_CALLBACKS,
     FramesProgressBar,
     IterationCheckpoint,
     TrackingState,
     TrainingVideo,
     quiet_library_notices,
     read_tracking_state,
+    record_run_setup,
     wait_for_episodes,
 )
 from ppo_lightning.data import RolloutDataModule
@@ -96,7 +99,14 @@ class PPOCLI(LightningCLI):
         self.run_dir = run_dir
         if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        if cfg.trainer.get("logger") in (None, True):
+        # Callbacks and logger this CLI manages are rebuilt from the top-level options on every run
+        # (a saved config.yaml lists them; loading it again must not duplicate them or reuse the
+        # old run's folder and MLflow run).
+        given = self.config_init[self.subcommand].trainer
+        user_callbacks = [c for c in (given.get("callbacks") or []) if not isinstance(c, MANAGED_CALLBACKS)]
+        given["callbacks"] = user_callbacks
+        logger = given.get("logger")
+        if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
             kwargs["logger"] = (
                 make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"))
                 if cfg.mlflow.enabled
@@ -104,7 +114,7 @@ class PPOCLI(LightningCLI):
             )
         kwargs.setdefault("default_root_dir", str(run_dir))
         self.checkpoint_callback = IterationCheckpoint(
-            dirpath=run_dir / "checkpoints",
+            dirpath=str(run_dir / "checkpoints"),
             filename="iteration-{iteration:05d}",
             auto_insert_metric_name=False,
             every_n_epochs=cfg.checkpoint_every,
@@ -112,14 +122,18 @@ class PPOCLI(LightningCLI):
             save_last=True,
             save_on_train_epoch_end=True,
         )
-        callbacks = [TrackingState(str(run_dir))]
+        callbacks: list = []
+        # a progress bar of the user's (trainer.callbacks) replaces ours; first, so that it closes
+        # before the end-of-fit video is recorded
+        if cfg.trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in user_callbacks):
+            callbacks.append(FramesProgressBar())
+        callbacks.append(TrackingState(str(run_dir)))
         if cfg.get("video_every") is not None:
             callbacks.append(TrainingVideo(str(run_dir), every=cfg.video_every))
         if cfg.trainer.get("enable_checkpointing") is not False:
             callbacks.append(self.checkpoint_callback)
-        if cfg.trainer.get("enable_progress_bar") is not False:
-            callbacks.append(FramesProgressBar())
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+        record_run_setup(cfg, callbacks, kwargs.get("logger", logger))
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
