@@ -76,6 +76,9 @@ class PPOCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
+        if cfg.data.get("seed") is None and isinstance(cfg.get("seed_everything"), int) \
+                and not isinstance(cfg.get("seed_everything"), bool):
+            cfg.data.seed = cfg.seed_everything  # seed_everything also seeds the envs, unless data.seed is set
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
         from ppo_lightning import scaling, staleness
