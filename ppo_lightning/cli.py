@@ -161,6 +161,11 @@ class PPOCLI(LightningCLI):
             + (f" (rank 0 of {trainer.world_size})" if ranks else "")
         )
         print(f"checkpoint: {ckpt}")
+        videos = [p for cb in trainer.callbacks if isinstance(cb, TrainingVideo) for p in cb.paths]
+        if videos:
+            print(f"video: {videos[-1]}")
+        if self.checkpoint_callback.last_model_path:
+            print(f"  score it with: ppo-lightning evaluate {ckpt} --episodes 10 --video agent.mp4")
         logger = trainer.logger
         run_id = getattr(logger, "run_id", None)
         if isinstance(logger, SafeMLFlowLogger) and not logger.failed:
