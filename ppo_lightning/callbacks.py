@@ -42,6 +42,16 @@ class FramesProgressBar(ProgressBar):
         self._shown = getattr(dm, "frames", 0)
         self._bar = tqdm(total=total, initial=self._shown, unit="frames", unit_scale=True, dynamic_ncols=True,
                          file=sys.stdout, desc="fit")
+        # Warnings during training (diagnostics) print above the bar instead of breaking its line.
+        import warnings
+
+        self._showwarning = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
+            tqdm.write(text, file=sys.stderr)
+
+        warnings.showwarning = show
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self._bar is None:
@@ -54,8 +64,11 @@ class FramesProgressBar(ProgressBar):
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._bar is not None:
+            import warnings
+
             self._bar.close()
             self._bar = None
+            warnings.showwarning = self._showwarning
 
 
 class IterationCheckpoint(ModelCheckpoint):
