@@ -237,7 +237,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.episodes = EpisodeStats()
         self.advantage_moments = AdvantageMoments(advantage_norm_span)
         self.reward_normalizer = RewardNormalizer(num_envs, gamma) if normalize_reward else None
-        self.shuffle_generator = torch.Generator().manual_seed(seed)
+        self.shuffle_generator = torch.Generator().manual_seed(self.seed)
         self.source: RolloutSource | None = None
         self._pending_queue_state: dict | None = None  # a checkpoint's staleness queue, until the source exists
         self._iteration_t0 = None
