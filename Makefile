@@ -28,4 +28,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/cartpole.py
 
 clean:
-	rm -rf $(VENV) runs mlflow.db
+	rm -rf $(VENV) runs mlflow.db mlruns MUJOCO_LOG.TXT

@@ -42,6 +42,16 @@ class FramesProgressBar(ProgressBar):
         self._shown = getattr(dm, "frames", 0)
         self._bar = tqdm(total=total, initial=self._shown, unit="frames", unit_scale=True, dynamic_ncols=True,
                          file=sys.stdout, desc="fit")
+        # Warnings during training (diagnostics) print above the bar instead of breaking its line.
+        import warnings
+
+        self._showwarning = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
+            tqdm.write(text, file=sys.stderr)
+
+        warnings.showwarning = show
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self._bar is None:
@@ -54,13 +64,20 @@ class FramesProgressBar(ProgressBar):
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._bar is not None:
+            import warnings
+
             self._bar.close()
             self._bar = None
+            warnings.showwarning = self._showwarning
 
 
 class IterationCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` whose file names can use ``{iteration}``: the PPO iteration just finished,
     1-based as the progress bar shows it (``epoch + 1``; Lightning's ``{epoch}`` counts from 0)."""
+
+    def __init__(self, **kwargs) -> None:
+        self.init_args = dict(kwargs)  # recorded in the run's config.yaml (record_run_setup)
+        super().__init__(**kwargs)
 
     def format_checkpoint_name(self, metrics, filename=None, ver=None, prefix=None) -> str:
         metrics = dict(metrics)
@@ -193,3 +210,40 @@ class TrainingVideo(Callback):
         if log_file is not None:
             log_file(path, "videos")
         return path
+
+
+# Built by the CLI from its options (checkpoint_every, video_every, run_dir, mlflow.*) on every run.
+MANAGED_CALLBACKS = (FramesProgressBar, IterationCheckpoint, TrackingState, TrainingVideo)
+
+
+def _class_entry(obj, init_args: dict) -> dict:
+    from jsonargparse import Namespace
+
+    cls = type(obj)
+    return Namespace(class_path=f"{cls.__module__}.{cls.__qualname__}", init_args=Namespace(**init_args))
+
+
+def record_run_setup(cfg, callbacks, logger) -> None:
+    """Write the callbacks and logger a run really uses into its config (``trainer.callbacks``,
+    ``trainer.logger``), so that the saved ``config.yaml`` shows them. The CLI rebuilds the ones
+    it manages from its options when that config is loaded again."""
+    from ppo_lightning.tracking import SafeMLFlowLogger
+
+    managed = {f"{c.__module__}.{c.__qualname__}" for c in MANAGED_CALLBACKS}
+    entries = [c for c in (cfg.trainer.get("callbacks") or []) if str(getattr(c, "class_path", "")) not in managed]
+    for cb in callbacks:
+        if isinstance(cb, IterationCheckpoint):
+            args = cb.init_args
+        elif isinstance(cb, TrackingState):
+            args = {"run_dir": cb.run_dir}
+        elif isinstance(cb, TrainingVideo):
+            args = {"run_dir": str(cb.run_dir), "every": cb.every, "seed": cb.seed}
+        elif isinstance(cb, FramesProgressBar):
+            args = {}
+        else:
+            continue
+        entries.append(_class_entry(cb, args))
+    cfg.trainer.callbacks = entries
+    if isinstance(logger, SafeMLFlowLogger):
+        cfg.trainer.logger = _class_entry(logger, {"experiment_name": logger.experiment_name,
+                                                   "tracking_uri": logger.tracking_uri})

@@ -15,15 +15,18 @@ import time
 import warnings
 from pathlib import Path
 
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from ppo_lightning.callbacks import (
+    MANAGED_CALLBACKS,
     FramesProgressBar,
     IterationCheckpoint,
     TrackingState,
     TrainingVideo,
     quiet_library_notices,
     read_tracking_state,
+    record_run_setup,
     wait_for_episodes,
 )
 from ppo_lightning.data import RolloutDataModule
@@ -84,6 +87,9 @@ class PPOCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
+        if cfg.data.get("seed") is None and isinstance(cfg.get("seed_everything"), int) \
+                and not isinstance(cfg.get("seed_everything"), bool):
+            cfg.data.seed = cfg.seed_everything  # seed_everything also seeds the envs, unless data.seed is set
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
         from ppo_lightning import scaling, staleness
@@ -107,7 +113,14 @@ class PPOCLI(LightningCLI):
         self.run_dir = run_dir
         if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        if cfg.trainer.get("logger") in (None, True):
+        # Callbacks and logger this CLI manages are rebuilt from the top-level options on every run
+        # (a saved config.yaml lists them; loading it again must not duplicate them or reuse the
+        # old run's folder and MLflow run).
+        given = self.config_init[self.subcommand].trainer
+        user_callbacks = [c for c in (given.get("callbacks") or []) if not isinstance(c, MANAGED_CALLBACKS)]
+        given["callbacks"] = user_callbacks
+        logger = given.get("logger")
+        if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
             kwargs["logger"] = (
                 make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"))
                 if cfg.mlflow.enabled
@@ -119,7 +132,7 @@ class PPOCLI(LightningCLI):
 
             kwargs["plugins"] = [AtomicCheckpointIO()]
         self.checkpoint_callback = IterationCheckpoint(
-            dirpath=run_dir / "checkpoints",
+            dirpath=str(run_dir / "checkpoints"),
             filename="iteration-{iteration:05d}",
             auto_insert_metric_name=False,
             every_n_epochs=cfg.checkpoint_every,
@@ -127,14 +140,18 @@ class PPOCLI(LightningCLI):
             save_last=True,
             save_on_train_epoch_end=True,
         )
-        callbacks = [TrackingState(str(run_dir))]
+        callbacks: list = []
+        # a progress bar of the user's (trainer.callbacks) replaces ours; first, so that it closes
+        # before the end-of-fit video is recorded
+        if cfg.trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in user_callbacks):
+            callbacks.append(FramesProgressBar())
+        callbacks.append(TrackingState(str(run_dir)))
         if cfg.get("video_every") is not None:
             callbacks.append(TrainingVideo(str(run_dir), every=cfg.video_every))
         if cfg.trainer.get("enable_checkpointing") is not False:
             callbacks.append(self.checkpoint_callback)
-        if cfg.trainer.get("enable_progress_bar") is not False:
-            callbacks.append(FramesProgressBar())
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+        record_run_setup(cfg, callbacks, kwargs.get("logger", logger))
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
@@ -164,6 +181,11 @@ class PPOCLI(LightningCLI):
             + (f" (rank 0 of {trainer.world_size})" if ranks else "")
         )
         print(f"checkpoint: {ckpt}")
+        videos = [p for cb in trainer.callbacks if isinstance(cb, TrainingVideo) for p in cb.paths]
+        if videos:
+            print(f"video: {videos[-1]}")
+        if self.checkpoint_callback.last_model_path:
+            print(f"  score it with: ppo-lightning evaluate {ckpt} --episodes 10 --video agent.mp4")
         logger = trainer.logger
         run_id = getattr(logger, "run_id", None)
         if isinstance(logger, SafeMLFlowLogger) and not logger.failed:

@@ -216,7 +216,8 @@ class RolloutDataModule(pl.LightningDataModule):
         staleness: train on each rollout this many iterations after its collection (0: off).
         staleness_mode: "behavior", "proximal" or "decoupled": which policy plays the old policy
             on stale data (see `ppo_lightning.staleness`).
-        seed: seeds the envs and the minibatch shuffling. With several data-parallel ranks (DDP,
+        seed: seeds the envs and the minibatch shuffling; None (default): 0, or with the CLI the
+            config's ``seed_everything``. With several data-parallel ranks (DDP,
             FSDP) rank r seeds its envs with ``rank_seed(seed, r)``, and ``frames`` /
             ``total_frames`` count the frames of all ranks (the paper's 4 workers x 64 envs = 4 ranks
             with ``num_envs: 64``). Advantage and reward normalization statistics are pooled over
@@ -240,7 +241,7 @@ class RolloutDataModule(pl.LightningDataModule):
         normalize_advantage: bool = True,
         advantage_norm_span: float = 1.0,
         normalize_reward: bool = False,
-        seed: int = 0,
+        seed: int | None = None,
         num_threads: int | None = None,
         staleness: int = 0,
         staleness_mode: str = "decoupled",
@@ -256,7 +257,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.normalize_advantage, self.advantage_norm_span = normalize_advantage, advantage_norm_span
         self.normalize_reward = normalize_reward
-        self.seed = seed
+        self.seed = 0 if seed is None else seed  # the CLI fills None with seed_everything
         self.num_threads = num_threads
         self.staleness, self.staleness_mode = staleness, staleness_mode
         self.env_timeout_s = env_timeout_s
@@ -267,7 +268,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.episodes = EpisodeStats()
         self.advantage_moments = AdvantageMoments(advantage_norm_span)
         self.reward_normalizer = RewardNormalizer(num_envs, gamma) if normalize_reward else None
-        self.shuffle_generator = torch.Generator().manual_seed(seed)
+        self.shuffle_generator = torch.Generator().manual_seed(self.seed)
         self.source: RolloutSource | None = None
         self._pending_queue_state: dict | None = None  # a checkpoint's staleness queue, until the source exists
         # Exact resume (ppo_lightning.resume_state): RNGs, env and collector state, until the source exists;

@@ -228,9 +228,10 @@ def evaluate_policy(
     ``policy``: a `PPOLightningModule`, an actor-critic (``load_pretrained``), an exported model
     (``AutoModel.from_pretrained``) or a callable ``obs -> action``. ``deterministic`` acts with the
     distribution's mode. ``num_envs`` (default ``min(episodes, 16)``) envs run in one vector env
-    seeded with ``seed``, which also seeds the action sampling (the same seed gives the same figures). ``video``: an MP4 path; env 0's first ``video_episodes`` episodes are
-    recorded (rendered frames; Procgen: the observations). Raises ValueError with one line for bad
-    input (no episodes, an env whose spaces do not fit the policy).
+    seeded with ``seed``, which also seeds the action sampling (the same seed gives the same
+    figures). ``video``: an MP4 path; env 0's first ``video_episodes`` episodes are recorded
+    (rendered frames; Procgen: the observations). Raises ValueError with one line for bad input
+    (no episodes, an env whose spaces do not fit the policy).
     """
     if not isinstance(episodes, int) or episodes <= 0:
         raise ValueError(f"episodes must be a positive integer, got {episodes!r}")

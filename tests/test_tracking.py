@@ -57,7 +57,12 @@ def test_mlflow_frames_resume_same_run_uploads_last_only(tmp_path, capfd):
 
 def test_return_threshold_waits_for_episodes(tmp_path):
     """CartPole's EarlyStopping config on an env whose episodes outlast the first rollouts
-    (Pendulum: 200 steps, rollouts of 16) waits for episodes instead of crashing."""
+    (Pendulum: 200 steps, rollouts of 16) waits for episodes instead of crashing; so does a
+    best-model checkpoint on the same metric."""
+    best = tmp_path / "best"
     assert main([*ARGS, "--data.env_id", "Pendulum-v1", "--data.total_frames", "480", "--mlflow.enabled", "false",
-                 "--video_every", "null",
-                 "--run_dir", str(tmp_path)]) == 0
+                 "--video_every", "null", "--run_dir", str(tmp_path),
+                 "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                 "--trainer.callbacks.monitor=episode/return_mean20", "--trainer.callbacks.mode=max",
+                 f"--trainer.callbacks.dirpath={best}"]) == 0
+    assert len(list(best.glob("*.ckpt"))) == 1  # saved once episodes had ended

@@ -125,8 +125,8 @@ def test_cli_fit_logs_to_mlflow_and_checkpoints(tmp_path):
                   "--mlflow.experiment", "t", "--run_dir", str(tmp_path / "run"), *SMALL, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "checkpoint:" in out.stdout and "mlflow run:" in out.stdout
-    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == [
-        "iteration-00001.ckpt", "iteration-00003.ckpt", "last.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == [  # 1-based, as the progress bar
+        "iteration-00002.ckpt", "iteration-00004.ckpt", "last.ckpt"]
     client = mlflow.MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("t").experiment_id])[0]
     history = client.get_metric_history(run.info.run_id, "episode/return_mean20")
@@ -137,7 +137,7 @@ def test_cli_fit_logs_to_mlflow_and_checkpoints(tmp_path):
         assert key in run.data.metrics, key
     assert run.data.params["proximal_com"] == "24.0" and run.data.params["env_id"] == "CartPole-v1"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
-    assert "config.yaml" in artifacts and "last" in artifacts
+    assert "config.yaml" in artifacts and "checkpoints" in artifacts and "videos" in artifacts
 
 
 def test_cli_unwritable_tracking_store_trains_on(tmp_path):
