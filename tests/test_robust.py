@@ -19,7 +19,7 @@ from ppo_lightning.module import PPOLightningModule
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-ENV = {**os.environ, "PYTHONWARNINGS": "ignore",
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",  # one thread, as this process
        "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")])}
 
 
@@ -170,3 +170,57 @@ def test_env_fault_through_the_cli_is_one_line_with_exit_code_3(tmp_path, capsys
     assert "error: environment 'FaultyCartPole-v0' (env index 0, iteration 2) raised RuntimeError" in err
     assert "Traceback" not in err
     assert torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)["RolloutDataModule"]["iteration"] == 1
+
+
+# ---------------------------------------------------------------------------- exact resume after SIGKILL
+
+TINY = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1",
+        "--data.num_envs", "4", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
+        "--data.normalize_reward", "true", "--data.advantage_norm_span", "4", "--data.total_frames", str(10 * 64)]
+ALGORITHMS = {
+    "ppo_adaptive_kl": ["--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--model.objective", "adaptive_kl",
+                        "--model.kl_target", "0.001"],
+    "ppo_ewma": ["--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml")],
+}
+# (phase, iteration, extra): SIGKILL inside an env step of the collection, after an optimizer step,
+# while writing last.ckpt. Every resume continues from <run>/checkpoints/last.ckpt, in the same folder.
+KILLS = {
+    "ppo_adaptive_kl": [("update", 5, {"step": 3})],
+    "ppo_ewma": [("collect", 4, {}), ("update", 6, {"step": 2}), ("checkpoint", 8, {"write": 2})],
+}
+
+
+def final_state(path):
+    ckpt = torch.load(path, weights_only=True)
+    return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"], ckpt["callbacks"].get("ProximalPolicyEWMA")
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_sigkill_and_resume_gives_bitwise_the_same_parameters(tmp_path, algorithm):
+    """Killed with SIGKILL during collection / an update / a checkpoint write and resumed from last.ckpt,
+    the run ends with bitwise the same network, optimizer and EWMA state as the uninterrupted one."""
+    from ppo_lightning.cli import fit_main
+
+    args = ["fit", *ALGORITHMS[algorithm], *TINY]
+    fit_main([*args, "--run_dir", str(tmp_path / "reference")])  # in process: same code, one thread
+    run, ckpt = tmp_path / "killed", tmp_path / "killed/checkpoints/last.ckpt"
+    for i, (phase, iteration, extra) in enumerate(KILLS[algorithm]):
+        killer = {"class_path": "robust_helpers.KillAt", "init_args": {"phase": phase, "iteration": iteration, **extra}}
+        resume = ["--ckpt_path", str(ckpt)] if i else []
+        out = subprocess.run([sys.executable, "-m", "ppo_lightning.main", *args, "--run_dir", str(run), *resume,
+                              f"--trainer.callbacks+={killer}".replace("'", '"')],
+                             env=ENV, capture_output=True, text=True, timeout=600)
+        assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+        assert torch.load(ckpt, weights_only=True)["RolloutDataModule"]["iteration"] == iteration - 1
+    if KILLS[algorithm][-1][0] == "checkpoint":
+        assert list((run / "checkpoints").glob(".last.ckpt.*.tmp"))  # the kill did hit the write
+    out = subprocess.run([sys.executable, "-m", "ppo_lightning.main", *args, "--run_dir", str(run), "--ckpt_path", str(ckpt)],
+                         env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref, got = final_state(tmp_path / "reference/checkpoints/last.ckpt"), final_state(ckpt)
+    assert ref[0].keys() == got[0].keys() and all(torch.equal(ref[0][k], got[0][k]) for k in ref[0])
+    for k, state in ref[1].items():
+        assert all(torch.equal(v, got[1][k][name]) for name, v in state.items())
+    if ref[2] is not None:
+        assert ref[2]["weight"] == got[2]["weight"]
+        assert all(torch.equal(v, got[2]["proximal"][k]) for k, v in ref[2]["proximal"].items())
