@@ -224,3 +224,78 @@ def test_sigkill_and_resume_gives_bitwise_the_same_parameters(tmp_path, algorith
     if ref[2] is not None:
         assert ref[2]["weight"] == got[2]["weight"]
         assert all(torch.equal(v, got[2]["proximal"][k]) for k, v in ref[2]["proximal"].items())
+
+
+# ---------------------------------------------------------------------------- gradient accumulation
+
+
+@pytest.mark.parametrize("micro", [None, 5])
+def test_accumulate_grad_batches_equals_the_union_minibatch(micro):
+    """``accumulate_grad_batches=2`` over 4 minibatches (optionally in chunks of 5) gives the update of 2
+    minibatches twice the size: consecutive minibatches are slices of the same shuffle, and the chunks
+    Lightning does not back-propagate itself are divided by accumulate_grad_batches as well."""
+    results = []
+    for num_minibatches, accumulate, micro_batch_size in ((2, 1, None), (4, 2, micro)):
+        pl.seed_everything(0)
+        dm = RolloutDataModule(num_envs=4, rollout_steps=16, num_minibatches=num_minibatches, update_epochs=2,
+                               total_frames=128, seed=3)
+        model = PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp", "hidden_sizes": [16]},
+                                   decoupled=True, proximal_com=2.0, lr=3e-2, micro_batch_size=micro_batch_size)
+        trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                             enable_checkpointing=False, accumulate_grad_batches=accumulate)
+        trainer.fit(model, datamodule=dm)
+        assert trainer.global_step == 2 * 2 * 2  # 2 iterations x 2 epochs x 2 optimizer steps
+        results.append(torch.nn.utils.parameters_to_vector(model.network.parameters()).detach())
+    torch.testing.assert_close(results[1], results[0], rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- data parallel (DDP, 2 gloo ranks)
+
+DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.num_threads", "1",
+       "--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1",
+       "--data.num_envs", "4", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
+       "--data.normalize_reward", "true", "--model.objective", "adaptive_kl", "--model.kl_target", "1e-6",
+       "--trainer.gradient_clip_val", "null", "--model.lr", "0.01"]
+
+
+def run_ddp(tmp_path, name, *extra, frames=3 * 128):
+    dump = {"class_path": "robust_helpers.DumpParams", "init_args": {"dirpath": str(tmp_path / name / "dump")}}
+    out = subprocess.run([sys.executable, "-m", "ppo_lightning.main", "fit", "--config",
+                          str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), *DDP, "--data.total_frames", str(frames),
+                          "--run_dir", str(tmp_path / name), f"--trainer.callbacks+={dump}".replace("'", '"'), *extra],
+                         env=ENV, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [torch.load(tmp_path / name / "dump" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+
+
+def test_ddp_two_ranks_pool_statistics_micro_batches_and_per_rank_resume(tmp_path):
+    """2 gloo ranks x 4 envs, PPO-EWMA with adaptive KL and reward normalization:
+    - normalization statistics, adaptive beta and logged episode counts are the same on both ranks
+      (pooled), while each rank keeps its own envs and running returns;
+    - micro-batches (several backward passes per step) keep the ranks identical and give the update of
+      whole minibatches;
+    - resuming both ranks from a mid-run checkpoint ends bitwise where the uninterrupted run ended."""
+    whole = run_ddp(tmp_path, "whole")
+    for rank_state in whole[1:]:
+        assert all(torch.equal(v, whole[0]["params"][k]) for k, v in rank_state["params"].items())
+        assert rank_state["adv"]["w"] == whole[0]["adv"]["w"] and rank_state["adv"]["s"] == whole[0]["adv"]["s"]
+        assert (rank_state["reward"]["m2"], rank_state["reward"]["count"]) == (whole[0]["reward"]["m2"],
+                                                                               whole[0]["reward"]["count"])
+        assert not torch.equal(rank_state["reward"]["ret"], whole[0]["reward"]["ret"])  # own envs
+        assert rank_state["kl_beta"] == whole[0]["kl_beta"] == 8.0  # KL far above target: doubled 3 times
+        assert rank_state["episodes_logged"] == whole[0]["episodes_logged"] == sum(s["episodes_count"] for s in whole)
+    assert whole[0]["adv"]["w"] == 2 * 64  # span 1: the pooled sample count of one rollout on 2 ranks
+    ckpt = torch.load(tmp_path / "whole/checkpoints/iteration-00001.ckpt", weights_only=True)["RolloutDataModule"]
+    assert len(ckpt["per_rank"]) == 2
+    assert not torch.equal(ckpt["per_rank"][0]["resume"]["collector"]["carrier"]["observation"],
+                           ckpt["per_rank"][1]["resume"]["collector"]["carrier"]["observation"])
+
+    micro = run_ddp(tmp_path, "micro", "--model.micro_batch_size", "10")  # minibatch 32: chunks 10, 10, 10, 2
+    assert all(torch.equal(v, micro[0]["params"][k]) for k, v in micro[1]["params"].items())
+    for k, v in whole[0]["params"].items():
+        torch.testing.assert_close(micro[0]["params"][k], v, rtol=1e-4, atol=1e-5)
+
+    resumed = run_ddp(tmp_path, "resumed", "--ckpt_path", str(tmp_path / "whole/checkpoints/iteration-00001.ckpt"))
+    for r in (0, 1):
+        assert all(torch.equal(v, whole[r]["params"][k]) for k, v in resumed[r]["params"].items())
+        assert resumed[r]["reward"]["ret"].equal(whole[r]["reward"]["ret"])
