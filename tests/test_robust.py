@@ -380,3 +380,32 @@ def test_ddp_two_ranks_pool_statistics_micro_batches_and_per_rank_resume(tmp_pat
     for r in (0, 1):
         assert all(torch.equal(v, whole[r]["params"][k]) for k, v in resumed[r]["params"].items())
         assert resumed[r]["reward"]["ret"].equal(whole[r]["reward"]["ret"])
+
+
+# ---------------------------------------------------------------------------- bad input (README table)
+
+
+def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
+    """The rows of the README's bad-input table added by issue 13 (the others have their own tests):
+    each ends with one ``error:`` line and its exit code, never a traceback."""
+    from ppo_lightning.cli import main
+
+    base = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
+            "--trainer.enable_progress_bar", "false", "--data.num_envs", "4", "--data.rollout_steps", "16",
+            "--data.num_minibatches", "2", "--data.update_epochs", "1", "--data.total_frames", "64"]
+    assert main([*base, "--run_dir", str(tmp_path / "ok")]) == 0
+    good = tmp_path / "ok/checkpoints/last.ckpt"
+    cases = [
+        (["--model.max_bad_steps", "0"], 2, "error: model.max_bad_steps must be a positive integer or null, got 0"),
+        (["--data.env_timeout_s", "-1"], 2, "error: data.env_timeout_s must be a number of seconds >= 0"),
+        (["--checkpoint_every", "0"], 2, "error: checkpoint_every must be a positive integer, got 0"),
+        (["--ckpt_path", str(tmp_path / "missing.ckpt")], 2, f"error: checkpoint {tmp_path / 'missing.ckpt'} does not exist"),
+        (["--ckpt_path", str(tmp_path)], 2, f"error: checkpoint folder {tmp_path} has no .metadata"),
+        (["--ckpt_path", str(good), "--data.num_envs", "8", "--data.total_frames", "256"], 2,
+         "error: the checkpoint has 4 environments per rank, the config 8 (data.num_envs)"),
+    ]
+    capsys.readouterr()
+    for args, code, message in cases:
+        assert main([*base, "--run_dir", str(tmp_path / "bad"), *args]) == code, args
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (args, err[-2000:])

@@ -194,7 +194,10 @@ class ProcgenTorchEnv(EnvBase):
 
     def set_state(self, state: dict[str, Any]) -> None:
         if len(state["games"]) != self.num_envs:
-            raise ValueError(f"checkpoint has {len(state['games'])} Procgen envs, the config {self.num_envs} (data.num_envs)")
+            from ppo_lightning.faults import CheckpointError
+
+            raise CheckpointError(f"the checkpoint has {len(state['games'])} Procgen envs per rank, the config "
+                                  f"{self.num_envs} (data.num_envs): resume with the same data.num_envs")
         if (state["seed"], state["resets"]) != (self._seed, self._resets):
             self._seed, self._resets = int(state["seed"]), int(state["resets"])
             self._build()
