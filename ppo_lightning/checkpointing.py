@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.plugins import TorchCheckpointIO
 
 from ppo_lightning.faults import CheckpointError
 
@@ -93,19 +92,33 @@ def check_checkpoint_file(path: str | os.PathLike) -> None:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {err})") from None
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """`TorchCheckpointIO` with atomic local writes and one-line errors for unreadable files."""
+def _atomic_checkpoint_io_class():
+    from lightning.fabric.plugins import TorchCheckpointIO
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        if storage_options is not None or not _is_local(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        atomic_torch_save(checkpoint, str(path).removeprefix("file://"))
+    class AtomicCheckpointIO(TorchCheckpointIO):
+        """`TorchCheckpointIO` with atomic local writes and one-line errors for unreadable files."""
 
-    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
-        if _is_local(path):
-            check_checkpoint_file(str(path).removeprefix("file://"))
-        try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, FileNotFoundError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise CheckpointError(f"checkpoint {path} does not load ({type(err).__name__}: {first})") from None
+        def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+            if storage_options is not None or not _is_local(path):
+                return super().save_checkpoint(checkpoint, path, storage_options)
+            atomic_torch_save(checkpoint, str(path).removeprefix("file://"))
+
+        def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+            if _is_local(path):
+                check_checkpoint_file(str(path).removeprefix("file://"))
+            try:
+                return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, FileNotFoundError) as err:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise CheckpointError(f"checkpoint {path} does not load ({type(err).__name__}: {first})") from None
+
+    AtomicCheckpointIO.__module__ = __name__
+    return AtomicCheckpointIO
+
+
+def __getattr__(name: str):
+    # Built on first use, so that `atomic_torch_save` imports without Lightning (killed-writer tests).
+    if name == "AtomicCheckpointIO":
+        cls = globals()["AtomicCheckpointIO"] = _atomic_checkpoint_io_class()
+        return cls
+    raise AttributeError(name)

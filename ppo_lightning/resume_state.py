@@ -181,7 +181,10 @@ def set_gym_vector_state(vec: Any, state: dict[str, Any]) -> None:
                 setattr(obj, key, decode(value))
 
     if len(state["envs"]) != len(vec.envs):
-        raise ValueError(f"checkpoint has {len(state['envs'])} environments, the config {len(vec.envs)} (data.num_envs)")
+        from ppo_lightning.faults import CheckpointError
+
+        raise CheckpointError(f"the checkpoint has {len(state['envs'])} environments per rank, the config "
+                              f"{len(vec.envs)} (data.num_envs): resume with the same data.num_envs")
     apply(vec, state["vector"])
     for sub, layers in zip(vec.envs, state["envs"]):
         for layer, saved in zip(_layers(sub), layers):
@@ -297,6 +300,8 @@ def gather_rank_states(local: dict[str, Any]) -> list[dict[str, Any]]:
 
 def select_rank_state(states: list[dict[str, Any]], rank: int) -> dict[str, Any]:
     if rank >= len(states):
-        raise ValueError(f"checkpoint holds the state of {len(states)} data-parallel rank(s); this is rank {rank} "
-                         f"(resume with the same number of devices)")
+        from ppo_lightning.faults import CheckpointError
+
+        raise CheckpointError(f"the checkpoint holds the state of {len(states)} data-parallel rank(s); this is rank "
+                              f"{rank}: resume with the same number of devices")
     return states[rank]

@@ -79,6 +79,7 @@ class DumpParams(pl.Callback):
                     "adv": dm.advantage_moments.state_dict(),
                     "reward": dm.reward_normalizer.state_dict() if dm.reward_normalizer is not None else None,
                     "kl_beta": float(pl_module.loss_module.kl_beta),
+                    "episodes_count": dm.episodes.count,
                     "episodes_logged": float(trainer.callback_metrics.get("episodes", torch.tensor(-1.0)))},
                    os.path.join(self.dirpath, f"rank{trainer.global_rank}.pt"))
 

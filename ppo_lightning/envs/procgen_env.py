@@ -191,6 +191,34 @@ class ProcgenTorchEnv(EnvBase):
             batch_size=self.batch_size,
         )
 
+    # ------------------------------------------------------------------ exact resume
+    def get_state(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue these episodes exactly (`ppo_lightning.resume_state`):
+        each game's serialized state (Procgen's ``get_state``: level, entities, RNG) as uint8 tensors,
+        plus this wrapper's current observation, episode-start flags and reset count."""
+        return {
+            "games": [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in self._venv.get_state()],
+            "obs": self._obs.clone(),
+            "first": torch.from_numpy(np.asarray(self._first, dtype=bool).copy()),
+            "started": self._started,
+            "seed": self._seed,
+            "resets": self._resets,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if len(state["games"]) != self.num_envs:
+            from ppo_lightning.faults import CheckpointError
+
+            raise CheckpointError(f"the checkpoint has {len(state['games'])} Procgen envs per rank, the config "
+                                  f"{self.num_envs} (data.num_envs): resume with the same data.num_envs")
+        if (state["seed"], state["resets"]) != (self._seed, self._resets):
+            self._seed, self._resets = int(state["seed"]), int(state["resets"])
+            self._build()
+        self._venv.set_state([bytes(t.numpy().tobytes()) for t in state["games"]])
+        self._obs = state["obs"].clone()
+        self._first = state["first"].numpy().copy()
+        self._started = bool(state["started"])
+
     def close(self, *, raise_if_closed: bool = True) -> None:
         if self._venv is not None:
             self._venv.close()
