@@ -380,13 +380,16 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
     phase = phases.phase_of(batch_idx)
     opt = module.optimizers()[module._ppg_optimizer_index[phase]]
     opt.zero_grad()
+    guard = module.numerical_guard  # the same skip / stop rules as PPO's automatic optimization
     if phase == "aux":
         device = next(module.network.parameters()).device
         phases.start_aux_step(module.network, device)
         mb = phases.gather(batch, device)
+        guard.check_batch(mb, " (auxiliary phase)")
         loss, stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
         phases.record_aux_stats(stats)
     else:
+        guard.check_batch(batch)
         if module.loss_module.decoupled and phase == "value":  # the value loss ignores the anchor: no EWMA forward
             batch.set("proximal", batch.select(*module.param_keys))
         elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
@@ -395,9 +398,11 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
         loss, stats = _accumulate(module, batch, lambda c: module._loss_and_stats(c, terms), lambda: module._stat_names)
         module._step_stats.append(stats)
     clip = phases.cfg["max_grad_norm"]
-    if clip is not None:
-        module.clip_gradients(opt, gradient_clip_val=clip, gradient_clip_algorithm="norm")
+    if guard.after_backward(module, opt.optimizer, loss):  # else the gradients are dropped: no update
+        if clip is not None:
+            module.clip_gradients(opt, gradient_clip_val=clip, gradient_clip_algorithm="norm")
     opt.step()
+    guard.check_parameters(module, opt.optimizer)
     phases.last_step_phase = phase
     module._policy_step = phase in ("joint", "policy")
     if phase == "aux" and batch_idx == len(phases.plan) - 1:

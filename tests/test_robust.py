@@ -107,6 +107,20 @@ def test_nan_reward_steps_are_skipped_and_normalizers_stay_finite(tmp_path):
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["numerical_guard"]["skipped_steps"] == skipped
 
 
+def test_ppg_ewma_skips_nan_steps_in_both_phases(tmp_path):
+    """PPG steps its optimizers by hand: the same guard skips the policy-phase minibatches that hold
+    the NaN reward and the auxiliary minibatches whose value targets inherited it."""
+    dm, model, trainer = fit(tmp_path, "FaultyCartPole-v0", {"fault": "nan_reward", "after": 20, "fault_seed": 4},
+                             total_frames=4 * 64, max_bad_steps=None, objective="clip",
+                             ppg={"n_pi": 2, "n_aux_epochs": 1, "aux_mbsize": 2})
+    trainer.fit(model, dm)
+    assert model.ppg_phases.phase == 2  # two auxiliary phases ran
+    assert model.numerical_guard.skipped_steps >= 2  # at least one policy and one auxiliary step
+    assert trainer.callback_metrics["train/skipped_steps"] == model.numerical_guard.skipped_steps
+    finite_state(dm, model)
+    assert all(bool(torch.isfinite(p).all()) for p in model.network.parameters())
+
+
 def test_consecutive_bad_steps_stop_training_naming_the_first_bad_quantity(tmp_path):
     dm, model, trainer = fit(tmp_path, "FaultyCartPole-v0", {"fault": "nan_reward", "after": 20, "fault_seed": 4},
                              max_bad_steps=2)
