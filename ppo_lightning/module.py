@@ -263,6 +263,11 @@ class PPOLightningModule(pl.LightningModule):
             self.proximal_source.update()
 
     def on_fit_start(self) -> None:
+        if self.ppg_phases is not None and self.trainer.datamodule is not None:  # also checked by the CLI
+            from ppo_lightning.ppg import check_phase_buffer_memory
+
+            t = self.trainer
+            check_phase_buffer_memory(self.hparams, t.datamodule, processes=max(1, t.world_size // max(1, t.num_nodes)))
         # After configure_model and the strategy's setup, so that (sharded) parameters are final.
         if self.proximal_source is not None:
             self.proximal_source.precision = self.resolved_proximal_precision()

@@ -271,3 +271,10 @@ def test_procgen_ppg_configs_train_a_policy_and_an_auxiliary_phase(config, tmp_p
     if "ewma" in config:
         assert h.proximal_com == 8.0 and cli.model.proximal_source.num_updates == 2
         assert cli.model.proximal_source.num_resets == 1
+
+
+def test_fit_without_the_cli_also_checks_the_phase_buffer(tmp_path, monkeypatch):
+    monkeypatch.setattr("ppo_lightning.ppg.available_memory_bytes", lambda: 1000)
+    dm, model = make(2)
+    with pytest.raises(ValueError, match="model.ppg.n_pi=2 x data.num_envs=4"):
+        trainer(tmp_path).fit(model, dm)
