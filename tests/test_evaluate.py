@@ -204,3 +204,17 @@ def test_automodel_loads_without_ppo_lightning(ckpt, tmp_path):
     assert got["out"][2] == logits.argmax(-1).tolist()
     # ppo_lightning's own loaders still work on the same folder
     assert type(load_pretrained(folder)) is type(net)
+
+
+def test_bundle_refuses_code_that_needs_more_than_torch(tmp_path, monkeypatch):
+    from ppo_lightning.hf.bundle import BundleError, network_source
+
+    (tmp_path / "fake_arch.py").write_text(
+        "import torch\nfrom tensordict.nn import TensorDictModule\n\n"
+        "def helper(x):\n    return torch.relu(x)\n\n"
+        "def build(x):\n    return TensorDictModule(helper(x), in_keys=['a'], out_keys=['b'])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "def helper" in network_source((("fake_arch", "helper"),))
+    with pytest.raises(BundleError, match="would import tensordict.nn .*build -> TensorDictModule"):
+        network_source((("fake_arch", "build"),))

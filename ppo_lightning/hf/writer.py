@@ -171,7 +171,7 @@ def export_hf(
     """
     from huggingface_hub import save_torch_state_dict
 
-    from ppo_lightning.hf.bundle import network_source
+    from ppo_lightning.hf.bundle import BundleError, network_source
 
     out = Path(out_dir)
     dtype_name, torch_dtype = parse_dtype(dtype)
@@ -187,7 +187,10 @@ def export_hf(
     config = build_config(checkpoint, net, dtype_name)
     config["dtype"] = dtype_name  # transformers >= 5 name of torch_dtype
     num_params = sum(p.numel() for p in net.parameters())
-    source = network_source()
+    try:
+        source = network_source()
+    except BundleError as err:
+        raise ExportError(f"cannot write self-contained network code: {err}") from None
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
