@@ -109,9 +109,10 @@ class NumericalGuard:
         """Note the first non-finite input of this step's minibatch (accumulates over micro-batches
         and gradient-accumulation batches until the next optimizer step)."""
         if self._batch_bad is None:
-            key = first_nonfinite_key(batch)
-            if key is not None:
-                self._batch_bad = f"non-finite minibatch input {key!r}{where}"
+            floats = [t for t in batch.values(include_nested=True, leaves_only=True)
+                      if isinstance(t, Tensor) and t.is_floating_point()]
+            if not _all_finite(floats):  # one sync for the whole batch; the name only on failure
+                self._batch_bad = f"non-finite minibatch input {first_nonfinite_key(batch)!r}{where}"
 
     # -- the optimizer step
     def guard_closure(self, module, optimizer, closure):
