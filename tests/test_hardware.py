@@ -99,3 +99,20 @@ def test_module_and_network_resolve_auto(cpu):
         net = ImpalaActorCritic(obs_space, act_space, channels=(4, 4, 4), dense=8, nblock=1, precision="auto")
         with torch.no_grad():
             assert net.features(obs).dtype == (torch.bfloat16 if expected == "bf16" else torch.float32)
+
+
+def test_a_benchmark_says_where_it_ran():
+    """benchmarks/impala_step.py (tiny sizes): the machine line first, ``"machine"`` in the JSON line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks/impala_step.py"), "--threads", "1", "--batch", "4", "--chunks", "4",
+         "--inference-chunks", "4", "--precisions", "fp32", "--repeats", "1"],
+        capture_output=True, text=True, check=True, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("machine: ") and "cores" in lines[0]
+    machine = json.loads(lines[-1])["machine"]
+    assert machine["cores"] >= 1 and machine["torch_threads"] == 1 and set(machine["isa"]) == set(hardware.ISA_FLAGS)
