@@ -1,15 +1,18 @@
 """What machine this runs on, and which precision tricks pay off on it.
 
-A speed-up measured on one CPU can be a slow-down on another: bf16 convolutions are ~2x faster
-than fp32 on CPUs with native bf16 instructions (AVX512_BF16, AMX) and ~12x *slower* on AVX2-only
-CPUs, where oneDNN emulates them (benchmarks/README.md). So ``"auto"`` precisions pick bf16 only
-where it is native, and the benchmarks record the machine they ran on (`machine_info`).
+A speed-up measured on one CPU can be a slow-down on another. For the IMPALA CNN's convolutions
+(16-32 channels) bf16 is:
+- emulated and 8-12x *slower* than fp32 on AVX2-only CPUs (AMD EPYC of issue 14; AVX2-emulated Xeon),
+- 1.3x *slower* than fp32 on this project's Xeon with AVX512_BF16 but no AMX (oneDNN's
+  avx512_core_bf16 kernels: 83 vs 121 GFLOP/s per core for a 16->16 conv),
+- much faster with AMX tiles (amx_bf16), which oneDNN uses for bf16 convolutions,
+(benchmarks/README.md, "Per CPU type"). So ``"auto"`` precisions pick bf16 only with AMX on the CPU
+or bf16 tensor cores on a GPU (sm_80+), and the benchmarks record the machine (`machine_info`).
 
 The effective instruction set is what the CPU reports *and* what torch is allowed to use. An
 AVX2-only CPU is emulated for measurement with ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels),
 ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN: convolutions, bf16) and ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (MKL:
-matmul, linear layers; without it they keep AVX-512); the first two make a bf16-capable CPU count as
-not bf16-native.
+matmul, linear layers; without it they keep AVX-512); the first two also hide AMX.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import torch
 
 PRECISION_CHOICES = ("fp32", "bf16", "auto")
 # ISA flags (as /proc/cpuinfo spells them) that decide which CPU kernels run fast.
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-BF16_NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")
-# ONEDNN_MAX_CPU_ISA values (oneDNN's names, lower case) under which bf16 is still native.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+BF16_NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 instructions (not emulated)
+BF16_FAST_FLAGS = ("amx_bf16",)  # bf16 measured/known faster than fp32 for the IMPALA CNN
+# ONEDNN_MAX_CPU_ISA values (oneDNN's names, lower case) that keep bf16 instructions / AMX usable.
 _ONEDNN_BF16_ISAS = ("avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx", "avx512_core_amx_fp16",
-                     "avx10_1_512_amx", "avx10_1_512_amx_fp16", "all")
+                     "avx10_1_512", "avx10_1_512_amx", "avx10_1_512_amx_fp16", "all")
+_ONEDNN_AMX_ISAS = ("avx512_core_amx", "avx512_core_amx_fp16", "avx10_1_512_amx", "avx10_1_512_amx_fp16", "all")
 
 
 @lru_cache(maxsize=1)
@@ -65,24 +70,42 @@ def core_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _hidden(isas: tuple[str, ...], have: list[str]) -> str | None:
+    """Why torch may not use the CPU's ``have`` instructions (the emulation variables), or None."""
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", ""))
+    if limit and limit.lower() not in isas:
+        return f"ONEDNN_MAX_CPU_ISA={limit} hides the CPU's {'/'.join(have)}"
+    if not cpu_capability().startswith("AVX512"):
+        return f"torch CPU capability {cpu_capability()} (ATEN_CPU_CAPABILITY) hides the CPU's {'/'.join(have)}"
+    return None
+
+
 def bf16_native_cpu() -> tuple[bool, str]:
-    """Whether bf16 matmuls/convolutions run natively on this CPU, and why (one phrase)."""
+    """Whether the CPU has bf16 instructions torch may use (not emulated), and why (one phrase)."""
     have = [f for f in BF16_NATIVE_FLAGS if f in cpu_flags()]
     if not have:
-        return False, "CPU without avx512_bf16/amx_bf16 (bf16 would be emulated, up to 12x slower)"
-    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", ""))
-    if limit and limit.lower() not in _ONEDNN_BF16_ISAS:
-        return False, f"ONEDNN_MAX_CPU_ISA={limit} hides the CPU's {'/'.join(have)}"
-    if not cpu_capability().startswith("AVX512"):
-        return False, f"torch CPU capability {cpu_capability()} (ATEN_CPU_CAPABILITY) hides the CPU's {'/'.join(have)}"
-    return True, f"CPU has {'/'.join(have)}"
+        return False, "CPU without avx512_bf16/amx_bf16 (bf16 is emulated there, 8-12x slower)"
+    hidden = _hidden(_ONEDNN_BF16_ISAS, have)
+    return (False, hidden) if hidden else (True, f"CPU has {'/'.join(have)}")
+
+
+def bf16_faster_cpu() -> tuple[bool, str]:
+    """Whether bf16 is known faster than fp32 for the IMPALA CNN on this CPU (AMX), and why."""
+    native, why = bf16_native_cpu()
+    if not native:
+        return False, why
+    have = [f for f in BF16_FAST_FLAGS if f in cpu_flags()]
+    if not have:
+        return False, "CPU has avx512_bf16 but no AMX: bf16 convolutions measured 1.3x slower than fp32 there"
+    hidden = _hidden(_ONEDNN_AMX_ISAS, have)
+    return (False, hidden) if hidden else (True, f"CPU has {'/'.join(have)}")
 
 
 def bf16_native(device: torch.device | str) -> tuple[bool, str]:
-    """Whether bf16 compute is native (known faster than fp32) on ``device``, and why."""
+    """Whether bf16 compute is native and known faster than fp32 on ``device``, and why."""
     device = torch.device(device)
     if device.type == "cpu":
-        return bf16_native_cpu()
+        return bf16_faster_cpu()
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         name = torch.cuda.get_device_name(index)
@@ -95,7 +118,8 @@ def bf16_native(device: torch.device | str) -> tuple[bool, str]:
 
 def resolve_precision(requested: str | None, device: torch.device | str = "cpu") -> tuple[str | None, str]:
     """``(choice, reason)`` for a requested precision: "fp32"/"bf16"/None stay as set, "auto"
-    becomes "bf16" where bf16 is native on ``device`` and "fp32" everywhere else."""
+    becomes "bf16" where bf16 is native and known faster on ``device`` (`bf16_native`: AMX CPUs,
+    sm_80+ GPUs) and "fp32" everywhere else."""
     if requested is None or requested in ("fp32", "bf16"):
         return requested, "set in the config"
     if requested != "auto":
@@ -126,7 +150,8 @@ def machine_info() -> dict:
     """Plain description of the machine for benchmark output: CPU model, cores, the ISA flags that
     matter, bf16-native or not, torch's threads and CPU capability, CUDA devices."""
     flags = cpu_flags()
-    native, why = bf16_native_cpu()
+    native, _ = bf16_native_cpu()
+    faster, why = bf16_faster_cpu()
     info = {
         "cpu_model": cpu_model(),
         "cores": core_count(),
@@ -135,6 +160,7 @@ def machine_info() -> dict:
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
         "bf16_native_cpu": native,
+        "bf16_auto_cpu": "bf16" if faster else "fp32",
         "bf16_reason": why,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -155,4 +181,5 @@ def machine_line(info: dict | None = None) -> str:
                f"{info['onednn_max_cpu_isa']}, MKL_ENABLE_INSTRUCTIONS={info.get('mkl_enable_instructions')}")
     gpus = f", GPUs: {', '.join(info['cuda_devices'])}" if info["cuda_devices"] else ""
     return (f"machine: {info['cpu_model']}, {info['cores']} cores, ISA {isa}, bf16 native: "
-            f"{info['bf16_native_cpu']}{emu}, torch threads {info['torch_threads']}{gpus}")
+            f"{info['bf16_native_cpu']}, precision auto: {info['bf16_auto_cpu']}{emu}, torch threads "
+            f"{info['torch_threads']}{gpus}")

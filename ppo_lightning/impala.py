@@ -10,9 +10,10 @@ dense 1.4, policy and value heads 0.1; biases zero.
 Speed on CPU: observations arrive as uint8 NHWC; ``permute`` gives an NCHW view that is already
 channels_last in memory, so every convolution runs in oneDNN's channels_last kernels without a copy.
 ``precision="bf16"`` runs the trunk under bf16 autocast (outputs are float32): faster where bf16 is
-native (AVX512_BF16/AMX CPUs, Ampere+ GPUs), much slower where it is emulated (AVX2-only CPUs);
-``precision="auto"`` picks bf16 only where it is native (`ppo_lightning.hardware`), per device type,
-and logs the choice once (figures per CPU in benchmarks/README.md).
+fast (AMX CPUs, Ampere+ GPUs), slower on AVX512_BF16 without AMX and much slower where it is
+emulated (AVX2-only CPUs); ``precision="auto"`` picks bf16 only where it is known faster
+(`ppo_lightning.hardware`), per device type, and logs the choice once (figures per CPU in
+benchmarks/README.md).
 
 Without autograd (rollouts, the PPO-EWMA proximal forward, evaluation) the trunk takes a faster
 path. The 3x3/2 max-pool is two separable passes of ``torch.maximum`` over strided views (in a
@@ -106,7 +107,7 @@ class ImpalaActorCritic(nn.Module):
         channels: output channels of the stacks. dense: width of the dense layer.
         nblock: residual blocks per stack.
         precision: "fp32", "bf16" (CPU/GPU bf16 autocast of the trunk; outputs stay float32) or
-            "auto" (bf16 where the device computes it natively, else fp32; `ppo_lightning.hardware`).
+            "auto" (bf16 where the device computes it faster, else fp32; `ppo_lightning.hardware`).
         inference_chunk: without autograd, run the trunk on at most this many samples at a time.
     Accepts any leading batch dimensions: ``obs`` of shape ``[..., H, W, C]``.
     """

@@ -43,10 +43,10 @@ class PPOLightningModule(pl.LightningModule):
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
         proximal_precision: PPO-EWMA only: run the proximal policy's forward in "bf16" (or "fp32")
             whatever the network's precision; the averaged weights stay float32. bf16 makes the
-            proximal forward cheaper where bf16 is native (AVX512_BF16/AMX CPUs, Ampere+ GPUs) at
-            the price of a small error in the anchor (|d log pi_prox| <= 0.008 on Procgen, against a
-            clip range of 0.2; benchmarks/README.md), and much slower where it is emulated (AVX2).
-            "auto": bf16 where native on the training device, else fp32 (`ppo_lightning.hardware`;
+            proximal forward cheaper where bf16 is fast (AMX CPUs, Ampere+ GPUs) at the price of a
+            small error in the anchor (|d log pi_prox| <= 0.008 on Procgen, against a clip range of
+            0.2; benchmarks/README.md), and slower elsewhere (much slower where it is emulated, AVX2).
+            "auto": bf16 where known faster on the training device, else fp32 (`ppo_lightning.hardware`;
             the choice and its reason are logged at start). None: the network's precision (exact).
         ppg: Phasic Policy Gradient (``ppo_lightning.ppg``): null (PPO) or a mapping of PPG
             settings (``n_pi``, ``epochs_value``, ``n_aux_epochs``, ``aux_mbsize``, ``beta_clone``,

@@ -1,4 +1,4 @@
-"""Hardware-dependent choices: "auto" precisions pick bf16 only where it is native, and say why."""
+"""Hardware-dependent choices: "auto" precisions pick bf16 only where it is known faster, and say why."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from ppo_lightning import hardware
 
 AVX2_EPYC = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # an AMD EPYC of the issue: no AVX-512
-SPR = AVX2_EPYC | {"avx512f", "avx512_vnni", "avx512_bf16"}  # this project's Intel Xeon
-AMX = AVX2_EPYC | {"avx512f", "amx_bf16", "amx_tile"}
+SPR = AVX2_EPYC | {"avx512f", "avx512_vnni", "avx512_bf16"}  # this project's Intel Xeon: no AMX
+AMX = SPR | {"amx_bf16", "amx_tile"}  # a Sapphire Rapids that exposes AMX
 
 
 @pytest.fixture
@@ -27,24 +27,29 @@ def cpu(monkeypatch):
     return set_cpu
 
 
-def test_auto_is_fp32_on_avx2_and_bf16_where_native(cpu):
-    cpu(AVX2_EPYC, "AVX2")
+def test_auto_is_bf16_only_with_amx(cpu):
+    cpu(AVX2_EPYC, "AVX2")  # bf16 emulated: 8-12x slower
     choice, reason = hardware.resolve_precision("auto", "cpu")
-    assert choice == "fp32" and "avx512_bf16" in reason
-    for flags in (SPR, AMX):
-        cpu(flags)
-        choice, reason = hardware.resolve_precision("auto", torch.device("cpu"))
-        assert choice == "bf16" and ("avx512_bf16" in reason or "amx_bf16" in reason)
+    assert choice == "fp32" and "emulated" in reason and not hardware.bf16_native_cpu()[0]
+    cpu(SPR)  # native bf16 instructions, but measured slower than fp32 for this network
+    choice, reason = hardware.resolve_precision("auto", torch.device("cpu"))
+    assert choice == "fp32" and "no AMX" in reason and hardware.bf16_native_cpu()[0]
+    cpu(AMX)
+    choice, reason = hardware.resolve_precision("auto", torch.device("cpu"))
+    assert choice == "bf16" and "amx_bf16" in reason
 
 
 def test_emulated_avx2_counts_as_not_native(cpu, monkeypatch):
-    cpu(SPR, "AVX2")  # ATEN_CPU_CAPABILITY=avx2 on a bf16 CPU
+    cpu(AMX, "AVX2")  # ATEN_CPU_CAPABILITY=avx2 on an AMX CPU
     assert hardware.resolve_precision("auto", "cpu")[0] == "fp32"
-    cpu(SPR, "AVX512")
+    cpu(AMX, "AVX512")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     choice, reason = hardware.resolve_precision("auto", "cpu")
     assert choice == "fp32" and "ONEDNN_MAX_CPU_ISA=AVX2" in reason
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")  # a limit that keeps bf16
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # keeps avx512_bf16, hides AMX
+    choice, reason = hardware.resolve_precision("auto", "cpu")
+    assert choice == "fp32" and "amx_bf16" in reason and hardware.bf16_native_cpu()[0]
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")  # a limit that keeps AMX
     assert hardware.resolve_precision("auto", "cpu")[0] == "bf16"
 
 
@@ -89,7 +94,7 @@ def test_module_and_network_resolve_auto(cpu):
     obs_space, act_space = {"shape": [16, 16, 3], "dtype": "uint8"}, {"type": "discrete", "n": 3}
     net_cfg = {"name": "impala_cnn", "channels": [4, 4, 4], "dense": 8, "nblock": 1, "precision": "auto"}
     obs = torch.randint(0, 256, (2, 16, 16, 3), dtype=torch.uint8)
-    for flags, capability, expected in ((AVX2_EPYC, "AVX2", "fp32"), (SPR, "AVX512", "bf16")):
+    for flags, capability, expected in ((AVX2_EPYC, "AVX2", "fp32"), (SPR, "AVX512", "fp32"), (AMX, "AVX512", "bf16")):
         cpu(flags, capability)
         model = PPOLightningModule(obs_space, act_space, network=net_cfg, decoupled=True, proximal_com=8.0,
                                    proximal_precision="auto")
@@ -100,3 +105,20 @@ def test_module_and_network_resolve_auto(cpu):
         net = ImpalaActorCritic(obs_space, act_space, channels=(4, 4, 4), dense=8, nblock=1, precision="auto")
         with torch.no_grad():
             assert net.features(obs).dtype == (torch.bfloat16 if expected == "bf16" else torch.float32)
+
+
+def test_a_benchmark_says_where_it_ran():
+    """benchmarks/impala_step.py (tiny sizes): the machine line first, ``"machine"`` in the JSON line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks/impala_step.py"), "--threads", "1", "--batch", "4", "--chunks", "4",
+         "--inference-chunks", "4", "--precisions", "fp32", "--repeats", "1"],
+        capture_output=True, text=True, check=True, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("machine: ") and "cores" in lines[0]
+    machine = json.loads(lines[-1])["machine"]
+    assert machine["cores"] >= 1 and machine["torch_threads"] == 1 and set(machine["isa"]) == set(hardware.ISA_FLAGS)
