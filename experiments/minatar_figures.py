@@ -91,7 +91,8 @@ FIGURES = {
     "bsi": {"arms": _bsi_arms(), "borrow": {"c1_all": ("ewma", "ppo_ewma")},
             "compare": [("c4_all", "c1_all"), ("c16_all", "c1_all"),
                         *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ("no_lr", "no_com", "no_adv_span", "ppo")]]},
-    "staleness": {"arms": _staleness_arms(),
+    # k0 is the ewma figure's ppo run (same CLI): borrowed
+    "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
                   "compare": [(f"k{k}_{m}", "k0") for k in (1, 2, 4, 8) for m in ("behavior", "proximal", "decoupled")]},
     "klcom": {"arms": _klcom_arms(), "compare": []},
     "reference": {"arms": {"ppo": []}, "compare": []},
