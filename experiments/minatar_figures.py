@@ -87,10 +87,12 @@ def _klcom_arms() -> dict[str, list[str]]:
 
 FIGURES = {
     "ewma": {"arms": {"ppo": [], "ppo_ewma": EWMA}, "compare": [("ppo_ewma", "ppo")]},
-    "bsi": {"arms": _bsi_arms(),
+    # c1_all is the ewma figure's ppo_ewma run (same CLI but "--scale 1", a no-op): its runs are borrowed
+    "bsi": {"arms": _bsi_arms(), "borrow": {"c1_all": ("ewma", "ppo_ewma")},
             "compare": [("c4_all", "c1_all"), ("c16_all", "c1_all"),
                         *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ("no_lr", "no_com", "no_adv_span", "ppo")]]},
-    "staleness": {"arms": _staleness_arms(),
+    # k0 is the ewma figure's ppo run (same CLI): borrowed
+    "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
                   "compare": [(f"k{k}_{m}", "k0") for k in (1, 2, 4, 8) for m in ("behavior", "proximal", "decoupled")]},
     "klcom": {"arms": _klcom_arms(), "compare": []},
     "reference": {"arms": {"ppo": []}, "compare": []},
@@ -184,14 +186,26 @@ def normalizer(game: str):
     return lambda r: normalized_return(game, r)
 
 
+def figure_rows(figure: str, out: Path, kind: str = "runs") -> list[dict]:
+    """The figure's CSV rows plus borrowed runs: an arm whose configuration is another figure's arm
+    (``FIGURES[figure]["borrow"]``) takes that figure's runs for the seeds it has not run itself."""
+    rows = read_rows(out / f"{figure}_{kind}.csv")
+    for arm, (other, other_arm) in FIGURES.get(figure, {}).get("borrow", {}).items():
+        have = {(r["game"], r["seed"]) for r in read_rows(out / f"{figure}_runs.csv") if r["arm"] == arm}
+        rows += [{**r, "arm": arm} for r in read_rows(out / f"{other}_{kind}.csv")
+                 if r["arm"] == other_arm and (r["game"], r["seed"]) not in have]
+    return rows
+
+
 def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: float = 0.05,
             games: list[str] | None = None) -> list[dict]:
-    rows = [r for r in read_rows(out / f"{figure}_runs.csv") if games is None or r["game"] in games]
+    rows = [r for r in figure_rows(figure, out) if games is None or r["game"] in games]
     if not rows:
         print(f"[{figure}] no runs in {out}")
         return []
     games = sorted({r["game"] for r in rows})
-    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    arms = sorted(dict.fromkeys(r["arm"] for r in rows), key=lambda a: list(FIGURES.get(figure, {}).get("arms", {a: 0})).index(a)
+                  if a in FIGURES.get(figure, {}).get("arms", {}) else 0)
     # per (arm, seed): {game: (auc, final)} normalized
     table: dict[str, dict[int, dict[str, tuple[float, float]]]] = {}
     for r in rows:
@@ -244,7 +258,7 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
 
 
 def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int, points: int = 40) -> None:
-    curves = read_rows(out / f"{figure}_curves.csv")
+    curves = figure_rows(figure, out, "curves")
     by: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
     for c in curves:
         by.setdefault((c["arm"], c["game"], int(c["seed"])), []).append((float(c["frames"]), float(c["return"])))
