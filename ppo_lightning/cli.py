@@ -67,8 +67,8 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
         parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
         parser.add_argument("--video_every", type=int | None, default=0,
-                            help="record an MP4 every N iterations and at the end (0: at the end only; null: never); "
-                                 "uploaded to MLflow")
+                            help="record an MP4 every N iterations and at the end, into run_dir/videos and MLflow "
+                                 "(0: one at the end of fit, when MLflow is on; null: never)")
         # Batch-size invariance (ppo_lightning.scaling): divide both batch sizes by c, scale the rest.
         parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span; all; none")
@@ -131,7 +131,8 @@ class PPOCLI(LightningCLI):
         if cfg.trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in user_callbacks):
             callbacks.append(FramesProgressBar())
         callbacks.append(TrackingState(str(run_dir)))
-        if cfg.get("video_every") is not None:
+        # the default (0) is the end-of-fit video for the MLflow run; none when nothing would show it
+        if cfg.get("video_every") is not None and (cfg.video_every != 0 or cfg.mlflow.enabled):
             callbacks.append(TrainingVideo(str(run_dir), every=cfg.video_every))
         if cfg.trainer.get("enable_checkpointing") is not False:
             callbacks.append(self.checkpoint_callback)
