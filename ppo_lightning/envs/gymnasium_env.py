@@ -15,6 +15,27 @@ import numpy as np
 from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, TransformedEnv
 
 
+def quiet_mujoco(env_id: str) -> None:
+    """MuJoCo 4 warns on stderr and in ./MUJOCO_LOG.TXT that gymnasium's v5 models use the
+    deprecated ``settotalmass`` attribute, for every env built: nothing a user can act on. Other
+    MuJoCo warnings go through Python's ``warnings``."""
+    spec = gym.registry.get(env_id)
+    if spec is None or "mujoco" not in str(spec.entry_point):
+        return
+    try:
+        import mujoco
+    except ImportError:
+        return
+
+    def on_warning(message: str) -> None:
+        if "settotalmass" not in message:
+            import warnings
+
+            warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+
+    mujoco.set_mju_user_warning(on_warning)
+
+
 def check_gymnasium_id(env_id: str) -> None:
     if env_id not in gym.registry:
         close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
@@ -34,6 +55,7 @@ def space_to_dict(space: gym.Space) -> dict:
 
 def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dict]:
     check_gymnasium_id(env_id)
+    quiet_mujoco(env_id)
     env = gym.make(env_id, **env_kwargs)
     try:
         obs = space_to_dict(env.observation_space)
@@ -52,6 +74,7 @@ def make_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
 def build_gymnasium_env(env_id: str, num_envs: int, seed: int, **env_kwargs):
     """(the TorchRL env, the gymnasium ``SyncVectorEnv`` inside it: ``.envs[i].render()``)."""
     check_gymnasium_id(env_id)
+    quiet_mujoco(env_id)
     wrappers = []
     if isinstance(gym.spec(env_id), gym.envs.registration.EnvSpec):
         probe = gym.make(env_id, **env_kwargs)
