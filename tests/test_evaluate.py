@@ -226,4 +226,5 @@ def test_procgen_level_split_of_the_training_config():
     assert resolve_env(training, None, "train") == ("procgen:coinrun", training["env_kwargs"])
     env_id, test = resolve_env(training, None, "test")
     assert test == {"num_levels": 0, "start_level": 205, "distribution_mode": "easy"}  # past the training levels
-    assert resolve_env(training, "procgen:bigfish", "test")[1] == {"num_levels": 0, "start_level": 0}  # another game
+    assert resolve_env(training, "procgen:bigfish", "test") == ("procgen:bigfish", test)  # another game, same split
+    assert resolve_env(training, "CartPole-v1", "test") == ("CartPole-v1", {})
