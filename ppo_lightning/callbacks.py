@@ -223,11 +223,12 @@ def _class_entry(obj, init_args: dict) -> dict:
     return Namespace(class_path=f"{cls.__module__}.{cls.__qualname__}", init_args=Namespace(**init_args))
 
 
-def record_run_setup(cfg, callbacks, logger) -> None:
+def record_run_setup(cfg, callbacks, mlflow_logger: dict | None) -> None:
     """Write the callbacks and logger a run really uses into its config (``trainer.callbacks``,
-    ``trainer.logger``), so that the saved ``config.yaml`` shows them. The CLI rebuilds the ones
-    it manages from its options when that config is loaded again."""
-    from ppo_lightning.tracking import SafeMLFlowLogger
+    ``trainer.logger``), so that the saved ``config.yaml`` and ``--print_config`` show them. The
+    CLI rebuilds the ones it manages from its options when that config is loaded again.
+    ``mlflow_logger``: the init arguments of the run's `SafeMLFlowLogger`, if it has one."""
+    from jsonargparse import Namespace
 
     managed = {f"{c.__module__}.{c.__qualname__}" for c in MANAGED_CALLBACKS}
     entries = [c for c in (cfg.trainer.get("callbacks") or []) if str(getattr(c, "class_path", "")) not in managed]
@@ -244,6 +245,6 @@ def record_run_setup(cfg, callbacks, logger) -> None:
             continue
         entries.append(_class_entry(cb, args))
     cfg.trainer.callbacks = entries
-    if isinstance(logger, SafeMLFlowLogger):
-        cfg.trainer.logger = _class_entry(logger, {"experiment_name": logger.experiment_name,
-                                                   "tracking_uri": logger.tracking_uri})
+    if mlflow_logger is not None:
+        cfg.trainer.logger = Namespace(class_path="ppo_lightning.tracking.SafeMLFlowLogger",
+                                       init_args=Namespace(**mlflow_logger))

@@ -50,6 +50,28 @@ class SaveRunConfig(SaveConfigCallback):
 _TRAINING_STARTED = False  # errors after this point are not configuration errors
 
 
+def fill_data_seed(cfg) -> None:
+    """``seed_everything`` also seeds the environments and the shuffling, unless ``data.seed`` is set."""
+    seed = cfg.get("seed_everything")
+    if cfg.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
+        cfg.data.seed = seed
+
+
+def _is_progress_bar(class_path: str) -> bool:
+    import importlib
+
+    module, _, name = str(class_path).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ProgressBar)
+
+
+def _logger_entry(logger: SafeMLFlowLogger) -> dict:
+    return {"experiment_name": logger.experiment_name, "tracking_uri": logger.tracking_uri}
+
+
 class PPOCLI(LightningCLI):
     """LightningCLI with our defaults: MLflow tracking, a frames progress bar, periodic checkpoints."""
 
@@ -67,8 +89,8 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
         parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
         parser.add_argument("--video_every", type=int | None, default=0,
-                            help="record an MP4 every N iterations and at the end (0: at the end only; null: never); "
-                                 "uploaded to MLflow")
+                            help="record an MP4 every N iterations and at the end, into run_dir/videos and MLflow "
+                                 "(0: one at the end of fit, when MLflow is on; null: never)")
         # Batch-size invariance (ppo_lightning.scaling): divide both batch sizes by c, scale the rest.
         parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
@@ -87,9 +109,7 @@ class PPOCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
-        if cfg.data.get("seed") is None and isinstance(cfg.get("seed_everything"), int) \
-                and not isinstance(cfg.get("seed_everything"), bool):
-            cfg.data.seed = cfg.seed_everything  # seed_everything also seeds the envs, unless data.seed is set
+        fill_data_seed(cfg)
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
         from ppo_lightning import scaling, staleness
@@ -131,7 +151,18 @@ class PPOCLI(LightningCLI):
             from ppo_lightning.checkpointing import AtomicCheckpointIO
 
             kwargs["plugins"] = [AtomicCheckpointIO()]
-        self.checkpoint_callback = IterationCheckpoint(
+        has_bar = any(isinstance(c, ProgressBar) for c in user_callbacks)
+        callbacks = self.managed_callbacks(cfg, run_dir, user_has_progress_bar=has_bar)
+        self.checkpoint_callback = next((c for c in callbacks if isinstance(c, IterationCheckpoint)), None) \
+            or self.managed_checkpoint(cfg, run_dir)
+        self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+        final_logger = kwargs.get("logger", logger)
+        record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
+        return super().instantiate_trainer(**kwargs)
+
+    @staticmethod
+    def managed_checkpoint(cfg, run_dir: Path) -> IterationCheckpoint:
+        return IterationCheckpoint(
             dirpath=str(run_dir / "checkpoints"),
             filename="iteration-{iteration:05d}",
             auto_insert_metric_name=False,
@@ -140,19 +171,47 @@ class PPOCLI(LightningCLI):
             save_last=True,
             save_on_train_epoch_end=True,
         )
+
+    def managed_callbacks(self, cfg, run_dir: Path, user_has_progress_bar: bool) -> list:
+        """The callbacks built from this CLI's options (see `ppo_lightning.callbacks.MANAGED_CALLBACKS`)."""
         callbacks: list = []
         # a progress bar of the user's (trainer.callbacks) replaces ours; first, so that it closes
         # before the end-of-fit video is recorded
-        if cfg.trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in user_callbacks):
+        if cfg.trainer.get("enable_progress_bar") is not False and not user_has_progress_bar:
             callbacks.append(FramesProgressBar())
         callbacks.append(TrackingState(str(run_dir)))
-        if cfg.get("video_every") is not None:
+        # the default (0) is the end-of-fit video for the MLflow run; none when nothing would show it
+        if cfg.get("video_every") is not None and (cfg.video_every != 0 or cfg.mlflow.enabled):
             callbacks.append(TrainingVideo(str(run_dir), every=cfg.video_every))
         if cfg.trainer.get("enable_checkpointing") is not False:
-            callbacks.append(self.checkpoint_callback)
-        self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
-        record_run_setup(cfg, callbacks, kwargs.get("logger", logger))
-        return super().instantiate_trainer(**kwargs)
+            callbacks.append(self.managed_checkpoint(cfg, run_dir))
+        return callbacks
+
+    def parse_arguments(self, parser, args) -> None:
+        """``--print_config`` prints the config with the callbacks and logger the run would use
+        (built from the options as `instantiate_trainer` does, without creating anything)."""
+        argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        flags = [a for a in argv or [] if a == "--print_config" or a.startswith("--print_config=")]
+        if not flags:
+            return super().parse_arguments(parser, args)
+        super().parse_arguments(parser, [a for a in argv if a not in flags])
+        sub = self.config["subcommand"]
+        cfg = self.config[sub]
+        fill_data_seed(cfg)
+        run_dir = Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / (cfg.mlflow.run_name or "<time>"))
+        user_has_bar = any(_is_progress_bar(getattr(c, "class_path", "")) for c in cfg.trainer.get("callbacks") or [])
+        logger = cfg.trainer.get("logger")
+        entry = None
+        if cfg.mlflow.enabled and (logger in (None, True) or "SafeMLFlowLogger" in str(getattr(logger, "class_path", ""))):
+            entry = {"experiment_name": cfg.mlflow.experiment, "tracking_uri": cfg.mlflow.tracking_uri}
+        elif not cfg.mlflow.enabled and logger in (None, True):
+            cfg.trainer.logger = False
+        record_run_setup(cfg, self.managed_callbacks(cfg, run_dir, user_has_bar), entry)
+        import yaml
+
+        full = yaml.safe_load(parser.dump(self.config, skip_none=False, skip_check=True))
+        sys.stdout.write(yaml.safe_dump(full[sub], sort_keys=False))
+        sys.exit(0)
 
     def before_fit(self) -> None:
         global _TRAINING_STARTED

@@ -50,7 +50,9 @@ def resolve_env(training_env: dict[str, Any], env_id: str | None, levels: str) -
     target = env_id or train_id
     if not target:
         raise ValueError("the source does not name its training environment: pass --env ID")
-    kwargs = dict(training_env.get("env_kwargs") or {}) if target == train_id else {}
+    # the training env's settings; for another Procgen game too (mode, level split)
+    same_family = target == train_id or (is_procgen(target) and is_procgen(str(train_id or "")))
+    kwargs = dict(training_env.get("env_kwargs") or {}) if same_family else {}
     check_env_id(target)
     if is_procgen(target):
         kwargs = procgen_level_kwargs(kwargs, levels)

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -218,3 +217,14 @@ def test_bundle_refuses_code_that_needs_more_than_torch(tmp_path, monkeypatch):
     assert "def helper" in network_source((("fake_arch", "helper"),))
     with pytest.raises(BundleError, match="would import tensordict.nn .*build -> TensorDictModule"):
         network_source((("fake_arch", "build"),))
+
+
+def test_procgen_level_split_of_the_training_config():
+    from ppo_lightning.evaluate_cmd import resolve_env
+
+    training = {"env_id": "procgen:coinrun", "env_kwargs": {"num_levels": 200, "start_level": 5, "distribution_mode": "easy"}}
+    assert resolve_env(training, None, "train") == ("procgen:coinrun", training["env_kwargs"])
+    env_id, test = resolve_env(training, None, "test")
+    assert test == {"num_levels": 0, "start_level": 205, "distribution_mode": "easy"}  # past the training levels
+    assert resolve_env(training, "procgen:bigfish", "test") == ("procgen:bigfish", test)  # another game, same split
+    assert resolve_env(training, "CartPole-v1", "test") == ("CartPole-v1", {})

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from ppo_lightning.cli import main
 
-ARGS = ["fit", "--config", "experiments/cartpole/ppo.yaml", "--data.num_envs", "2", "--data.rollout_steps", "16",
+ROOT = Path(__file__).resolve().parents[1]
+
+ARGS = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--data.num_envs", "2", "--data.rollout_steps", "16",
         "--data.num_minibatches", "2", "--data.update_epochs", "1", "--checkpoint_every", "2",
         "--trainer.enable_progress_bar", "false"]
 
@@ -66,3 +70,18 @@ def test_return_threshold_waits_for_episodes(tmp_path):
                  "--trainer.callbacks.monitor=episode/return_mean20", "--trainer.callbacks.mode=max",
                  f"--trainer.callbacks.dirpath={best}"]) == 0
     assert len(list(best.glob("*.ckpt"))) == 1  # saved once episodes had ended
+
+
+def test_print_config_shows_the_callbacks_and_logger_of_the_run(tmp_path, capsys, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--print_config", "--video_every", "5"])
+    assert exit_info.value.code == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    paths = [c["class_path"].rsplit(".", 1)[1] for c in cfg["trainer"]["callbacks"]]
+    assert paths == ["EarlyStopping", "FramesProgressBar", "TrackingState", "TrainingVideo", "IterationCheckpoint"]
+    assert cfg["trainer"]["logger"]["class_path"] == "ppo_lightning.tracking.SafeMLFlowLogger"
+    assert cfg["data"]["seed"] == cfg["seed_everything"] == 1  # seed_everything seeds the envs
+    assert list(tmp_path.iterdir()) == []  # nothing created: no store, no run folder

@@ -17,6 +17,27 @@ from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, Transforme
 from ppo_lightning.faults import DEFAULT_ENV_TIMEOUT_S, make_guarded_env_class
 
 
+def quiet_mujoco(env_id: str) -> None:
+    """MuJoCo 4 warns on stderr and in ./MUJOCO_LOG.TXT that gymnasium's v5 models use the
+    deprecated ``settotalmass`` attribute, for every env built: nothing a user can act on. Other
+    MuJoCo warnings go through Python's ``warnings``."""
+    spec = gym.registry.get(env_id)
+    if spec is None or "mujoco" not in str(spec.entry_point):
+        return
+    try:
+        import mujoco
+    except ImportError:
+        return
+
+    def on_warning(message: str) -> None:
+        if "settotalmass" not in message:
+            import warnings
+
+            warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+
+    mujoco.set_mju_user_warning(on_warning)
+
+
 def check_gymnasium_id(env_id: str) -> None:
     if env_id not in gym.registry:
         close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
@@ -36,6 +57,7 @@ def space_to_dict(space: gym.Space) -> dict:
 
 def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dict]:
     check_gymnasium_id(env_id)
+    quiet_mujoco(env_id)
     env = gym.make(env_id, **env_kwargs)
     try:
         obs = space_to_dict(env.observation_space)
@@ -59,6 +81,7 @@ def build_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float 
     observations become an `EnvFault` naming the env index), as a TorchRL env with episode stats.
     Returns (the TorchRL env, the ``SyncVectorEnv`` inside it: ``.envs[i].render()``)."""
     check_gymnasium_id(env_id)
+    quiet_mujoco(env_id)
     wrappers = []
     if isinstance(gym.spec(env_id), gym.envs.registration.EnvSpec):
         probe = gym.make(env_id, **env_kwargs)

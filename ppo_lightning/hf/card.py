@@ -63,7 +63,7 @@ def model_card(config: dict[str, Any], num_params: int, evaluation: dict[str, An
         if "normalized_return_mean" in evaluation:
             score += f" Normalized return {evaluation['normalized_return_mean']:.3f}."
     else:
-        score = "- Evaluation: not measured (exported with `--evaluate 0`)."
+        score = "- Evaluation: not measured (exported with `--evaluate 0`, or its env could not be played there)."
     replay = f"\n![replay]({video})\n\n`{video}`: the agent playing (`ppo-lightning evaluate --video`).\n" if video else ""
     rows = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in algo.items())
     env_rows = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in env.items())
