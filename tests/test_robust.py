@@ -395,6 +395,8 @@ def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
             "--data.num_minibatches", "2", "--data.update_epochs", "1", "--data.total_frames", "64"]
     assert main([*base, "--run_dir", str(tmp_path / "ok")]) == 0
     good = tmp_path / "ok/checkpoints/last.ckpt"
+    stale = ["--data.staleness", "1", "--data.staleness_mode", "behavior"]
+    assert main([*base, *stale, "--run_dir", str(tmp_path / "stale")]) == 0
     cases = [
         (["--model.max_bad_steps", "0"], 2, "error: model.max_bad_steps must be a positive integer or null, got 0"),
         (["--data.env_timeout_s", "-1"], 2, "error: data.env_timeout_s must be a number of seconds >= 0"),
@@ -403,6 +405,8 @@ def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
         (["--ckpt_path", str(tmp_path)], 2, f"error: checkpoint folder {tmp_path} has no .metadata"),
         (["--ckpt_path", str(good), "--data.num_envs", "8", "--data.total_frames", "256"], 2,
          "error: the checkpoint has 4 environments per rank, the config 8 (data.num_envs)"),
+        (["--ckpt_path", str(tmp_path / "stale/checkpoints/last.ckpt"), "--data.total_frames", "128"], 2,
+         "error: checkpoint has a staleness queue (data.staleness=1); the config has data.staleness=0"),
     ]
     capsys.readouterr()
     for args, code, message in cases:
