@@ -413,3 +413,23 @@ def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
         assert main([*base, "--run_dir", str(tmp_path / "bad"), *args]) == code, args
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (args, err[-2000:])
+
+
+def test_held_out_evaluation_resumes_on_the_same_episodes(tmp_path):
+    """The evaluation callback's envs and carried steps are in the checkpoint: the evaluations after a
+    resume report what the uninterrupted run's did (and training stays bitwise)."""
+    from ppo_lightning.evaluation import HeldOutEvaluation
+
+    runs = []
+    for name, frames, ckpt in (("a", 4, None), ("b", 2, None), ("c", 4, "b/last.ckpt")):
+        pl.seed_everything(0)
+        ev = HeldOutEvaluation(every_n_iterations=1, num_envs=3, num_steps=30, train_levels=False)
+        dm, model, trainer = fit(tmp_path / name, total_frames=frames * 64, callbacks=[ev],
+                                 data_kwargs={"num_threads": 1})
+        trainer.fit(model, dm, ckpt_path=None if ckpt is None else tmp_path / ckpt)
+        runs.append((ev.history, {k: v.clone() for k, v in model.network.state_dict().items()}))
+    (hist_a, ref), _, (hist_c, got) = runs
+    strip = [{k: v for k, v in h.items() if k != "time/eval_s"} for h in hist_a]
+    assert [{k: v for k, v in h.items() if k != "time/eval_s"} for h in hist_c] == strip
+    assert sum(h.get("eval/test/episodes", 0) for h in hist_a) >= 3  # episodes ended during evaluations
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
