@@ -390,7 +390,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.shuffle_generator.set_state(state["shuffle_generator"])
         queue = state.get("staleness_queue")
         if queue is not None and self.staleness == 0:
-            raise ValueError(f"checkpoint has a staleness queue (data.staleness={queue['staleness']}); the config has data.staleness=0")
+            raise faults.CheckpointError(f"checkpoint has a staleness queue (data.staleness={queue['staleness']}); the config has data.staleness=0")
         self._pending_queue_state = queue  # applied now, or when the rollout source is built
         self._apply_pending_queue()
         self._pending_resume = state.get("resume")

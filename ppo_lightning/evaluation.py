@@ -111,6 +111,32 @@ class HeldOutEvaluation(Callback):
         for i, (name, kwargs) in enumerate(self.split_kwargs(dm).items()):
             self.envs[name] = make_env(dm.env_id, self.num_envs, base_seed + i, kwargs)
 
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """The evaluation envs' own state and carried steps (`ppo_lightning.resume_state`), so that a
+        resumed run evaluates on the same episodes as the uninterrupted one (rank 0's, as every callback
+        state; other ranks' evaluation envs restart)."""
+        from ppo_lightning.resume_state import env_state
+
+        return {"envs": {name: env_state(env) for name, env in self.envs.items()},
+                "tds": {name: {"data": td.to_dict(), "batch_size": list(td.batch_size)} for name, td in self._tds.items()},
+                "history": [dict(h) for h in self.history]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from tensordict import TensorDict
+
+        from ppo_lightning.resume_state import set_env_state
+
+        self.history = [dict(h) for h in state.get("history", [])]
+        for name, env in self.envs.items():  # built in setup, before Lightning restores callbacks
+            saved = state.get("envs", {}).get(name)
+            if saved is None or not saved["restorable"]:
+                continue
+            set_env_state(env, saved)
+            if name in state.get("tds", {}):
+                td = state["tds"][name]
+                self._tds[name] = TensorDict(td["data"], batch_size=td["batch_size"])
+
     def teardown(self, trainer, pl_module, stage: str) -> None:
         for env in self.envs.values():
             env.close()

@@ -22,7 +22,6 @@ written are kept (nothing is saved on an exception).
 
 from __future__ import annotations
 
-import math
 import signal
 import threading
 from typing import Any
@@ -67,18 +66,48 @@ class EnvFault(TrainingFault):
 # ---------------------------------------------------------------------------- numerical faults
 
 
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+
+
 def _local(tensors) -> list[Tensor]:
     """This rank's shards (FSDP2 DTensors) or the tensors themselves, without empty ones."""
-    out = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    out = [t if type(t) in _PLAIN_TENSORS else t.to_local() if hasattr(t, "to_local") else t for t in tensors]
     return [t for t in out if t.numel() > 0]
 
 
 def _all_finite(tensors) -> bool:
-    """One max-abs norm per tensor, one sync: True if every value is finite."""
+    """True if every value of every tensor is finite: per (device, dtype) group one fused check, the
+    one `torch.amp.GradScaler` runs on every step (multiplying by 1 in place leaves values unchanged),
+    5 us for the CartPole network against 40 us for a norm per tensor."""
     tensors = _local(tensors)
-    if not tensors:
+    first = tensors[0] if tensors else None
+    if first is not None and all(t.dtype == first.dtype and t.device == first.device for t in tensors):
+        groups = {(first.device, first.dtype): tensors}  # the usual case, without a dict per tensor
+    else:
+        groups: dict[tuple, list[Tensor]] = {}
+        for t in tensors:
+            groups.setdefault((t.device, t.dtype), []).append(t)
+    flags = []
+    with torch.no_grad():
+        for (device, dtype), group in groups.items():
+            if not dtype.is_floating_point:
+                continue
+            found, one = _scratch(device)
+            found.zero_()
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
+            flags.append(found)
+    if not flags:
         return True
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors, math.inf))).all())
+    return (flags[0] if len(flags) == 1 else torch.stack(flags).sum()).item() == 0
+
+
+_SCRATCH: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+
+def _scratch(device: torch.device) -> tuple[Tensor, Tensor]:
+    if device not in _SCRATCH:
+        _SCRATCH[device] = (torch.zeros(1, device=device), torch.ones(1, device=device))
+    return _SCRATCH[device]
 
 
 def first_nonfinite_key(batch, keys=None) -> str | None:
@@ -102,17 +131,13 @@ class NumericalGuard:
         self.skipped_steps = 0  # over the whole run (restored from checkpoints)
         self.consecutive = 0
         self.first_bad: str | None = None  # first bad quantity of the current streak
-        self._batch_bad: str | None = None  # this step's minibatch, set by check_batch
+        self._batches: list = []  # this optimizer step's minibatches, set by check_batch
 
     # -- inputs
-    def check_batch(self, batch, where: str = "") -> None:
-        """Note the first non-finite input of this step's minibatch (accumulates over micro-batches
-        and gradient-accumulation batches until the next optimizer step)."""
-        if self._batch_bad is None:
-            floats = [t for t in batch.values(include_nested=True, leaves_only=True)
-                      if isinstance(t, Tensor) and t.is_floating_point()]
-            if not _all_finite(floats):  # one sync for the whole batch; the name only on failure
-                self._batch_bad = f"non-finite minibatch input {first_nonfinite_key(batch)!r}{where}"
+    def check_batch(self, batch) -> None:
+        """Remember this step's minibatch (all of them under gradient accumulation): scanned only
+        when the loss or a gradient is non-finite, to name the input that made it so."""
+        self._batches.append(batch)
 
     # -- the optimizer step
     def guard_closure(self, module, optimizer, closure):
@@ -129,15 +154,15 @@ class NumericalGuard:
     def after_backward(self, module, optimizer, loss: Tensor | None) -> bool:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
-        bad = self._batch_bad
-        if bad is None and not _all_finite(([loss.detach()] if isinstance(loss, Tensor) else []) + grads):
+        bad = None
+        if not _all_finite(([loss.detach()] if isinstance(loss, Tensor) else []) + grads):
             bad = self._describe(module, params, loss)
         trainer = module._trainer
         if trainer is not None and trainer.world_size > 1:  # every rank skips the same steps
             any_bad = trainer.strategy.reduce_boolean_decision(bad is not None, all=False)
             if any_bad and bad is None:
                 bad = "a non-finite quantity on another data-parallel rank"
-        self._batch_bad = None
+        self._batches = []
         if bad is None:
             self.consecutive, self.first_bad = 0, None
             return True
@@ -155,6 +180,10 @@ class NumericalGuard:
         return False
 
     def _describe(self, module, params, loss) -> str:
+        for batch in self._batches:
+            key = first_nonfinite_key(batch)
+            if key is not None:
+                return f"non-finite minibatch input {key!r}"
         if isinstance(loss, Tensor) and not bool(torch.isfinite(loss).all()):
             return f"non-finite loss ({float(loss):g})"
         names = {id(p): n for n, p in module.named_parameters()}
@@ -239,12 +268,27 @@ class _EnvTimeout(BaseException):
     ``except Exception`` does not swallow it); `GuardedEnv` turns it into an `EnvFault`."""
 
 
+_ALARM = {"armed": False, "previous": None}
+_MAIN_THREAD = threading.main_thread().ident
+
+
 def _on_alarm(signum, frame):
-    raise _EnvTimeout()
+    if _ALARM["armed"]:
+        _ALARM["armed"] = False
+        raise _EnvTimeout()
+    previous = _ALARM["previous"]
+    if callable(previous):  # someone else's alarm
+        previous(signum, frame)
 
 
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+def _install_alarm_handler() -> bool:
+    """Our SIGALRM handler (main thread only); other alarms go to the previous one. Checked on every
+    call: Lightning restores the process's original handlers at the end of each fit."""
+    if signal.getsignal(signal.SIGALRM) is not _on_alarm:
+        if threading.get_ident() != _MAIN_THREAD:
+            return False
+        _ALARM["previous"] = signal.signal(signal.SIGALRM, _on_alarm)
+    return True
 
 
 def make_guarded_env_class():
@@ -261,9 +305,11 @@ def make_guarded_env_class():
             self._float_obs = env.observation_space.dtype is not None and np.issubdtype(env.observation_space.dtype, np.floating)
 
         def _call(self, what: str, fn, *args, **kwargs):
-            timer = self.timeout_s is not None and self.timeout_s > 0 and _in_main_thread()
+            # The timer: one setitimer pair per call (about 1 us); only in the main thread, where
+            # Python delivers signals.
+            timer = self.timeout_s and threading.get_ident() == _MAIN_THREAD and _install_alarm_handler()
             if timer:
-                previous = signal.signal(signal.SIGALRM, _on_alarm)
+                _ALARM["armed"] = True
                 signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
             try:
                 return fn(*args, **kwargs)
@@ -277,7 +323,7 @@ def make_guarded_env_class():
             finally:
                 if timer:
                     signal.setitimer(signal.ITIMER_REAL, 0)
-                    signal.signal(signal.SIGALRM, previous)
+                    _ALARM["armed"] = False
 
         def _check_obs(self, obs, what: str) -> None:
             if self._obs_shape is not None and np.shape(obs) != self._obs_shape:

@@ -128,7 +128,9 @@ class StalenessQueue:
 
     def load_state_dict(self, state: dict) -> None:
         if (state["staleness"], state["mode"]) != (self.staleness, self.mode):
-            raise ValueError(
+            from ppo_lightning.faults import CheckpointError  # a ValueError: one line, exit code 2 in the CLI
+
+            raise CheckpointError(
                 f"checkpoint's staleness queue (data.staleness={state['staleness']}, staleness_mode="
                 f"{state['mode']}) differs from the config's ({self.staleness}, {self.mode})"
             )

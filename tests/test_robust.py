@@ -409,6 +409,8 @@ def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
             "--data.num_minibatches", "2", "--data.update_epochs", "1", "--data.total_frames", "64"]
     assert main([*base, "--run_dir", str(tmp_path / "ok")]) == 0
     good = tmp_path / "ok/checkpoints/last.ckpt"
+    stale = ["--data.staleness", "1", "--data.staleness_mode", "behavior"]
+    assert main([*base, *stale, "--run_dir", str(tmp_path / "stale")]) == 0
     cases = [
         (["--model.max_bad_steps", "0"], 2, "error: model.max_bad_steps must be a positive integer or null, got 0"),
         (["--data.env_timeout_s", "-1"], 2, "error: data.env_timeout_s must be a number of seconds >= 0"),
@@ -417,9 +419,31 @@ def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
         (["--ckpt_path", str(tmp_path)], 2, f"error: checkpoint folder {tmp_path} has no .metadata"),
         (["--ckpt_path", str(good), "--data.num_envs", "8", "--data.total_frames", "256"], 2,
          "error: the checkpoint has 4 environments per rank, the config 8 (data.num_envs)"),
+        (["--ckpt_path", str(tmp_path / "stale/checkpoints/last.ckpt"), "--data.total_frames", "128"], 2,
+         "error: checkpoint has a staleness queue (data.staleness=1); the config has data.staleness=0"),
     ]
     capsys.readouterr()
     for args, code, message in cases:
         assert main([*base, "--run_dir", str(tmp_path / "bad"), *args]) == code, args
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (args, err[-2000:])
+
+
+def test_held_out_evaluation_resumes_on_the_same_episodes(tmp_path):
+    """The evaluation callback's envs and carried steps are in the checkpoint: the evaluations after a
+    resume report what the uninterrupted run's did (and training stays bitwise)."""
+    from ppo_lightning.evaluation import HeldOutEvaluation
+
+    runs = []
+    for name, frames, ckpt in (("a", 4, None), ("b", 2, None), ("c", 4, "b/last.ckpt")):
+        pl.seed_everything(0)
+        ev = HeldOutEvaluation(every_n_iterations=1, num_envs=3, num_steps=30, train_levels=False)
+        dm, model, trainer = fit(tmp_path / name, total_frames=frames * 64, callbacks=[ev],
+                                 data_kwargs={"num_threads": 1})
+        trainer.fit(model, dm, ckpt_path=None if ckpt is None else tmp_path / ckpt)
+        runs.append((ev.history, {k: v.clone() for k, v in model.network.state_dict().items()}))
+    (hist_a, ref), _, (hist_c, got) = runs
+    strip = [{k: v for k, v in h.items() if k != "time/eval_s"} for h in hist_a]
+    assert [{k: v for k, v in h.items() if k != "time/eval_s"} for h in hist_c] == strip
+    assert sum(h.get("eval/test/episodes", 0) for h in hist_a) >= 3  # episodes ended during evaluations
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
