@@ -325,6 +325,8 @@ class RolloutDataModule(pl.LightningDataModule):
                                proximal_com=h.get("proximal_com"))
             self.source = RolloutSource(self, self.trainer.lightning_module.network)
             self.source.phases = getattr(self.trainer.lightning_module, "ppg_phases", None)
+            if self.source.phases is not None:  # a small phase buffer joins this rank's resume state
+                self.source.phases.attach(self)
             self._apply_pending_queue()
             self._apply_pending_resume()
         return self.source

@@ -26,10 +26,13 @@ callbacks see its phase in ``outputs["ppg_phase"]`` and ``pl_module.ppg_phases.l
 (which trajectories), gathered from the buffer when the step runs: Lightning fetches one batch
 ahead, and the old policy's outputs must be computed after the last policy step.
 
-Checkpoints: the phase buffer (GiBs for Procgen) is not saved. A checkpoint taken at the end of an
-iteration that closed a phase (every ``n_pi`` iterations) resumes exactly; one taken in the middle of
-a policy phase resumes by starting a new phase: phase iteration 0, empty buffer, EWMA reset to the
-current weights (a warning says so). ``checkpoint_every`` a multiple of ``n_pi`` avoids it.
+Checkpoints: a phase buffer of at most ``checkpoint_buffer_mib`` MiB per rank (default 256: CartPole,
+MinAtar, small Procgen runs) is saved with each rank's data-module state, so a checkpoint taken in the
+middle of a policy phase resumes exactly (bitwise, with `ppo_lightning.resume_state`). A larger one
+(GiBs at the paper's Procgen configuration) is not saved: a checkpoint taken at the end of an
+iteration that closed a phase (every ``n_pi`` iterations) still resumes exactly; one taken in the
+middle of a policy phase resumes by starting a new phase: phase iteration 0, empty buffer, EWMA reset
+to the current weights (a warning says so). ``checkpoint_every`` a multiple of ``n_pi`` avoids it.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ PPG_DEFAULTS: dict[str, Any] = {
     "aux_lr": 5e-4,
     "aux_betas": (0.9, 0.999),
     "max_grad_norm": None,  # manual optimization: Lightning's gradient_clip_val does not apply
+    "checkpoint_buffer_mib": 256,  # phase buffers up to this size (per rank) go into checkpoints
 }
 TARGET_KEY = "value_target"
 OLD_PREFIX = "old_"
@@ -105,6 +109,9 @@ def validate_ppg_config(cfg: dict[str, Any], hparams) -> None:
     betas = cfg["aux_betas"]
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"model.ppg.aux_betas must be two numbers in [0, 1), got {betas!r}")
+    mib = cfg["checkpoint_buffer_mib"]
+    if isinstance(mib, bool) or not (isinstance(mib, (int, float)) and mib >= 0):
+        raise ValueError(f"model.ppg.checkpoint_buffer_mib must be a number >= 0, got {mib!r}")
     g = cfg["max_grad_norm"]
     if g is not None and not (isinstance(g, (int, float)) and g > 0):
         raise ValueError(f"model.ppg.max_grad_norm must be > 0 or null, got {g!r}")
@@ -189,6 +196,7 @@ class PPGPhases:
         self._aux_t0: float | None = None
         self._aux_seconds = 0.0
         self.restart_pending = False  # resumed mid-phase: reset the EWMA at train start
+        self.buffer_in_checkpoint = False  # set by `attach`: the buffer goes into checkpoints
 
     # -------------------------------------------------------------- data side
     @property
@@ -303,13 +311,26 @@ class PPGPhases:
         return out
 
     # -------------------------------------------------------------- checkpoint
+    def attach(self, data) -> None:
+        """Register the phase buffer with the data module's per-rank resume state when it is small
+        enough (``checkpoint_buffer_mib``); called once the data module builds its rollout source."""
+        need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps,
+                                  self.cfg["n_pi"])
+        self.buffer_in_checkpoint = self.stores_rollouts and need <= self.cfg["checkpoint_buffer_mib"] * 2**20
+        if self.buffer_in_checkpoint:
+            data.resume_providers["ppg_buffer"] = PhaseBufferState(self)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"phase": self.phase, "phase_iteration": self.phase_iteration, "n_pi": self.cfg["n_pi"]}
+        return {"phase": self.phase, "phase_iteration": self.phase_iteration, "n_pi": self.cfg["n_pi"],
+                "buffer_in_checkpoint": self.buffer_in_checkpoint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.phase = int(state["phase"])
         self.buffer.clear()
         self._old_ready = False
+        if state.get("buffer_in_checkpoint"):  # `PhaseBufferState` restores buffer and phase iteration
+            self.phase_iteration = int(state["phase_iteration"])
+            return
         if state["phase_iteration"]:
             warnings.warn(
                 f"resuming in the middle of a PPG policy phase (iteration {state['phase_iteration']} of "
@@ -319,6 +340,23 @@ class PPGPhases:
             )
             self.restart_pending = True
         self.phase_iteration = 0
+
+
+class PhaseBufferState:
+    """The phase buffer as one rank's plain resume state (`ppo_lightning.resume_state` providers):
+    each stored rollout as a dict of tensors with its batch size, loadable with ``weights_only``."""
+
+    def __init__(self, phases: PPGPhases) -> None:
+        self.phases = phases
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"phase_iteration": self.phases.phase_iteration,
+                "rollouts": [{"batch_size": list(td.batch_size), "data": td.to_dict()} for td in self.phases.buffer]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.phases.buffer = [TensorDict(r["data"], batch_size=r["batch_size"]) for r in state["rollouts"]]
+        self.phases.phase_iteration = int(state["phase_iteration"])
+        self.phases.restart_pending = False
 
 
 # ---------------------------------------------------------------------- optimization
@@ -385,7 +423,7 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
         device = next(module.network.parameters()).device
         phases.start_aux_step(module.network, device)
         mb = phases.gather(batch, device)
-        guard.check_batch(mb, " (auxiliary phase)")
+        guard.check_batch(mb)
         loss, stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
         phases.record_aux_stats(stats)
     else:

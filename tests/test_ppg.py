@@ -135,13 +135,15 @@ def test_ppg_impala_arch_dual_has_two_trunks():
 def test_resume_mid_phase_restarts_the_phase_and_at_a_boundary_is_exact(tmp_path):
     from ppo_lightning.export import export_hf, load_pretrained
 
-    dm, model = make(3)
+    no_buffer = {"checkpoint_buffer_mib": 0}  # a phase buffer too large for checkpoints
+    dm, model = make(3, no_buffer)
     ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="it{epoch}",
                                         auto_insert_metric_name=False)
     trainer(tmp_path, [ckpt], enable_checkpointing=True).fit(model, dm)
     boundary, middle = tmp_path / "it1.ckpt", tmp_path / "it2.ckpt"  # after iterations 2 (aux ran) and 3
     saved = torch.load(boundary, weights_only=True)
-    assert saved["ppg"] == {"phase": 1, "phase_iteration": 0, "n_pi": 2}
+    assert saved["ppg"] == {"phase": 1, "phase_iteration": 0, "n_pi": 2, "buffer_in_checkpoint": False}
+    assert "ppg_buffer" not in saved["RolloutDataModule"]["per_rank"][0]["resume"]["extra"]
     assert torch.load(middle, weights_only=True)["ppg"]["phase_iteration"] == 1
 
     class AtStart(pl.Callback):  # the state the first resumed training step sees
@@ -157,7 +159,7 @@ def test_resume_mid_phase_restarts_the_phase_and_at_a_boundary_is_exact(tmp_path
                           "aux_adam": trainer.optimizers[1].state_dict()["state"][0]["exp_avg"].clone()}
 
     # At a phase boundary: exact (EWMA state, phase counters, the aux Adam's moments).
-    dm2, model2 = make(4)
+    dm2, model2 = make(4, no_buffer)
     cap, log = AtStart(), StepLog()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -169,7 +171,7 @@ def test_resume_mid_phase_restarts_the_phase_and_at_a_boundary_is_exact(tmp_path
     assert [r["phase"] for r in log.rows].count("aux") == 6  # iterations 3, 4 = one more phase
 
     # In the middle: a new phase (counter 0, empty buffer), the EWMA reset to the resumed weights.
-    dm3, model3 = make(5)
+    dm3, model3 = make(5, no_buffer)
     cap, log = AtStart(), StepLog()
     with pytest.warns(UserWarning, match="middle of a PPG policy phase"):
         trainer(tmp_path, [cap, log]).fit(model3, dm3, ckpt_path=middle)
@@ -185,6 +187,30 @@ def test_resume_mid_phase_restarts_the_phase_and_at_a_boundary_is_exact(tmp_path
     with torch.no_grad():  # the first run ended on the weights of its last (mid-phase) checkpoint
         for a, b in zip(net.forward_aux(x), model.network.forward_aux(x)):
             torch.testing.assert_close(a, b)
+
+
+def test_small_phase_buffer_is_checkpointed_and_mid_phase_resume_is_exact(tmp_path):
+    """With the phase buffer in the checkpoint (small: CartPole), resuming after iteration 3 (in the
+    middle of the second policy phase) ends bitwise where the uninterrupted 4-iteration run ends."""
+    runs = {}
+    for name, iterations, ckpt_path in (("a", 4, None), ("b", 3, None), ("c", 4, tmp_path / "b/it2.ckpt")):
+        pl.seed_everything(0)
+        dm, model = make(iterations)
+        ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / name, every_n_epochs=1, save_top_k=-1,
+                                            filename="it{epoch}", auto_insert_metric_name=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # no "middle of a PPG policy phase" restart
+            warnings.filterwarnings("ignore", message=".*(transfer_batch_to_device|ckpt_path|Checkpoint directory|dirpath has changed).*")
+            trainer(tmp_path / name, [ckpt], enable_checkpointing=True).fit(model, dm, ckpt_path=ckpt_path)
+        runs[name] = model
+    saved = torch.load(tmp_path / "b/it2.ckpt", weights_only=True)
+    assert saved["ppg"]["phase_iteration"] == 1 and saved["ppg"]["buffer_in_checkpoint"]
+    stored = saved["RolloutDataModule"]["per_rank"][0]["resume"]["extra"]["ppg_buffer"]
+    assert len(stored["rollouts"]) == 1 and stored["rollouts"][0]["data"]["observation"].shape[:2] == (ENVS, STEPS)
+    a, c = runs["a"], runs["c"]
+    assert torch.equal(vec(a.network.parameters()), vec(c.network.parameters()))
+    assert torch.equal(vec(a.proximal_source.proximal.parameters()), vec(c.proximal_source.proximal.parameters()))
+    assert a.ppg_phases.phase == c.ppg_phases.phase == 2
 
 
 def test_scale_multiplies_n_pi():

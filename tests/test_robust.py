@@ -195,18 +195,22 @@ ALGORITHMS = {
     "ppo_adaptive_kl": ["--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--model.objective", "adaptive_kl",
                         "--model.kl_target", "0.001"],
     "ppo_ewma": ["--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml")],
+    # n_pi 3 over 10 iterations: kills in the middle of a policy phase (its buffer is in the checkpoint)
+    "ppg_ewma": ["--config", str(ROOT / "experiments/cartpole/ppg_ewma.yaml"), "--model.ppg.n_pi", "3"],
 }
 # (phase, iteration, extra): SIGKILL inside an env step of the collection, after an optimizer step,
 # while writing last.ckpt. Every resume continues from <run>/checkpoints/last.ckpt, in the same folder.
 KILLS = {
     "ppo_adaptive_kl": [("update", 5, {"step": 3})],
     "ppo_ewma": [("collect", 4, {}), ("update", 6, {"step": 2}), ("checkpoint", 8, {"write": 2})],
+    "ppg_ewma": [("update", 5, {"step": 3}), ("checkpoint", 8, {"write": 2})],
 }
 
 
 def final_state(path):
     ckpt = torch.load(path, weights_only=True)
-    return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"], ckpt["callbacks"].get("ProximalPolicyEWMA")
+    optimizers = {f"{i}/{k}": v for i, o in enumerate(ckpt["optimizer_states"]) for k, v in o["state"].items()}
+    return ckpt["state_dict"], optimizers, ckpt.get("proximal_ewma")
 
 
 def fit_and_resume(tmp_path, env_id, env_kwargs=None, network=None, iterations=3, resume_after=1):
