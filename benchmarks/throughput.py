@@ -12,7 +12,8 @@ with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (a
 shared machine's load changes between the two runs do not distort). By default PPO-EWMA runs twice:
 as ``experiments/procgen/ppo_ewma_hard.yaml`` has it (``model.proximal_precision: auto``: bf16 where
 native, else fp32; ``ppo_ewma_*``, ``ewma_overhead``, the choice in ``ppo_ewma_proximal_precision``),
-and with the exact one (``ppo_ewma_exact_proximal_*``, ``ewma_overhead_exact_proximal``).
+and with the exact one (``ppo_ewma_exact_proximal_*``, ``ewma_overhead_exact_proximal``); where
+``auto`` is the exact fp32 forward (CPUs without AMX) it runs once.
 The machine (CPU model, cores, ISA flags, torch threads) is printed first and goes into the JSON
 line as ``"machine"`` (`ppo_lightning.hardware.machine_info`).
 Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen configs' setting).
@@ -206,7 +207,7 @@ def main() -> None:
     from ppo_lightning.envs.procgen_env import auto_procgen_threads
     from ppo_lightning.threads import configure_threads
 
-    from ppo_lightning.hardware import machine_info, machine_line
+    from ppo_lightning.hardware import machine_info, machine_line, resolve_precision
 
     threads = configure_threads(args.threads, f"procgen:{args.game}")
     machine = machine_info()
@@ -221,6 +222,10 @@ def main() -> None:
     precisions = [x.strip() for x in args.proximal_precision.split(",") if x.strip()]
     if not precisions or any(x not in ("exact", "auto", "bf16", "fp32") for x in precisions):
         p.error(f"--proximal-precision: a list of exact, auto, bf16, fp32; got {args.proximal_precision!r}")
+    auto_choice, auto_reason = resolve_precision("auto", "cpu")
+    if "auto" in precisions and "exact" in precisions and auto_choice == args.precision == "fp32":
+        precisions.remove("exact")  # the same run twice: auto is the exact fp32 forward on this CPU
+        print(f"proximal_precision auto = fp32 here ({auto_reason}): one PPO-EWMA run", flush=True)
     algos = [("ppo", False, None)] + [
         ("ppo_ewma" if i == 0 else f"ppo_ewma_{x}_proximal", True, None if x == "exact" else x)
         for i, x in enumerate(precisions)
