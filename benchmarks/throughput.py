@@ -194,7 +194,8 @@ def main() -> None:
     p.add_argument("--game", default="coinrun")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
     p.add_argument("--procgen-threads", type=int, default=None, help="Procgen worker threads (default: auto)")
-    p.add_argument("--only", choices=("ppo", "ppo_ewma", "ppg", "ppg_ewma"), default=None, help="run one algorithm only")
+    p.add_argument("--only", default=None,
+                   help="comma list of algorithms to run: ppo, ppo_ewma (all its proximal precisions), ppg, ppg_ewma")
     p.add_argument("--ppg-n-pi", type=int, default=32, help="PPG: policy iterations per phase (timed: one phase)")
     p.add_argument("--ppg-aux-mbsize", type=int, default=4, help="PPG: env trajectories per auxiliary minibatch")
     p.add_argument("--skip-ppg", action="store_true", help="PPO and PPO-EWMA only")
@@ -235,8 +236,8 @@ def main() -> None:
         algos += [("ppg", False, None, True), ("ppg_ewma", True, None, True)]
     runs = {}
     for name, decoupled, precision, ppg in algos:
-        if args.only and (name.split("_")[0] != args.only.split("_")[0] or
-                          not name.startswith(args.only) or (args.only in ("ppo", "ppg") and decoupled)):
+        only = [x.strip() for x in args.only.split(",")] if args.only else None
+        if only and not any(name == o or (o == "ppo_ewma" and name.startswith("ppo_ewma")) for o in only):
             continue
         r = runs[name] = train_run(args, decoupled, precision, ppg)
         unit = f"phase of {args.ppg_n_pi} iterations" if ppg else "iteration"

@@ -25,12 +25,13 @@ warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_t
 
 
 class PPOLightningModule(pl.LightningModule):
-    """PPO, decoupled PPO and PPO-EWMA.
+    """PPO, decoupled PPO and PPO-EWMA; with ``ppg``, PPG and PPG-EWMA on the same loss module.
 
     Args:
         observation_space, action_space: plain dicts; taken from the data module by the CLI.
         network: ``{"name": "mlp", "hidden_sizes": [64, 64], "activation": "tanh",
-            "shared_trunk": False}`` or ``{"name": "impala_cnn", ...}``.
+            "shared_trunk": False}`` or ``{"name": "impala_cnn", ...}``; ``arch`` ("dual", "shared",
+            "detach") and ``aux_value_head`` select PPG's layouts (`ppo_lightning.models.resolve_arch`).
         objective: "clip", "kl" or "adaptive_kl".
         decoupled: decoupled objective (Hilton et al. 2021): behavior policy for importance
             sampling, proximal policy as the anchor.
