@@ -89,11 +89,12 @@ FIGURES = {
     "ewma": {"arms": {"ppo": [], "ppo_ewma": EWMA}, "compare": [("ppo_ewma", "ppo")]},
     # c1_all is the ewma figure's ppo_ewma run (same CLI but "--scale 1", a no-op): its runs are borrowed
     "bsi": {"arms": _bsi_arms(), "borrow": {"c1_all": ("ewma", "ppo_ewma")},
-            "compare": [("c4_all", "c1_all"), ("c16_all", "c1_all"),
+            "compare": [("c4_all", "c1_all"), ("c16_all", "c1_all"), ("c16_all", "c4_all"),
                         *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ("no_lr", "no_com", "no_adv_span", "ppo")]]},
     # k0 is the ewma figure's ppo run (same CLI): borrowed
     "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
-                  "compare": [(f"k{k}_{m}", "k0") for k in (1, 2, 4, 8) for m in ("behavior", "proximal", "decoupled")]},
+                  "compare": [(f"k{k}_{m}", "k0") for k in (1, 2, 4, 8) for m in ("behavior", "proximal", "decoupled")]
+                  + [(f"k{k}_decoupled", f"k{k}_{m}") for k in (1, 2, 4, 8) for m in ("behavior", "proximal")]},
     "klcom": {"arms": _klcom_arms(), "compare": []},
     "reference": {"arms": {"ppo": []}, "compare": []},
 }
