@@ -77,6 +77,7 @@ class IterationCheckpoint(ModelCheckpoint):
 
     def __init__(self, **kwargs) -> None:
         self.init_args = dict(kwargs)  # recorded in the run's config.yaml (record_run_setup)
+        self._final_step_saved = -1
         super().__init__(**kwargs)
 
     def format_checkpoint_name(self, metrics, filename=None, ver=None, prefix=None) -> str:
@@ -84,6 +85,19 @@ class IterationCheckpoint(ModelCheckpoint):
         if "epoch" in metrics:
             metrics["iteration"] = int(metrics["epoch"]) + 1
         return super().format_checkpoint_name(metrics, filename, ver, prefix)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """``last.ckpt`` is the end of training: Lightning writes it only with a periodic checkpoint,
+        so a run stopped between two (a return threshold, ``total_frames``) would leave it behind."""
+        super().on_train_end(trainer, pl_module)
+        if self.save_last and self.dirpath is not None and trainer.global_step != self._final_step_saved:
+            path = str(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+            trainer.save_checkpoint(path)
+            self.last_model_path = path
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._final_step_saved = trainer.global_step
+        return super().on_save_checkpoint(trainer, pl_module, checkpoint)
 
 
 class TrackingState(Callback):

@@ -5,7 +5,15 @@ folders safely), `ppo_lightning.hf.writer` (``export-hf``), `ppo_lightning.hf.lo
 (``load_pretrained``, ``init_from``), `ppo_lightning.hf.card` and `ppo_lightning.hf.bundle`.
 """
 
-from ppo_lightning.checkpoint_io import ExportError, load_network, network_state_dict, read_checkpoint  # noqa: F401
+from ppo_lightning.checkpoint_io import (  # noqa: F401
+    DATA_STATE_KEY,
+    SHARDED_META,
+    WEIGHTS_PREFIX,
+    ExportError,
+    load_network,
+    network_state_dict,
+    read_checkpoint,
+)
 from ppo_lightning.hf.loader import (  # noqa: F401
     DTYPES,
     MODEL_TYPE,
@@ -13,4 +21,4 @@ from ppo_lightning.hf.loader import (  # noqa: F401
     load_pretrained_weights,
     read_pretrained_config,
 )
-from ppo_lightning.hf.writer import build_config, export_hf, export_main  # noqa: F401
+from ppo_lightning.hf.writer import AUTO_MAP, FORMAT_VERSION, build_config, export_hf, export_main  # noqa: F401

@@ -40,8 +40,9 @@ def test_mlflow_frames_resume_same_run_uploads_last_only(tmp_path, capfd):
     from ppo_lightning.video import read_mp4
 
     assert read_mp4(run_dir / "videos" / videos[-1]).shape[1:] == (400, 600, 3)
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]["TrackingState"]
-    assert state == {"mlflow_run_id": run.info.run_id, "run_dir": str(run_dir)}
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["RolloutDataModule"]["frames"] == 96  # the end of training, not the last periodic save
+    assert last["callbacks"]["TrackingState"] == {"mlflow_run_id": run.info.run_id, "run_dir": str(run_dir)}
 
     # resume: the same MLflow run and run folder, metrics continue on the frames axis
     assert main([*common, "--data.total_frames", "160", "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]) == 0
