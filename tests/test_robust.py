@@ -451,3 +451,15 @@ def test_held_out_evaluation_resumes_on_the_same_episodes(tmp_path):
     assert [{k: v for k, v in h.items() if k != "time/eval_s"} for h in hist_c] == strip
     assert sum(h.get("eval/test/episodes", 0) for h in hist_a) >= 3  # episodes ended during evaluations
     assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+def test_module_prefixed_env_ids_register_custom_envs():
+    """``module:Id`` (gymnasium's syntax) imports the module first: custom envs from the command line,
+    in every DDP rank too."""
+    from ppo_lightning.envs.gymnasium_env import check_gymnasium_id
+
+    assert check_gymnasium_id("robust_helpers:FaultyCartPole-v0") == "FaultyCartPole-v0"
+    with pytest.raises(ValueError, match="data.env_id: cannot import 'no_such_module'"):
+        check_gymnasium_id("no_such_module:X-v0")
+    with pytest.raises(ValueError, match="data.env_id: importing 'robust_helpers' did not register 'Nope-v0'"):
+        check_gymnasium_id("robust_helpers:Nope-v0")

@@ -38,11 +38,25 @@ def quiet_mujoco(env_id: str) -> None:
     mujoco.set_mju_user_warning(on_warning)
 
 
-def check_gymnasium_id(env_id: str) -> None:
+def check_gymnasium_id(env_id: str) -> str:
+    """``Id`` registered with gymnasium, or ``module:Id`` (gymnasium's syntax: importing ``module``
+    registers ``Id``; custom envs from the command line, also in every DDP rank)."""
+    if ":" in env_id:
+        import importlib
+
+        module, _, name = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"data.env_id: cannot import {module!r} for {env_id!r} ({err})") from None
+        if name not in gym.registry:
+            raise ValueError(f"data.env_id: importing {module!r} did not register {name!r}")
+        return name
     if env_id not in gym.registry:
         close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
         hint = f" (similar: {', '.join(close)})" if close else ""
         raise ValueError(f"data.env_id: unknown gymnasium environment {env_id!r}{hint}")
+    return env_id
 
 
 def space_to_dict(space: gym.Space) -> dict:
@@ -56,9 +70,9 @@ def space_to_dict(space: gym.Space) -> dict:
 
 
 def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dict]:
-    check_gymnasium_id(env_id)
-    quiet_mujoco(env_id)
-    env = gym.make(env_id, **env_kwargs)
+    registered = check_gymnasium_id(env_id)
+    quiet_mujoco(registered)
+    env = gym.make(registered, **env_kwargs)
     try:
         obs = space_to_dict(env.observation_space)
         act = space_to_dict(env.action_space)
@@ -80,11 +94,11 @@ def build_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float 
     `ppo_lightning.faults.GuardedEnv` (exceptions, hangs past ``timeout_s`` and malformed
     observations become an `EnvFault` naming the env index), as a TorchRL env with episode stats.
     Returns (the TorchRL env, the ``SyncVectorEnv`` inside it: ``.envs[i].render()``)."""
-    check_gymnasium_id(env_id)
-    quiet_mujoco(env_id)
+    registered = check_gymnasium_id(env_id)  # the id without a "module:" prefix
+    quiet_mujoco(registered)
     wrappers = []
-    if isinstance(gym.spec(env_id), gym.envs.registration.EnvSpec):
-        probe = gym.make(env_id, **env_kwargs)
+    if isinstance(gym.spec(registered), gym.envs.registration.EnvSpec):
+        probe = gym.make(registered, **env_kwargs)
         if isinstance(probe.action_space, gym.spaces.Box):
             wrappers.append(gym.wrappers.ClipAction)  # sample unbounded Gaussians, clip in the env
         probe.close()
@@ -92,7 +106,7 @@ def build_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float 
 
     def sub_env(index: int):
         def make():
-            env = gym.make(env_id, **env_kwargs)
+            env = gym.make(registered, **env_kwargs)
             for wrapper in wrappers:
                 env = wrapper(env)
             return guarded(env, env_id, index, timeout_s)
