@@ -49,6 +49,7 @@ OUT = RESULTS / "minatar"
 GAMES = ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
 EWMA = ["--model.decoupled", "true", "--model.proximal_com", "8"]
 BASE_LR = 5e-4
+MIN_SEEDS_FOR_CI = 5
 
 # ----------------------------------------------------------------------------------- figures
 # figure -> {arm: extra CLI args}; "reference" arm names the comparison's baseline.
@@ -231,7 +232,8 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
             summary.append({"figure": figure, "row": arm, "stat": stat, "n_seeds": len(scores), "mean": m, "ci_low": lo,
                             "ci_high": hi, "sd": sd, "seeds_for_0.05": seeds_needed(sd, target) if math.isfinite(sd) else "",
                             "B_simple_median": float(np.median(noise)) if noise else "",
-                            "minibatch_size": next((r["minibatch_size"] for r in rows if r["arm"] == arm), "")})
+                            "minibatch_size": next((r["minibatch_size"] for r in rows if r["arm"] == arm), ""),
+                            "verdict": "" if len(scores) >= MIN_SEEDS_FOR_CI else f"n={len(scores)} < {MIN_SEEDS_FOR_CI}: CI not reliable"})
             print(f"  {arm:18s} {stat:5s} {m:7.3f} [{lo:7.3f}, {hi:7.3f}] sd {sd:.3f} n={len(scores)}")
     for a, b in compare:
         for which, stat in ((0, "auc"), (1, "final")):
@@ -240,11 +242,15 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
                 continue
             d, lo, hi = bootstrap_diff_ci(list(pa.values()), list(pb.values()))
             sd = float(np.sqrt((np.var(list(pa.values()), ddof=1) + np.var(list(pb.values()), ddof=1)) / 2))
-            verdict = "resolved" if hi - lo <= 2 * target else "not resolved"
+            n = min(len(pa), len(pb))
+            # a percentile bootstrap over fewer than 5 seeds understates the uncertainty (it can only
+            # resample the few values seen): such a CI never counts as resolved
+            verdict = "resolved" if hi - lo <= 2 * target and n >= MIN_SEEDS_FOR_CI else (
+                "not resolved" if n >= MIN_SEEDS_FOR_CI else f"n={n} < {MIN_SEEDS_FOR_CI}: CI not reliable")
             summary.append({"figure": figure, "row": f"{a} - {b}", "stat": stat, "n_seeds": min(len(pa), len(pb)),
                             "mean": d, "ci_low": lo, "ci_high": hi, "sd": sd,
                             "seeds_for_0.05": seeds_needed(sd, target, arms=2), "B_simple_median": "",
-                            "minibatch_size": ""})
+                            "minibatch_size": "", "verdict": verdict})
             print(f"  {a} - {b}: {stat} {d:+.3f} [{lo:+.3f}, {hi:+.3f}] ({verdict} at half-width {target}; "
                   f"{seeds_needed(sd, target, arms=2)} seeds/arm needed at sd {sd:.3f})")
     path = out / f"{figure}_summary.csv"
