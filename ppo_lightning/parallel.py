@@ -10,11 +10,14 @@ scaled data:
   beta stays identical on every rank;
 - episode statistics are pooled before logging (`pool_episode_metrics`), so every rank logs and
   monitors (EarlyStopping) the same figure and they stop together;
-- micro-batched steps under DDP (`backward_chunk`): DDP's reducer all-reduces the gradients of the
-  *first* backward after its forward and then stops listening, so the chunks before the last are
-  differentiated with ``torch.autograd.grad`` (no reducer hook) and added into ``.grad``; the last
-  chunk's ordinary backward then all-reduces the accumulated total. FSDP2 reduces every backward
-  (linear, hence exact) and keeps the strategy's backward.
+- micro-batched steps under DDP (`backward_chunk`): DDP all-reduces the accumulated gradients on
+  every backward pass. That is exact (the part already averaged is the same on every rank, so
+  averaging it again changes nothing: checked with the strategy's backward for every chunk as a
+  negative control, ranks stayed identical), but costs one all-reduce of all gradients per chunk. The
+  chunks before the last are therefore differentiated with ``torch.autograd.grad`` (which bypasses
+  DDP's hooks) and added into ``.grad``; the last chunk's ordinary backward all-reduces the total: one
+  all-reduce per optimizer step. FSDP2 keeps the strategy's backward (a reduce-scatter per chunk,
+  also exact).
 
 Chunks are also divided by ``accumulate_grad_batches``, as Lightning divides the loss it
 back-propagates itself.
