@@ -96,17 +96,6 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
         parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
 
-    def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
-        # LightningCLI reads the checkpoint's hyperparameters right after parsing: refuse an incomplete
-        # file first, in one line (ppo_lightning.checkpointing).
-        sub = self.config.get("subcommand")
-        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
-        if ckpt_path:
-            from ppo_lightning.checkpointing import check_checkpoint_file
-
-            check_checkpoint_file(ckpt_path)
-
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
         fill_data_seed(cfg)
@@ -189,11 +178,20 @@ class PPOCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         """``--print_config`` prints the config with the callbacks and logger the run would use
-        (built from the options as `instantiate_trainer` does, without creating anything)."""
+        (built from the options as `instantiate_trainer` does, without creating anything). A
+        ``--ckpt_path`` is checked first: LightningCLI reads the checkpoint's hyperparameters right
+        after parsing, so an incomplete file is refused here, in one line (ppo_lightning.checkpointing)."""
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
         flags = [a for a in argv or [] if a == "--print_config" or a.startswith("--print_config=")]
         if not flags:
-            return super().parse_arguments(parser, args)
+            super().parse_arguments(parser, args)
+            sub = self.config.get("subcommand")
+            ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+            if ckpt_path:
+                from ppo_lightning.checkpointing import check_checkpoint_file
+
+                check_checkpoint_file(ckpt_path)
+            return
         super().parse_arguments(parser, [a for a in argv if a not in flags])
         sub = self.config["subcommand"]
         cfg = self.config[sub]

@@ -44,10 +44,10 @@ def test_reward_normalizer_over_several_rollouts_and_at_its_clip():
 
 
 def test_advantage_ewma_moments_with_a_window_inside_the_pipeline():
-    """Span 3 (decay 0.5) through the rollout source: each iteration's advantages are normalized by the
+    """Span 2 (a window of 2 iterations: decay 1 - 1/2 = 0.5) through the rollout source: each iteration's advantages are normalized by the
     mean and std of *all* advantages so far, sample j of iteration i weighted 0.5**(k - i)."""
     dm = RolloutDataModule(num_envs=4, rollout_steps=8, num_minibatches=2, update_epochs=1, seed=1,
-                           advantage_norm_span=3.0)
+                           advantage_norm_span=2.0)
     net = build_network(dm.observation_space, dm.action_space, {"name": "mlp", "hidden_sizes": [8]})
     source = RolloutSource(dm, net)
     raws = []
@@ -172,7 +172,7 @@ def test_all_16_procgen_score_constants():
 def test_staleness_behavior_and_proximal_modes_through_the_data_module(mode):
     """Staleness 1 through the rollout source, weights moved between iterations. ``behavior``: the
     old policy is the one that collected the data (its log-probs kept); ``proximal``: it is the
-    current network's. In both, values are the current critic's; no ``proximal`` key is added."""
+    current network's. In both, values are the collecting critic's; no ``proximal`` key is added."""
     import copy
 
     from ppo_lightning.models import make_distribution
@@ -188,8 +188,11 @@ def test_staleness_behavior_and_proximal_modes_through_the_data_module(mode):
             obs, action = batch["observation"], batch["action"]
             with torch.no_grad():
                 current_lp = make_distribution(dm.action_space, *net.policy(obs)).log_prob(action)
-                torch.testing.assert_close(batch["state_value"].reshape(-1), net.value(obs).reshape(-1))
+                # values stay the collecting critic's (the reference's protocol: only the bootstrap is recomputed)
+                collected_by = net if it == 0 else previous_net
+                torch.testing.assert_close(batch["state_value"].reshape(-1), collected_by.value(obs).reshape(-1))
                 if it >= 1:  # trains on the rollout collected one iteration ago, by the previous network
+                    assert not torch.allclose(previous_net.value(obs), net.value(obs))
                     old_lp = make_distribution(dm.action_space, *previous_net.policy(obs)).log_prob(action)
                     expected = old_lp if mode == "behavior" else current_lp
                     torch.testing.assert_close(batch["action_log_prob"], expected)
