@@ -182,6 +182,7 @@ def test_staleness_behavior_and_proximal_modes_through_the_data_module(mode):
     net = build_network(dm.observation_space, dm.action_space, {"name": "mlp", "hidden_sizes": [8]})
     source = RolloutSource(dm, net)
     try:
+        previous_net = None  # the network that collected the rollout trained on next
         for it in range(3):
             collector_net = copy.deepcopy(net)  # this iteration's fresh rollout is collected by this network
             (batch,) = list(iter(source))
