@@ -41,7 +41,6 @@ def machine() -> dict:
 
 
 def raw_env_fps(game: str, num_envs: int, steps: int = 200) -> float:
-    import torch
 
     from ppo_lightning.envs import make_env
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, RESULTS, plt, run, save_figure  # noqa: E402
+from common import ROOT, RESULTS, plt, run, save_figure, write_csv  # noqa: E402
 from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, seeds_needed  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
@@ -341,13 +341,7 @@ def measure_random(games: list[str], episodes: int, out: Path, seed: int = 12345
         rows.append({"game": game, "episodes": len(rets), "mean_return": round(m, 4), "sd": round(sd, 4),
                      "sem": round(sd / math.sqrt(len(rets)), 4), "frames": steps, "seed": seed})
         print(f"  {game:15s} R_random {m:.3f} +- {sd / math.sqrt(len(rets)):.3f} (sem, {len(rets)} episodes)", flush=True)
-    path = out / "random_returns.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {path}")
+    write_csv(out / "random_returns.csv", rows)
 
 
 # ----------------------------------------------------------------------------------- main

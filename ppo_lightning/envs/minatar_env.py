@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from typing import Any
 
 import numpy as np
 import torch
