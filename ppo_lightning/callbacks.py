@@ -92,7 +92,7 @@ class IterationCheckpoint(ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
         if self.save_last and self.dirpath is not None and trainer.global_step != self._final_step_saved:
             path = str(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)  # a full checkpoint (and no "not set" notice)
             self.last_model_path = path
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
