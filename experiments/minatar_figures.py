@@ -48,6 +48,9 @@ CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
 OUT = RESULTS / "minatar"
 GAMES = ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
 EWMA = ["--model.decoupled", "true", "--model.proximal_com", "8"]
+# PPG and PPG-EWMA (experiments/minatar/ppg.yaml, ppg_ewma.yaml: E_pi = 1, n_pi 4, proximal COM 4)
+PPG = ["--config", str(ROOT / "experiments" / "minatar" / "ppg.yaml")]
+PPG_EWMA = PPG + ["--config", str(ROOT / "experiments" / "minatar" / "ppg_ewma.yaml")]
 BASE_LR = 5e-4
 MIN_SEEDS_FOR_CI = 5
 
@@ -62,7 +65,8 @@ def _bsi_arms() -> dict[str, list[str]]:
         arms[f"c{c}_no_com"] = EWMA + ["--scale", str(c), "--scale_rules", "lr,adv_span"]
         arms[f"c{c}_no_adv_span"] = EWMA + ["--scale", str(c), "--scale_rules", "lr,com"]
         arms[f"c{c}_ppo"] = ["--scale", str(c), "--scale_rules", "lr,adv_span"]  # no EWMA (PPO, lr and span scaled)
-    # PPG-EWMA arms: hook for when PPG lands (issue 11): add e.g. arms[f"c{c}_ppg_ewma"] = [...PPG args...]
+    for c in (1, 4, 16):  # PPG-EWMA with all rules (n_pi * c as well)
+        arms[f"c{c}_ppg_ewma"] = PPG_EWMA + ["--scale", str(c)]
     return arms
 
 
@@ -87,11 +91,14 @@ def _klcom_arms() -> dict[str, list[str]]:
 
 
 FIGURES = {
-    "ewma": {"arms": {"ppo": [], "ppo_ewma": EWMA}, "compare": [("ppo_ewma", "ppo")]},
-    # c1_all is the ewma figure's ppo_ewma run (same CLI but "--scale 1", a no-op): its runs are borrowed
-    "bsi": {"arms": _bsi_arms(), "borrow": {"c1_all": ("ewma", "ppo_ewma")},
+    "ewma": {"arms": {"ppo": [], "ppo_ewma": EWMA, "ppg": PPG, "ppg_ewma": PPG_EWMA},
+             "compare": [("ppo_ewma", "ppo"), ("ppg_ewma", "ppg")]},
+    # c1_all / c1_ppg_ewma are the ewma figure's ppo_ewma / ppg_ewma runs (same CLI but "--scale 1", a
+    # no-op): their runs are borrowed
+    "bsi": {"arms": _bsi_arms(), "borrow": {"c1_all": ("ewma", "ppo_ewma"), "c1_ppg_ewma": ("ewma", "ppg_ewma")},
             "compare": [("c4_all", "c1_all"), ("c16_all", "c1_all"), ("c16_all", "c4_all"),
-                        *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ("no_lr", "no_com", "no_adv_span", "ppo")]]},
+                        *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ("no_lr", "no_com", "no_adv_span", "ppo")],
+                        ("c4_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c4_ppg_ewma")]},
     # k0 is the ewma figure's ppo run (same CLI): borrowed
     "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
                   "compare": [(f"k{k}_{m}", "k0") for k in (1, 2, 4, 8) for m in ("behavior", "proximal", "decoupled")]
@@ -109,7 +116,7 @@ def base_args(game: str, frames: int, seed: int) -> list[str]:
             "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
             "--model.max_importance_ratio", "100",
             "--trainer.callbacks+=ppo_lightning.noise_scale.GradientNoiseScale",
-            "--checkpoint_every", "1000000"]
+            "--checkpoint_every", "1000000", "--video_every", "null"]
 
 
 # ----------------------------------------------------------------------------------- CSV I/O

@@ -4,7 +4,9 @@ Young & Tian (2019), MinAtar, section 4: one 3x3 convolution with 16 channels, s
 (10x10 -> 8x8x16), ReLU, a dense layer of 128 units, ReLU, then the heads. Here the trunk is shared
 by a policy head (init scale 0.01) and a value head (1.0), orthogonal init with gain sqrt(2) for the
 trunk (the PPO implementations' convention, as `ppo_lightning.models.ActorCritic`);
-``shared_trunk: false`` gives the policy and the value function a trunk each.
+``shared_trunk: false`` (or ``arch: dual``) gives the policy and the value function a trunk each;
+``arch: detach`` and ``aux_value_head: true`` are PPG's layouts, as in `ppo_lightning.models.ActorCritic`
+(PPG picks ``dual`` with the auxiliary head by default).
 
 Observations: ``[..., H, W, C]`` (MinAtar's 10x10xC bool state, taken as 0/1 floats; any numeric
 dtype is taken as is). The IMPALA-style option for MinAtar is the existing ``impala_cnn`` network
@@ -18,6 +20,8 @@ import math
 
 import torch
 from torch import Tensor, nn
+
+from ppo_lightning.models import resolve_arch
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:
@@ -45,7 +49,8 @@ class MinAtarActorCritic(nn.Module):
     """
 
     def __init__(self, observation_space: dict, action_space: dict, channels: int = 16, hidden: int = 128,
-                 kernel_size: int = 3, shared_trunk: bool = True) -> None:
+                 kernel_size: int = 3, shared_trunk: bool | None = None, arch: str | None = None,
+                 aux_value_head: bool = False) -> None:
         super().__init__()
         if action_space.get("type") != "discrete":
             raise ValueError(f"model.network: minatar_cnn needs a discrete action space, got {action_space!r}")
@@ -57,12 +62,15 @@ class MinAtarActorCritic(nn.Module):
                 raise ValueError(f"model.network.{name} must be a positive integer, got {v!r}")
         self.action_space = action_space
         self.discrete = True
-        self.shared_trunk = bool(shared_trunk)
+        # A shared trunk unless told otherwise (the MinAtar paper's network); PPG asks for "dual".
+        self.arch = resolve_arch(arch or ("dual" if shared_trunk is False else "shared"), bool(shared_trunk))
+        self.shared_trunk = self.arch != "dual"
         h, w, c = shape
         self.policy_body = _Trunk(h, w, c, channels, kernel_size, hidden)
         self.value_body = None if self.shared_trunk else _Trunk(h, w, c, channels, kernel_size, hidden)
         self.policy_head = _init(nn.Linear(hidden, action_space["n"]), 0.01)
         self.value_head = _init(nn.Linear(hidden, 1), 1.0)
+        self.aux_value_head = _init(nn.Linear(hidden, 1), 1.0) if aux_value_head else None
 
     @staticmethod
     def _nchw(obs: Tensor) -> tuple[Tensor, torch.Size]:
@@ -74,13 +82,26 @@ class MinAtarActorCritic(nn.Module):
         x, lead = self._nchw(obs)
         return (self.policy_head(self.policy_body(x)).reshape(*lead, -1),)
 
+    def _value_features(self, x: Tensor, policy_features: Tensor | None = None) -> Tensor:
+        if self.value_body is not None:
+            return self.value_body(x)
+        f = self.policy_body(x) if policy_features is None else policy_features
+        return f.detach() if self.arch == "detach" else f
+
     def value(self, obs: Tensor) -> Tensor:
         x, lead = self._nchw(obs)
-        body = self.policy_body if self.value_body is None else self.value_body
-        return self.value_head(body(x)).reshape(*lead, 1)
+        return self.value_head(self._value_features(x)).reshape(*lead, 1)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         x, lead = self._nchw(obs)
         f = self.policy_body(x)
-        vf = f if self.value_body is None else self.value_body(x)
-        return self.policy_head(f).reshape(*lead, -1), self.value_head(vf).reshape(*lead, 1)
+        return self.policy_head(f).reshape(*lead, -1), self.value_head(self._value_features(x, f)).reshape(*lead, 1)
+
+    def forward_aux(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Logits, value and the auxiliary value on the policy trunk (PPG's auxiliary phase)."""
+        if self.aux_value_head is None:
+            raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
+        x, lead = self._nchw(obs)
+        f = self.policy_body(x)
+        return (self.policy_head(f).reshape(*lead, -1), self.value_head(self._value_features(x, f)).reshape(*lead, 1),
+                self.aux_value_head(f).reshape(*lead, 1))

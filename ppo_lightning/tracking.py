@@ -18,7 +18,9 @@ artifact root for it, ``./mlruns/<experiment id>/<run id>/artifacts`` (``make cl
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -180,15 +182,38 @@ def quiet_mlflow() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+@contextlib.contextmanager
+def _sqlite_store_lock(tracking_uri: str):
+    """Hold an exclusive lock on the folder of a ``sqlite:///`` store (nothing for other stores).
+
+    Two runs started together on a new database both create its tables, and two runs of a new
+    experiment both create it: the loser fails ("table runs already exists") and would train without
+    tracking. The lock serializes only this first open; logging itself is left to sqlite's locking."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    folder = Path(tracking_uri[len("sqlite:///"):]).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def probe_tracking_store(tracking_uri: str, experiment_name: str) -> str | None:
     """Create or find the experiment; returns an error message if the store cannot be written."""
     quiet_mlflow()
     try:
         import mlflow
 
-        client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-        if client.get_experiment_by_name(experiment_name) is None:
-            client.create_experiment(experiment_name)
+        with _sqlite_store_lock(tracking_uri):
+            client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+            if client.get_experiment_by_name(experiment_name) is None:
+                client.create_experiment(experiment_name)
     except Exception as err:  # noqa: BLE001
         return f"{type(err).__name__}: {err}".splitlines()[0][:300]
     return None

@@ -204,6 +204,29 @@ def test_quick_runs_of_the_figure_driver(tmp_path, monkeypatch):
             assert int(row["minibatch_size"]) == 16 and '"--scale_rules", "com,adv_span"' in row["args"]
     minatar_figures.main(["ewma", "--arms", "ppo_ewma", *common])
     assert len(list(csv.DictReader(open(tmp_path / "ewma_runs.csv")))) == 1  # nothing rerun
+    # PPG-EWMA with all rules at c = 4 (its policy phase has E_pi = 1: 2 steps per iteration here)
+    minatar_figures.main(["bsi", "--arms", "c4_ppg_ewma", *common])
+    row = [r for r in csv.DictReader(open(tmp_path / "bsi_runs.csv")) if r["arm"] == "c4_ppg_ewma"][0]
+    assert "ppg_ewma.yaml" in row["args"] and int(row["minibatch_size"]) == 16
+    assert int(row["gradient_steps"]) > 2 * int(row["iterations"])  # auxiliary-phase steps too
+
+
+@pytest.mark.parametrize("arch", ["dual", "shared", "detach"])
+def test_minatar_cnn_in_ppg_layouts(arch):
+    """PPG's layouts on the MinAtar CNN: forward_aux = forward plus the auxiliary value on the policy
+    trunk; "dual" has a value trunk of its own; "detach" sends no value gradient into the trunk."""
+    obs_space, act_space = env_spaces("minatar:breakout")
+    net = build_network(obs_space, act_space, {"name": "minatar_cnn", "arch": arch, "aux_value_head": True})
+    obs = torch.rand(3, *obs_space["shape"]) > 0.5
+    logits, value, aux = net.forward_aux(obs)
+    torch.testing.assert_close((logits, value), net(obs))
+    assert aux.shape == (3, 1) and (net.value_body is not None) == (arch == "dual")
+    net.zero_grad()
+    net.value(obs).sum().backward()
+    trunk_grad = net.policy_body.dense.weight.grad
+    assert (trunk_grad is None or not trunk_grad.any()) == (arch != "shared")
+    with pytest.raises(ValueError, match="shared_trunk"):
+        build_network(obs_space, act_space, {"name": "minatar_cnn", "arch": "dual", "shared_trunk": True})
 
 
 def test_reference_kl_form_is_half_squared_log_ratio():

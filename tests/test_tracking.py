@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,33 @@ def test_print_config_shows_the_callbacks_and_logger_of_the_run(tmp_path, capsys
     assert cfg["trainer"]["logger"]["class_path"] == "ppo_lightning.tracking.SafeMLFlowLogger"
     assert cfg["data"]["seed"] == cfg["seed_everything"] == 1  # seed_everything seeds the envs
     assert list(tmp_path.iterdir()) == []  # nothing created: no store, no run folder
+
+
+def _probe(args):
+    from ppo_lightning.tracking import probe_tracking_store
+
+    uri, barrier_path, i = args
+    Path(f"{barrier_path}.ready{i}").touch()
+    while not os.path.exists(barrier_path):  # start together: the race is in the first open
+        time.sleep(0.001)
+    return probe_tracking_store(uri, "concurrent")
+
+
+def test_new_sqlite_store_opened_by_concurrent_runs(tmp_path):
+    """Parallel sweeps on a fresh mlflow.db: every process gets a working store (without the lock one
+    of them failed with "table runs already exists" and trained without tracking)."""
+    import multiprocessing as mp
+
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    barrier = tmp_path / "go"
+    import mlflow  # noqa: F401 - imported once, before the fork
+
+    with mp.get_context("fork").Pool(4) as pool:
+        pending = pool.map_async(_probe, [(uri, str(barrier), i) for i in range(4)], chunksize=1)
+        deadline = time.time() + 60
+        while len(list(tmp_path.glob("go.ready*"))) < 4 and time.time() < deadline:
+            time.sleep(0.05)
+        barrier.touch()
+        errors = pending.get(timeout=120)
+    assert errors == [None] * 4
+    assert len(mlflow.MlflowClient(tracking_uri=uri).search_experiments(filter_string="name = 'concurrent'")) == 1
