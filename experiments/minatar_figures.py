@@ -65,6 +65,10 @@ def _bsi_arms() -> dict[str, list[str]]:
         arms[f"c{c}_no_com"] = EWMA + ["--scale", str(c), "--scale_rules", "lr,adv_span"]
         arms[f"c{c}_no_adv_span"] = EWMA + ["--scale", str(c), "--scale_rules", "lr,com"]
         arms[f"c{c}_ppo"] = ["--scale", str(c), "--scale_rules", "lr,adv_span"]  # no EWMA (PPO, lr and span scaled)
+    # Diagnostic for c = 1 vs 4: above the noise scale Adam's step does not shrink with the minibatch,
+    # so c times the steps at lr / sqrt(c) move the policy sqrt(c) times further per frame. If that is
+    # why c = 4 learns faster, c = 1 with twice the lr should match c = 4.
+    arms["c1_lr2x"] = EWMA + ["--model.lr", str(2 * BASE_LR)]
     for c in (1, 4, 16):  # PPG-EWMA with all rules (n_pi * c as well)
         arms[f"c{c}_ppg_ewma"] = PPG_EWMA + ["--scale", str(c)]
     return arms
@@ -98,6 +102,7 @@ FIGURES = {
     "bsi": {"arms": _bsi_arms(), "borrow": {"c1_all": ("ewma", "ppo_ewma"), "c1_ppg_ewma": ("ewma", "ppg_ewma")},
             "compare": [("c4_all", "c1_all"), ("c16_all", "c1_all"), ("c16_all", "c4_all"),
                         *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ("no_lr", "no_com", "no_adv_span", "ppo")],
+                        ("c4_all", "c1_lr2x"), ("c1_lr2x", "c1_all"),
                         ("c4_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c4_ppg_ewma")]},
     # k0 is the ewma figure's ppo run (same CLI): borrowed
     "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
