@@ -69,6 +69,13 @@ def _bsi_arms() -> dict[str, list[str]]:
     # so c times the steps at lr / sqrt(c) move the policy sqrt(c) times further per frame. If that is
     # why c = 4 learns faster, c = 1 with twice the lr should match c = 4.
     arms["c1_lr2x"] = EWMA + ["--model.lr", str(2 * BASE_LR)]
+    # Diagnostic: Adam's second-moment horizon 1 / (1 - beta2) = 1000 steps is longer than a c = 1 run
+    # (600 steps), so its v keeps the large early gradients all run long; at c = 4, 16 (2352, 9384 steps)
+    # it forgets them. The optional rule betas ** (1/c) keeps the horizon in frames: with it c = 4 and
+    # 16 remember as c = 1 does; and c = 1 with beta2 0.99 forgets as c >= 4 do.
+    for c in (4, 16):
+        arms[f"c{c}_all_betas"] = EWMA + ["--scale", str(c), "--scale_adam_betas", "true"]
+    arms["c1_beta2_0.99"] = EWMA + ["--model.adam_betas", "[0.9, 0.99]"]
     for c in (1, 4, 16):  # PPG-EWMA with all rules (n_pi * c as well)
         arms[f"c{c}_ppg_ewma"] = PPG_EWMA + ["--scale", str(c)]
     return arms
@@ -103,6 +110,8 @@ FIGURES = {
             "compare": [("c4_all", "c1_all"), ("c16_all", "c1_all"), ("c16_all", "c4_all"),
                         *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ("no_lr", "no_com", "no_adv_span", "ppo")],
                         ("c4_all", "c1_lr2x"), ("c1_lr2x", "c1_all"),
+                        ("c4_all_betas", "c1_all"), ("c16_all_betas", "c1_all"), ("c16_all_betas", "c4_all_betas"),
+                        ("c4_all", "c1_beta2_0.99"), ("c1_beta2_0.99", "c1_all"),
                         ("c4_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c4_ppg_ewma")]},
     # k0 is the ewma figure's ppo run (same CLI): borrowed
     "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
