@@ -60,9 +60,17 @@ def probe(game: str, seed: int, frames: int, rollouts: int, work: Path) -> list[
     frames_trained = dm.frames
     dm.num_envs, dm.rollout_steps = PROBE_ENVS, PROBE_STEPS
     source = RolloutSource(dm, module.network)
-    params = [p for p in module.network.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in module.network.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    # Adam normalizes each coordinate by its own gradient scale: also the policy terms' B_simple per
+    # parameter tensor (slices of the flat gradient), since a tensor whose gradient is resolved from
+    # its noise at the minibatch (B_simple below it) gets sign-like Adam steps that do not shrink with b.
+    bounds, offset = {}, 0
+    for n, p in named:
+        bounds[n] = (offset, offset + p.numel())
+        offset += p.numel()
     groups = {"policy": ("loss_objective", "loss_entropy"), "value": ("loss_critic",)}
-    sums = {g: [0.0, 0.0] for g in (*groups, "total")}
+    sums = {g: [0.0, 0.0] for g in (*groups, "total", *(f"policy:{n}" for n in bounds))}
     module.eval()  # no dropout / batch norm here; keeps the network as the rollout saw it
     for _ in range(rollouts):
         flat = source.prepare(source.collect())
@@ -75,6 +83,8 @@ def probe(game: str, seed: int, frames: int, rollouts: int, work: Path) -> list[
                                            for x, p in zip(gs, params)]).double())
         stacked = {g: torch.stack(v) for g, v in grads.items()}
         stacked["total"] = stacked["policy"] + stacked["value"]
+        for n, (lo, hi) in bounds.items():
+            stacked[f"policy:{n}"] = stacked["policy"][:, lo:hi]
         for g, v in stacked.items():
             g2, tr = noise_scale_terms(v, PROBE_MINIBATCH)
             sums[g][0] += g2
@@ -104,16 +114,18 @@ def main(argv: list[str] | None = None) -> None:
                 for frames in (int(f) for f in a.at.split(",")):
                     for r in probe(game, seed, frames, a.probe_rollouts, Path(tmp)):
                         rows.append(r)
+                        if ":" in r["loss"]:
+                            continue
                         print(f"  {game:15s} seed {seed} after {r['frames_trained']:>7d} frames, {r['loss']:6s}: "
                               f"B_simple {r['B_simple']:8.1f} (|G|^2 {r['grad_sq']:.4g}, tr(Sigma) {r['trace_cov']:.4g})",
                               flush=True)
     write_csv(a.out, [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
     print("\nB_simple at fixed parameters (median over games and seeds) vs the sweep's minibatches "
           "(c = 1: 512, c = 4: 128, c = 16: 32):")
-    for loss in ("policy", "value", "total"):
+    for loss in ("policy", "value", "total", *sorted({r["loss"] for r in rows if ":" in r["loss"]})):
         for frames in sorted({r["frames_trained"] for r in rows}):
             vals = [r["B_simple"] for r in rows if r["frames_trained"] == frames and r["loss"] == loss]
-            print(f"  {loss:6s} after {frames:>7d} frames: median {np.median(vals):8.1f}  "
+            print(f"  {loss:32s} after {frames:>7d} frames: median {np.median(vals):8.1f}  "
                   f"(runs: {', '.join(f'{v:.0f}' for v in vals)})")
     print(f"wrote {a.out}")
 
