@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -122,6 +123,24 @@ def test_video_procgen_observations_enlarged(tmp_path):
     frames = read_mp4(path)
     assert frames.shape == (result["video_frames"], 256, 256, 3)
     assert "normalized_return_mean" in result
+
+
+def test_video_minatar_state_drawn_as_coloured_cells(tmp_path):
+    from ppo_lightning.envs import env_spaces
+    from ppo_lightning.envs.minatar_env import render_state
+
+    obs, act = env_spaces("minatar:breakout")
+    net = build_network(obs, act, {"name": "minatar_cnn"})
+    path = tmp_path / "breakout.mp4"
+    result = evaluate_policy(net, "minatar:breakout", episodes=1, num_envs=1, video=str(path))
+    frames = read_mp4(path)
+    assert frames.shape == (result["video_frames"], 320, 320, 3) and result["video_frames"] > 1
+    state = np.zeros((10, 10, 4), dtype=bool)
+    state[2, 3, 1] = state[2, 3, 3] = state[9, 0, 0] = True
+    img = render_state(state, scale=16)
+    assert img.shape == (160, 160, 3) and img[:32, :48].max() == 0  # empty cells are black
+    cell = lambda r, c: img[16 * r + 8, 16 * c + 8]  # noqa: E731
+    assert (cell(2, 3) != cell(9, 0)).any() and cell(2, 3).max() > 0  # the last active channel's colour
 
 
 # ------------------------------------------------------------------------------- self-contained HF code

@@ -77,6 +77,11 @@ def make_recordable_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[
     env_kwargs = dict(env_kwargs or {})
     if is_procgen(env_id):
         return make_env(env_id, num_envs, seed, env_kwargs), None
+    if is_minatar(env_id):  # 10x10xC boolean states: drawn as coloured cells
+        from ppo_lightning.envs.minatar_env import render_state
+
+        env = make_env(env_id, num_envs, seed, env_kwargs)
+        return env, lambda: render_state(env.base_env._obs[0])
     import os
 
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame (classic control) renders off-screen

@@ -185,3 +185,21 @@ def make_minatar_env(
     env = MinAtarTorchEnv(game, num_envs, seed=seed, sticky_action_prob=sticky_action_prob,
                           difficulty_ramping=difficulty_ramping, max_episode_steps=max_episode_steps)
     return TransformedEnv(env, Compose(RewardSum(), StepCounter()))
+
+
+def render_state(state: np.ndarray, scale: int = 32) -> np.ndarray:
+    """An RGB frame ``[H*scale, W*scale, 3]`` uint8 of a MinAtar state ``[H, W, C]``: black background,
+    one colour per channel (evenly spaced hues; the last active channel wins, as in MinAtar's own
+    display), each cell a ``scale`` x ``scale`` square. For videos (`ppo_lightning.video`)."""
+    import colorsys
+
+    state = np.asarray(state, dtype=bool)
+    h, w, c = state.shape
+    palette = np.array([[0, 0, 0]] + [[int(255 * x) for x in colorsys.hsv_to_rgb(i / c, 0.65, 0.95)] for i in range(c)],
+                       dtype=np.uint8)
+    index = np.zeros((h, w), dtype=np.int64)
+    for ch in range(c):
+        index[state[:, :, ch]] = ch + 1
+    frame = palette[index]
+    return np.repeat(np.repeat(frame, scale, axis=0), scale, axis=1)
+
