@@ -117,7 +117,10 @@ FIGURES = {
     "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
                   "compare": [(f"k{k}_{m}", "k0") for k in (1, 2, 4, 8) for m in ("behavior", "proximal", "decoupled")]
                   + [(f"k{k}_decoupled", f"k{k}_{m}") for k in (1, 2, 4, 8) for m in ("behavior", "proximal")]},
-    "klcom": {"arms": _klcom_arms(), "compare": []},
+    # Fig. 18: the effect of the anchor's age at each beta, and of beta at each age
+    "klcom": {"arms": _klcom_arms(),
+              "compare": [(f"beta{b:g}_com64", f"beta{b:g}_com1") for b in (0.1, 1.0, 10.0)]
+              + [(f"beta10_com{c}", f"beta0.1_com{c}") for c in (1, 8, 64)]},
     "reference": {"arms": {"ppo": []}, "compare": []},
 }
 QUICK_ARMS = {"ewma": "ppo,ppo_ewma", "bsi": "c1_all,c4_all,c4_no_lr", "staleness": "k0,k2_behavior,k2_decoupled",
