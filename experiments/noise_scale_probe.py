@@ -19,6 +19,7 @@ parameters held fixed:
 Writes ``results/minatar/noise_scale_fixed.csv`` and prints a table.
 
     python experiments/noise_scale_probe.py --games breakout,space_invaders --at 4096,50000,100000 --seeds 2
+    python experiments/noise_scale_probe.py --quick --out /tmp/ns.csv   # seconds-long pipeline check
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_csv  # noqa: E402
 from minatar_figures import CONFIG, EWMA  # noqa: E402
 
-PROBE_ENVS, PROBE_STEPS, PROBE_MINIBATCH = 64, 256, 32
+PROBE_STEPS, PROBE_MINIBATCH = 256, 32  # x the config's 64 envs: 16,384 frames per probe rollout
 
 
 def _fit(args: list[str]):
@@ -47,7 +48,8 @@ def _fit(args: list[str]):
                      "--trainer.enable_progress_bar", "false", *args])
 
 
-def probe(game: str, seed: int, frames: int, rollouts: int, work: Path) -> list[dict]:
+def probe(game: str, seed: int, frames: int, rollouts: int, work: Path, steps: int = PROBE_STEPS,
+          extra: tuple[str, ...] = ()) -> list[dict]:
     import torch
 
     from ppo_lightning.data import RolloutSource
@@ -55,10 +57,12 @@ def probe(game: str, seed: int, frames: int, rollouts: int, work: Path) -> list[
 
     cli = _fit(["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", f"minatar:{game}",
                 "--data.total_frames", str(frames), "--trainer.enable_checkpointing", "false",
-                "--checkpoint_every", "1000000", "--run_dir", str(work / f"{game}-s{seed}-f{frames}")])
+                "--checkpoint_every", "1000000", "--run_dir", str(work / f"{game}-s{seed}-f{frames}"), *extra])
     module, dm = cli.model, cli.datamodule
     frames_trained = dm.frames
-    dm.num_envs, dm.rollout_steps = PROBE_ENVS, PROBE_STEPS
+    # longer rollouts from the same envs (the reward normalizer keeps a running return per env)
+    dm.rollout_steps = steps
+    envs = dm.num_envs
     source = RolloutSource(dm, module.network)
     named = [(n, p) for n, p in module.network.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
@@ -94,7 +98,7 @@ def probe(game: str, seed: int, frames: int, rollouts: int, work: Path) -> list[
     for g, (g2, tr) in sums.items():
         g2, tr = g2 / rollouts, tr / rollouts
         rows.append({"game": game, "seed": seed, "frames_trained": frames_trained, "loss": g, "rollouts": rollouts,
-                     "b_small": PROBE_MINIBATCH, "b_big": PROBE_ENVS * PROBE_STEPS, "grad_sq": g2, "trace_cov": tr,
+                     "b_small": PROBE_MINIBATCH, "b_big": envs * steps, "grad_sq": g2, "trace_cov": tr,
                      "B_simple": tr / g2 if g2 > 0 else float("inf")})
     return rows
 
@@ -106,13 +110,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--probe-rollouts", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS / "minatar" / "noise_scale_fixed.csv")
+    p.add_argument("--quick", action="store_true", help="seconds-long pipeline check (tiny batches)")
     a = p.parse_args(argv)
+    sizes: dict = {}
+    if a.quick:
+        a.games, a.at, a.seeds, a.probe_rollouts = a.games.split(",")[0], "1024", 1, 1
+        sizes = {"steps": 16, "extra": ("--data.num_envs", "16", "--data.rollout_steps", "32")}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for game in a.games.split(","):
             for seed in range(a.seeds):
                 for frames in (int(f) for f in a.at.split(",")):
-                    for r in probe(game, seed, frames, a.probe_rollouts, Path(tmp)):
+                    for r in probe(game, seed, frames, a.probe_rollouts, Path(tmp), **sizes):
                         rows.append(r)
                         if ":" in r["loss"]:
                             continue

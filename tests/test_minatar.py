@@ -256,3 +256,17 @@ def test_reference_kl_form_is_half_squared_log_ratio():
     assert out["loss_objective"].item() == pytest.approx((2.0 * 0.5 * (lp - lp_prox) ** 2).mean().item(), rel=1e-5)
     with pytest.raises(ValueError, match="model.kl_form"):
         PPOFamilyLoss(net, space, kl_form="exact")
+
+
+def test_quick_run_of_the_noise_scale_probe(tmp_path):
+    """The fixed-parameter probe runs and writes B_simple for the policy terms, the value term, their
+    sum and each parameter tensor; the parameters do not move while it measures."""
+    import noise_scale_probe
+
+    out = tmp_path / "ns.csv"
+    noise_scale_probe.main(["--quick", "--out", str(out)])
+    rows = list(csv.DictReader(open(out)))
+    losses = {r["loss"] for r in rows}
+    assert {"policy", "value", "total", "policy:policy_head.weight"} <= losses
+    assert all(int(r["b_big"]) == 256 and int(r["b_small"]) == 32 for r in rows)
+    assert all(float(r["trace_cov"]) > 0 for r in rows if ":" not in r["loss"])
