@@ -65,21 +65,7 @@ def run(algo: str, seed: int, tmp: Path, extra: list[str] = ()) -> dict:
         "--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false",
         "--trainer.enable_checkpointing", "false", "--run_dir", str(tmp / f"{algo}-{seed}"), *extra,
     ]
-    # The crossing recorder rides along through the Trainer's callbacks.
-    import ppo_lightning.cli as cli_mod
-
-    original = cli_mod.PPOCLI.instantiate_trainer
-
-    def with_crossing(self, **kwargs):
-        trainer = original(self, **kwargs)
-        trainer.callbacks.append(crossing)
-        return trainer
-
-    cli_mod.PPOCLI.instantiate_trainer = with_crossing
-    try:
-        fit_main(args)
-    finally:
-        cli_mod.PPOCLI.instantiate_trainer = original
+    fit_main(args, extra_callbacks=[crossing])  # the crossing recorder rides along
     out = crossing.result or {"frames_to_475": None, "wall_s_to_475": None}
     out["split_s"] = {k: round(v, 2) for k, v in crossing.split.items()}
     out["grad_steps"] = crossing.steps

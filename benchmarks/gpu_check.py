@@ -103,14 +103,6 @@ def run_phase(name: str, iterations: int, num_envs: int, rollout_steps: int) -> 
                 print(MARK + json.dumps(out), flush=True)
 
     probe = Probe()
-    original = cli_mod.PPOCLI.instantiate_trainer
-
-    def with_probe(self, **kwargs):
-        trainer = original(self, **kwargs)
-        trainer.callbacks.append(probe)
-        return trainer
-
-    cli_mod.PPOCLI.instantiate_trainer = with_probe
     strategy = {
         "single": ["--trainer.devices", "1"],
         "ddp": ["--trainer.devices", str(world), "--trainer.strategy", "ddp"],
@@ -126,7 +118,7 @@ def run_phase(name: str, iterations: int, num_envs: int, rollout_steps: int) -> 
         "--data.num_envs", str(num_envs), "--data.rollout_steps", str(rollout_steps),
         "--data.total_frames", str(fpi * (iterations + 1)),
         "--data.num_threads", str(max(1, cores // max(world, 1) // 2)),
-    ])
+    ], extra_callbacks=[probe])
 
 
 def main(argv=None) -> int:

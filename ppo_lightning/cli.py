@@ -73,7 +73,14 @@ def _logger_entry(logger: SafeMLFlowLogger) -> dict:
 
 
 class PPOCLI(LightningCLI):
-    """LightningCLI with our defaults: MLflow tracking, a frames progress bar, periodic checkpoints."""
+    """LightningCLI with our defaults: MLflow tracking, a frames progress bar, periodic checkpoints.
+
+    ``extra_callbacks``: callback objects for this run in addition to the config's (benchmarks and
+    experiments that read results from a callback they hold, e.g. a frames-to-threshold recorder)."""
+
+    def __init__(self, *args, extra_callbacks=(), **kwargs) -> None:
+        self.extra_callbacks = list(extra_callbacks)
+        super().__init__(*args, **kwargs)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -144,6 +151,7 @@ class PPOCLI(LightningCLI):
         callbacks = self.managed_callbacks(cfg, run_dir, user_has_progress_bar=has_bar)
         self.checkpoint_callback = next((c for c in callbacks if isinstance(c, IterationCheckpoint)), None) \
             or self.managed_checkpoint(cfg, run_dir)
+        callbacks = callbacks + self.extra_callbacks
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
         final_logger = kwargs.get("logger", logger)
         record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
@@ -251,7 +259,7 @@ class PPOCLI(LightningCLI):
             print(f"  view with: mlflow ui --backend-store-uri {logger.tracking_uri}")
 
 
-def fit_main(args: list[str] | None = None) -> PPOCLI:
+def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
     if args is not None:  # called from Python (tests, benchmarks, experiments) on purpose
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     quiet_library_notices()
@@ -269,6 +277,7 @@ def fit_main(args: list[str] | None = None) -> PPOCLI:
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         args=args,
         auto_configure_optimizers=False,
+        extra_callbacks=extra_callbacks,
     )
 
 
