@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from ppo_lightning.callbacks import quiet_library_notices
 from ppo_lightning.data import RolloutDataModule, RolloutSource
 from ppo_lightning.module import PPOLightningModule
 from ppo_lightning.proximal import ProximalPolicyEWMA
@@ -32,6 +33,7 @@ def lightning_step_ms(iterations: int, epochs: int) -> tuple[float, PPOLightning
     dm = RolloutDataModule(total_frames=256 * iterations, seed=1, num_minibatches=8, update_epochs=epochs)
     model = PPOLightningModule(dm.observation_space, dm.action_space, lr=2e-3, decoupled=True, proximal_com=32.0)
     timer = _FitTimer()
+    quiet_library_notices()  # Lightning's litlogger tip
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          gradient_clip_val=0.5, enable_model_summary=False, callbacks=[timer])
     trainer.fit(model, dm)

@@ -109,6 +109,9 @@ def main() -> None:
                   f"{row['grad_cosine']:.5f} rel diff {row['grad_rel_diff']:.4f}", flush=True)
 
     probe = AnchorPrecision()
+    from ppo_lightning.callbacks import quiet_library_notices
+
+    quiet_library_notices()  # Lightning's litlogger tip
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_model_summary=False,
                          enable_progress_bar=False, callbacks=[probe])
     trainer.fit(model, dm)

@@ -149,6 +149,9 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None, ppg:
         ppg={"n_pi": n_pi, "aux_mbsize": args.ppg_aux_mbsize} if ppg else None,
     )
     timer = Timer()
+    from ppo_lightning.callbacks import quiet_library_notices
+
+    quiet_library_notices()  # Lightning's litlogger tip
     trainer = pl.Trainer(
         max_epochs=-1,
         logger=False,
