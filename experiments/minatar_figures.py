@@ -284,11 +284,102 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
         for s in summary:
             w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()})
     print(f"wrote {path}")
-    plot(figure, out, games, arms, frames)
+    curve_arms = {"bsi": [a for a in arms if a.endswith(("_all", "_lr2x"))],  # the rule ablations: a bar chart
+                  "staleness": [a for a in arms if a == "k0" or a.startswith("k8_")],  # all k: staleness_vs_k.png
+                  "ewma": arms}.get(figure, arms)
+    plot(figure, out, games, curve_arms, frames)
+    if figure == "bsi":
+        if any(a.endswith("_ppg_ewma") for a in arms):
+            plot(figure, out, games, [a for a in arms if a.endswith("_ppg_ewma")], frames, name="bsi_ppg_ewma")
+        plot_differences(summary, out / "bsi_ablations.png", "Table 5: each rule removed (arm - all rules at that c)",
+                         lambda row: "_no_" in row or "_ppo -" in row or "_betas -" in row)
+    if figure == "staleness":
+        plot_staleness(summary, out / "staleness_vs_k.png")
+    if figure == "klcom":
+        plot_grid(summary, out / "klcom.png")
     return summary
 
 
-def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int, points: int = 40) -> None:
+def _summary_lookup(summary: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(r["row"], r["stat"]): r for r in summary}
+
+
+def plot_differences(summary: list[dict], path: Path, title: str, keep) -> None:
+    """Horizontal bars: each selected comparison's AUC and final differences with 95% CIs."""
+    rows = [r for r in summary if " - " in r["row"] and keep(r["row"])]
+    if not rows:
+        return
+    names = list(dict.fromkeys(r["row"] for r in rows))
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, 2, figsize=(10, 0.35 * len(names) + 1.5), sharey=True)
+    look = _summary_lookup(summary)
+    for ax, stat in zip(axes, ("auc", "final")):
+        for i, n in enumerate(names):
+            r = look.get((n, stat))
+            if r is None:
+                continue
+            ax.errorbar(r["mean"], i, xerr=[[r["mean"] - r["ci_low"]], [r["ci_high"] - r["mean"]]], fmt="o", capsize=3)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set(xlabel=f"difference in normalized {stat} (95% CI)", yticks=range(len(names)), yticklabels=names)
+    axes[0].set_title(title, fontsize=9, loc="left")
+    from common import cpu_label
+
+    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
+    save_figure(fig, path)
+
+
+def plot_staleness(summary: list[dict], path: Path) -> None:
+    """Fig. 1's view: final and AUC normalized return against the staleness k, one line per mode."""
+    look = _summary_lookup(summary)
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, 2, figsize=(10, 4))
+    for ax, stat in zip(axes, ("final", "auc")):
+        for mode in ("behavior", "proximal", "decoupled"):
+            pts = [(0, look.get(("k0", stat)))] + [(k, look.get((f"k{k}_{mode}", stat))) for k in (1, 2, 4, 8)]
+            pts = [(k, r) for k, r in pts if r is not None]
+            if len(pts) < 2:
+                continue
+            ks = [k for k, _ in pts]
+            m = np.array([r["mean"] for _, r in pts])
+            lo, hi = np.array([r["ci_low"] for _, r in pts]), np.array([r["ci_high"] for _, r in pts])
+            ax.errorbar(ks, m, yerr=[m - lo, hi - m], marker="o", capsize=3, label=mode)
+        ax.set(xlabel="staleness k (iterations)", ylabel=f"normalized {stat} (95% CI)", xscale="symlog", xticks=[0, 1, 2, 4, 8],
+               xticklabels=["0", "1", "2", "4", "8"])
+        ax.legend()
+    axes[0].set_title("MinAtar Fig. 1: artificial staleness", fontsize=9, loc="left")
+    from common import cpu_label
+
+    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
+    save_figure(fig, path)
+
+
+def plot_grid(summary: list[dict], path: Path) -> None:
+    """Fig. 18's view: a beta x COM heat map of the final normalized return (mean [95% CI])."""
+    look = _summary_lookup(summary)
+    betas, coms = (0.1, 1.0, 10.0), (1, 8, 64)
+    grid = np.full((len(betas), len(coms)), np.nan)
+    pyplot = plt()
+    fig, ax = pyplot.subplots(figsize=(6, 4.5))
+    for i, b in enumerate(betas):
+        for j, c in enumerate(coms):
+            r = look.get((f"beta{b:g}_com{c}", "final"))
+            if r is not None:
+                grid[i, j] = r["mean"]
+                ax.text(j, i, f"{r['mean']:.3f}\n[{r['ci_low']:.3f}, {r['ci_high']:.3f}]\nn={r['n_seeds']}",
+                        ha="center", va="center", fontsize=8)
+    im = ax.imshow(grid, cmap="viridis", aspect="auto")
+    fig.colorbar(im, ax=ax, label="final normalized return")
+    ax.set(xticks=range(len(coms)), xticklabels=[str(c) for c in coms], yticks=range(len(betas)),
+           yticklabels=[f"{b:g}" for b in betas], xlabel="proximal COM (gradient steps)", ylabel="KL beta",
+           title="MinAtar Fig. 18: decoupled KL penalty, beta x COM")
+    from common import cpu_label
+
+    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
+    save_figure(fig, path)
+
+
+def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int, points: int = 40,
+         name: str | None = None) -> None:
     curves = figure_rows(figure, out, "curves")
     by: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
     for c in curves:
@@ -324,7 +415,7 @@ def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int,
     from common import cpu_label
 
     fig.text(0.01, 0.005, cpu_label(), fontsize=6)
-    save_figure(fig, out / f"{figure}.png")
+    save_figure(fig, out / f"{name or figure}.png")
 
 
 def _step_value(pts: list[tuple[float, float]], x: float) -> float:
