@@ -138,6 +138,14 @@ def test_score_table_matches_the_measurements():
         normalized_return("pong", 1.0)
 
 
+def test_game_without_reference_run_is_a_clear_error(monkeypatch):
+    from ppo_lightning.envs import minatar_scores
+
+    monkeypatch.setitem(minatar_scores.RETURN_RANGES, "freeway", (0.13, float("nan")))
+    with pytest.raises(ValueError, match="no R_ref measured for MinAtar game 'freeway'"):
+        minatar_scores.normalized_return("freeway", 1.0)
+
+
 # ------------------------------------------------------------------ statistics
 def test_bootstrap_ci_and_seed_count_on_a_known_case():
     from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, pooled_scores, seeds_needed

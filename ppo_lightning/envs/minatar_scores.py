@@ -12,19 +12,23 @@ MinAtar has no published normalization constants, so both are measured by this p
   experiments' seeds); R_ref = the mean over the last 10% of its frames of the mean return of the
   last 20 episodes:
   ``python experiments/minatar_figures.py reference --games breakout,space_invaders,asterix --seeds 1
-  --frames 300000`` -> ``experiments/results/minatar/reference_runs.csv``.
+  --frames 300000`` (and ``--games freeway,seaquest``) -> ``experiments/results/minatar/reference_runs.csv``.
 
 So 0 = random play and 1 = what PPO at the base configuration reaches in 300k frames; longer or
 better runs exceed 1. One seed makes R_ref itself noisy: it scales every arm of a game alike, so
 comparisons between arms are unaffected in sign, only in units.
 
-Budget (issue 11, a 2-core machine shared by five engineers): Freeway and Seaquest have no
-reference run (their R_ref is nan and `normalized_return` raises). Asterix has one, but PPO is
-barely above random there at this budget (R_ref - R_random = 0.31 points, less than the sd of one
-episode's return): normalizing by it multiplies noise by ~3, so the experiments leave Asterix out
-of the pooled statistics (uninformative at this budget). A 1M+-frame reference on all five games
-is the first thing to run with more CPU: ``python experiments/minatar_figures.py reference
---seeds 2 --frames 1000000``.
+Games the experiments leave out of the pooled statistics (uninformative at their 100k-frame runs):
+
+* Asterix: PPO is barely above random in 300k frames (R_ref - R_random = 0.31 points, less than the
+  sd of one episode's return): normalizing by it multiplies noise by ~3.
+* Seaquest: likewise (R_ref - R_random = 0.87 points after 300k frames).
+* Freeway: an episode lasts 2,500 frames per env, so with the base configuration's 64 envs the first
+  episodes end after 160k frames: a 100k-frame run has no finished episode, hence no learning
+  curve (R_ref 18.85 after 303k frames; fewer envs or longer runs would make it informative).
+
+A 1M+-frame reference on all five games is the first thing to run with more CPU:
+``python experiments/minatar_figures.py reference --seeds 2 --frames 1000000``.
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ import math
 RETURN_RANGES: dict[str, tuple[float, float]] = {
     "asterix": (0.4567, 0.7625),  # PPO barely above random at this budget: uninformative (see module doc)
     "breakout": (0.4767, 4.825),
-    "freeway": (0.1267, float("nan")),  # no reference run at this project's budget
-    "seaquest": (0.0967, float("nan")),  # no reference run at this project's budget
+    "freeway": (0.1267, 18.85),  # no finished episode within a 100k-frame run at 64 envs (see module doc)
+    "seaquest": (0.0967, 0.9688),  # PPO barely above random at this budget: uninformative
     "space_invaders": (2.5033, 22.0437),
 }
 
