@@ -247,6 +247,9 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
     summary = []
     frames = max(int(r["frames"]) for r in rows)
     print(f"\n[{figure}] games pooled: {', '.join(games)}; {frames} frames per run; 95% bootstrap CIs over seeds")
+    own = [r for r in read_rows(out / f"{figure}_runs.csv") if r["game"] in games]  # budget: not borrowed runs
+    print(f"[{figure}] budget: {len(own)} runs of this figure ({len(rows) - len(own)} borrowed), "
+          f"{sum(float(r['wall_s']) for r in own) / 3600:.2f} h summed run wall time (1 thread per run)")
     for arm in arms:
         for which, stat in ((0, "auc"), (1, "final")):
             scores = list(pooled(arm, which).values())
