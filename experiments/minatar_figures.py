@@ -76,6 +76,15 @@ def _bsi_arms() -> dict[str, list[str]]:
     for c in (4, 16):
         arms[f"c{c}_all_betas"] = EWMA + ["--scale", str(c), "--scale_adam_betas", "true"]
     arms["c1_beta2_0.99"] = EWMA + ["--model.adam_betas", "[0.9, 0.99]"]
+    # The same figure from a base tuned for 100k frames (lr 1e-3 = c1_lr2x, the c = 1 arm): all rules
+    # at c = 4, 16 and Table 5's ablations at c = 4 (lr 1e-3 / sqrt(c) where the rule is on).
+    tuned = EWMA + ["--model.lr", str(2 * BASE_LR)]
+    for c in (4, 16):
+        arms[f"c{c}_all_lr2x"] = tuned + ["--scale", str(c)]
+    arms["c4_no_lr_lr2x"] = tuned + ["--scale", "4", "--scale_rules", "com,adv_span"]
+    arms["c4_no_com_lr2x"] = tuned + ["--scale", "4", "--scale_rules", "lr,adv_span"]
+    arms["c4_no_adv_span_lr2x"] = tuned + ["--scale", "4", "--scale_rules", "lr,com"]
+    arms["c4_ppo_lr2x"] = ["--model.lr", str(2 * BASE_LR), "--scale", "4", "--scale_rules", "lr,adv_span"]
     for c in (1, 4, 16):  # PPG-EWMA with all rules (n_pi * c as well)
         arms[f"c{c}_ppg_ewma"] = PPG_EWMA + ["--scale", str(c)]
     return arms
@@ -112,6 +121,8 @@ FIGURES = {
                         ("c4_all", "c1_lr2x"), ("c1_lr2x", "c1_all"),
                         ("c4_all_betas", "c1_all"), ("c16_all_betas", "c1_all"), ("c16_all_betas", "c4_all_betas"),
                         ("c4_all", "c1_beta2_0.99"), ("c1_beta2_0.99", "c1_all"),
+                        ("c4_all_lr2x", "c1_lr2x"), ("c16_all_lr2x", "c1_lr2x"), ("c16_all_lr2x", "c4_all_lr2x"),
+                        *[(f"c4_{a}_lr2x", "c4_all_lr2x") for a in ("no_lr", "no_com", "no_adv_span", "ppo")],
                         ("c4_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c4_ppg_ewma")]},
     # k0 is the ewma figure's ppo run (same CLI): borrowed
     "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
