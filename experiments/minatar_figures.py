@@ -69,6 +69,8 @@ def _bsi_arms() -> dict[str, list[str]]:
     # so c times the steps at lr / sqrt(c) move the policy sqrt(c) times further per frame. If that is
     # why c = 4 learns faster, c = 1 with twice the lr should match c = 4.
     arms["c1_lr2x"] = EWMA + ["--model.lr", str(2 * BASE_LR)]
+    for k in (4, 8):  # the lr sweep at c = 1 for this budget: where does a larger step stop helping?
+        arms[f"c1_lr{k}x"] = EWMA + ["--model.lr", str(k * BASE_LR)]
     # Diagnostic: Adam's second-moment horizon 1 / (1 - beta2) = 1000 steps is longer than a c = 1 run
     # (600 steps), so its v keeps the large early gradients all run long; at c = 4, 16 (2352, 9384 steps)
     # it forgets them. The optional rule betas ** (1/c) keeps the horizon in frames: with it c = 4 and
@@ -121,6 +123,7 @@ FIGURES = {
                         ("c4_all", "c1_lr2x"), ("c1_lr2x", "c1_all"),
                         ("c4_all_betas", "c1_all"), ("c16_all_betas", "c1_all"), ("c16_all_betas", "c4_all_betas"),
                         ("c4_all", "c1_beta2_0.99"), ("c1_beta2_0.99", "c1_all"),
+                        ("c1_lr4x", "c1_lr2x"), ("c1_lr8x", "c1_lr4x"),
                         ("c4_all_lr2x", "c1_lr2x"), ("c16_all_lr2x", "c1_lr2x"), ("c16_all_lr2x", "c4_all_lr2x"),
                         *[(f"c4_{a}_lr2x", "c4_all_lr2x") for a in ("no_lr", "no_com", "no_adv_span", "ppo")],
                         ("c4_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c4_ppg_ewma")]},
