@@ -87,6 +87,9 @@ def _bsi_arms() -> dict[str, list[str]]:
     arms["c4_no_com_lr2x"] = tuned + ["--scale", "4", "--scale_rules", "lr,adv_span"]
     arms["c4_no_adv_span_lr2x"] = tuned + ["--scale", "4", "--scale_rules", "lr,com"]
     arms["c4_ppo_lr2x"] = ["--model.lr", str(2 * BASE_LR), "--scale", "4", "--scale_rules", "lr,adv_span"]
+    # and from the lr sweep's largest lr (4e-3; c = 1 is c1_lr8x): all rules and no lr rule at c = 4
+    arms["c4_all_lr8x"] = EWMA + ["--model.lr", str(8 * BASE_LR), "--scale", "4"]
+    arms["c4_no_lr_lr8x"] = EWMA + ["--model.lr", str(8 * BASE_LR), "--scale", "4", "--scale_rules", "com,adv_span"]
     for c in (1, 4, 16):  # PPG-EWMA with all rules (n_pi * c as well)
         arms[f"c{c}_ppg_ewma"] = PPG_EWMA + ["--scale", str(c)]
     return arms
@@ -124,6 +127,7 @@ FIGURES = {
                         ("c4_all_betas", "c1_all"), ("c16_all_betas", "c1_all"), ("c16_all_betas", "c4_all_betas"),
                         ("c4_all", "c1_beta2_0.99"), ("c1_beta2_0.99", "c1_all"),
                         ("c1_lr4x", "c1_lr2x"), ("c1_lr8x", "c1_lr4x"),
+                        ("c4_all_lr8x", "c1_lr8x"), ("c4_no_lr_lr8x", "c4_all_lr8x"),
                         ("c4_all_lr2x", "c1_lr2x"), ("c16_all_lr2x", "c1_lr2x"), ("c16_all_lr2x", "c4_all_lr2x"),
                         *[(f"c4_{a}_lr2x", "c4_all_lr2x") for a in ("no_lr", "no_com", "no_adv_span", "ppo")],
                         ("c4_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c4_ppg_ewma")]},
