@@ -387,7 +387,7 @@ def plot_grid(summary: list[dict], path: Path) -> None:
             if r is not None:
                 grid[i, j] = r["mean"]
                 ax.text(j, i, f"{r['mean']:.3f}\n[{r['ci_low']:.3f}, {r['ci_high']:.3f}]\nn={r['n_seeds']}",
-                        ha="center", va="center", fontsize=8)
+                        ha="center", va="center", fontsize=8, color="white" if r["mean"] < 0.3 else "black")
     im = ax.imshow(grid, cmap="viridis", aspect="auto")
     fig.colorbar(im, ax=ax, label="final normalized return")
     ax.set(xticks=range(len(coms)), xticklabels=[str(c) for c in coms], yticks=range(len(betas)),
