@@ -34,6 +34,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, RESULTS, plt, run, save_figure, write_csv  # noqa: E402
+from common import ROOT, RESULTS, cpu_label, plt, run, save_figure, write_csv  # noqa: E402
 from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, seeds_needed  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
@@ -58,38 +59,44 @@ MIN_SEEDS_FOR_CI = 5
 # figure -> {arm: extra CLI args}; "reference" arm names the comparison's baseline.
 
 
+# Table 5's ablations: the --scale rules each one keeps (the one left out is the ablated rule)
+RULES_WITHOUT = {"no_lr": "com,adv_span", "no_com": "lr,adv_span", "no_adv_span": "lr,com"}
+ABLATIONS = (*RULES_WITHOUT, "ppo")
+
+
+def _scaled_arms(c: int, lr: float | None = None, kinds: tuple[str, ...] = ("all", *ABLATIONS)) -> dict[str, list[str]]:
+    """PPO-EWMA at scale c with all rules ("all") and Table 5's ablations: each rule removed, and PPO
+    (no EWMA; lr and span scaled). ``lr``: the c = 1 base's lr when it is not the config's (the arm
+    names then end in ``_lr{lr / BASE_LR}x``)."""
+    base = [] if lr is None else ["--model.lr", str(lr)]
+    suffix = "" if lr is None else f"_lr{lr / BASE_LR:g}x"
+    scale = ["--scale", str(c)]
+    args = {"all": EWMA + base + scale, "ppo": base + scale + ["--scale_rules", "lr,adv_span"],
+            **{k: EWMA + base + scale + ["--scale_rules", rules] for k, rules in RULES_WITHOUT.items()}}
+    return {f"c{c}_{k}{suffix}": args[k] for k in kinds}
+
+
 def _bsi_arms() -> dict[str, list[str]]:
     arms = {f"c{c}_all": EWMA + ["--scale", str(c)] for c in (1, 4, 16)}
     for c in (4, 16):  # each rule's ablation at c = 4 and 16 (issue 11, item 3)
-        arms[f"c{c}_no_lr"] = EWMA + ["--scale", str(c), "--scale_rules", "com,adv_span"]
-        arms[f"c{c}_no_com"] = EWMA + ["--scale", str(c), "--scale_rules", "lr,adv_span"]
-        arms[f"c{c}_no_adv_span"] = EWMA + ["--scale", str(c), "--scale_rules", "lr,com"]
-        arms[f"c{c}_ppo"] = ["--scale", str(c), "--scale_rules", "lr,adv_span"]  # no EWMA (PPO, lr and span scaled)
+        arms |= _scaled_arms(c, kinds=ABLATIONS)
     # Diagnostic for c = 1 vs 4: above the noise scale Adam's step does not shrink with the minibatch,
     # so c times the steps at lr / sqrt(c) move the policy sqrt(c) times further per frame. If that is
     # why c = 4 learns faster, c = 1 with twice the lr should match c = 4.
-    arms["c1_lr2x"] = EWMA + ["--model.lr", str(2 * BASE_LR)]
-    for k in (4, 8):  # the lr sweep at c = 1 for this budget: where does a larger step stop helping?
+    for k in (2, 4, 8):  # and the lr sweep at c = 1 for this budget: where does a larger step stop helping?
         arms[f"c1_lr{k}x"] = EWMA + ["--model.lr", str(k * BASE_LR)]
-    # Diagnostic: Adam's second-moment horizon 1 / (1 - beta2) = 1000 steps is longer than a c = 1 run
-    # (600 steps), so its v keeps the large early gradients all run long; at c = 4, 16 (2352, 9384 steps)
-    # it forgets them. The optional rule betas ** (1/c) keeps the horizon in frames: with it c = 4 and
-    # 16 remember as c = 1 does; and c = 1 with beta2 0.99 forgets as c >= 4 do.
+    # Diagnostic (a hypothesis, refuted in experiments/README.md): Adam's second-moment horizon
+    # 1 / (1 - beta2) = 1000 steps is longer than a c = 1 run (600 steps), so its v keeps the large
+    # early gradients all run long; at c = 4, 16 (2352, 9384 steps) it forgets them. The optional rule
+    # betas ** (1/c) keeps the horizon in frames: with it c = 4 and 16 remember as c = 1 does; and
+    # c = 1 with beta2 0.99 forgets as c >= 4 do.
     for c in (4, 16):
         arms[f"c{c}_all_betas"] = EWMA + ["--scale", str(c), "--scale_adam_betas", "true"]
     arms["c1_beta2_0.99"] = EWMA + ["--model.adam_betas", "[0.9, 0.99]"]
-    # The same figure from a base tuned for 100k frames (lr 1e-3 = c1_lr2x, the c = 1 arm): all rules
-    # at c = 4, 16 and Table 5's ablations at c = 4 (lr 1e-3 / sqrt(c) where the rule is on).
-    tuned = EWMA + ["--model.lr", str(2 * BASE_LR)]
-    for c in (4, 16):
-        arms[f"c{c}_all_lr2x"] = tuned + ["--scale", str(c)]
-    arms["c4_no_lr_lr2x"] = tuned + ["--scale", "4", "--scale_rules", "com,adv_span"]
-    arms["c4_no_com_lr2x"] = tuned + ["--scale", "4", "--scale_rules", "lr,adv_span"]
-    arms["c4_no_adv_span_lr2x"] = tuned + ["--scale", "4", "--scale_rules", "lr,com"]
-    arms["c4_ppo_lr2x"] = ["--model.lr", str(2 * BASE_LR), "--scale", "4", "--scale_rules", "lr,adv_span"]
-    # and from the lr sweep's largest lr (4e-3; c = 1 is c1_lr8x): all rules and no lr rule at c = 4
-    arms["c4_all_lr8x"] = EWMA + ["--model.lr", str(8 * BASE_LR), "--scale", "4"]
-    arms["c4_no_lr_lr8x"] = EWMA + ["--model.lr", str(8 * BASE_LR), "--scale", "4", "--scale_rules", "com,adv_span"]
+    # The same figure from larger base lrs (the c = 1 arms are c1_lr2x, c1_lr8x): from 1e-3 all rules at
+    # c = 4, 16 and Table 5's ablations at c = 4; from 4e-3 all rules and no lr rule at c = 4.
+    arms |= _scaled_arms(4, 2 * BASE_LR) | _scaled_arms(16, 2 * BASE_LR, kinds=("all",))
+    arms |= _scaled_arms(4, 8 * BASE_LR, kinds=("all", "no_lr"))
     for c in (1, 4, 16):  # PPG-EWMA with all rules (n_pi * c as well)
         arms[f"c{c}_ppg_ewma"] = PPG_EWMA + ["--scale", str(c)]
     return arms
@@ -122,14 +129,14 @@ FIGURES = {
     # no-op): their runs are borrowed
     "bsi": {"arms": _bsi_arms(), "borrow": {"c1_all": ("ewma", "ppo_ewma"), "c1_ppg_ewma": ("ewma", "ppg_ewma")},
             "compare": [("c4_all", "c1_all"), ("c16_all", "c1_all"), ("c16_all", "c4_all"),
-                        *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ("no_lr", "no_com", "no_adv_span", "ppo")],
+                        *[(f"c{c}_{a}", f"c{c}_all") for c in (4, 16) for a in ABLATIONS],
                         ("c4_all", "c1_lr2x"), ("c1_lr2x", "c1_all"),
                         ("c4_all_betas", "c1_all"), ("c16_all_betas", "c1_all"), ("c16_all_betas", "c4_all_betas"),
                         ("c4_all", "c1_beta2_0.99"), ("c1_beta2_0.99", "c1_all"),
                         ("c1_lr4x", "c1_lr2x"), ("c1_lr8x", "c1_lr4x"),
                         ("c4_all_lr8x", "c1_lr8x"), ("c4_no_lr_lr8x", "c4_all_lr8x"),
                         ("c4_all_lr2x", "c1_lr2x"), ("c16_all_lr2x", "c1_lr2x"), ("c16_all_lr2x", "c4_all_lr2x"),
-                        *[(f"c4_{a}_lr2x", "c4_all_lr2x") for a in ("no_lr", "no_com", "no_adv_span", "ppo")],
+                        *[(f"c4_{a}_lr2x", "c4_all_lr2x") for a in ABLATIONS],
                         ("c4_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c1_ppg_ewma"), ("c16_ppg_ewma", "c4_ppg_ewma")]},
     # k0 is the ewma figure's ppo run (same CLI): borrowed
     "staleness": {"arms": _staleness_arms(), "borrow": {"k0": ("ewma", "ppo")},
@@ -305,7 +312,7 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
         for s in summary:
             w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()})
     print(f"wrote {path}")
-    curve_arms = {"bsi": [a for a in arms if a.endswith(("_all", "_lr2x"))],  # the rule ablations: a bar chart
+    curve_arms = {"bsi": [a for a in arms if re.fullmatch(r"c\d+_all(_lr\dx)?|c1_lr\dx", a)],  # ablations: bar chart
                   "staleness": [a for a in arms if a == "k0" or a.startswith("k8_")],  # all k: staleness_vs_k.png
                   "ewma": arms}.get(figure, arms)
     plot(figure, out, games, curve_arms, frames)
@@ -319,6 +326,12 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
     if figure == "klcom":
         plot_grid(summary, out / "klcom.png")
     return summary
+
+
+def save_labelled(fig, path: Path) -> None:
+    """Write a figure with the CPU it was measured on in its corner (machines differ)."""
+    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
+    save_figure(fig, path)
 
 
 def _summary_lookup(summary: list[dict]) -> dict[tuple[str, str], dict]:
@@ -343,10 +356,7 @@ def plot_differences(summary: list[dict], path: Path, title: str, keep) -> None:
         ax.axvline(0, color="grey", lw=0.8)
         ax.set(xlabel=f"difference in normalized {stat} (95% CI)", yticks=range(len(names)), yticklabels=names)
     axes[0].set_title(title, fontsize=9, loc="left")
-    from common import cpu_label
-
-    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
-    save_figure(fig, path)
+    save_labelled(fig, path)
 
 
 def plot_staleness(summary: list[dict], path: Path) -> None:
@@ -368,10 +378,7 @@ def plot_staleness(summary: list[dict], path: Path) -> None:
                xticklabels=["0", "1", "2", "4", "8"])
         ax.legend()
     axes[0].set_title("MinAtar Fig. 1: artificial staleness", fontsize=9, loc="left")
-    from common import cpu_label
-
-    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
-    save_figure(fig, path)
+    save_labelled(fig, path)
 
 
 def plot_grid(summary: list[dict], path: Path) -> None:
@@ -393,10 +400,7 @@ def plot_grid(summary: list[dict], path: Path) -> None:
     ax.set(xticks=range(len(coms)), xticklabels=[str(c) for c in coms], yticks=range(len(betas)),
            yticklabels=[f"{b:g}" for b in betas], xlabel="proximal COM (gradient steps)", ylabel="KL beta",
            title="MinAtar Fig. 18: decoupled KL penalty, beta x COM")
-    from common import cpu_label
-
-    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
-    save_figure(fig, path)
+    save_labelled(fig, path)
 
 
 def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int, points: int = 40,
@@ -433,10 +437,7 @@ def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int,
     ax.set(xlabel="environment frames", ylabel=f"normalized return (mean of {len(games)} games)",
            title=f"MinAtar {figure}: mean and 95% bootstrap CI over seeds")
     ax.legend(fontsize=7, ncol=2)
-    from common import cpu_label
-
-    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
-    save_figure(fig, out / f"{name or figure}.png")
+    save_labelled(fig, out / f"{name or figure}.png")
 
 
 def _step_value(pts: list[tuple[float, float]], x: float) -> float:
