@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ppo_lightning.models import resolve_arch
+from ppo_lightning.models import ActorCritic, resolve_arch
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:
@@ -82,11 +82,9 @@ class MinAtarActorCritic(nn.Module):
         x, lead = self._nchw(obs)
         return (self.policy_head(self.policy_body(x)).reshape(*lead, -1),)
 
-    def _value_features(self, x: Tensor, policy_features: Tensor | None = None) -> Tensor:
-        if self.value_body is not None:
-            return self.value_body(x)
-        f = self.policy_body(x) if policy_features is None else policy_features
-        return f.detach() if self.arch == "detach" else f
+    # The value head's input by layout (own trunk; shared; shared through a stop-gradient): the MLP's
+    # rule, on the same attributes (value_body, policy_body, arch).
+    _value_features = ActorCritic._value_features
 
     def value(self, obs: Tensor) -> Tensor:
         x, lead = self._nchw(obs)
