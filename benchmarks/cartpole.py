@@ -10,7 +10,7 @@ per-iteration timings the data module reports.
     python benchmarks/cartpole.py [--seeds 1 2 3] [--algos ppo ppo_ewma ppg ppg_ewma]
 
 The machine (CPU model, cores, ISA flags, torch threads) is printed first; the last line printed is
-one JSON object with the medians and ``"machine"`` (`ppo_lightning.hardware.machine_info`).
+one JSON object with the medians and ``"machine"`` (`ppo_lightning.core.hardware.machine_info`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Crossing(pl.Callback):
 
 def run(algo: str, seed: int, tmp: Path, extra: list[str] = ()) -> dict:
     """One training run of the algorithm's config (plus CLI overrides ``extra``) until 475."""
-    from ppo_lightning.cli import fit_main
+    from ppo_lightning.cli.fit import fit_main
 
     crossing = Crossing()
     args = [
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     import logging
     import tempfile
 
-    from ppo_lightning.hardware import machine_info, machine_line
+    from ppo_lightning.core.hardware import machine_info, machine_line
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     print(machine_line(machine_info()), flush=True)

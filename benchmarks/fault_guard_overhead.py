@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 def make_step():
     from tensordict import TensorDict
 
-    from ppo_lightning.data import RolloutDataModule
-    from ppo_lightning.faults import NumericalGuard
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.core.faults import NumericalGuard
+    from ppo_lightning.training.module import PPOLightningModule
 
     dm = RolloutDataModule(num_envs=8, rollout_steps=32, num_minibatches=8)
     model = PPOLightningModule(dm.observation_space, dm.action_space,
@@ -67,7 +67,7 @@ def make_env_step():
     import gymnasium as gym
     import numpy as np
 
-    from ppo_lightning.faults import make_guarded_env_class
+    from ppo_lightning.core.faults import make_guarded_env_class
 
     guarded_cls = make_guarded_env_class()
 

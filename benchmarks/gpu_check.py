@@ -51,7 +51,7 @@ def run_phase(name: str, iterations: int, num_envs: int, rollout_steps: int) -> 
     import lightning.pytorch as pl
     import torch
 
-    import ppo_lightning.cli as cli_mod
+    import ppo_lightning.cli.fit as cli_mod
 
     config, kind = PHASES[name]
     world = torch.cuda.device_count() if kind != "single" else 1
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ppo_lightning.hardware import machine_info, machine_line
+    from ppo_lightning.core.hardware import machine_info, machine_line
 
     names = [x.strip() for x in args.phases.split(",") if x.strip()]
     unknown = [x for x in names if x not in PHASES]

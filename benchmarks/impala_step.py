@@ -12,7 +12,7 @@ For a 2048-sample minibatch (the paper config's), prints the seconds of:
 - with ``--layouts channels_last,nchw``: training (micro-batches of 128) and the fp32 proximal forward
   with NCHW-contiguous activations next to the default channels_last (the layout oneDNN picks from
   the uint8 NHWC observations), to see which layout is faster on this CPU.
-The machine (CPU model, cores, ISA flags, torch threads; `ppo_lightning.hardware`) is printed first
+The machine (CPU model, cores, ISA flags, torch threads; `ppo_lightning.core.hardware`) is printed first
 and goes into the JSON line as ``"machine"``; emulate an AVX2-only CPU with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` (the JSON then says so).
 All timed variants run round-robin, ``--repeats`` rounds after one warm-up round, and each figure is
@@ -49,9 +49,9 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from ppo_lightning.impala import ImpalaActorCritic, max_pool_3x3_s2
+    from ppo_lightning.nets.impala import ImpalaActorCritic, max_pool_3x3_s2
 
-    from ppo_lightning.hardware import machine_info, machine_line
+    from ppo_lightning.core.hardware import machine_info, machine_line
 
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu needs --threads 1 (CPU seconds of several threads include OpenMP spinning)")

@@ -23,10 +23,10 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from ppo_lightning.callbacks import quiet_library_notices
-from ppo_lightning.data import RolloutDataModule, RolloutSource
-from ppo_lightning.module import PPOLightningModule
-from ppo_lightning.proximal import ProximalPolicyEWMA
+from ppo_lightning.training.callbacks import quiet_library_notices
+from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
+from ppo_lightning.training.module import PPOLightningModule
+from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
 
 def lightning_step_ms(iterations: int, epochs: int) -> tuple[float, PPOLightningModule, RolloutDataModule]:

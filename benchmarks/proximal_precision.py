@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--com", type=float, default=8.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.core.threads)")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
 
@@ -40,10 +40,10 @@ def main() -> None:
     import torch
     import yaml
 
-    from ppo_lightning import objectives as F
-    from ppo_lightning.data import RolloutDataModule
-    from ppo_lightning.models import make_distribution
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.algos import objectives as F
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.nets.models import make_distribution
+    from ppo_lightning.training.module import PPOLightningModule
 
     cfg = yaml.safe_load((ROOT / "experiments/procgen/ppo_easy_short.yaml").read_text())
     data = {**cfg["data"], "seed": args.seed, "num_threads": args.threads}
@@ -109,7 +109,7 @@ def main() -> None:
                   f"{row['grad_cosine']:.5f} rel diff {row['grad_rel_diff']:.4f}", flush=True)
 
     probe = AnchorPrecision()
-    from ppo_lightning.callbacks import quiet_library_notices
+    from ppo_lightning.training.callbacks import quiet_library_notices
 
     quiet_library_notices()  # Lightning's litlogger tip
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_model_summary=False,

@@ -137,8 +137,8 @@ def main() -> None:
             p.error("--clock cpu needs --threads 1 (CPU seconds of several threads include OpenMP spinning)")
         CLOCK = time.process_time
 
-    from ppo_lightning.hardware import machine_info, machine_line
-    from ppo_lightning.impala import ImpalaActorCritic
+    from ppo_lightning.core.hardware import machine_info, machine_line
+    from ppo_lightning.nets.impala import ImpalaActorCritic
 
     torch.set_num_threads(args.threads)
     machine = machine_info()

@@ -15,7 +15,7 @@ native, else fp32; ``ppo_ewma_*``, ``ewma_overhead``, the choice in ``ppo_ewma_p
 and with the exact one (``ppo_ewma_exact_proximal_*``, ``ewma_overhead_exact_proximal``); where
 ``auto`` is the exact fp32 forward (CPUs without AMX) it runs once.
 The machine (CPU model, cores, ISA flags, torch threads) is printed first and goes into the JSON
-line as ``"machine"`` (`ppo_lightning.hardware.machine_info`).
+line as ``"machine"`` (`ppo_lightning.core.hardware.machine_info`).
 Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen configs' setting).
 
     python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, fp32
@@ -69,8 +69,8 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None, ppg:
     import lightning.pytorch as pl
     import torch
 
-    from ppo_lightning.data import RolloutDataModule
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
 
     class Timer(pl.Callback):
         def __init__(self) -> None:
@@ -149,7 +149,7 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None, ppg:
         ppg={"n_pi": n_pi, "aux_mbsize": args.ppg_aux_mbsize} if ppg else None,
     )
     timer = Timer()
-    from ppo_lightning.callbacks import quiet_library_notices
+    from ppo_lightning.training.callbacks import quiet_library_notices
 
     quiet_library_notices()  # Lightning's litlogger tip
     trainer = pl.Trainer(
@@ -195,7 +195,7 @@ def main() -> None:
     p.add_argument("--micro-batch-size", type=int, default=128,
                    help="model.micro_batch_size (0: whole 2048-sample minibatches in one pass)")
     p.add_argument("--game", default="coinrun")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.threads)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.core.threads)")
     p.add_argument("--procgen-threads", type=int, default=None, help="Procgen worker threads (default: auto)")
     p.add_argument("--only", default=None,
                    help="comma list of algorithms to run: ppo, ppo_ewma (all its proximal precisions), ppg, ppg_ewma")
@@ -209,9 +209,9 @@ def main() -> None:
     import torch
 
     from ppo_lightning.envs.procgen_env import auto_procgen_threads
-    from ppo_lightning.threads import configure_threads
+    from ppo_lightning.core.threads import configure_threads
 
-    from ppo_lightning.hardware import machine_info, machine_line, resolve_precision
+    from ppo_lightning.core.hardware import machine_info, machine_line, resolve_precision
 
     threads = configure_threads(args.threads, f"procgen:{args.game}")
     machine = machine_info()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 warnings.filterwarnings("ignore")
-warnings.filterwarnings("default", message=r"(clip fraction|advantage-std)")  # ppo_lightning.diagnostics
+warnings.filterwarnings("default", message=r"(clip fraction|advantage-std)")  # ppo_lightning.training.diagnostics
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -75,7 +75,7 @@ def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, e
     ``normalize``: return -> normalized return (default: `normalized` for ``env_id``).
     ``last_metrics``: MLflow metric keys whose last logged value is returned under ``"last"``."""
     normalize = normalize or (lambda r: normalized(env_id, r))
-    from ppo_lightning.cli import fit_main
+    from ppo_lightning.cli.fit import fit_main
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

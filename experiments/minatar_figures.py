@@ -157,7 +157,7 @@ def base_args(game: str, frames: int, seed: int) -> list[str]:
             "--data.env_id", f"minatar:{game}", "--data.total_frames", str(frames),
             "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
             "--model.max_importance_ratio", "100",
-            "--trainer.callbacks+=ppo_lightning.noise_scale.GradientNoiseScale",
+            "--trainer.callbacks+=ppo_lightning.training.noise_scale.GradientNoiseScale",
             "--checkpoint_every", "1000000", "--video_every", "null"]
 
 

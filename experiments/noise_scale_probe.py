@@ -3,7 +3,7 @@
 The batch-size-invariance figure (`minatar_figures.py bsi`) found c = 4 and 16 learning faster per
 frame than c = 1 (minibatch 512), while c = 4 and 16 (128, 32) agree. The paper's lr / sqrt(c) rule
 assumes the minibatch is below the gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et
-al. 2018). The in-run estimate (`ppo_lightning.noise_scale.GradientNoiseScale` during training) mixes
+al. 2018). The in-run estimate (`ppo_lightning.training.noise_scale.GradientNoiseScale` during training) mixes
 successive parameters and does not resolve |G|^2 at c = 1; this script measures B_simple with the
 parameters held fixed:
 
@@ -14,7 +14,7 @@ parameters held fixed:
    (b_small 32, b_big 16,384), separately for the policy terms (clipped surrogate + entropy) and
    the value term, and their sum (the training loss);
 3. B_simple = tr(Sigma) / |G|^2 from the two-batch-size estimator
-   (`ppo_lightning.noise_scale.noise_scale_terms`), the two terms averaged over the rollouts.
+   (`ppo_lightning.training.noise_scale.noise_scale_terms`), the two terms averaged over the rollouts.
 
 Writes ``results/minatar/noise_scale_fixed.csv`` and prints a table.
 
@@ -40,7 +40,7 @@ PROBE_STEPS, PROBE_MINIBATCH = 256, 32  # x the config's 64 envs: 16,384 frames 
 
 
 def _fit(args: list[str]):
-    from ppo_lightning.cli import fit_main
+    from ppo_lightning.cli.fit import fit_main
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -52,8 +52,8 @@ def probe(game: str, seed: int, frames: int, rollouts: int, work: Path, steps: i
           extra: tuple[str, ...] = ()) -> list[dict]:
     import torch
 
-    from ppo_lightning.data import RolloutSource
-    from ppo_lightning.noise_scale import noise_scale_terms
+    from ppo_lightning.data.datamodule import RolloutSource
+    from ppo_lightning.training.noise_scale import noise_scale_terms
 
     cli = _fit(["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", f"minatar:{game}",
                 "--data.total_frames", str(frames), "--trainer.enable_checkpointing", "false",

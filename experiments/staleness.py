@@ -1,5 +1,5 @@
 """Paper Fig. 1 at CPU scale: final return vs artificial staleness k for the three choices of the old
-policy (``data.staleness_mode``: behavior, proximal, decoupled; see ppo_lightning/staleness.py).
+policy (``data.staleness_mode``: behavior, proximal, decoupled; see ppo_lightning/algos/staleness.py).
 
     python experiments/staleness.py                 # full: k in 0,1,2,4,8, 3 seeds, 60k frames
     python experiments/staleness.py --quick         # pipeline smoke test

@@ -11,22 +11,22 @@ import types as _types
 # stderr (from `gym_notices`) in every process; we know, and use gymnasium everywhere else.
 _sys.modules.setdefault("gym_notices.notices", _types.SimpleNamespace(notices={}))
 
-from ppo_lightning.checkpoint_io import ExportError  # noqa: E402,F401
-from ppo_lightning.hf.loader import load_pretrained  # noqa: E402,F401
+from ppo_lightning.interop.checkpoint_io import ExportError  # noqa: E402,F401
+from ppo_lightning.interop.hf.loader import load_pretrained  # noqa: E402,F401
 
 
 def __getattr__(name):
     # Lazy: `import ppo_lightning` stays light (export-hf needs no TorchRL collector).
     if name == "PPOLightningModule":
-        from ppo_lightning.module import PPOLightningModule
+        from ppo_lightning.training.module import PPOLightningModule
 
         return PPOLightningModule
     if name == "evaluate_policy":
-        from ppo_lightning.evaluation import evaluate_policy
+        from ppo_lightning.interop.evaluation import evaluate_policy
 
         return evaluate_policy
     if name == "RolloutDataModule":
-        from ppo_lightning.data import RolloutDataModule
+        from ppo_lightning.data.datamodule import RolloutDataModule
 
         return RolloutDataModule
     raise AttributeError(name)

@@ -6,10 +6,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from ppo_lightning.advantages import AdvantageMoments, RewardNormalizer, ewma_beta_from_span, make_gae, next_values
-from ppo_lightning.data import RolloutDataModule, RolloutSource
+from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, ewma_beta_from_span, make_gae, next_values
+from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
 from ppo_lightning.envs import make_env
-from ppo_lightning.models import ActorCritic
+from ppo_lightning.nets.models import ActorCritic
 
 
 def collect(env_id="CartPole-v1", num_envs=4, steps=200, seed=0):
@@ -111,7 +111,7 @@ def test_advantage_span_is_a_window_of_span_iterations(span):
     assert steps == max(1, math.ceil(-1 / math.log(beta))) if span > 1 else steps == 1
     assert abs(steps - span) <= 1
     # batch_size_scaling keeps span * c: at c = 4 per-batch normalization becomes a 4-iteration window
-    from ppo_lightning.scaling import batch_size_scaling
+    from ppo_lightning.algos.scaling import batch_size_scaling
 
     scaled = batch_size_scaling(4, lr=1e-3, proximal_com=None, adv_norm_span=float(span))["adv_norm_span"]
     assert scaled == 4 * span and ewma_beta_from_span(scaled) == pytest.approx(1 - 1 / (4 * span))
@@ -175,7 +175,7 @@ def test_invalid_data_config_names_the_field(kwargs, field):
     ],
 )
 def test_invalid_model_config_names_the_field(kwargs, field):
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.training.module import PPOLightningModule
 
     spaces = ({"shape": [4], "dtype": "float32"}, {"type": "discrete", "n": 2})
     with pytest.raises(ValueError, match=field):
@@ -192,8 +192,8 @@ def test_gymnasium_continuous_env_batched():
 def test_data_parallel_ranks_collect_different_data_and_count_all_frames():
     from types import SimpleNamespace
 
-    from ppo_lightning.data import RolloutSource, rank_seed
-    from ppo_lightning.models import ActorCritic
+    from ppo_lightning.data.datamodule import RolloutSource, rank_seed
+    from ppo_lightning.nets.models import ActorCritic
 
     assert rank_seed(7, 0) == 7 and len({rank_seed(0, r) for r in range(4)}) == 4
     firsts = []

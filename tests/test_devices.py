@@ -1,4 +1,4 @@
-"""The GPU path's plumbing (ppo_lightning.devices), checked on the CPU; CUDA-only parts skip."""
+"""The GPU path's plumbing (ppo_lightning.data.devices), checked on the CPU; CUDA-only parts skip."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from ppo_lightning.advantages import RewardNormalizer, make_gae
-from ppo_lightning.devices import collector_devices, device_env_kwargs, network_device
+from ppo_lightning.algos.advantages import RewardNormalizer, make_gae
+from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device
 
 ROOT = Path(__file__).resolve().parents[1]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -95,8 +95,8 @@ def test_procgen_training_on_a_gpu_keeps_the_rollout_there(tmp_path):
     """A small PPO-EWMA run with accelerator gpu: rollout, GAE and minibatches on the GPU."""
     import lightning.pytorch as pl
 
-    from ppo_lightning.data import RolloutDataModule
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
 
     dm = RolloutDataModule(env_id="procgen:coinrun", num_envs=4, rollout_steps=32, num_minibatches=2,
                            update_epochs=1, total_frames=256, normalize_reward=True, num_threads=1)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_lightning.evaluation import evaluate_policy
-from ppo_lightning.main import main
-from ppo_lightning.models import build_network
-from ppo_lightning.video import read_mp4
+from ppo_lightning.interop.evaluation import evaluate_policy
+from ppo_lightning.cli.main import main
+from ppo_lightning.nets.models import build_network
+from ppo_lightning.interop.video import read_mp4
 
 CARTPOLE_OBS = {"shape": [4], "dtype": "float32"}
 CARTPOLE_ACT = {"type": "discrete", "n": 2}
@@ -25,8 +25,8 @@ def ckpt(tmp_path_factory):
     """Two PPO iterations on CartPole-v1 with a real Trainer, saved as ``last.ckpt``."""
     import lightning.pytorch as pl
 
-    from ppo_lightning.data import RolloutDataModule
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
 
     root = tmp_path_factory.mktemp("train")
     torch.manual_seed(0)
@@ -63,7 +63,7 @@ def test_evaluate_policy_counts_whole_episodes_and_is_reproducible():
 
 
 def test_evaluate_command_checkpoint_and_hf_folder_agree(ckpt, tmp_path, capsys):
-    from ppo_lightning.export import export_hf
+    from ppo_lightning.interop.export import export_hf
 
     out = tmp_path / "score.json"
     assert main(["evaluate", str(ckpt), "--episodes", "6", "--deterministic", "--seed", "3", "--json", str(out)]) == 0
@@ -95,7 +95,7 @@ def test_evaluate_bad_input_one_line(ckpt, args, message, capsys):
 
 
 def test_wrong_spaces_are_refused(ckpt, capsys):
-    from ppo_lightning.evaluate_cmd import check_observations
+    from ppo_lightning.cli.evaluate import check_observations
 
     with pytest.raises(ValueError, match=r"observations of shape \[2\], the network reads \[4\]"):
         check_observations("MountainCar-v0", {}, CARTPOLE_OBS)
@@ -157,7 +157,7 @@ def _networks():
 @pytest.mark.parametrize("spaces", _networks(), ids=["mlp-shared", "mlp-obsnorm-continuous", "impala"])
 def test_generated_network_code_equals_training_network(spaces):
     """The folder's network code is generated from the training definitions: same outputs."""
-    from ppo_lightning.hf.bundle import network_source
+    from ppo_lightning.interop.hf.bundle import network_source
 
     obs_space, act_space, cfg = spaces
     torch.manual_seed(0)
@@ -202,8 +202,8 @@ _ISOLATED = textwrap.dedent(
 def test_automodel_loads_without_ppo_lightning(ckpt, tmp_path):
     """AutoModel.from_pretrained(..., trust_remote_code=True) with ppo_lightning, lightning, torchrl
     and tensordict unimportable (a meta-path blocker; the worktree off the import path)."""
-    from ppo_lightning.checkpoint_io import load_network
-    from ppo_lightning.export import export_hf, load_pretrained
+    from ppo_lightning.interop.checkpoint_io import load_network
+    from ppo_lightning.interop.export import export_hf, load_pretrained
 
     folder = export_hf(ckpt, tmp_path / "hf", evaluate=0)
     obs = [[0.0, 0.1, -0.2, 0.3], [1.0, -1.0, 0.5, 0.05]]
@@ -225,7 +225,7 @@ def test_automodel_loads_without_ppo_lightning(ckpt, tmp_path):
 
 
 def test_bundle_refuses_code_that_needs_more_than_torch(tmp_path, monkeypatch):
-    from ppo_lightning.hf.bundle import BundleError, network_source
+    from ppo_lightning.interop.hf.bundle import BundleError, network_source
 
     (tmp_path / "fake_arch.py").write_text(
         "import torch\nfrom tensordict.nn import TensorDictModule\n\n"
@@ -239,7 +239,7 @@ def test_bundle_refuses_code_that_needs_more_than_torch(tmp_path, monkeypatch):
 
 
 def test_procgen_level_split_of_the_training_config():
-    from ppo_lightning.evaluate_cmd import resolve_env
+    from ppo_lightning.cli.evaluate import resolve_env
 
     training = {"env_id": "procgen:coinrun", "env_kwargs": {"num_levels": 200, "start_level": 5, "distribution_mode": "easy"}}
     assert resolve_env(training, None, "train") == ("procgen:coinrun", training["env_kwargs"])

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from ppo_lightning import ExportError, load_pretrained
-from ppo_lightning.export import export_hf, export_main
+from ppo_lightning.interop.export import export_hf, export_main
 
 OBS = torch.tensor(
     [[0.0, 0.0, 0.0, 0.0], [0.1, -0.5, 0.05, 0.3], [-1.0, 1.0, -0.2, -1.5], [2.0, 0.3, 0.1, 0.0]]
@@ -23,8 +23,8 @@ def trained(tmp_path_factory):
     """A few PPO-EWMA iterations on CartPole-v1 with a real Trainer, saved as ``last.ckpt``."""
     import lightning.pytorch as pl
 
-    from ppo_lightning.data import RolloutDataModule
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
 
     root = tmp_path_factory.mktemp("train")
     torch.manual_seed(0)
@@ -192,7 +192,7 @@ def run(rank, world, ckpt, out, port):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from ppo_lightning.models import build_network
+    from ppo_lightning.nets.models import build_network
 
     checkpoint = torch.load(ckpt, weights_only=True)
     h = checkpoint["hyper_parameters"]
@@ -267,7 +267,7 @@ def test_bfloat16_export(trained, tmp_path):
 
 
 def test_init_from(trained, exported):
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.training.module import PPOLightningModule
 
     model, _ = trained
     obs_space, act_space = model.hparams.observation_space, model.hparams.action_space
@@ -426,7 +426,7 @@ def test_bad_options(trained, tmp_path):
 
 
 def test_cli_dispatch(trained, tmp_path):
-    from ppo_lightning.cli import main
+    from ppo_lightning.cli.fit import main
 
     _, ckpt = trained
     assert main(["export-hf", str(ckpt), str(tmp_path / "cli"), "--dtype", "float16"]) == 0

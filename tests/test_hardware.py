@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ppo_lightning import hardware
+from ppo_lightning.core import hardware
 
 AVX2_EPYC = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # an AMD EPYC of the issue: no AVX-512
 SPR = AVX2_EPYC | {"avx512f", "avx512_vnni", "avx512_bf16"}  # this project's Intel Xeon: no AMX
@@ -88,8 +88,8 @@ def test_choice_is_logged_once(monkeypatch):
 
 
 def test_module_and_network_resolve_auto(cpu):
-    from ppo_lightning.impala import ImpalaActorCritic
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.nets.impala import ImpalaActorCritic
+    from ppo_lightning.training.module import PPOLightningModule
 
     obs_space, act_space = {"shape": [16, 16, 3], "dtype": "uint8"}, {"type": "discrete", "n": 3}
     net_cfg = {"name": "impala_cnn", "channels": [4, 4, 4], "dense": 8, "nblock": 1, "precision": "auto"}

@@ -7,8 +7,8 @@ import torch
 from tensordict import TensorDict
 from torchrl.objectives import ClipPPOLoss, KLPENPPOLoss
 
-from ppo_lightning.loss import PPOFamilyLoss
-from ppo_lightning.models import ActorCritic, make_distribution, make_policy_operator, make_value_operator
+from ppo_lightning.algos.loss import PPOFamilyLoss
+from ppo_lightning.nets.models import ActorCritic, make_distribution, make_policy_operator, make_value_operator
 
 OBS = {"shape": [4], "dtype": "float32"}
 ACT = {"type": "discrete", "n": 3}

@@ -12,7 +12,7 @@ import torch
 
 from ppo_lightning.envs import check_env_id, env_spaces, make_env
 from ppo_lightning.envs.minatar_env import GAMES, MinAtarTorchEnv
-from ppo_lightning.models import build_network
+from ppo_lightning.nets.models import build_network
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -173,7 +173,7 @@ def test_bootstrap_ci_and_seed_count_on_a_known_case():
 
 def test_noise_scale_recovers_a_known_gradient_noise():
     """Minibatch gradients g_i = G + noise/sqrt(b) with per-sample covariance s^2 I: B_simple = P s^2 / |G|^2."""
-    from ppo_lightning.noise_scale import noise_scale_terms
+    from ppo_lightning.training.noise_scale import noise_scale_terms
 
     rng = torch.Generator().manual_seed(0)
     P, b, k, s = 50, 32, 8, 2.0
@@ -241,8 +241,8 @@ def test_reference_kl_form_is_half_squared_log_ratio():
     """model.kl_form=sq_logratio: the penalty is beta * 0.5 (log pi(a) - log pi_prox(a))^2 (reference code)."""
     from tensordict import TensorDict
 
-    from ppo_lightning.loss import PPOFamilyLoss
-    from ppo_lightning.models import ActorCritic, make_distribution
+    from ppo_lightning.algos.loss import PPOFamilyLoss
+    from ppo_lightning.nets.models import ActorCritic, make_distribution
 
     torch.manual_seed(0)
     space = {"type": "discrete", "n": 3}

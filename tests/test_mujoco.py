@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_lightning.obs_norm import RunningObservationNorm
-from ppo_lightning.schedules import make_lr_scheduler
+from ppo_lightning.nets.obs_norm import RunningObservationNorm
+from ppo_lightning.algos.schedules import make_lr_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_linear_lr_annealing():
 @pytest.mark.parametrize("config", ["ppo_hopper.yaml", "ppo_halfcheetah.yaml"])
 def test_mujoco_config_trains_and_saves_its_normalizer(config, tmp_path):
     pytest.importorskip("mujoco")
-    from ppo_lightning.cli import main
+    from ppo_lightning.cli.fit import main
 
     args = ["fit", "--config", str(ROOT / "experiments/mujoco" / config), "--data.num_envs", "2",
             "--data.rollout_steps", "32", "--data.num_minibatches", "2", "--data.update_epochs", "1",

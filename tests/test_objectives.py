@@ -1,11 +1,11 @@
-"""Hand-computed cases for each equation of ppo_lightning.objectives."""
+"""Hand-computed cases for each equation of ppo_lightning.algos.objectives."""
 
 import math
 
 import pytest
 import torch
 
-from ppo_lightning import objectives as F
+from ppo_lightning.algos import objectives as F
 
 log = math.log
 

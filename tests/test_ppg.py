@@ -7,8 +7,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from ppo_lightning.data import RolloutDataModule
-from ppo_lightning.module import PPOLightningModule
+from ppo_lightning.data.datamodule import RolloutDataModule
+from ppo_lightning.training.module import PPOLightningModule
 
 ENVS, STEPS, MB = 4, 16, 2
 
@@ -100,7 +100,7 @@ def test_separate_value_epochs_use_two_optimizers_and_ewma_follows_policy_steps(
 
 @pytest.mark.parametrize("arch", ["dual", "shared", "detach"])
 def test_architectures_and_gradient_paths(arch):
-    from ppo_lightning.models import build_network
+    from ppo_lightning.nets.models import build_network
 
     net = build_network({"shape": [4], "dtype": "float32"}, {"type": "discrete", "n": 2},
                         {"name": "mlp", "hidden_sizes": [8], "arch": arch, "aux_value_head": True})
@@ -117,7 +117,7 @@ def test_architectures_and_gradient_paths(arch):
 
 
 def test_ppg_impala_arch_dual_has_two_trunks():
-    from ppo_lightning.models import build_network
+    from ppo_lightning.nets.models import build_network
 
     obs_space, act = {"shape": [64, 64, 3], "dtype": "uint8"}, {"type": "discrete", "n": 15}
     nets = {a: build_network(obs_space, act, {"name": "impala_cnn", "channels": [4, 4], "dense": 16, "arch": a})
@@ -133,7 +133,7 @@ def test_ppg_impala_arch_dual_has_two_trunks():
 
 
 def test_resume_mid_phase_restarts_the_phase_and_at_a_boundary_is_exact(tmp_path):
-    from ppo_lightning.export import export_hf, load_pretrained
+    from ppo_lightning.interop.export import export_hf, load_pretrained
 
     no_buffer = {"checkpoint_buffer_mib": 0}  # a phase buffer too large for checkpoints
     dm, model = make(3, no_buffer)
@@ -216,7 +216,7 @@ def test_small_phase_buffer_is_checkpointed_and_mid_phase_resume_is_exact(tmp_pa
 def test_scale_multiplies_n_pi():
     from jsonargparse import Namespace
 
-    from ppo_lightning.scaling import apply_scale, format_scale_table, scale_params
+    from ppo_lightning.algos.scaling import apply_scale, format_scale_table, scale_params
 
     def cfg(ppg):
         return Namespace(data=Namespace(num_envs=8, rollout_steps=32, num_minibatches=4, advantage_norm_span=1.0),
@@ -238,7 +238,7 @@ def test_scale_multiplies_n_pi():
 
 
 def test_phase_buffer_memory_check_names_the_fields():
-    from ppo_lightning.ppg import check_phase_buffer_memory, frame_bytes, phase_buffer_bytes
+    from ppo_lightning.algos.ppg import check_phase_buffer_memory, frame_bytes, phase_buffer_bytes
 
     obs, act = {"shape": [64, 64, 3], "dtype": "uint8"}, {"type": "discrete", "n": 15}
     assert frame_bytes(obs, act) == 64 * 64 * 3 + 4 + 4 * 15  # uint8 frame, value target, old logits
@@ -281,7 +281,7 @@ def test_procgen_ppg_configs_train_a_policy_and_an_auxiliary_phase(config, tmp_p
 
     import yaml
 
-    from ppo_lightning.cli import fit_main
+    from ppo_lightning.cli.fit import fit_main
 
     path = Path(__file__).resolve().parents[1] / "experiments/procgen" / config
     ppg = {**yaml.safe_load(path.read_text())["model"]["ppg"], "n_pi": 1, "n_aux_epochs": 1}
@@ -300,7 +300,7 @@ def test_procgen_ppg_configs_train_a_policy_and_an_auxiliary_phase(config, tmp_p
 
 
 def test_fit_without_the_cli_also_checks_the_phase_buffer(tmp_path, monkeypatch):
-    monkeypatch.setattr("ppo_lightning.ppg.available_memory_bytes", lambda: 1000)
+    monkeypatch.setattr("ppo_lightning.algos.ppg.available_memory_bytes", lambda: 1000)
     dm, model = make(2)
     with pytest.raises(ValueError, match="model.ppg.n_pi=2 x data.num_envs=4"):
         trainer(tmp_path).fit(model, dm)

@@ -10,7 +10,7 @@ import torch
 from ppo_lightning.envs import check_env_id, env_spaces, make_env
 from ppo_lightning.envs.procgen_env import auto_procgen_threads, check_procgen_game, make_procgen_env, procgen_spaces
 from ppo_lightning.envs.procgen_scores import mean_normalized_return, normalized_return, return_range
-from ppo_lightning.impala import ImpalaActorCritic
+from ppo_lightning.nets.impala import ImpalaActorCritic
 
 OBS, ACT = procgen_spaces()
 
@@ -126,7 +126,7 @@ def test_impala_reference_init():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", [(64, 64), (8, 6), (7, 8), (2, 2), (1, 1)])
 def test_no_grad_max_pool_is_max_pool2d_bit_for_bit(dtype, size):
-    from ppo_lightning.impala import max_pool_3x3_s2
+    from ppo_lightning.nets.impala import max_pool_3x3_s2
 
     torch.manual_seed(0)
     x = torch.randint(-3, 4, (4, 5, *size)).to(dtype)  # small integers: many ties and equal windows
@@ -162,7 +162,7 @@ def test_impala_no_grad_path_equals_training_path(precision):
 
 
 def test_build_network_dispatch():
-    from ppo_lightning.models import build_network
+    from ppo_lightning.nets.models import build_network
 
     net = build_network(OBS, ACT, {"name": "impala_cnn", "channels": [8, 16], "dense": 32})
     assert isinstance(net, ImpalaActorCritic)
@@ -186,7 +186,7 @@ def test_normalized_return_arithmetic():
 
 
 def test_iteration_metrics_report_normalized_return():
-    from ppo_lightning.data import RolloutDataModule
+    from ppo_lightning.data.datamodule import RolloutDataModule
 
     dm = RolloutDataModule(env_id="procgen:coinrun", env_kwargs={"distribution_mode": "easy"}, num_envs=2,
                            rollout_steps=4, num_minibatches=1, update_epochs=1)
@@ -201,7 +201,7 @@ def test_iteration_metrics_report_normalized_return():
 def test_held_out_levels_are_disjoint():
     from types import SimpleNamespace
 
-    from ppo_lightning.evaluation import HeldOutEvaluation
+    from ppo_lightning.interop.evaluation import HeldOutEvaluation
 
     dm = SimpleNamespace(env_id="procgen:coinrun", env_kwargs={"distribution_mode": "easy", "num_levels": 200})
     splits = HeldOutEvaluation().split_kwargs(dm)
@@ -216,9 +216,9 @@ def test_held_out_levels_are_disjoint():
 def test_procgen_training_smoke(precision, proximal_precision, micro):
     import lightning.pytorch as pl
 
-    from ppo_lightning.data import RolloutDataModule
-    from ppo_lightning.evaluation import HeldOutEvaluation
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.interop.evaluation import HeldOutEvaluation
+    from ppo_lightning.training.module import PPOLightningModule
 
     dm = RolloutDataModule(env_id="procgen:coinrun", env_kwargs={"distribution_mode": "easy", "num_levels": 10},
                            num_envs=4, rollout_steps=16, num_minibatches=2, update_epochs=2, total_frames=128,
@@ -241,7 +241,7 @@ def test_procgen_training_smoke(precision, proximal_precision, micro):
 
 
 def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():
-    from ppo_lightning.proximal import ProximalPolicyEWMA
+    from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
     torch.manual_seed(0)
     net = ImpalaActorCritic(OBS, ACT, channels=(8, 16, 16), dense=64)
@@ -279,7 +279,7 @@ def test_procgen_configs_parse_validate_and_train_one_small_iteration(config, tm
     EWMA and its proximal precision), on a small rollout: minibatches of 256 in two micro-batches."""
     from pathlib import Path
 
-    from ppo_lightning.cli import fit_main
+    from ppo_lightning.cli.fit import fit_main
 
     path = Path(__file__).resolve().parents[1] / "experiments/procgen" / config
     cli = fit_main(["fit", "--config", str(path), "--mlflow.enabled", "false", "--run_dir", str(tmp_path),

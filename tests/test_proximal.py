@@ -5,7 +5,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ppo_lightning.proximal import ProximalPolicyEWMA, beta_from_com, com_from_beta, ewma_update_
+from ppo_lightning.algos.proximal import ProximalPolicyEWMA, beta_from_com, com_from_beta, ewma_update_
 
 
 def test_com_beta_conversions():
@@ -58,8 +58,8 @@ class RecordWeights(Callback):
 
 
 def tiny_run(tmp_path, com=3.0, frames=3 * 64, **data_kwargs):
-    from ppo_lightning.data import RolloutDataModule
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
 
     kw = dict(env_id="CartPole-v1", num_envs=4, rollout_steps=16, num_minibatches=2, update_epochs=2,
               total_frames=frames, seed=0)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import robust_helpers  # noqa: F401  (registers FaultyCartPole-v0)
-from ppo_lightning.checkpointing import AtomicCheckpointIO, atomic_torch_save, check_checkpoint_file
-from ppo_lightning.data import RolloutDataModule
-from ppo_lightning.faults import CheckpointError, EnvFault, NumericalFault
-from ppo_lightning.module import PPOLightningModule
+from ppo_lightning.training.checkpointing import AtomicCheckpointIO, atomic_torch_save, check_checkpoint_file
+from ppo_lightning.data.datamodule import RolloutDataModule
+from ppo_lightning.core.faults import CheckpointError, EnvFault, NumericalFault
+from ppo_lightning.training.module import PPOLightningModule
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -60,7 +60,7 @@ def test_kill_while_writing_keeps_the_previous_checkpoint(tmp_path):
     complete checkpoint; the leftover temp file is removed by the next save."""
     target = tmp_path / "last.ckpt"
     atomic_torch_save({"step": 1, "w": torch.arange(5.0)}, target)
-    code = ("import os, signal, torch; from ppo_lightning.checkpointing import atomic_torch_save\n"
+    code = ("import os, signal, torch; from ppo_lightning.training.checkpointing import atomic_torch_save\n"
             "class Die:\n    def __reduce__(self): os.kill(os.getpid(), signal.SIGKILL)\n"
             f"atomic_torch_save({{'step': 2, 'w': torch.zeros(10**6), 'x': Die()}}, {str(target)!r})")
     out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
@@ -73,7 +73,7 @@ def test_kill_while_writing_keeps_the_previous_checkpoint(tmp_path):
 
 
 def test_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
-    from ppo_lightning.cli import main
+    from ppo_lightning.cli.fit import main
 
     good = tmp_path / "good.ckpt"
     atomic_torch_save({"w": torch.randn(1000)}, good)
@@ -173,7 +173,7 @@ def test_env_faults_name_env_index_and_iteration(tmp_path, fault, message):
 
 
 def test_env_fault_through_the_cli_is_one_line_with_exit_code_3(tmp_path, capsys):
-    from ppo_lightning.cli import main
+    from ppo_lightning.cli.fit import main
 
     code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
                  "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path), "--checkpoint_every", "1",
@@ -299,7 +299,7 @@ def test_env_that_cannot_be_restored_warns_and_restarts_its_episodes(tmp_path):
 def test_sigkill_and_resume_gives_bitwise_the_same_parameters(tmp_path, algorithm):
     """Killed with SIGKILL during collection / an update / a checkpoint write and resumed from last.ckpt,
     the run ends with bitwise the same network, optimizer and EWMA state as the uninterrupted one."""
-    from ppo_lightning.cli import fit_main
+    from ppo_lightning.cli.fit import fit_main
 
     args = ["fit", *ALGORITHMS[algorithm], *TINY]
     fit_main([*args, "--run_dir", str(tmp_path / "reference")])  # in process: same code, one thread
@@ -307,14 +307,14 @@ def test_sigkill_and_resume_gives_bitwise_the_same_parameters(tmp_path, algorith
     for i, (phase, iteration, extra) in enumerate(KILLS[algorithm]):
         killer = {"class_path": "robust_helpers.KillAt", "init_args": {"phase": phase, "iteration": iteration, **extra}}
         resume = ["--ckpt_path", str(ckpt)] if i else []
-        out = subprocess.run([sys.executable, "-m", "ppo_lightning.main", *args, "--run_dir", str(run), *resume,
+        out = subprocess.run([sys.executable, "-m", "ppo_lightning.cli.main", *args, "--run_dir", str(run), *resume,
                               f"--trainer.callbacks+={killer}".replace("'", '"')],
                              env=ENV, capture_output=True, text=True, timeout=600)
         assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
         assert torch.load(ckpt, weights_only=True)["RolloutDataModule"]["iteration"] == iteration - 1
     if KILLS[algorithm][-1][0] == "checkpoint":
         assert list((run / "checkpoints").glob(".last.ckpt.*.tmp"))  # the kill did hit the write
-    out = subprocess.run([sys.executable, "-m", "ppo_lightning.main", *args, "--run_dir", str(run), "--ckpt_path", str(ckpt)],
+    out = subprocess.run([sys.executable, "-m", "ppo_lightning.cli.main", *args, "--run_dir", str(run), "--ckpt_path", str(ckpt)],
                          env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     ref, got = final_state(tmp_path / "reference/checkpoints/last.ckpt"), final_state(ckpt)
@@ -360,7 +360,7 @@ DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.stra
 
 def run_ddp(tmp_path, name, *extra, frames=3 * 128):
     dump = {"class_path": "robust_helpers.DumpParams", "init_args": {"dirpath": str(tmp_path / name / "dump")}}
-    out = subprocess.run([sys.executable, "-m", "ppo_lightning.main", "fit", "--config",
+    out = subprocess.run([sys.executable, "-m", "ppo_lightning.cli.main", "fit", "--config",
                           str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), *DDP, "--data.total_frames", str(frames),
                           "--run_dir", str(tmp_path / name), f"--trainer.callbacks+={dump}".replace("'", '"'), *extra],
                          env=ENV, capture_output=True, text=True, timeout=900)
@@ -407,7 +407,7 @@ def test_ddp_two_ranks_pool_statistics_micro_batches_and_per_rank_resume(tmp_pat
 def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
     """The rows of the README's bad-input table added by issue 13 (the others have their own tests):
     each ends with one ``error:`` line and its exit code, never a traceback."""
-    from ppo_lightning.cli import main
+    from ppo_lightning.cli.fit import main
 
     base = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
             "--trainer.enable_progress_bar", "false", "--data.num_envs", "4", "--data.rollout_steps", "16",
@@ -437,7 +437,7 @@ def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
 def test_held_out_evaluation_resumes_on_the_same_episodes(tmp_path):
     """The evaluation callback's envs and carried steps are in the checkpoint: the evaluations after a
     resume report what the uninterrupted run's did (and training stays bitwise)."""
-    from ppo_lightning.evaluation import HeldOutEvaluation
+    from ppo_lightning.interop.evaluation import HeldOutEvaluation
 
     runs = []
     for name, frames, ckpt in (("a", 4, None), ("b", 2, None), ("c", 4, "b/last.ckpt")):

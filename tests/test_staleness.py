@@ -8,11 +8,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from ppo_lightning.cli import fit_main, main
-from ppo_lightning.data import RolloutDataModule, RolloutSource
-from ppo_lightning.diagnostics import SmallBatchDiagnostics, clip_fraction_problem, std_oscillation
-from ppo_lightning.models import ActorCritic, make_distribution
-from ppo_lightning.staleness import StalenessQueue, relabel, validate_staleness
+from ppo_lightning.cli.fit import fit_main, main
+from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
+from ppo_lightning.training.diagnostics import SmallBatchDiagnostics, clip_fraction_problem, std_oscillation
+from ppo_lightning.nets.models import ActorCritic, make_distribution
+from ppo_lightning.algos.staleness import StalenessQueue, relabel, validate_staleness
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = str(ROOT / "experiments/cartpole/ppo.yaml")
@@ -115,7 +115,7 @@ def test_validation_names_fields():
                                             (["--data.staleness", "-1"], "data.staleness"),
                                             (["--data.staleness", "1", "--data.staleness_mode", "x"], "staleness_mode")])
 def test_cli_staleness_errors_exit_2(tmp_path, capsys, monkeypatch, override, field):
-    monkeypatch.setattr("ppo_lightning.cli._TRAINING_STARTED", False)  # an earlier in-process fit set it
+    monkeypatch.setattr("ppo_lightning.cli.fit._TRAINING_STARTED", False)  # an earlier in-process fit set it
     rc = main(["fit", "--config", PPO, "--mlflow.enabled", "false", "--run_dir", str(tmp_path), *override])
     assert rc == 2
     err = capsys.readouterr().err
@@ -173,7 +173,7 @@ def test_queue_survives_a_checkpoint(tmp_path):
     """A resumed stale run trains on the rollouts queued before the checkpoint, not on a refill."""
     import lightning.pytorch as pl
 
-    from ppo_lightning.module import PPOLightningModule
+    from ppo_lightning.training.module import PPOLightningModule
 
     class Lags(pl.Callback):
         def __init__(self):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_lightning.advantages import RewardNormalizer
-from ppo_lightning.data import RolloutDataModule, RolloutSource
-from ppo_lightning.models import build_network
-from ppo_lightning.module import PPOLightningModule
+from ppo_lightning.algos.advantages import RewardNormalizer
+from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
+from ppo_lightning.nets.models import build_network
+from ppo_lightning.training.module import PPOLightningModule
 
 
 def test_reward_normalizer_over_several_rollouts_and_at_its_clip():
@@ -112,7 +112,7 @@ def test_held_out_evaluation_with_episodes_that_end():
     return and length means must agree, and episodes must have ended."""
     from types import SimpleNamespace
 
-    from ppo_lightning.evaluation import HeldOutEvaluation
+    from ppo_lightning.interop.evaluation import HeldOutEvaluation
 
     pl.seed_everything(0)
     dm = RolloutDataModule(num_envs=2, rollout_steps=8, total_frames=16)
@@ -175,7 +175,7 @@ def test_staleness_behavior_and_proximal_modes_through_the_data_module(mode):
     current network's. In both, values are the collecting critic's; no ``proximal`` key is added."""
     import copy
 
-    from ppo_lightning.models import make_distribution
+    from ppo_lightning.nets.models import make_distribution
 
     dm = RolloutDataModule(num_envs=2, rollout_steps=8, num_minibatches=1, update_epochs=1, seed=0, staleness=1,
                            staleness_mode=mode)

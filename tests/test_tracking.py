@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_lightning.cli import main
+from ppo_lightning.cli.fit import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_mlflow_frames_resume_same_run_uploads_last_only(tmp_path, capfd):
     videos = sorted(p.name for p in (run_dir / "videos").iterdir())
     assert videos == ["iteration-00002.mp4", "iteration-00003.mp4"]
     assert {a.path for a in client.list_artifacts(run.info.run_id, "videos")} == {f"videos/{v}" for v in videos}
-    from ppo_lightning.video import read_mp4
+    from ppo_lightning.interop.video import read_mp4
 
     assert read_mp4(run_dir / "videos" / videos[-1]).shape[1:] == (400, 600, 3)
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -85,13 +85,13 @@ def test_print_config_shows_the_callbacks_and_logger_of_the_run(tmp_path, capsys
     cfg = yaml.safe_load(capsys.readouterr().out)
     paths = [c["class_path"].rsplit(".", 1)[1] for c in cfg["trainer"]["callbacks"]]
     assert paths == ["EarlyStopping", "FramesProgressBar", "TrackingState", "TrainingVideo", "IterationCheckpoint"]
-    assert cfg["trainer"]["logger"]["class_path"] == "ppo_lightning.tracking.SafeMLFlowLogger"
+    assert cfg["trainer"]["logger"]["class_path"] == "ppo_lightning.training.tracking.SafeMLFlowLogger"
     assert cfg["data"]["seed"] == cfg["seed_everything"] == 1  # seed_everything seeds the envs
     assert list(tmp_path.iterdir()) == []  # nothing created: no store, no run folder
 
 
 def _probe(args):
-    from ppo_lightning.tracking import probe_tracking_store
+    from ppo_lightning.training.tracking import probe_tracking_store
 
     uri, barrier_path, i = args
     Path(f"{barrier_path}.ready{i}").touch()

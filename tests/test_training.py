@@ -9,12 +9,12 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from ppo_lightning.cli import fit_main
-from ppo_lightning.data import RolloutDataModule
-from ppo_lightning.module import PPOLightningModule
+from ppo_lightning.cli.fit import fit_main
+from ppo_lightning.data.datamodule import RolloutDataModule
+from ppo_lightning.training.module import PPOLightningModule
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "ppo_lightning.cli"]
+CLI = [sys.executable, "-m", "ppo_lightning.cli.fit"]
 
 
 @pytest.mark.parametrize("config", ["ppo.yaml", "ppo_ewma.yaml"])
@@ -102,7 +102,7 @@ SMALL = ["--data.total_frames", "512", "--data.num_envs", "4", "--data.rollout_s
      (["--model.proximal_com", "-2"], "model.proximal_com")],
 )
 def test_cli_invalid_config_fails_before_training(tmp_path, capsys, override, field):
-    from ppo_lightning.cli import main
+    from ppo_lightning.cli.fit import main
 
     code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--run_dir", str(tmp_path),
                  "--mlflow.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db", *override])
@@ -204,8 +204,8 @@ FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",
 def test_fsdp2_two_ranks_train_checkpoint_resume_and_export(tmp_path):
     """PPO-EWMA sharded with FSDP2 over 2 gloo ranks (micro-batched): trains, writes a sharded
     checkpoint whose EWMA state is full and pickle-free, resumes from it, exports to HF."""
-    from ppo_lightning.export import load_pretrained
-    from ppo_lightning.models import build_network
+    from ppo_lightning.interop.export import load_pretrained
+    from ppo_lightning.nets.models import build_network
 
     config = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), *FSDP2,
               "--model.micro_batch_size", "24"]

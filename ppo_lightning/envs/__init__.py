@@ -56,7 +56,7 @@ def env_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[d
 def make_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] | None = None,
              timeout_s: float | None = None):
     """A batched TorchRL env for the spec. ``timeout_s``: gymnasium envs only, a step or reset that
-    takes longer is an `ppo_lightning.faults.EnvFault` (None: the default, 60 s; 0: no limit)."""
+    takes longer is an `ppo_lightning.core.faults.EnvFault` (None: the default, 60 s; 0: no limit)."""
     env_kwargs = env_kwargs or {}
     if is_minatar(env_id):
         from ppo_lightning.envs.minatar_env import make_minatar_env

@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, TransformedEnv
 
-from ppo_lightning.faults import DEFAULT_ENV_TIMEOUT_S, make_guarded_env_class
+from ppo_lightning.core.faults import DEFAULT_ENV_TIMEOUT_S, make_guarded_env_class
 
 
 def quiet_mujoco(env_id: str) -> None:
@@ -91,7 +91,7 @@ def make_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float |
 def build_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
                         **env_kwargs):
     """``num_envs`` copies of ``env_id`` in one ``SyncVectorEnv``, each wrapped in
-    `ppo_lightning.faults.GuardedEnv` (exceptions, hangs past ``timeout_s`` and malformed
+    `ppo_lightning.core.faults.GuardedEnv` (exceptions, hangs past ``timeout_s`` and malformed
     observations become an `EnvFault` naming the env index), as a TorchRL env with episode stats.
     Returns (the TorchRL env, the ``SyncVectorEnv`` inside it: ``.envs[i].render()``)."""
     registered = check_gymnasium_id(env_id)  # the id without a "module:" prefix

@@ -2,7 +2,7 @@
 
 Games: asterix, breakout, freeway, seaquest, space_invaders. Observations are the games' 10x10xC
 boolean state (C = 4 for Breakout, up to 10 for Seaquest), kept HWC and ``torch.bool``: the networks
-take it as 0/1 floats (`ppo_lightning.minatar_cnn`; the IMPALA CNN only rescales uint8). Every game
+take it as 0/1 floats (`ppo_lightning.nets.minatar_cnn`; the IMPALA CNN only rescales uint8). Every game
 has MinAtar's 6 actions (``minatar.Environment.num_actions``), as the MinAtar paper's agents use.
 
 Why not ``minatar.gym``: its registration targets gym, not gymnasium 1.x, and a gymnasium vector env
@@ -190,7 +190,7 @@ def make_minatar_env(
 def render_state(state: np.ndarray, scale: int = 32) -> np.ndarray:
     """An RGB frame ``[H*scale, W*scale, 3]`` uint8 of a MinAtar state ``[H, W, C]``: black background,
     one colour per channel (evenly spaced hues; the last active channel wins, as in MinAtar's own
-    display), each cell a ``scale`` x ``scale`` square. For videos (`ppo_lightning.video`)."""
+    display), each cell a ``scale`` x ``scale`` square. For videos (`ppo_lightning.interop.video`)."""
     import colorsys
 
     state = np.asarray(state, dtype=bool)

@@ -9,7 +9,7 @@ Episode ends and resets. Procgen resets every sub-env itself: the observation re
 ``done=True`` is already the *first observation of the next episode*, and the partial reset that
 TorchRL then asks for just hands back the stored observation (no warning, no work). GAE is still
 right: every Procgen end is reported as ``terminated`` (the games' time limits included, as in the
-Procgen / PPG / PPO-EWMA reference code), so ``ppo_lightning.advantages.next_values`` may evaluate
+Procgen / PPG / PPO-EWMA reference code), so ``ppo_lightning.algos.advantages.next_values`` may evaluate
 V(next observation) at done steps but GAE multiplies it by ``1 - terminated = 0``: no bootstrap
 from the wrong episode. A *full* reset requested while episodes are running (not after an end)
 restarts the C env with the same options and a seed derived from the reset count.
@@ -105,7 +105,7 @@ class ProcgenTorchEnv(EnvBase):
         self._obs: torch.Tensor | None = None
         self._first = np.ones(num_envs, dtype=bool)
         self._started = False
-        # pin_memory (a policy on a GPU, see ppo_lightning.devices): observations are copied into a
+        # pin_memory (a policy on a GPU, see ppo_lightning.data.devices): observations are copied into a
         # ring of two pinned host buffers, so that their copy to the GPU is asynchronous. A returned
         # observation is overwritten two steps later: only for consumers that copy it every step.
         self._pinned = [torch.empty((num_envs, *OBS_SHAPE), dtype=torch.uint8).pin_memory() for _ in range(2)] \
@@ -193,7 +193,7 @@ class ProcgenTorchEnv(EnvBase):
 
     # ------------------------------------------------------------------ exact resume
     def get_state(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue these episodes exactly (`ppo_lightning.resume_state`):
+        """Everything a resumed run needs to continue these episodes exactly (`ppo_lightning.data.resume_state`):
         each game's serialized state (Procgen's ``get_state``: level, entities, RNG) as uint8 tensors,
         plus this wrapper's current observation, episode-start flags and reset count."""
         return {
@@ -207,7 +207,7 @@ class ProcgenTorchEnv(EnvBase):
 
     def set_state(self, state: dict[str, Any]) -> None:
         if len(state["games"]) != self.num_envs:
-            from ppo_lightning.faults import CheckpointError
+            from ppo_lightning.core.faults import CheckpointError
 
             raise CheckpointError(f"the checkpoint has {len(state['games'])} Procgen envs per rank, the config "
                                   f"{self.num_envs} (data.num_envs): resume with the same data.num_envs")

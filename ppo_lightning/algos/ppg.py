@@ -1,0 +1,462 @@
+"""Phasic Policy Gradient (Cobbe et al. 2021) and PPG-EWMA (Hilton et al. 2021), on the PPO loop.
+
+Built as the reference code of the batch-size-invariance paper builds it (openai/ppo-ewma
+``ppg.py`` / ``ppo.py``):
+
+- **Policy phase**: ``n_pi`` iterations of the PPO family, unchanged (`ppo_lightning.algos.loss`): per
+  iteration ``E_V`` value epochs then ``E_pi`` policy epochs, each of ``data.num_minibatches``
+  minibatches. ``E_pi = data.update_epochs``, ``E_V = model.ppg.epochs_value`` (null: the same). When
+  they are equal one Adam steps the joint loss (policy + value + entropy), as the reference does;
+  otherwise a value Adam steps the value loss and a policy Adam the policy loss. Every rollout of the
+  phase is kept (observations in their native dtype, uint8 for Procgen; value targets) on the CPU.
+- **Auxiliary phase**, after every ``n_pi``-th iteration's policy epochs: the old policy's outputs
+  are computed on all stored data without gradient, then ``n_aux_epochs`` epochs whose minibatches
+  are ``aux_mbsize`` whole env trajectories drawn across all stored rollouts, on
+  `ppo_lightning.algos.objectives.ppg_auxiliary_loss` with its own Adam (``aux_lr``, ``aux_betas``; its
+  state persists across phases and is in the checkpoint). Then the buffer is freed and, with
+  PPO-EWMA's proximal policy, the EWMA restarts from the current weights (``EwmaModel.reset``).
+  The EWMA moves after every optimizer step that changes the policy, never after value-only or
+  auxiliary steps.
+
+Lightning structure: one Lightning epoch is one iteration, as for PPO; the auxiliary phase's
+minibatches are extra training steps at the end of the ``n_pi``-th iteration's epoch. Every step
+is one ``training_step`` (manual optimization: one step picks one of up to three optimizers);
+callbacks see its phase in ``outputs["ppg_phase"]`` and ``pl_module.ppg_phases.last_step_phase``
+("joint", "value", "policy" or "aux"). The data side yields auxiliary minibatches as index tensors
+(which trajectories), gathered from the buffer when the step runs: Lightning fetches one batch
+ahead, and the old policy's outputs must be computed after the last policy step.
+
+Checkpoints: a phase buffer of at most ``checkpoint_buffer_mib`` MiB per rank (default 256: CartPole,
+MinAtar, small Procgen runs) is saved with each rank's data-module state, so a checkpoint taken in the
+middle of a policy phase resumes exactly (bitwise, with `ppo_lightning.data.resume_state`). A larger one
+(GiBs at the paper's Procgen configuration) is not saved: a checkpoint taken at the end of an
+iteration that closed a phase (every ``n_pi`` iterations) still resumes exactly; one taken in the
+middle of a policy phase resumes by starting a new phase: phase iteration 0, empty buffer, EWMA reset
+to the current weights (a warning says so). ``checkpoint_every`` a multiple of ``n_pi`` avoids it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ppo_lightning.algos import objectives as F
+from ppo_lightning.nets.models import OBS_KEY, dist_param_keys
+
+# The paper's / reference's defaults (openai/ppo-ewma train.py; Cobbe et al. 2021).
+PPG_DEFAULTS: dict[str, Any] = {
+    "n_pi": 32,  # policy-phase iterations per auxiliary phase (scaled by c under --scale)
+    "epochs_value": None,  # E_V; None: data.update_epochs (= E_pi)
+    "n_aux_epochs": 6,
+    "aux_mbsize": 4,  # env trajectories per auxiliary minibatch
+    "beta_clone": 1.0,
+    "vf_true_weight": 1.0,
+    "aux_lr": 5e-4,
+    "aux_betas": (0.9, 0.999),
+    "max_grad_norm": None,  # manual optimization: Lightning's gradient_clip_val does not apply
+    "checkpoint_buffer_mib": 256,  # phase buffers up to this size (per rank) go into checkpoints
+}
+TARGET_KEY = "value_target"
+OLD_PREFIX = "old_"
+PHASES = ("joint", "value", "policy", "aux")
+# Loss-module terms each policy-phase step minimizes (reference: losses "pi" and "vf").
+PHASE_TERMS = {
+    "joint": ("loss_objective", "loss_critic", "loss_entropy"),
+    "policy": ("loss_objective", "loss_entropy"),
+    "value": ("loss_critic",),
+}
+AUX_STATS = ("loss", "pol_distance", "vf_aux", "vf_true")
+
+
+def resolve_ppg_config(ppg: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``model.ppg`` with defaults filled in, as plain values (None: PPG off)."""
+    if ppg is None:
+        return None
+    if not isinstance(ppg, dict):
+        raise ValueError(f"model.ppg must be a mapping of PPG settings or null, got {ppg!r}")
+    unknown = sorted(set(ppg) - set(PPG_DEFAULTS))
+    if unknown:
+        raise ValueError(f"model.ppg: unknown setting(s) {unknown}; known: {sorted(PPG_DEFAULTS)}")
+    out = {**PPG_DEFAULTS, **ppg}
+    out["aux_betas"] = [float(b) for b in out["aux_betas"]]
+    return out
+
+
+def validate_ppg_config(cfg: dict[str, Any], hparams) -> None:
+    """Fail before training, naming the field."""
+    for name in ("n_pi", "aux_mbsize"):
+        v = cfg[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"model.ppg.{name} must be a positive integer, got {v!r}")
+    for name in ("n_aux_epochs",):
+        v = cfg[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"model.ppg.{name} must be an integer >= 0, got {v!r}")
+    ev = cfg["epochs_value"]
+    if ev is not None and (isinstance(ev, bool) or not isinstance(ev, int) or ev < 1):
+        raise ValueError(f"model.ppg.epochs_value must be a positive integer or null (= data.update_epochs), got {ev!r}")
+    for name in ("beta_clone", "vf_true_weight"):
+        v = cfg[name]
+        if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+            raise ValueError(f"model.ppg.{name} must be >= 0, got {v!r}")
+    if not (isinstance(cfg["aux_lr"], (int, float)) and cfg["aux_lr"] > 0):
+        raise ValueError(f"model.ppg.aux_lr must be > 0, got {cfg['aux_lr']!r}")
+    betas = cfg["aux_betas"]
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"model.ppg.aux_betas must be two numbers in [0, 1), got {betas!r}")
+    mib = cfg["checkpoint_buffer_mib"]
+    if isinstance(mib, bool) or not (isinstance(mib, (int, float)) and mib >= 0):
+        raise ValueError(f"model.ppg.checkpoint_buffer_mib must be a number >= 0, got {mib!r}")
+    g = cfg["max_grad_norm"]
+    if g is not None and not (isinstance(g, (int, float)) and g > 0):
+        raise ValueError(f"model.ppg.max_grad_norm must be > 0 or null, got {g!r}")
+    if (hparams.network or {}).get("aux_value_head") is False:
+        raise ValueError("model.ppg needs the auxiliary value head: remove model.network.aux_value_head: false")
+
+
+def ppg_network_config(network: dict[str, Any]) -> dict[str, Any]:
+    """The network config PPG trains: ``arch`` (default "dual", or "shared" from ``shared_trunk``)
+    and the auxiliary value head, written into the saved hyperparameters (the export rebuilds it)."""
+    network = dict(network)
+    if "arch" not in network:
+        network["arch"] = "shared" if network.get("shared_trunk") else "dual"
+    network.setdefault("aux_value_head", True)
+    return network
+
+
+# ---------------------------------------------------------------------- memory
+def frame_bytes(observation_space: dict, action_space: dict) -> int:
+    """Bytes one stored frame takes in the phase buffer: observation (native dtype), value target,
+    and the old policy's distribution parameters (float32)."""
+    dtype = getattr(torch, observation_space.get("dtype", "float32"))
+    obs = math.prod(observation_space["shape"]) * torch.empty((), dtype=dtype).element_size()
+    k = action_space["n"] if action_space["type"] == "discrete" else 2 * math.prod(action_space["shape"])
+    return int(obs + 4 + 4 * k)
+
+
+def phase_buffer_bytes(observation_space: dict, action_space: dict, num_envs: int, rollout_steps: int, n_pi: int) -> int:
+    """Size of one auxiliary phase's buffer, per data-parallel rank."""
+    return n_pi * num_envs * rollout_steps * frame_bytes(observation_space, action_space)
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_phase_buffer_memory(hparams, data, processes: int = 1, available: int | None = None,
+                              fraction: float = 0.8) -> int:
+    """Raise (naming the fields to change) if the phase buffers of ``processes`` ranks on this host
+    would not fit in ``fraction`` of the available memory; returns the per-rank size in bytes."""
+    cfg = resolve_ppg_config(hparams.get("ppg"))
+    if cfg is None or cfg["n_aux_epochs"] == 0:
+        return 0
+    need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps, cfg["n_pi"])
+    available = available_memory_bytes() if available is None else available
+    if available is not None and need * processes > fraction * available:
+        gib = 2.0**30
+        raise ValueError(
+            f"PPG phase buffer: model.ppg.n_pi={cfg['n_pi']} x data.num_envs={data.num_envs} x "
+            f"data.rollout_steps={data.rollout_steps} frames x {frame_bytes(data.observation_space, data.action_space)} "
+            f"bytes = {need / gib:.1f} GiB per rank ({processes} on this host) exceeds {fraction:.0%} of the "
+            f"{available / gib:.1f} GiB available: lower model.ppg.n_pi, data.num_envs or data.rollout_steps"
+        )
+    return need
+
+
+# ---------------------------------------------------------------------- phases
+class PPGPhases:
+    """Phase bookkeeping and the phase buffer. Owned by the LightningModule (``ppg_phases``); the
+    data side feeds it each rollout and asks it for the iteration's minibatches."""
+
+    def __init__(self, cfg: dict[str, Any], action_space: dict) -> None:
+        self.cfg = cfg
+        self.param_keys = dist_param_keys(action_space)
+        self.phase_iteration = 0  # policy-phase iterations done in the current phase
+        self.phase = 0  # auxiliary phases completed
+        self.buffer: list[TensorDictBase] = []  # rollouts [envs, time]: observation, value_target (CPU)
+        self.plan: list[str] = []  # the phase of each training step (batch_idx) of this iteration
+        self.aux_steps_planned = 0
+        self.aux_ran = False  # this iteration ran an auxiliary phase
+        self.last_step_phase: str | None = None
+        self._old_ready = False
+        self._aux_stats: list[torch.Tensor] = []
+        self._aux_t0: float | None = None
+        self._aux_seconds = 0.0
+        self.restart_pending = False  # resumed mid-phase: reset the EWMA at train start
+        self.buffer_in_checkpoint = False  # set by `attach`: the buffer goes into checkpoints
+
+    # -------------------------------------------------------------- data side
+    @property
+    def stores_rollouts(self) -> bool:
+        return self.cfg["n_aux_epochs"] > 0
+
+    def epochs(self, data) -> tuple[int, int]:
+        e_pi = data.update_epochs
+        return e_pi, self.cfg["epochs_value"] or e_pi
+
+    def max_batches_per_iteration(self, data) -> int:
+        """Training steps of the longest iteration (the one that ends with an auxiliary phase)."""
+        e_pi, e_v = self.epochs(data)
+        policy = (e_pi if e_pi == e_v else e_pi + e_v) * data.num_minibatches
+        aux = self.cfg["n_aux_epochs"] * math.ceil(self.cfg["n_pi"] * data.num_envs / self.cfg["aux_mbsize"])
+        return policy + aux
+
+    def iteration_batches(self, rollout: TensorDictBase, flat: TensorDictBase, data):
+        """The minibatches of one iteration: value / policy epochs, then (every ``n_pi``-th
+        iteration) the auxiliary phase's trajectory indices. Sets ``plan`` before the first yield."""
+        self.phase_iteration += 1
+        self.aux_ran = False
+        if self.stores_rollouts:
+            self.buffer.append(rollout.select(OBS_KEY, TARGET_KEY).to("cpu").clone())
+        e_pi, e_v = self.epochs(data)
+        epochs = [("joint", e_pi)] if e_pi == e_v else [("value", e_v), ("policy", e_pi)]
+        aux = self.stores_rollouts and self.phase_iteration >= self.cfg["n_pi"]
+        aux_batches = self._aux_index_batches(data) if aux else []
+        self.plan = [p for p, e in epochs for _ in range(e * data.num_minibatches)] + ["aux"] * len(aux_batches)
+        self.aux_steps_planned = len(aux_batches)
+        if not aux and self.phase_iteration >= self.cfg["n_pi"]:  # n_aux_epochs 0: phases without aux
+            self.phase_iteration, self.phase = 0, self.phase + 1
+        n = flat.shape[0]
+        size = n // data.num_minibatches
+        for _, e in epochs:
+            for _ in range(e):
+                shuffled = flat[torch.randperm(n, generator=data.shuffle_generator)]
+                for i in range(data.num_minibatches):
+                    yield shuffled[i * size : (i + 1) * size]
+        yield from aux_batches
+
+    def _aux_index_batches(self, data) -> list[torch.Tensor]:
+        """``n_aux_epochs`` epochs of ``[k, 2]`` (rollout, env) index tensors: every stored env
+        trajectory once per epoch, ``aux_mbsize`` per minibatch, mixing rollouts (reference
+        ``make_minibatches``)."""
+        pairs = torch.cartesian_prod(torch.arange(len(self.buffer)), torch.arange(self.buffer[0].shape[0]))
+        out = []
+        for _ in range(self.cfg["n_aux_epochs"]):
+            perm = torch.randperm(len(pairs), generator=data.shuffle_generator)
+            out.extend(pairs[idx] for idx in perm.split(self.cfg["aux_mbsize"]))
+        return out
+
+    # -------------------------------------------------------------- module side
+    def phase_of(self, batch_idx: int) -> str:
+        return self.plan[batch_idx]
+
+    @torch.no_grad()
+    def compute_old_outputs(self, network: torch.nn.Module, device: torch.device, chunk: int = 4096) -> None:
+        """The old policy's distribution parameters on every stored frame (reference
+        ``compute_presleep_outputs``), before the first auxiliary step."""
+        was_training = network.training
+        network.eval()
+        for seg in self.buffer:
+            obs = seg.get(OBS_KEY)
+            flat_obs = obs.reshape(-1, *obs.shape[2:])
+            outs = [network.policy(c.to(device)) for c in flat_obs.split(chunk)]
+            for j, key in enumerate(self.param_keys):
+                p = torch.cat([o[j] for o in outs]).float().cpu()
+                seg.set(OLD_PREFIX + key, p.reshape(*obs.shape[:2], *p.shape[1:]))
+        network.train(was_training)
+        self._old_ready = True
+
+    def gather(self, index: torch.Tensor, device: torch.device) -> TensorDictBase:
+        """The auxiliary minibatch of trajectories ``index`` ([k, 2] rollout, env), flattened."""
+        keys = [OBS_KEY, TARGET_KEY, *(OLD_PREFIX + k for k in self.param_keys)]
+        cols = {key: torch.stack([self.buffer[s].get(key)[e] for s, e in index.tolist()]) for key in keys}
+        td = TensorDict(cols, batch_size=[index.shape[0], self.buffer[0].shape[1]])
+        return td.reshape(-1).to(device)
+
+    def start_aux_step(self, network, device) -> None:
+        if not self._old_ready:
+            self._aux_t0 = time.perf_counter()
+            self.compute_old_outputs(network, device)
+
+    def record_aux_stats(self, stats: torch.Tensor) -> None:
+        self._aux_stats.append(stats)
+
+    def finish_aux_phase(self) -> None:
+        """Free the buffer; a new policy phase starts."""
+        self.buffer.clear()
+        self._old_ready = False
+        self.phase_iteration, self.phase = 0, self.phase + 1
+        self.aux_ran = True
+        if self._aux_t0 is not None:
+            self._aux_seconds = time.perf_counter() - self._aux_t0
+
+    def iteration_metrics(self) -> dict[str, float]:
+        """``ppg/phase`` (auxiliary phases completed), ``ppg/phase_iteration`` (policy iterations of
+        the current phase; 0 right after an auxiliary phase), auxiliary-loss means when one ran."""
+        out = {
+            "ppg/phase": float(self.phase),
+            "ppg/phase_iteration": float(self.phase_iteration),
+            "ppg/aux_phase": float(self.aux_ran),
+            "ppg/buffer_frames": float(sum(seg.numel() for seg in self.buffer)),
+        }
+        if self._aux_stats:
+            means = torch.stack(self._aux_stats).mean(0).tolist()
+            out.update({f"ppg/aux_{k}": v for k, v in zip(AUX_STATS, means)})
+            out["ppg/aux_steps"] = float(len(self._aux_stats))
+            out["time/aux_phase_s"] = self._aux_seconds
+        self._aux_stats = []
+        return out
+
+    # -------------------------------------------------------------- checkpoint
+    def attach(self, data) -> None:
+        """Register the phase buffer with the data module's per-rank resume state when it is small
+        enough (``checkpoint_buffer_mib``); called once the data module builds its rollout source."""
+        need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps,
+                                  self.cfg["n_pi"])
+        self.buffer_in_checkpoint = self.stores_rollouts and need <= self.cfg["checkpoint_buffer_mib"] * 2**20
+        if self.buffer_in_checkpoint:
+            data.resume_providers["ppg_buffer"] = PhaseBufferState(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "phase_iteration": self.phase_iteration, "n_pi": self.cfg["n_pi"],
+                "buffer_in_checkpoint": self.buffer_in_checkpoint}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.phase = int(state["phase"])
+        self.buffer.clear()
+        self._old_ready = False
+        if state.get("buffer_in_checkpoint"):  # `PhaseBufferState` restores buffer and phase iteration
+            self.phase_iteration = int(state["phase_iteration"])
+            return
+        if state["phase_iteration"]:
+            warnings.warn(
+                f"resuming in the middle of a PPG policy phase (iteration {state['phase_iteration']} of "
+                f"{state['n_pi']}): its rollouts are not in the checkpoint, so a new phase starts "
+                "(phase iteration 0, empty buffer, EWMA proximal policy reset to the current weights)",
+                stacklevel=2,
+            )
+            self.restart_pending = True
+        self.phase_iteration = 0
+
+
+class PhaseBufferState:
+    """The phase buffer as one rank's plain resume state (`ppo_lightning.data.resume_state` providers):
+    each stored rollout as a dict of tensors with its batch size, loadable with ``weights_only``."""
+
+    def __init__(self, phases: PPGPhases) -> None:
+        self.phases = phases
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"phase_iteration": self.phases.phase_iteration,
+                "rollouts": [{"batch_size": list(td.batch_size), "data": td.to_dict()} for td in self.phases.buffer]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.phases.buffer = [TensorDict(r["data"], batch_size=r["batch_size"]) for r in state["rollouts"]]
+        self.phases.phase_iteration = int(state["phase_iteration"])
+        self.phases.restart_pending = False
+
+
+# ---------------------------------------------------------------------- optimization
+def _adam(params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
+    fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
+    return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas), fused=fused)
+
+
+def optimizer_names(module) -> list[str]:
+    """``["policy", "aux"]``, or ``["policy", "value", "aux"]`` when E_V != E_pi (reference ``opt_keys``)."""
+    e_v = module.ppg_phases.cfg["epochs_value"]
+    dm = module.trainer.datamodule if module._trainer is not None else None
+    separate = e_v is not None and dm is not None and e_v != dm.update_epochs
+    return ["policy", "value", "aux"] if separate else ["policy", "aux"]
+
+
+def configure_optimizers(module) -> list[torch.optim.Optimizer]:
+    """Policy(-phase) optimizer, a value optimizer when E_V != E_pi, the auxiliary Adam; every one
+    over all parameters, as in the reference code."""
+    h, cfg = module.hparams, module.ppg_phases.cfg
+    params = list(module.network.parameters())
+    names = optimizer_names(module)
+    module._ppg_optimizer_index = {n: i for i, n in enumerate(names)}
+    module._ppg_optimizer_index["joint"] = 0
+    opts = []
+    for name in names:
+        if name == "aux":
+            opts.append(_adam(params, cfg["aux_lr"], cfg["aux_betas"], h.adam_eps))
+        elif h.optimizer == "sgd":
+            opts.append(torch.optim.SGD(params, lr=h.lr))
+        else:
+            opts.append(_adam(params, h.lr, h.adam_betas, h.adam_eps))
+    return opts
+
+
+def _accumulate(module, batch: TensorDictBase, loss_and_stats, names=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of ``loss_and_stats(batch)`` (in micro-batches of ``model.micro_batch_size``, each
+    weighted into the minibatch mean); returns the minibatch loss (detached) and the size-weighted
+    mean of the stats (the maximum for ``importance_ratio_max`` among ``names()``)."""
+    n, m = batch.shape[0], module.hparams.micro_batch_size
+    chunks = batch.split(m) if m is not None and m < n else [batch]
+    chunk_stats, total_loss = [], 0.0
+    for chunk in chunks:
+        w = chunk.shape[0] / n
+        loss, stats = loss_and_stats(chunk)
+        module.manual_backward(loss * w)
+        chunk_stats.append((w, stats))
+        total_loss = total_loss + w * loss.detach()
+    total = sum(w * st for w, st in chunk_stats)
+    if len(chunk_stats) > 1 and names is not None and "importance_ratio_max" in names():
+        k = names().index("importance_ratio_max")
+        total[k] = max(st[k] for _, st in chunk_stats)
+    return total_loss, total
+
+
+def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
+    """One gradient step of either phase (manual optimization)."""
+    phases = module.ppg_phases
+    phase = phases.phase_of(batch_idx)
+    opt = module.optimizers()[module._ppg_optimizer_index[phase]]
+    opt.zero_grad()
+    guard = module.numerical_guard  # the same skip / stop rules as PPO's automatic optimization
+    if phase == "aux":
+        device = next(module.network.parameters()).device
+        phases.start_aux_step(module.network, device)
+        mb = phases.gather(batch, device)
+        guard.check_batch(mb)
+        loss, stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
+        phases.record_aux_stats(stats)
+    else:
+        guard.check_batch(batch)
+        if module.loss_module.decoupled and phase == "value":  # the value loss ignores the anchor: no EWMA forward
+            batch.set("proximal", batch.select(*module.param_keys))
+        elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
+            batch = module.add_proximal(batch)
+        terms = PHASE_TERMS[phase]
+        loss, stats = _accumulate(module, batch, lambda c: module._loss_and_stats(c, terms), lambda: module._stat_names)
+        module._step_stats.append(stats)
+    clip = phases.cfg["max_grad_norm"]
+    if guard.after_backward(module, opt.optimizer, loss):  # else the gradients are dropped: no update
+        if clip is not None:
+            module.clip_gradients(opt, gradient_clip_val=clip, gradient_clip_algorithm="norm")
+    opt.step()
+    guard.check_parameters(module, opt.optimizer)
+    phases.last_step_phase = phase
+    module._policy_step = phase in ("joint", "policy")
+    if phase == "aux" and batch_idx == len(phases.plan) - 1:
+        phases.finish_aux_phase()
+        if module.proximal_source is not None:
+            module.proximal_source.reset(module.network)
+    return {"loss": loss, "ppg_phase": phase}
+
+
+def aux_loss_and_stats(module, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ppg_auxiliary_loss` on an auxiliary (micro)batch; stats in `AUX_STATS` order."""
+    cfg = module.ppg_phases.cfg
+    *params, value, aux_value = module.network.forward_aux(batch.get(OBS_KEY))
+    old = [batch.get(OLD_PREFIX + k) for k in module.param_keys]
+    kl = module.loss_module._kl(old, params)
+    target = batch.get(TARGET_KEY).reshape(kl.shape)
+    out = F.ppg_auxiliary_loss(kl, aux_value.reshape(kl.shape), value.reshape(kl.shape), target,
+                               cfg["beta_clone"], cfg["vf_true_weight"])
+    return out["loss"], torch.stack([out[k].detach().float() for k in AUX_STATS])

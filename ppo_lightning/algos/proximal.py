@@ -1,0 +1,226 @@
+"""PPO-EWMA: the proximal policy as an exponentially weighted moving average of the policy weights.
+
+Hilton, Cobbe & Schulman (2021), section 4 and the reference code (github.com/openai/ppo-ewma):
+start from a copy of the weights with weight W = 1; after every optimizer step
+
+    W' = beta W + 1;   theta_prox = theta_prox * beta W / W' + theta / W';   W = W'
+
+which is exactly ``theta_prox.lerp_(theta, 1 / W')``: early on the average is a plain mean of the
+weights seen so far, later an EWMA with decay beta. Its age is a center of mass in gradient steps,
+``COM = beta / (1 - beta)`` (default 8, beta = 0.889).
+
+Why not `torch.optim.swa_utils.AveragedModel` or Lightning's `EMAWeightAveraging`: the update runs
+after every gradient step, so one fused ``torch._foreach_lerp_`` over the parameter list is what we
+want on the hot path; and Lightning's callback swaps the averaged weights into the model for
+validation and at the end of fit, which is wrong for a proximal policy (it is an anchor, never the
+policy that acts).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable
+
+import torch
+from lightning.pytorch import Callback
+from torch import Tensor, nn
+
+from ppo_lightning.nets.models import is_sharded, shard_network
+
+
+def beta_from_com(com: float) -> float:
+    """EWMA decay for a center of mass of ``com`` steps: ``beta = com / (1 + com)``."""
+    if com < 0:
+        raise ValueError(f"proximal center of mass must be >= 0, got {com}")
+    return com / (1.0 + com)
+
+
+def com_from_beta(beta: float) -> float:
+    """Center of mass of an EWMA with decay beta: ``1 / (1 - beta) - 1 = beta / (1 - beta)``."""
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"EWMA beta must lie in [0, 1), got {beta}")
+    return beta / (1.0 - beta)
+
+
+@torch.no_grad()
+def ewma_update_(proximal_params: list[Tensor], params: list[Tensor], beta: float, weight: float) -> float:
+    """One weighted EWMA step in place (reference code of Hilton et al.); returns the new weight W'.
+
+    ``W' = beta W + 1``; ``prox = prox * beta W / W' + theta / W'`` for every pair of tensors.
+    """
+    new_weight = beta * weight + 1.0
+    proximal_params = list(proximal_params)
+    if proximal_params:
+        torch._foreach_lerp_(proximal_params, [p.detach() for p in params], 1.0 / new_weight)
+    return new_weight
+
+
+def _copy_network(network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> nn.Module:
+    """A copy with its own parameters. An FSDP2-sharded network is rebuilt by ``make_network`` and
+    sharded on the same mesh (a deep copy would share FSDP's hooks and state with the original)."""
+    if not is_sharded(network):
+        return copy.deepcopy(network)
+    if make_network is None:
+        raise ValueError("copying an FSDP-sharded network needs make_network (the LightningModule's)")
+    params = list(network.parameters())
+    clone = shard_network(make_network(), params[0].device_mesh)
+    with torch.no_grad():
+        for q, p in zip(clone.parameters(), params):
+            q.copy_(p)
+    return clone
+
+
+def _full_state_dict(module: nn.Module) -> dict[str, Tensor]:
+    """Plain, full tensors (gathered from all ranks when sharded: every rank must call it)."""
+    if is_sharded(module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+        return {k: v.detach().clone() for k, v in state.items()}
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _load_full_state_dict(module: nn.Module, state: dict[str, Tensor]) -> None:
+    if is_sharded(module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        module.load_state_dict(state)
+
+
+class ProximalPolicyEWMA:
+    """The EWMA proximal copy of a network: owned by the LightningModule (``proximal_source``).
+
+    The module asks it for proximal distribution parameters (`proximal_policy`), calls `update`
+    after every policy optimizer step (told *when* by the `ProximalEWMAStep` callback), and saves
+    `state_dict` (weight, age, proximal parameters) in its checkpoint. `reset` restarts it from the
+    current weights with W = 1 (PPG does so after each auxiliary phase, reference ``EwmaModel.reset``).
+    """
+
+    def __init__(self, com: float = 8.0, precision: str | None = None) -> None:
+        self.com = float(com)
+        # Precision of the proximal *forward* only (the averaged weights stay float32). None: the
+        # network's own. "bf16" needs a network with a ``precision`` switch (the IMPALA CNN).
+        self.precision = precision
+        self.beta = beta_from_com(self.com)
+        self.proximal: nn.Module | None = None
+        self.weight = 1.0
+        self.age_sum = 0.0  # sum_i w_i * age_i, so that age = age_sum / weight
+        self.num_updates = 0
+        self.num_resets = 0
+        self._pending_state: dict[str, Any] | None = None
+        self._ready = False  # True between start() and stop(): a restored state applies at once
+        self._prox_params: list[Tensor] = []
+        self._params: list[Tensor] = []
+        # With precision "bf16": a bf16 copy of the averaged weights, refreshed after every update,
+        # that runs the forward without autocast (which would cast every weight again per call).
+        self._forward_net: nn.Module | None = None
+        self._forward_params: list[Tensor] = []
+        self._make_network: Callable[[], nn.Module] | None = None
+
+    @property
+    def age(self) -> float:
+        """Center of mass of the current average, in gradient steps (tends to ``com``)."""
+        return self.age_sum / self.weight
+
+    def start(self, network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> None:
+        """At fit start, once (sharded) parameters are final: copy the weights, apply a restored state."""
+        self._make_network = make_network
+        self.reset(network)
+        self.num_resets = 0
+        self._ready = True
+        if self._pending_state is not None:
+            self._apply_state(self._pending_state)
+            self._pending_state = None
+
+    def stop(self) -> None:
+        self._ready = False
+
+    def reset(self, network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> None:
+        """Start again from a copy of the current weights with W = 1 (``make_network`` builds an
+        unsharded network of the same shape; needed only when ``network`` is FSDP-sharded)."""
+        self.proximal = _copy_network(network, make_network or self._make_network).requires_grad_(False)
+        if self.precision is not None:
+            if not hasattr(self.proximal, "precision"):
+                raise ValueError(f"proximal precision {self.precision!r} needs a network with a precision switch (impala_cnn)")
+            self.proximal.precision = self.precision
+        self._prox_params = list(self.proximal.parameters())
+        self._params = list(network.parameters())
+        self.weight, self.age_sum = 1.0, 0.0
+        self.num_resets += 1
+        self._forward_net, self._forward_params = None, []
+        if self.precision == "bf16" and not is_sharded(self.proximal):
+            # Same values as the bf16-autocast forward of the float32 average (tested): autocast
+            # casts weights and conv inputs to bf16 with the same rounding. "fp32" here means no
+            # autocast; the module's own dtype (bf16) sets the computation's.
+            self._forward_net = copy.deepcopy(self.proximal).to(torch.bfloat16)
+            self._forward_net.precision = "fp32"
+            self._forward_params = list(self._forward_net.parameters())
+
+    def _sync_forward_net(self) -> None:
+        if self._forward_params:
+            torch._foreach_copy_(self._forward_params, self._prox_params)
+
+    def update(self) -> None:
+        """Apply one EWMA step towards the current weights."""
+        self.age_sum = self.beta * (self.age_sum + self.weight)
+        self.weight = ewma_update_(self._prox_params, self._params, self.beta, self.weight)
+        self._sync_forward_net()
+        self.num_updates += 1
+
+    @torch.no_grad()
+    def proximal_policy(self, obs: Tensor) -> tuple[Tensor, ...]:
+        """Distribution parameters of the proximal policy."""
+        net = self._forward_net if self._forward_net is not None else self.proximal
+        return net.policy(obs)
+
+    def metrics(self) -> dict[str, float]:
+        return {"proximal/age": self.age, "proximal/com": self.com, "proximal/weight": self.weight}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "com": self.com,
+            "weight": self.weight,
+            "age_sum": self.age_sum,
+            "num_updates": self.num_updates,
+            "proximal": _full_state_dict(self.proximal) if self.proximal is not None else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning restores checkpoints before on_fit_start (single device) or after it (sharded).
+        if self._ready:
+            self._apply_state(state_dict)
+        else:
+            self._pending_state = state_dict
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        if not math.isclose(state["com"], self.com):
+            raise ValueError(
+                f"checkpoint's proximal center of mass {state['com']} differs from the config's {self.com}"
+            )
+        self.weight, self.age_sum, self.num_updates = state["weight"], state["age_sum"], state["num_updates"]
+        if state["proximal"] is not None:
+            _load_full_state_dict(self.proximal, state["proximal"])
+            self._sync_forward_net()
+
+
+class ProximalEWMAStep(Callback):
+    """Says *when* the module's EWMA proximal policy moves: after every optimizer step.
+
+    ``trainer.global_step`` counts optimizer steps (gradient accumulation does not step); for each
+    new one the module's ``step_proximal`` runs, which updates the EWMA only after steps that
+    changed the policy (not after PPG's value-only or auxiliary steps).
+    """
+
+    def __init__(self) -> None:
+        self._seen_step = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._seen_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        while self._seen_step < trainer.global_step:
+            pl_module.step_proximal()
+            self._seen_step += 1

@@ -1,0 +1,202 @@
+"""Batch-size invariance (Hilton, Cobbe & Schulman 2021): the scaling rules as one function of c.
+
+Scaling *both* batch sizes (the rollout batch and the minibatch) down by a factor ``c`` keeps the
+learning curve against environment steps (approximately) unchanged if, at the same time,
+
+    Adam lr      -> lr / sqrt(c)          (SGD: lr / c)
+    proximal COM -> COM * c               (the EWMA proximal policy's center of mass, gradient steps)
+    adv. span    -> span * c              (advantage-normalization window in iterations: EWMA decay
+                                           1 - 1/span, `ppo_lightning.algos.advantages.ewma_beta_from_span`)
+    PPG N_pi     -> N_pi * c              (policy-phase iterations between auxiliary phases)
+    Adam betas   -> betas ** (1 / c)      (optional)
+
+``c < 1`` scales up. `batch_size_scaling` is the pure arithmetic; `apply_scale` applies it to a
+``ppo-lightning fit`` config namespace (``--scale c``): it divides ``data.num_envs`` (and, where ``c``
+does not divide it, ``data.rollout_steps``) by ``c`` and keeps ``data.num_minibatches``, so the
+minibatch size is divided by ``c`` as well and the number of gradient steps per iteration is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+RULES = ("lr", "com", "adv_span", "ppg_n_pi", "adam_betas")
+DEFAULT_RULES = ("lr", "com", "adv_span", "ppg_n_pi")  # adam_betas only on request
+
+
+def _check_c(c: float) -> float:
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
+        raise ValueError(f"scale must be a positive finite number, got {c!r}")
+    return float(c)
+
+
+def batch_size_scaling(
+    c: float,
+    *,
+    lr: float,
+    proximal_com: float | None,
+    adv_norm_span: float,
+    ppg_n_pi: int | None = None,
+    adam_betas: tuple[float, float] | None = None,
+    optimizer: str = "adam",
+) -> dict[str, Any]:
+    """Scaled hyperparameters for batch sizes divided by ``c`` (``c < 1``: multiplied by ``1/c``).
+
+    Returns ``{"lr", "proximal_com", "adv_norm_span", "ppg_n_pi", "adam_betas"}``; entries given as
+    None stay None. The advantage span cannot drop below 1 (per-batch normalization), so scaling up
+    clamps it there. ``ppg_n_pi`` is rounded to the nearest integer (at least 1).
+    """
+    c = _check_c(c)
+    if optimizer not in ("adam", "sgd"):
+        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+    out: dict[str, Any] = {
+        "lr": lr / math.sqrt(c) if optimizer == "adam" else lr / c,
+        "proximal_com": None if proximal_com is None else proximal_com * c,
+        "adv_norm_span": max(adv_norm_span * c, 1.0),
+        "ppg_n_pi": None if ppg_n_pi is None else max(1, round(ppg_n_pi * c)),
+        "adam_betas": None if adam_betas is None else tuple(float(b) ** (1.0 / c) for b in adam_betas),
+    }
+    return out
+
+
+def parse_rules(rules: str | Iterable[str] | None, scale_adam_betas: bool = False) -> tuple[str, ...]:
+    """``"all"`` (default rules), ``"none"`` or a comma list of `RULES`; ``scale_adam_betas`` adds betas."""
+    if rules is None or rules == "all":
+        chosen = list(DEFAULT_RULES)
+    elif rules in ("none", ""):
+        chosen = []
+    else:
+        chosen = [r.strip() for r in (rules.split(",") if isinstance(rules, str) else rules) if r.strip()]
+    unknown = [r for r in chosen if r not in RULES]
+    if unknown:
+        raise ValueError(f"scale_rules: unknown rule(s) {unknown}; choose from {list(RULES)}, 'all' or 'none'")
+    if scale_adam_betas and "adam_betas" not in chosen:
+        chosen.append("adam_betas")
+    return tuple(chosen)
+
+
+def _as_int_factor(x: float) -> int | None:
+    r = round(x)
+    return r if r >= 1 and math.isclose(x, r, rel_tol=1e-9, abs_tol=1e-9) else None
+
+
+def scale_batch(num_envs: int, rollout_steps: int, num_minibatches: int, c: float) -> tuple[int, int]:
+    """New ``(num_envs, rollout_steps)`` with the batch divided by ``c``: envs first, then steps."""
+    c = _check_c(c)
+    batch = num_envs * rollout_steps
+    if c >= 1:
+        k = _as_int_factor(c)
+        if k is None:
+            raise ValueError(f"scale={c} must be an integer when >= 1 (it divides the batch sizes)")
+        g = math.gcd(num_envs, k)
+        rest = k // g
+        if rollout_steps % rest:
+            raise ValueError(
+                f"scale={c} does not divide the batch: data.num_envs={num_envs} x data.rollout_steps="
+                f"{rollout_steps} (divide num_envs first, then rollout_steps)"
+            )
+        new = (num_envs // g, rollout_steps // rest)
+    else:
+        k = _as_int_factor(1.0 / c)
+        if k is None:
+            raise ValueError(f"scale={c} < 1 must be 1/n for an integer n (it multiplies data.num_envs by n)")
+        new = (num_envs * k, rollout_steps)
+    if (new[0] * new[1]) % num_minibatches:
+        raise ValueError(
+            f"scale={c}: the scaled batch of {new[0] * new[1]} frames (from {batch}) does not split into "
+            f"data.num_minibatches={num_minibatches} equal minibatches"
+        )
+    return new
+
+
+def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
+                scale_adam_betas: bool = False) -> dict[str, dict[str, Any]]:
+    """Apply ``--scale c`` to a ``fit`` config namespace in place; returns ``{name: {"from", "to"}}``.
+
+    ``cfg.data.{num_envs, rollout_steps}`` are divided (the minibatch size follows, since
+    ``num_minibatches`` is kept); ``model.lr``, ``model.proximal_com``, ``data.advantage_norm_span``,
+    ``model.ppg.n_pi`` (PPG runs only) and (with ``scale_adam_betas``) ``model.adam_betas`` follow the
+    rules named in ``rules``.
+    """
+    c = _check_c(c)
+    chosen = parse_rules(rules, scale_adam_betas)
+    data, model = cfg.data, cfg.model
+    report: dict[str, dict[str, Any]] = {}
+
+    def setv(ns, section: str, key: str, value) -> None:
+        old = ns[key]
+        if old != value:
+            report[f"{section}.{key}"] = {"from": old, "to": value}
+        ns[key] = value
+
+    envs, steps = scale_batch(int(data.num_envs), int(data.rollout_steps), int(data.num_minibatches), c)
+    mb_before = data.num_envs * data.rollout_steps // data.num_minibatches
+    setv(data, "data", "num_envs", envs)
+    setv(data, "data", "rollout_steps", steps)
+    report["data.minibatch_size"] = {"from": mb_before, "to": envs * steps // data.num_minibatches}
+
+    betas = model.get("adam_betas") if "adam_betas" in chosen else None
+    scaled = batch_size_scaling(
+        c,
+        lr=float(model.lr),
+        proximal_com=model.get("proximal_com"),
+        adv_norm_span=float(data.advantage_norm_span),
+        ppg_n_pi=_ppg_n_pi(model),
+        adam_betas=None if betas is None else tuple(betas),
+        optimizer=model.get("optimizer", "adam"),
+    )
+    if "lr" in chosen:
+        setv(model, "model", "lr", scaled["lr"])
+    if "com" in chosen and scaled["proximal_com"] is not None:
+        setv(model, "model", "proximal_com", scaled["proximal_com"])
+    if "adv_span" in chosen:
+        setv(data, "data", "advantage_norm_span", scaled["adv_norm_span"])
+    if "adam_betas" in chosen and scaled["adam_betas"] is not None:
+        setv(model, "model", "adam_betas", list(scaled["adam_betas"]))
+    if "ppg_n_pi" in chosen and scaled["ppg_n_pi"] is not None:
+        ppg = dict(model.ppg)
+        old = _ppg_n_pi(model)
+        if old != scaled["ppg_n_pi"]:
+            report["model.ppg.n_pi"] = {"from": old, "to": scaled["ppg_n_pi"]}
+        ppg["n_pi"] = scaled["ppg_n_pi"]
+        model.ppg = ppg
+    return report
+
+
+def _ppg_n_pi(model) -> int | None:
+    """``model.ppg.n_pi`` of a config namespace (its default when unset); None without PPG."""
+    ppg = model.get("ppg")
+    if ppg is None:
+        return None
+    from ppo_lightning.algos.ppg import PPG_DEFAULTS
+
+    return int(ppg.get("n_pi", PPG_DEFAULTS["n_pi"]))
+
+
+def format_scale_table(c: float, rules: Iterable[str], report: dict[str, dict[str, Any]]) -> str:
+    """A printable table of the scaled values."""
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.6g}"
+        if isinstance(v, (list, tuple)):
+            return "(" + ", ".join(fmt(x) for x in v) + ")"
+        return str(v)
+
+    rows = [(k, fmt(v["from"]), fmt(v["to"])) for k, v in report.items()]
+    w0 = max([len("setting")] + [len(r[0]) for r in rows])
+    w1 = max([len("c = 1")] + [len(r[1]) for r in rows])
+    lines = [f"batch-size scaling: c = {c:g} (rules: {', '.join(rules) or 'none'})",
+             f"  {'setting':<{w0}}  {'c = 1':>{w1}}  ->  scaled"]
+    lines += [f"  {k:<{w0}}  {a:>{w1}}  ->  {b}" for k, a, b in rows]
+    return "\n".join(lines)
+
+
+def scale_params(c: float, rules: Iterable[str], report: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Flat parameters for the tracker: ``scale``, ``scale_rules`` and ``unscaled/<setting>``."""
+    out: dict[str, Any] = {"scale": c, "scale_rules": ",".join(rules) or "none"}
+    for k, v in report.items():
+        out[f"unscaled/{k}"] = v["from"]
+        out[f"scaled/{k}"] = v["to"]
+    return out

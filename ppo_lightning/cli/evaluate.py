@@ -1,0 +1,123 @@
+"""``ppo-lightning evaluate SOURCE``: score a trained agent, optionally record it.
+
+SOURCE is a ``.ckpt`` file, an FSDP-sharded checkpoint folder or an exported Hugging Face folder.
+The environment and its settings come from the training config stored in SOURCE (``--env``
+overrides the id); for Procgen, ``--levels test`` (default) plays the full level distribution from
+the first level past the training ones and ``--levels train`` the training levels.
+
+    ppo-lightning evaluate runs/cartpole/<run>/checkpoints/last.ckpt --episodes 20 --deterministic
+    ppo-lightning evaluate hf_cartpole --video cartpole.mp4 --json score.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ppo_lightning.interop.checkpoint_io import ExportError
+
+
+def load_source(source: str | os.PathLike) -> tuple[Any, dict[str, Any], dict, dict]:
+    """(network, training environment settings, observation space, action space) of SOURCE."""
+    from ppo_lightning.interop.checkpoint_io import is_checkpoint, load_network
+    from ppo_lightning.interop.hf.loader import is_pretrained_folder, load_pretrained, read_pretrained_config
+
+    path = Path(source)
+    if not path.exists():
+        raise ExportError(f"not found: {path}")
+    if is_pretrained_folder(path):
+        config = read_pretrained_config(path)
+        net = load_pretrained(path)
+        return net, dict(config.get("environment") or {}), config["observation_space"], config["action_space"]
+    if is_checkpoint(path) or path.is_dir():
+        net, checkpoint = load_network(path)
+        hparams = checkpoint["hyper_parameters"]
+        env = checkpoint.get("datamodule_hyper_parameters")
+        return net, dict(env or {}), hparams["observation_space"], hparams["action_space"]
+    raise ExportError(f"{path} is neither a checkpoint nor an exported folder")
+
+
+def resolve_env(training_env: dict[str, Any], env_id: str | None, levels: str) -> tuple[str, dict[str, Any]]:
+    """(env id, env kwargs) to evaluate on: the training env (or ``env_id``), Procgen levels split."""
+    from ppo_lightning.envs import check_env_id, is_procgen
+    from ppo_lightning.interop.evaluation import procgen_level_kwargs
+
+    train_id = training_env.get("env_id")
+    target = env_id or train_id
+    if not target:
+        raise ValueError("the source does not name its training environment: pass --env ID")
+    # the training env's settings; for another Procgen game too (mode, level split)
+    same_family = target == train_id or (is_procgen(target) and is_procgen(str(train_id or "")))
+    kwargs = dict(training_env.get("env_kwargs") or {}) if same_family else {}
+    check_env_id(target)
+    if is_procgen(target):
+        kwargs = procgen_level_kwargs(kwargs, levels)
+    return target, kwargs
+
+
+def check_observations(env_id: str, env_kwargs: dict, observation_space: dict) -> None:
+    from ppo_lightning.envs import env_spaces
+
+    env_obs, _ = env_spaces(env_id, env_kwargs)
+    if list(env_obs["shape"]) != list(observation_space["shape"]):
+        raise ValueError(
+            f"env {env_id} gives observations of shape {list(env_obs['shape'])}, the network reads "
+            f"{list(observation_space['shape'])}"
+        )
+
+
+def evaluate_source(source, episodes: int = 10, deterministic: bool = False, env_id: str | None = None,
+                    levels: str = "test", seed: int = 0, num_envs: int | None = None, video: str | None = None,
+                    video_episodes: int = 1) -> dict[str, Any]:
+    """`evaluate_policy` on the network of SOURCE (see the module doc)."""
+    from ppo_lightning.interop.evaluation import evaluate_policy
+
+    if not isinstance(episodes, int) or episodes <= 0:
+        raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
+    net, training_env, obs_space, action_space = load_source(source)
+    target, kwargs = resolve_env(training_env, env_id, levels)
+    check_observations(target, kwargs, obs_space)
+    result = evaluate_policy(net, target, episodes=episodes, deterministic=deterministic, env_kwargs=kwargs,
+                             seed=seed, num_envs=num_envs, video=video, video_episodes=video_episodes)
+    result["source"] = str(source)
+    if "num_levels" in kwargs:
+        result["levels"] = levels
+    return result
+
+
+def evaluate_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ppo-lightning evaluate",
+        description="Score a trained agent: a .ckpt file, a sharded checkpoint folder or an exported Hugging Face folder.",
+    )
+    parser.add_argument("source", help="a .ckpt file, a sharded checkpoint folder or an export-hf folder")
+    parser.add_argument("--episodes", type=int, default=10, help="complete episodes to play (default 10)")
+    parser.add_argument("--deterministic", action="store_true", help="act with the mode instead of sampling")
+    parser.add_argument("--env", default=None, help="environment id (default: the training env)")
+    parser.add_argument("--levels", choices=("train", "test"), default="test",
+                        help="Procgen: the training levels or held-out ones (default test)")
+    parser.add_argument("--seed", type=int, default=0, help="env seed (default 0)")
+    parser.add_argument("--num-envs", type=int, default=None, help="envs run at once (default min(episodes, 16))")
+    parser.add_argument("--video", default=None, metavar="OUT.mp4", help="record env 0's first episode(s) to this MP4")
+    parser.add_argument("--video-episodes", type=int, default=1, help="episodes in the video (default 1)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the figures as one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        result = evaluate_source(args.source, episodes=args.episodes, deterministic=args.deterministic,
+                                 env_id=args.env, levels=args.levels, seed=args.seed, num_envs=args.num_envs,
+                                 video=args.video, video_episodes=args.video_episodes)
+    except (ExportError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from ppo_lightning.interop.evaluation import format_result
+
+    print(format_result(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"  figures: {args.json}")
+    return 0

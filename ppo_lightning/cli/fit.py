@@ -1,0 +1,309 @@
+"""``ppo-lightning`` command line: LightningCLI for ``fit``, plus ``export-hf``.
+
+    ppo-lightning fit --config experiments/cartpole/ppo_ewma.yaml [--model.lr 1e-3 ...] [--ckpt_path X]
+    ppo-lightning export-hf CKPT OUT_DIR [--max-shard-size 2GB] [--dtype bfloat16] [--overwrite]
+
+The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model``
+(`PPOLightningModule`), ``data`` (`RolloutDataModule`), plus ``mlflow``, ``checkpoint_every`` and
+``run_dir``. The data module supplies the observation and action spaces to the model.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+
+from ppo_lightning.training.callbacks import (
+    MANAGED_CALLBACKS,
+    FramesProgressBar,
+    IterationCheckpoint,
+    TrackingState,
+    TrainingVideo,
+    quiet_library_notices,
+    read_tracking_state,
+    record_run_setup,
+    wait_for_episodes,
+)
+from ppo_lightning.data.datamodule import RolloutDataModule
+from ppo_lightning.training.module import PPOLightningModule
+from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger
+
+
+class SaveRunConfig(SaveConfigCallback):
+    """Write the resolved config into the run folder (MLflow's logger has no local log_dir) and
+    attach it to the MLflow run."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        run_dir = Path(trainer.default_root_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / self.config_filename
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True)
+        if isinstance(trainer.logger, SafeMLFlowLogger):
+            trainer.logger.log_file(path)
+
+
+_TRAINING_STARTED = False  # errors after this point are not configuration errors
+
+
+def fill_data_seed(cfg) -> None:
+    """``seed_everything`` also seeds the environments and the shuffling, unless ``data.seed`` is set."""
+    seed = cfg.get("seed_everything")
+    if cfg.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
+        cfg.data.seed = seed
+
+
+def _is_progress_bar(class_path: str) -> bool:
+    import importlib
+
+    module, _, name = str(class_path).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ProgressBar)
+
+
+def _logger_entry(logger: SafeMLFlowLogger) -> dict:
+    return {"experiment_name": logger.experiment_name, "tracking_uri": logger.tracking_uri}
+
+
+class PPOCLI(LightningCLI):
+    """LightningCLI with our defaults: MLflow tracking, a frames progress bar, periodic checkpoints.
+
+    ``extra_callbacks``: callback objects for this run in addition to the config's (benchmarks and
+    experiments that read results from a callback they hold, e.g. a frames-to-threshold recorder)."""
+
+    def __init__(self, *args, extra_callbacks=(), **kwargs) -> None:
+        self.extra_callbacks = list(extra_callbacks)
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.observation_space", "model.observation_space", apply_on="instantiate")
+        parser.link_arguments("data.action_space", "model.action_space", apply_on="instantiate")
+        parser.add_argument("--mlflow.enabled", type=bool, default=True, help="track the run in MLflow")
+        parser.add_argument("--mlflow.tracking_uri", type=str, default=DEFAULT_TRACKING_URI)
+        parser.add_argument("--mlflow.experiment", type=str, default="ppo-lightning")
+        parser.add_argument("--mlflow.run_name", type=str | None, default=None)
+        parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
+        parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
+        parser.add_argument("--video_every", type=int | None, default=0,
+                            help="record an MP4 every N iterations and at the end, into run_dir/videos and MLflow "
+                                 "(0: one at the end of fit, when MLflow is on; null: never)")
+        # Batch-size invariance (ppo_lightning.algos.scaling): divide both batch sizes by c, scale the rest.
+        parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
+        parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
+        parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand]
+        fill_data_seed(cfg)
+        if cfg.checkpoint_every <= 0:
+            raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
+        from ppo_lightning.algos import scaling
+        from ppo_lightning.algos import staleness
+
+        self.scale_params = None
+        if cfg.get("scale") is not None:
+            rules = scaling.parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
+            report = scaling.apply_scale(cfg, cfg.scale, rules)
+            print(scaling.format_scale_table(cfg.scale, rules, report), flush=True)
+            self.scale_params = scaling.scale_params(cfg.scale, rules, report)
+        staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
+                                     decoupled=cfg.model.get("decoupled"), proximal_com=cfg.model.get("proximal_com"))
+
+    def instantiate_trainer(self, **kwargs):
+        cfg = self.config[self.subcommand]
+        # Resuming (--ckpt_path) continues the checkpoint's MLflow run and run folder, unless
+        # --mlflow.run_name asks for a new run.
+        resumed = read_tracking_state(cfg.ckpt_path) if cfg.get("ckpt_path") and not cfg.mlflow.run_name else {}
+        run_name = cfg.mlflow.run_name or time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(cfg.run_dir or resumed.get("run_dir") or Path("runs") / cfg.mlflow.experiment / run_name)
+        self.run_dir = run_dir
+        if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        # Callbacks and logger this CLI manages are rebuilt from the top-level options on every run
+        # (a saved config.yaml lists them; loading it again must not duplicate them or reuse the
+        # old run's folder and MLflow run).
+        given = self.config_init[self.subcommand].trainer
+        user_callbacks = [c for c in (given.get("callbacks") or []) if not isinstance(c, MANAGED_CALLBACKS)]
+        given["callbacks"] = user_callbacks
+        logger = given.get("logger")
+        if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
+            kwargs["logger"] = (
+                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"))
+                if cfg.mlflow.enabled
+                else False
+            )
+        kwargs.setdefault("default_root_dir", str(run_dir))
+        if not cfg.trainer.get("plugins"):  # atomic checkpoint writes, one-line errors on unreadable files
+            from ppo_lightning.training.checkpointing import AtomicCheckpointIO
+
+            kwargs["plugins"] = [AtomicCheckpointIO()]
+        has_bar = any(isinstance(c, ProgressBar) for c in user_callbacks)
+        callbacks = self.managed_callbacks(cfg, run_dir, user_has_progress_bar=has_bar)
+        self.checkpoint_callback = next((c for c in callbacks if isinstance(c, IterationCheckpoint)), None) \
+            or self.managed_checkpoint(cfg, run_dir)
+        callbacks = callbacks + self.extra_callbacks
+        self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+        final_logger = kwargs.get("logger", logger)
+        record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
+        return super().instantiate_trainer(**kwargs)
+
+    @staticmethod
+    def managed_checkpoint(cfg, run_dir: Path) -> IterationCheckpoint:
+        return IterationCheckpoint(
+            dirpath=str(run_dir / "checkpoints"),
+            filename="iteration-{iteration:05d}",
+            auto_insert_metric_name=False,
+            every_n_epochs=cfg.checkpoint_every,
+            save_top_k=-1,
+            save_last=True,
+            save_on_train_epoch_end=True,
+        )
+
+    def managed_callbacks(self, cfg, run_dir: Path, user_has_progress_bar: bool) -> list:
+        """The callbacks built from this CLI's options (see `ppo_lightning.training.callbacks.MANAGED_CALLBACKS`)."""
+        callbacks: list = []
+        # a progress bar of the user's (trainer.callbacks) replaces ours; first, so that it closes
+        # before the end-of-fit video is recorded
+        if cfg.trainer.get("enable_progress_bar") is not False and not user_has_progress_bar:
+            callbacks.append(FramesProgressBar())
+        callbacks.append(TrackingState(str(run_dir)))
+        # the default (0) is the end-of-fit video for the MLflow run; none when nothing would show it
+        if cfg.get("video_every") is not None and (cfg.video_every != 0 or cfg.mlflow.enabled):
+            callbacks.append(TrainingVideo(str(run_dir), every=cfg.video_every))
+        if cfg.trainer.get("enable_checkpointing") is not False:
+            callbacks.append(self.managed_checkpoint(cfg, run_dir))
+        return callbacks
+
+    def parse_arguments(self, parser, args) -> None:
+        """``--print_config`` prints the config with the callbacks and logger the run would use
+        (built from the options as `instantiate_trainer` does, without creating anything). A
+        ``--ckpt_path`` is checked first: LightningCLI reads the checkpoint's hyperparameters right
+        after parsing, so an incomplete file is refused here, in one line (ppo_lightning.training.checkpointing)."""
+        argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        flags = [a for a in argv or [] if a == "--print_config" or a.startswith("--print_config=")]
+        if not flags:
+            super().parse_arguments(parser, args)
+            sub = self.config.get("subcommand")
+            ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+            if ckpt_path:
+                from ppo_lightning.training.checkpointing import check_checkpoint_file
+
+                check_checkpoint_file(ckpt_path)
+            return
+        super().parse_arguments(parser, [a for a in argv if a not in flags])
+        sub = self.config["subcommand"]
+        cfg = self.config[sub]
+        fill_data_seed(cfg)
+        run_dir = Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / (cfg.mlflow.run_name or "<time>"))
+        user_has_bar = any(_is_progress_bar(getattr(c, "class_path", "")) for c in cfg.trainer.get("callbacks") or [])
+        logger = cfg.trainer.get("logger")
+        entry = None
+        if cfg.mlflow.enabled and (logger in (None, True) or "SafeMLFlowLogger" in str(getattr(logger, "class_path", ""))):
+            entry = {"experiment_name": cfg.mlflow.experiment, "tracking_uri": cfg.mlflow.tracking_uri}
+        elif not cfg.mlflow.enabled and logger in (None, True):
+            cfg.trainer.logger = False
+        record_run_setup(cfg, self.managed_callbacks(cfg, run_dir, user_has_bar), entry)
+        import yaml
+
+        full = yaml.safe_load(parser.dump(self.config, skip_none=False, skip_check=True))
+        sys.stdout.write(yaml.safe_dump(full[sub], sort_keys=False))
+        sys.exit(0)
+
+    def before_fit(self) -> None:
+        global _TRAINING_STARTED
+        from ppo_lightning.algos.ppg import check_phase_buffer_memory
+
+        # PPG's phase buffer must fit in this host's memory (one buffer per data-parallel rank here).
+        check_phase_buffer_memory(self.model.hparams, self.datamodule,
+                                  processes=max(1, self.trainer.world_size // max(1, self.trainer.num_nodes)))
+        _TRAINING_STARTED = True
+        from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
+
+        self.trainer.callbacks.append(SmallBatchDiagnostics())  # clip fraction, advantage-std warnings
+        wait_for_episodes(self.trainer.callbacks)  # episode/... monitors wait for the first episode
+        if getattr(self, "scale_params", None) and self.trainer.logger is not None:
+            self.trainer.logger.log_hyperparams(self.scale_params)
+
+    def after_fit(self) -> None:
+        trainer, dm = self.trainer, self.datamodule
+        if not trainer.is_global_zero:
+            return
+        ckpt = self.checkpoint_callback.last_model_path or "(none)"
+        ranks = trainer.world_size > 1
+        print(
+            f"\nfinished: {dm.frames} frames{' (all ranks)' if ranks else ''}, {dm.iteration} iterations, "
+            f"mean return of the last 20 episodes {dm.episodes.mean_return(20):.1f}"
+            + (f" (rank 0 of {trainer.world_size})" if ranks else "")
+        )
+        print(f"checkpoint: {ckpt}")
+        videos = [p for cb in trainer.callbacks if isinstance(cb, TrainingVideo) for p in cb.paths]
+        if videos:
+            print(f"video: {videos[-1]}")
+        if self.checkpoint_callback.last_model_path:
+            print(f"  score it with: ppo-lightning evaluate {ckpt} --episodes 10 --video agent.mp4")
+        logger = trainer.logger
+        run_id = getattr(logger, "run_id", None)
+        if isinstance(logger, SafeMLFlowLogger) and not logger.failed:
+            continued = " (continued)" if logger.resumed else ""
+            print(f"mlflow run: {run_id}{continued} in {logger.tracking_uri} (experiment {logger.experiment_name})")
+            print(f"  view with: mlflow ui --backend-store-uri {logger.tracking_uri}")
+
+
+def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
+    if args is not None:  # called from Python (tests, benchmarks, experiments) on purpose
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    quiet_library_notices()
+    return PPOCLI(
+        PPOLightningModule,
+        RolloutDataModule,
+        trainer_defaults={
+            "max_epochs": -1,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "limit_val_batches": 0,
+            "log_every_n_steps": 1,
+        },
+        save_config_callback=SaveRunConfig,
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+        args=args,
+        auto_configure_optimizers=False,
+        extra_callbacks=extra_callbacks,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("export-hf", "evaluate"):
+        from ppo_lightning.cli.main import main as dispatch
+
+        return dispatch(args)
+    global _TRAINING_STARTED
+    _TRAINING_STARTED = False
+    from ppo_lightning.core.faults import TrainingFault
+
+    try:
+        fit_main(argv)
+    except TrainingFault as err:  # a bad checkpoint file, a numerical or an environment fault
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except ValueError as err:  # invalid configuration: one clear line, before training
+        if _TRAINING_STARTED:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

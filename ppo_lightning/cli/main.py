@@ -1,0 +1,39 @@
+"""Entry point of the ``ppo-lightning`` command: dispatches before importing anything heavy, so that
+``export-hf`` and ``evaluate`` do not pay for (or print from) Lightning's CLI."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: ppo-lightning {fit,export-hf,evaluate} ...
+
+commands:
+  fit        train from a YAML config (LightningCLI): ppo-lightning fit --config experiments/cartpole/ppo_ewma.yaml
+  export-hf  write a Hugging Face folder (weights, self-contained model code, model card with the
+             measured mean return, replay.mp4): ppo-lightning export-hf CKPT OUT_DIR
+  evaluate   score a checkpoint or an exported folder over N episodes, optionally record a video:
+             ppo-lightning evaluate SOURCE [--episodes 10] [--deterministic] [--video OUT.mp4] [--json PATH]
+
+ppo-lightning COMMAND --help shows the options of a command."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    if args[0] == "export-hf":
+        from ppo_lightning.interop.hf.writer import export_main
+
+        return export_main(args[1:])
+    if args[0] == "evaluate":
+        from ppo_lightning.cli.evaluate import evaluate_main
+
+        return evaluate_main(args[1:])
+    from ppo_lightning.cli.fit import main as fit_cli_main
+
+    return fit_cli_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Everything that shapes the future of a run, beyond weights and optimizer, for an exact resume.
+
+A checkpoint written at the end of iteration k and resumed must continue *bitwise* as the run that
+was never interrupted. Besides what Lightning and the callbacks save (network, optimizer, EWMA,
+adaptive beta, normalizers, staleness queue, episode windows), that needs, on every data-parallel rank:
+
+- the random number generators used for action sampling (torch's global one; numpy's and Python's
+  for good measure; CUDA's when present);
+- the environments' own state: each gymnasium sub-env's wrapper chain as plain data (`env_state`),
+  Procgen's through ``get_state``/``set_state`` (`ProcgenTorchEnv.get_state`);
+- the collector's carried step (current observation, done flags, step counts, episode-return
+  accumulators): TorchRL's ``Collector`` keeps it as ``_carrier``;
+- any state a new algorithm registers (`register`), e.g. PPG's phase buffer.
+
+All of it is encoded as tensors, numbers, strings, lists and dicts, so checkpoints still load with
+``torch.load(weights_only=True)``. Under data parallelism every rank's state is gathered into the
+checkpoint (rank 0 writes it) and each rank restores its own entry.
+
+An env whose state is not plain data (a Box2D world, a MuJoCo ``MjData``, an env in another
+process) cannot be restored: the resume then warns once and the environments restart, as the whole
+run did before (episodes in progress are lost). `env_state` reports such attributes by name.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import random
+import types
+import warnings
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+# ---------------------------------------------------------------------------- plain encoding
+
+
+class NotRestorable(Exception):
+    """A value with no plain encoding (its env cannot be restored exactly)."""
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def encode(value: Any) -> Any:
+    """A plain, ``weights_only``-loadable encoding of numbers, strings, numpy arrays / scalars /
+    generators, and lists, tuples and str-keyed dicts of those. Raises `NotRestorable` otherwise."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise NotRestorable("object array")
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(value).copy())}
+    if isinstance(value, np.generic):
+        return {"__npscalar__": torch.from_numpy(np.asarray(value).copy())}
+    if isinstance(value, np.random.Generator):
+        return {"__generator__": encode(value.bit_generator.state)}
+    if isinstance(value, np.random.RandomState):
+        return {"__randomstate__": encode(value.get_state(legacy=False))}
+    if isinstance(value, (list, tuple)):
+        items = [encode(v) for v in value]
+        return {"__tuple__": items} if isinstance(value, tuple) else items
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        if any(k.startswith("__") and k.endswith("__") for k in value):
+            raise NotRestorable("dict with reserved keys")
+        return {k: encode(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        return {"__tensor__": value.detach().cpu().clone()}
+    raise NotRestorable(type(value).__name__)
+
+
+def _bit_generator(state: dict) -> np.random.BitGenerator:
+    bit_gen = getattr(np.random, state["bit_generator"])()
+    bit_gen.state = state
+    return bit_gen
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__ndarray__" in value:
+        return value["__ndarray__"].numpy().copy()
+    if "__npscalar__" in value:
+        return value["__npscalar__"].numpy()[()]
+    if "__generator__" in value:
+        return np.random.Generator(_bit_generator(decode(value["__generator__"])))
+    if "__randomstate__" in value:
+        rs = np.random.RandomState()
+        rs.set_state(decode(value["__randomstate__"]))
+        return rs
+    if "__tuple__" in value:
+        return tuple(decode(v) for v in value["__tuple__"])
+    if "__tensor__" in value:
+        return value["__tensor__"].clone()
+    return {k: decode(v) for k, v in value.items()}
+
+
+# ---------------------------------------------------------------------------- RNGs
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": encode(np.random.get_state(legacy=False)),
+        "python": encode(random.getstate()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(decode(state["numpy"]))
+    random.setstate(decode(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------- gymnasium env state
+
+# Attributes that are structure, not state (rebuilt identically from the config).
+_SKIP_KEYS = {"env", "envs", "env_fns", "_saved_kwargs", "spec", "_cached_spec", "metadata", "_metadata",
+              "render_mode", "_action_space", "_observation_space", "action_space", "observation_space",
+              "single_action_space", "single_observation_space", "autoreset_mode", "_env_obs"}
+
+
+def _is_structure(value: Any) -> bool:
+    import gymnasium as gym
+
+    return isinstance(value, (gym.Space, gym.envs.registration.EnvSpec, gym.Env, gym.vector.VectorEnv, enum.Enum,
+                               types.ModuleType, type)) or callable(value)
+
+
+def _object_state(obj: Any) -> tuple[dict[str, Any], list[str]]:
+    state, missing = {}, []
+    for key, value in vars(obj).items():
+        if key in _SKIP_KEYS or _is_structure(value):
+            continue
+        try:
+            state[key] = encode(value)
+        except NotRestorable as err:
+            missing.append(f"{type(obj).__name__}.{key} ({err})")
+    return state, missing
+
+
+def _layers(env: Any) -> list[Any]:
+    layers = [env]
+    while hasattr(layers[-1], "env") and layers[-1].env is not layers[-1]:
+        layers.append(layers[-1].env)
+    return layers
+
+
+def gym_vector_state(vec: Any) -> dict[str, Any]:
+    """State of a gymnasium ``SyncVectorEnv``: its own buffers and every sub-env's wrapper chain.
+
+    ``restorable`` is False (and ``missing`` names the attributes) when some state is not plain data.
+    """
+    own, missing = _object_state(vec)
+    subs = []
+    for sub in vec.envs:
+        layers = []
+        for layer in _layers(sub):
+            s, m = _object_state(layer)
+            layers.append(s)
+            missing += m
+        subs.append(layers)
+    return {"vector": own, "envs": subs, "restorable": not missing, "missing": missing[:8]}
+
+
+def set_gym_vector_state(vec: Any, state: dict[str, Any]) -> None:
+    def apply(obj, saved):
+        for key, value in saved.items():
+            current = getattr(obj, key, None)
+            if isinstance(current, np.random.Generator) and isinstance(value, dict) and "__generator__" in value:
+                current.bit_generator.state = decode(value["__generator__"])
+            else:
+                setattr(obj, key, decode(value))
+
+    if len(state["envs"]) != len(vec.envs):
+        from ppo_lightning.core.faults import CheckpointError
+
+        raise CheckpointError(f"the checkpoint has {len(state['envs'])} environments per rank, the config "
+                              f"{len(vec.envs)} (data.num_envs): resume with the same data.num_envs")
+    apply(vec, state["vector"])
+    for sub, layers in zip(vec.envs, state["envs"]):
+        for layer, saved in zip(_layers(sub), layers):
+            apply(layer, saved)
+
+
+# ---------------------------------------------------------------------------- the rollout source
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _base_env(env: Any) -> Any:
+    return getattr(env, "base_env", env)
+
+
+def env_state(env: Any) -> dict[str, Any]:
+    """State of a TorchRL env built by `ppo_lightning.envs.make_env` (gymnasium or Procgen)."""
+    base = _base_env(env)
+    if hasattr(base, "get_state"):  # ProcgenTorchEnv
+        return {"kind": "procgen", "state": base.get_state(), "restorable": True, "missing": []}
+    vec = getattr(base, "_env", None)  # TorchRL's GymWrapper keeps the gymnasium env here
+    if vec is None or not hasattr(vec, "envs"):
+        return {"kind": "unknown", "restorable": False, "missing": [type(base).__name__]}
+    return {"kind": "gymnasium", **gym_vector_state(vec)}
+
+
+def set_env_state(env: Any, state: dict[str, Any]) -> None:
+    base = _base_env(env)
+    if state["kind"] == "procgen":
+        base.set_state(state["state"])
+    else:
+        set_gym_vector_state(base._env, state)
+
+
+def collector_state(collector: Any) -> dict[str, Any]:
+    """The step the collector carries to its next rollout (observation, done flags, step counts,
+    episode-return accumulators). TorchRL 0.14 keeps it as ``Collector._carrier``."""
+    carrier = getattr(collector, "_carrier", None)
+    if carrier is None:
+        raise RuntimeError("torchrl's Collector has no _carrier: exact resume needs updating for this torchrl version")
+    return {"carrier": carrier.to_dict(), "batch_size": list(carrier.batch_size)}
+
+
+def set_collector_state(collector: Any, state: dict[str, Any]) -> None:
+    from tensordict import TensorDict
+
+    collector._carrier.update(TensorDict(state["carrier"], batch_size=state["batch_size"]))
+
+
+def capture(dm: Any) -> dict[str, Any]:
+    """This rank's resume state for the data module ``dm`` (its `RolloutSource` may not exist yet)."""
+    out: dict[str, Any] = {"rng": rng_state(), "extra": {k: v.state_dict() for k, v in getattr(dm, "resume_providers", {}).items()}}
+    source = getattr(dm, "source", None)
+    if source is not None:
+        out["env"] = env_state(source.env)
+        out["collector"] = collector_state(source.collector)
+    elif getattr(dm, "_pending_resume", None) is not None:  # restored but not applied yet: keep it
+        pending = dm._pending_resume
+        out.update({k: pending[k] for k in ("env", "collector", "rng") if k in pending})
+    return out
+
+
+_warned: set[str] = set()
+
+
+def apply(dm: Any, state: dict[str, Any]) -> None:
+    """Restore ``state`` (from `capture`) once ``dm.source`` exists: env and collector first, then
+    the RNGs (last, so that building the source consumed nothing of the restored streams)."""
+    source = dm.source
+    for key, provider in getattr(dm, "resume_providers", {}).items():
+        if key in state.get("extra", {}):
+            provider.load_state_dict(state["extra"][key])
+    env = state.get("env")
+    if env is not None:
+        if env["restorable"]:
+            set_env_state(source.env, env)
+            set_collector_state(source.collector, state["collector"])
+        elif dm.env_id not in _warned:
+            _warned.add(dm.env_id)
+            warnings.warn(
+                f"resume: the state of {dm.env_id!r} cannot be restored exactly (not plain data: "
+                f"{', '.join(env['missing']) or 'unknown env'}); the environments restart, so the resumed run "
+                f"differs from an uninterrupted one", stacklevel=2)
+    set_rng_state(state["rng"])
+
+
+# ---------------------------------------------------------------------------- data-parallel ranks
+
+
+def world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def gather_rank_states(local: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``local`` state, in rank order (a collective: all ranks must call it)."""
+    rank, size = world()
+    if size == 1:
+        return [local]
+    # Through torch.save bytes: all_gather_object's own pickling of tensors does not round-trip
+    # every tensor (torch 2.13), and this also proves each rank's state loads with weights_only.
+    buf = io.BytesIO()
+    torch.save(local, buf)
+    blobs: list[Any] = [None] * size
+    torch.distributed.all_gather_object(blobs, buf.getvalue())
+    return [torch.load(io.BytesIO(b), weights_only=True) for b in blobs]
+
+
+def select_rank_state(states: list[dict[str, Any]], rank: int) -> dict[str, Any]:
+    if rank >= len(states):
+        from ppo_lightning.core.faults import CheckpointError
+
+        raise CheckpointError(f"the checkpoint holds the state of {len(states)} data-parallel rank(s); this is rank "
+                              f"{rank}: resume with the same number of devices")
+    return states[rank]

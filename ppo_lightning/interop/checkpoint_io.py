@@ -1,0 +1,232 @@
+"""Reading training checkpoints safely: a Lightning ``.ckpt`` file or an FSDP-sharded folder.
+
+Checkpoints are read with ``torch.load(weights_only=True)`` (a pickled payload is refused, never
+run). A Lightning FSDP-sharded checkpoint (a folder with ``.metadata``, ``*.distcp`` and
+``meta.pt``) is read with ``torch.distributed.checkpoint`` and no process group, loading only the
+network's tensors; its ``.metadata`` is unpickled allowing only DCP's own plain types. Every bad
+input raises `ExportError` with a one-line message.
+
+`load_network` builds the trained actor-critic of a checkpoint (``evaluate``, ``export-hf``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import pickle
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WEIGHTS_PREFIX = "network."
+DATA_STATE_KEY = "RolloutDataModule"
+SHARDED_META = "meta.pt"  # Lightning's file for the non-tensor parts of a sharded checkpoint
+
+
+class ExportError(ValueError):
+    """A checkpoint or folder that cannot be read, exported or loaded; the message is one line."""
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".strip()
+
+
+# weights_only unpickler messages that mean "a disallowed object", not "a damaged file"
+_UNSAFE_MARKERS = ("Unsupported global", "unrecognized function", "Can only build", "Can only create new object")
+
+
+def _safe_torch_load(path: Path, what: str) -> Any:
+    """``torch.load(weights_only=True)``, every failure an `ExportError`."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        text = str(err)
+        if any(marker in text for marker in _UNSAFE_MARKERS):
+            found = re.search(r"GLOBAL (\S+)", text)
+            detail = f" ({found.group(1)})" if found else ""
+            raise ExportError(
+                f"refusing to load {what} {path}: it holds pickled objects{detail} other than tensors and "
+                "plain containers (read with torch.load(weights_only=True); nothing was executed)"
+            ) from None
+        raise ExportError(f"cannot read {what} {path}: corrupt or truncated ({one_line(err)})") from None
+    except Exception as err:  # zip/EOF/runtime errors of truncated or foreign files
+        raise ExportError(f"cannot read {what} {path}: corrupt or truncated ({one_line(err)})") from None
+
+
+def _is_sharded(path: Path) -> bool:
+    return path.is_dir() and (path / SHARDED_META).is_file() and (path / ".metadata").is_file()
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a DCP ``.metadata`` file allowing only its own plain types.
+
+    torch's ``FileSystemReader.read_metadata`` uses a bare ``pickle.load``, which would run any
+    payload planted in a sharded checkpoint; this allows DCP's metadata dataclasses/enums,
+    ``torch.Size``, dtypes, layouts and paths, and refuses every other global.
+    """
+
+    _MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+    _OTHERS = {
+        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"), ("pathlib", "Path"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in self._MODULES and not name.startswith("__"):
+            import importlib
+
+            obj = getattr(importlib.import_module(module), name, None)
+            # only the plain dataclasses and enums defined there (not functions, not readers/writers)
+            if isinstance(obj, type) and obj.__module__ == module:
+                if dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum):
+                    return obj
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        elif (module, name) in self._OTHERS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name} in checkpoint metadata")
+
+
+def _safe_reader(path: Path):
+    """A ``FileSystemReader`` whose ``read_metadata`` uses `_MetadataUnpickler` (tensors are
+    already read with ``torch.load(weights_only=True)`` by torch)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            with open(path / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if not isinstance(metadata, Metadata):
+                raise ValueError(f"not DCP metadata but {type(metadata).__name__}")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeFileSystemReader(str(path))
+
+
+def _read_sharded(path: Path) -> dict[str, Any]:
+    """A Lightning sharded checkpoint: ``meta.pt`` plus the network's tensors, no process group.
+
+    Only the ``state_dict`` entries under ``network.`` are read (optimizer shards are not), and
+    only as tensors (``weights_only`` loads); ``meta.pt`` is read with ``weights_only=True`` and
+    ``.metadata`` with `_MetadataUnpickler`, so no payload in the folder can run.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    checkpoint = _safe_torch_load(path / SHARDED_META, "sharded checkpoint metadata")
+    if not isinstance(checkpoint, dict):
+        raise ExportError(f"{path / SHARDED_META} is not a Lightning checkpoint (not a dict)")
+    try:
+        metadata = _safe_reader(path).read_metadata()
+    except pickle.UnpicklingError as err:
+        if "Unsupported global" in str(err):
+            raise ExportError(
+                f"refusing to load sharded checkpoint {path}: its .metadata holds pickled objects "
+                f"({str(err).split('GLOBAL ')[-1].split()[0]}) other than checkpoint metadata; nothing was executed"
+            ) from None
+        raise ExportError(f"cannot read sharded checkpoint {path}: corrupt .metadata ({one_line(err)})") from None
+    except Exception as err:
+        raise ExportError(f"cannot read sharded checkpoint {path}: corrupt .metadata ({one_line(err)})") from None
+    # Lightning saves {"state_dict": {...}, "optimizer_0": ...}; DCP flattens it and keeps the
+    # original key paths in planner_data.
+    paths = metadata.planner_data or {}
+    wanted: dict[str, torch.Tensor] = {}
+    for flat_key, meta in metadata.state_dict_metadata.items():
+        key_path = paths.get(flat_key, tuple(flat_key.split(".", 1)))
+        if len(key_path) != 2 or key_path[0] != "state_dict" or not str(key_path[1]).startswith(WEIGHTS_PREFIX):
+            continue
+        if not isinstance(meta, TensorStorageMetadata):
+            continue
+        wanted[str(key_path[1])] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    if wanted:
+        state = {"state_dict": wanted}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "no process group, loading in no_dist mode"
+                dcp.load(state, storage_reader=_safe_reader(path), no_dist=True)
+        except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
+            failures = list(getattr(err, "failures", {}).values())
+            cause = failures[0][0] if failures else err
+            raise ExportError(f"cannot read sharded checkpoint {path}: corrupt shards ({one_line(cause)})") from None
+        wanted = state["state_dict"]
+    checkpoint["state_dict"] = wanted
+    return checkpoint
+
+
+def read_checkpoint(ckpt: str | os.PathLike) -> dict[str, Any]:
+    """Load a ``.ckpt`` file or a sharded checkpoint folder and check that it is one of ours.
+
+    Returns the checkpoint dict, with ``state_dict`` holding (at least) the ``network.`` weights.
+    """
+    path = Path(ckpt)
+    if not path.exists():
+        raise ExportError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        if not _is_sharded(path):
+            raise ExportError(
+                f"{path} is a folder but not a sharded Lightning checkpoint (no {SHARDED_META} and .metadata)"
+            )
+        checkpoint = _read_sharded(path)
+    else:
+        checkpoint = _safe_torch_load(path, "checkpoint")
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ExportError(f"{path} is not a Lightning checkpoint (no state_dict)")
+    if not any(str(k).startswith(WEIGHTS_PREFIX) for k in checkpoint["state_dict"]):
+        raise ExportError(f"{path} is not a ppo_lightning checkpoint: no '{WEIGHTS_PREFIX}' weights in its state_dict")
+    hparams = checkpoint.get("hyper_parameters")
+    missing = [k for k in ("observation_space", "action_space") if not isinstance(hparams, dict) or not hparams.get(k)]
+    if missing:
+        raise ExportError(f"{path} is not a ppo_lightning checkpoint: hyper_parameters lack {', '.join(missing)}")
+    return checkpoint
+
+
+def network_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The actor-critic's weights: ``state_dict`` entries under ``network.``, prefix stripped."""
+    return {
+        k[len(WEIGHTS_PREFIX) :]: v.detach().cpu()
+        for k, v in checkpoint["state_dict"].items()
+        if k.startswith(WEIGHTS_PREFIX) and isinstance(v, torch.Tensor)
+    }
+
+
+def build_network_or_fail(observation_space: dict, action_space: dict, network_cfg: dict, where: str) -> torch.nn.Module:
+    """``models.build_network``, its failure an `ExportError` naming ``where``."""
+    from ppo_lightning.nets.models import build_network
+
+    try:
+        return build_network(observation_space, action_space, network_cfg)
+    except Exception as err:
+        raise ExportError(f"{where}: cannot build its network {network_cfg!r} ({one_line(err)})") from None
+
+
+def load_network(ckpt: str | os.PathLike) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The trained actor-critic of a checkpoint (eval mode, float32) and the checkpoint dict."""
+    checkpoint = read_checkpoint(ckpt)
+    hparams = checkpoint["hyper_parameters"]
+    net = build_network_or_fail(
+        hparams["observation_space"], hparams["action_space"], hparams.get("network") or {"name": "mlp"}, str(ckpt)
+    )
+    try:
+        net.load_state_dict(network_state_dict(checkpoint), strict=True)
+    except RuntimeError as err:
+        raise ExportError(
+            f"{ckpt}: its network weights do not match the architecture in its hyperparameters ({one_line(err)})"
+        ) from None
+    return net.eval(), checkpoint
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """A ``.ckpt``-like file or a sharded checkpoint folder (not an exported Hugging Face folder)."""
+    p = Path(path)
+    return p.is_file() or _is_sharded(p)

@@ -1,0 +1,286 @@
+"""Writing Hugging Face folders: ``ppo-lightning export-hf CKPT OUT_DIR``.
+
+An exported folder holds
+
+- ``config.json``: ``model_type`` ``ppo_lightning_actor_critic``, the network hyperparameters
+  (``network``, defaults filled in), ``observation_space``, ``action_space``, ``torch_dtype``, the
+  algorithm's hyperparameters, the environment (the data module's hyperparameters), training frames
+  and iterations, the last training episodes' mean return, the measured evaluation, and
+  ``auto_map`` for transformers;
+- ``model.safetensors`` (or ``model-0000N-of-0000M.safetensors`` + ``model.safetensors.index.json``
+  above ``max_shard_size``), written by ``huggingface_hub.save_torch_state_dict``: the actor-critic's
+  weights only (the ``network.`` entries of the checkpoint's state dict, prefix stripped). The
+  proximal (EWMA) copy, optimizer state and reward/advantage normalizer statistics stay out;
+- ``configuration_ppo_lightning.py`` / ``modeling_ppo_lightning.py`` (templates in
+  ``ppo_lightning/interop/hf/remote/``) and ``networks_ppo_lightning.py``, generated from the training code
+  by `ppo_lightning.interop.hf.bundle`: ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` needs
+  only torch, transformers and safetensors;
+- ``README.md``, a ``huggingface_hub.ModelCard`` with the measured mean return as ``model-index``
+  metadata (``evaluate`` episodes, default 10; 0 skips), and ``replay.mp4``, the agent playing.
+
+Every bad input raises `ExportError` with a one-line message, before anything is written; the
+folder is written beside ``out_dir`` under a temporary name, then renamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ppo_lightning.interop.checkpoint_io import DATA_STATE_KEY, ExportError, load_network
+from ppo_lightning.interop.hf.card import model_card
+from ppo_lightning.interop.hf.loader import DTYPES, MODEL_TYPE, parse_dtype
+
+FORMAT_VERSION = 2  # 2: self-contained network code (networks_ppo_lightning.py)
+REMOTE_DIR = Path(__file__).parent / "remote"
+TEMPLATE_FILES = ("configuration_ppo_lightning.py", "modeling_ppo_lightning.py")
+NETWORK_FILE = "networks_ppo_lightning.py"
+REPLAY_FILE = "replay.mp4"
+AUTO_MAP = {
+    "AutoConfig": "configuration_ppo_lightning.PPOLightningConfig",
+    "AutoModel": "modeling_ppo_lightning.PPOLightningActorCritic",
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)B?\s*$", re.IGNORECASE)
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes of a size like ``2GB``, ``500MB``, ``10KB`` (powers of 1000; ``GiB``: of 1024) or an int."""
+    if isinstance(size, bool):
+        raise ExportError(f"invalid max_shard_size {size!r}")
+    if isinstance(size, int):
+        if size <= 0:
+            raise ExportError(f"max_shard_size must be a positive number of bytes or a size like '2GB', got {size!r}")
+        return size
+    found = _SIZE.match(str(size))
+    if not found or float(found.group(1)) <= 0:
+        raise ExportError(f"invalid max_shard_size {size!r} (a size like 2GB, 500MB or a number of bytes)")
+    base = 1024 if found.group(3) else 1000
+    return int(float(found.group(1)) * base ** " KMGT".index(found.group(2).upper() or " "))
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy: tuples to lists, tensors/numbers to Python numbers, NaN to None."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _resolved_network(net: torch.nn.Module, network_cfg: dict[str, Any]) -> dict[str, Any]:
+    """``network_cfg`` with the network class's defaults filled in (informative, JSON-safe)."""
+    out = dict(network_cfg)
+    out.setdefault("name", "mlp")
+    try:
+        params = inspect.signature(type(net).__init__).parameters
+    except (TypeError, ValueError):
+        return _plain(out)
+    for name, p in params.items():
+        if name in ("self", "observation_space", "action_space") or name in out:
+            continue
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is inspect.Parameter.empty:
+            continue
+        if p.default is None or isinstance(p.default, (bool, int, float, str, tuple, list)):
+            out[name] = p.default
+    return _plain(out)
+
+
+def _mean_return(data_state: dict | None, last: int = 20) -> float | None:
+    try:
+        returns = list(data_state["episodes"]["returns"])[-last:]
+    except (KeyError, TypeError):
+        return None
+    return float(sum(returns) / len(returns)) if returns else None
+
+
+def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -> dict[str, Any]:
+    hparams = dict(checkpoint["hyper_parameters"])
+    data_state = checkpoint.get(DATA_STATE_KEY)
+    data_state = data_state if isinstance(data_state, dict) else None
+    algorithm = {k: v for k, v in hparams.items() if k not in ("observation_space", "action_space", "network", "init_from")}
+    frames = data_state.get("frames") if data_state else None
+    try:
+        from importlib.metadata import version
+
+        pkg_version = version("ppo-lightning")
+    except Exception:
+        pkg_version = None
+    return _plain(
+        {
+            "model_type": MODEL_TYPE,
+            "architectures": ["PPOLightningActorCritic"],
+            "auto_map": AUTO_MAP,
+            "format_version": FORMAT_VERSION,
+            "network": _resolved_network(net, hparams.get("network") or {"name": "mlp"}),
+            "observation_space": hparams["observation_space"],
+            "action_space": hparams["action_space"],
+            "torch_dtype": dtype,
+            "algorithm": algorithm,
+            "environment": checkpoint.get("datamodule_hyper_parameters"),
+            "training": {
+                "frames": None if frames is None else int(frames),
+                "iterations": data_state.get("iteration") if data_state else None,
+                "global_step": checkpoint.get("global_step"),
+                "episodes": (data_state.get("episodes") or {}).get("count") if data_state else None,
+                "final_train_return_mean20": _mean_return(data_state),
+            },
+            "training_frames": None if frames is None else int(frames),
+            "ppo_lightning_version": pkg_version,
+        }
+    )
+
+
+def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"output path exists and is not a folder: {out}")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"output folder {out} exists and is not empty (pass --overwrite to replace it)")
+
+
+def export_hf(
+    ckpt: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    max_shard_size: int | str = "2GB",
+    dtype: str = "float32",
+    overwrite: bool = False,
+    evaluate: int = 10,
+    video: bool = True,
+    seed: int = 0,
+) -> Path:
+    """Export a checkpoint (``.ckpt`` file or sharded folder) to a Hugging Face folder; returns it.
+
+    ``evaluate``: episodes to play with the exported weights for the model card (0: none);
+    ``video``: with ``evaluate``, also write ``replay.mp4`` (env 0's first episode).
+    """
+    from huggingface_hub import save_torch_state_dict
+
+    from ppo_lightning.interop.hf.bundle import BundleError, network_source
+
+    out = Path(out_dir)
+    dtype_name, torch_dtype = parse_dtype(dtype)
+    shard_bytes = parse_size(max_shard_size)
+    if not isinstance(evaluate, int) or isinstance(evaluate, bool) or evaluate < 0:
+        raise ExportError(f"evaluate must be a number of episodes >= 0, got {evaluate!r}")
+    _check_out_dir(out, overwrite)
+
+    net, checkpoint = load_network(ckpt)
+    weights = {
+        k: (v.to(torch_dtype) if v.is_floating_point() else v).contiguous() for k, v in net.state_dict().items()
+    }
+    config = build_config(checkpoint, net, dtype_name)
+    config["dtype"] = dtype_name  # transformers >= 5 name of torch_dtype
+    num_params = sum(p.numel() for p in net.parameters())
+    try:
+        source = network_source()
+    except BundleError as err:
+        raise ExportError(f"cannot write self-contained network code: {err}") from None
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        evaluation = None
+        if evaluate:
+            # the stored weights (rounded to dtype), run in float32
+            net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
+            evaluation = _evaluate(net, config, evaluate, seed, tmp / REPLAY_FILE if video else None)
+            if evaluation is not None:
+                config["evaluation"] = _plain({k: v for k, v in evaluation.items() if k not in ("video",)})
+        save_torch_state_dict(weights, tmp, max_shard_size=shard_bytes, metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in TEMPLATE_FILES:
+            shutil.copyfile(REMOTE_DIR / name, tmp / name)
+        (tmp / NETWORK_FILE).write_text(source)
+        replay = REPLAY_FILE if (tmp / REPLAY_FILE).is_file() else None
+        model_card(config, num_params, evaluation, replay).save(tmp / "README.md")
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move ``tmp`` to ``out``; an existing ``out`` is moved aside first and removed after."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.rename(out, old / out.name)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.rename(old / out.name, out)
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+
+
+
+def _evaluate(net: torch.nn.Module, config: dict[str, Any], episodes: int, seed: int, video: Path | None) -> dict | None:
+    """`evaluate_policy` on the training env (Procgen: held-out levels); None, with a message, if the
+    env cannot be built or played here (the folder is still written, its card says "not measured")."""
+    from ppo_lightning.cli.evaluate import resolve_env
+    from ppo_lightning.interop.evaluation import evaluate_policy
+
+    try:
+        env_id, kwargs = resolve_env(config.get("environment") or {}, None, "test")
+        return evaluate_policy(net, env_id, episodes=episodes, env_kwargs=kwargs, seed=seed,
+                               video=None if video is None else str(video))
+    except Exception as err:  # noqa: BLE001 - the export itself is still valid: say so, write no score
+        text = str(err).strip().splitlines()
+        print(f"[ppo-lightning] export-hf: no evaluation in the model card ({type(err).__name__}: "
+              f"{text[0] if text else ''})", file=sys.stderr, flush=True)
+        if video is not None and video.exists():
+            video.unlink()
+        return None
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    """``ppo-lightning export-hf CKPT OUT_DIR [--max-shard-size 2GB] [--dtype ...] [--overwrite]``."""
+    parser = argparse.ArgumentParser(
+        prog="ppo-lightning export-hf",
+        description="Export a ppo_lightning checkpoint (.ckpt file or sharded folder) to a Hugging Face folder.",
+    )
+    parser.add_argument("ckpt", help="a .ckpt file or an FSDP-sharded checkpoint folder")
+    parser.add_argument("out_dir", help="the folder to write (must not exist or be empty, unless --overwrite)")
+    parser.add_argument("--max-shard-size", default="2GB", help="largest safetensors file, e.g. 2GB, 500MB (default 2GB)")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="weights dtype (default float32)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty OUT_DIR")
+    parser.add_argument("--evaluate", type=int, default=10, metavar="N",
+                        help="play N episodes for the model card's mean return and replay.mp4 (default 10; 0 skips)")
+    parser.add_argument("--no-video", action="store_true", help="do not write replay.mp4")
+    parser.add_argument("--seed", type=int, default=0, help="env seed of the evaluation (default 0)")
+    args = parser.parse_args(argv)
+    size: int | str = int(args.max_shard_size) if str(args.max_shard_size).isdigit() else args.max_shard_size
+    try:
+        out = export_hf(args.ckpt, args.out_dir, max_shard_size=size, dtype=args.dtype, overwrite=args.overwrite,
+                        evaluate=args.evaluate, video=not args.no_video, seed=args.seed)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {args.ckpt} to {out}")
+    evaluation = json.loads((out / "config.json").read_text()).get("evaluation")
+    if evaluation:
+        print(f"  mean return {evaluation['mean_return']:.2f} +/- {evaluation['std_return']:.2f} over "
+              f"{evaluation['episodes']} episodes (in README.md as model-index)")
+    return 0

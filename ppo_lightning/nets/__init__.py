@@ -1,0 +1,6 @@
+"""Networks: the actor-critic registry and distributions (`models`), the IMPALA CNN (`impala`) and its
+phasic (PPG) layouts (`impala_phasic`), the MinAtar CNN (`minatar_cnn`), observation normalization
+(`obs_norm`).
+
+May import: `core`.
+"""

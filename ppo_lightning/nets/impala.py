@@ -1,0 +1,201 @@
+"""IMPALA CNN actor-critic (Espeholt et al. 2018), as used by Procgen, PPG and PPO-EWMA.
+
+Architecture and init follow the reference code (openai/phasic-policy-gradient ``impala_cnn.py``,
+also used by openai/ppo-ewma): per stack a 3x3 conv, a 3x3 stride-2 max-pool and ``nblock`` residual
+blocks ``x + conv(relu(conv(relu(x))))``; then relu, a dense layer and relu; a shared trunk feeds the
+policy and value heads. Every weight is normalised per output unit to a given norm (``NormedConv2d``
+/ ``NormedLinear``): first convs 1, block convs ``sqrt(1 / sqrt(len(channels)) / sqrt(nblock))``,
+dense 1.4, policy and value heads 0.1; biases zero.
+
+Speed on CPU: observations arrive as uint8 NHWC; ``permute`` gives an NCHW view that is already
+channels_last in memory, so every convolution runs in oneDNN's channels_last kernels without a copy.
+``precision="bf16"`` runs the trunk under bf16 autocast (outputs are float32): faster where bf16 is
+fast (AMX CPUs, Ampere+ GPUs), slower on AVX512_BF16 without AMX and much slower where it is
+emulated (AVX2-only CPUs); ``precision="auto"`` picks bf16 only where it is known faster
+(`ppo_lightning.core.hardware`), per device type, and logs the choice once (figures per CPU in
+benchmarks/README.md).
+
+Without autograd (rollouts, the PPO-EWMA proximal forward, evaluation) the trunk takes a faster
+path. The 3x3/2 max-pool is two separable passes of ``torch.maximum`` over strided views (in a
+profile of the bf16 forward, ``max_pool2d_with_indices``, which also writes an int64 index per
+output, took nearly as long as all the convolutions) and residual sums are in place, both bit for
+bit the same values. And batches run in chunks of ``inference_chunk`` samples (the first stack's
+activations of 64 samples stay near the 2 MiB per-core L2; 256 at once were 1.3x slower in fp32),
+which changes only float rounding (~1e-8). Training keeps ``F.max_pool2d`` (its backward sends a tie's gradient to one input).
+See benchmarks/impala_step.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PRECISIONS = ("fp32", "bf16", "auto")
+
+
+def normed_linear(in_features: int, out_features: int, scale: float = 1.0) -> nn.Linear:
+    """``nn.Linear`` whose weight rows have L2 norm ``scale``; zero bias (reference ``NormedLinear``)."""
+    layer = nn.Linear(in_features, out_features)
+    with torch.no_grad():
+        layer.weight.mul_(scale / layer.weight.norm(dim=1, p=2, keepdim=True))
+        layer.bias.zero_()
+    return layer
+
+
+def normed_conv2d(in_channels: int, out_channels: int, kernel_size: int = 3, scale: float = 1.0) -> nn.Conv2d:
+    """3x3 same-padding ``nn.Conv2d`` whose filters have L2 norm ``scale``; zero bias (``NormedConv2d``)."""
+    layer = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
+    with torch.no_grad():
+        layer.weight.mul_(scale / layer.weight.norm(dim=(1, 2, 3), p=2, keepdim=True))
+        layer.bias.zero_()
+    return layer
+
+
+def max_pool_3x3_s2(x: Tensor) -> Tensor:
+    """``F.max_pool2d(x, 3, stride=2, padding=1)``, bit for bit; without autograd and for even H, W
+    as two separable passes over strided views (1.3-1.6x faster on CPU channels_last, fp32 and bf16)."""
+    h, w = x.shape[-2:]
+    if (torch.is_grad_enabled() and x.requires_grad) or h % 2 or w % 2:
+        return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
+    # Output row i covers input rows 2i-1, 2i, 2i+1 (row -1 is padding): the max of the even and
+    # odd rows, then from i = 1 on also the previous odd row (written in place). Then the columns.
+    even, odd = x[..., 0::2, :], x[..., 1::2, :]
+    rows = torch.maximum(even, odd)
+    torch.maximum(rows[..., 1:, :], odd[..., :-1, :], out=rows[..., 1:, :])
+    even, odd = rows[..., 0::2], rows[..., 1::2]
+    out = torch.maximum(even, odd)
+    torch.maximum(out[..., 1:], odd[..., :-1], out=out[..., 1:])
+    return out
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int, scale: float) -> None:
+        super().__init__()
+        s = math.sqrt(scale)
+        self.conv0 = normed_conv2d(channels, channels, scale=s)
+        self.conv1 = normed_conv2d(channels, channels, scale=s)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv0(F.relu(x))  # not in place: x is kept for the skip connection
+        h = self.conv1(F.relu(h, inplace=True))  # the conv's output is not needed by its backward
+        return x + h if h.requires_grad else h.add_(x)
+
+
+class DownStack(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, nblock: int, scale: float) -> None:
+        super().__init__()
+        self.firstconv = normed_conv2d(in_channels, out_channels)
+        self.blocks = nn.ModuleList(ResidualBlock(out_channels, scale / math.sqrt(nblock)) for _ in range(nblock))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = max_pool_3x3_s2(self.firstconv(x))
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class ImpalaActorCritic(nn.Module):
+    """IMPALA CNN with a shared trunk and policy / value heads; same interface as `ActorCritic`.
+
+    Args:
+        observation_space: ``{"shape": [H, W, C], "dtype": "uint8"}`` (HWC images; a uint8 tensor is
+            scaled by 1/255, a float one is taken as already scaled).
+        action_space: ``{"type": "discrete", "n": k}``.
+        channels: output channels of the stacks. dense: width of the dense layer.
+        nblock: residual blocks per stack.
+        precision: "fp32", "bf16" (CPU/GPU bf16 autocast of the trunk; outputs stay float32) or
+            "auto" (bf16 where the device computes it faster, else fp32; `ppo_lightning.core.hardware`).
+        inference_chunk: without autograd, run the trunk on at most this many samples at a time.
+    Accepts any leading batch dimensions: ``obs`` of shape ``[..., H, W, C]``.
+    """
+
+    def __init__(
+        self,
+        observation_space: dict,
+        action_space: dict,
+        channels: tuple[int, ...] = (16, 32, 32),
+        dense: int = 256,
+        nblock: int = 2,
+        precision: str = "fp32",
+        inference_chunk: int = 64,
+    ) -> None:
+        super().__init__()
+        if action_space.get("type") != "discrete":
+            raise ValueError(f"model.network: impala_cnn needs a discrete action space, got {action_space!r}")
+        shape = list(observation_space["shape"])
+        if len(shape) != 3:
+            raise ValueError(f"model.network: impala_cnn needs [H, W, C] observations, got shape {shape}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"model.network.precision must be one of {PRECISIONS}, got {precision!r}")
+        if not (isinstance(inference_chunk, int) and inference_chunk > 0):
+            raise ValueError(f"model.network.inference_chunk must be a positive integer, got {inference_chunk!r}")
+        self.action_space = action_space
+        self.precision = precision
+        self.inference_chunk = inference_chunk
+        self._auto_bf16: dict[str, bool] = {}  # precision "auto": the choice per device type
+        self.discrete = True
+        self.shared_trunk = True
+        h, w, c = shape
+        stack_scale = 1.0 / math.sqrt(len(channels))
+        stacks = []
+        for out in channels:
+            stacks.append(DownStack(c, out, nblock, stack_scale))
+            c, h, w = out, (h + 1) // 2, (w + 1) // 2
+        self.stacks = nn.ModuleList(stacks)
+        self.dense = normed_linear(c * h * w, dense, scale=1.4)
+        self.policy_head = normed_linear(dense, action_space["n"], scale=0.1)
+        self.value_head = normed_linear(dense, 1, scale=0.1)
+
+    def features(self, obs: Tensor) -> Tensor:
+        """Trunk output ``[..., dense]`` (float32, or bf16 under ``precision="bf16"``)."""
+        lead = obs.shape[:-3]
+        x = obs.reshape(-1, *obs.shape[-3:]).permute(0, 3, 1, 2)  # NHWC memory = NCHW channels_last
+        scale = obs.dtype == torch.uint8
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self._bf16(x.device)):
+            if torch.is_grad_enabled() or x.shape[0] <= self.inference_chunk:
+                x = self._trunk(x, scale)
+            else:
+                x = torch.cat([self._trunk(c, scale) for c in x.split(self.inference_chunk)])
+        return x.reshape(*lead, x.shape[-1])
+
+    def _bf16(self, device: torch.device) -> bool:
+        """Whether the trunk runs under bf16 autocast on ``device``."""
+        if self.precision != "auto":
+            return self.precision == "bf16"
+        choice = self._auto_bf16.get(device.type)
+        if choice is None:
+            from ppo_lightning.core.hardware import log_choice, resolve_precision
+
+            precision, reason = resolve_precision("auto", device)
+            log_choice(f"model.network.precision auto on {device.type}", precision, reason)
+            choice = self._auto_bf16[device.type] = precision == "bf16"
+        return choice
+
+    def _trunk(self, x: Tensor, scale: bool) -> Tensor:
+        x = x.to(self.dense.weight.dtype)  # float32, or bf16 when the module itself was cast
+        x = x * (1.0 / 255.0) if scale else x
+        for stack in self.stacks:
+            x = stack(x)
+        x = F.relu(x).flatten(1)
+        return F.relu(self.dense(x), inplace=True)
+
+    def _heads(self, x: Tensor, value: bool = True, policy: bool = True):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self._bf16(x.device)):
+            logits = self.policy_head(x).float() if policy else None
+            v = self.value_head(x).float() if value else None
+        return logits, v
+
+    def policy(self, obs: Tensor) -> tuple[Tensor]:
+        """Distribution parameters ``(logits,)``."""
+        return (self._heads(self.features(obs), value=False)[0],)
+
+    def value(self, obs: Tensor) -> Tensor:
+        """State value, shape ``[..., 1]``."""
+        return self._heads(self.features(obs), policy=False)[1]
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """``(logits, value)`` from one trunk pass."""
+        return self._heads(self.features(obs))

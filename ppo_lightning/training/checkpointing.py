@@ -1,0 +1,124 @@
+"""Checkpoint files that survive a kill: atomic writes, and a clear error for a file that does not load.
+
+Why a `CheckpointIO` plugin (and not a `ModelCheckpoint` subclass): every checkpoint Lightning
+writes or reads goes through the strategy's ``checkpoint_io`` (the periodic and the ``last.ckpt``
+saves of `ModelCheckpoint`, ``trainer.save_checkpoint``, the resume of ``fit(ckpt_path=...)``), so one
+plugin makes all writes atomic and all reads explain themselves, whatever callback asked.
+
+Lightning's own ``TorchCheckpointIO`` writes through an fsspec transaction, which on a local disk
+writes a temporary file in the system temp folder and ``shutil.move``s it: a copy, not a rename,
+when /tmp is another file system, and never an ``fsync``. `AtomicCheckpointIO` writes a temporary
+file next to the target, fsyncs it, ``os.replace``s it over the target (atomic on POSIX) and fsyncs
+the folder, so the target is always either the previous complete checkpoint or the new one.
+
+FSDP2's sharded checkpoints (folders written by ``torch.distributed.checkpoint``) do not go through
+this plugin; their ``meta.pt`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ppo_lightning.core.faults import CheckpointError
+
+TMP_SUFFIX = ".tmp"
+
+
+def _is_local(path) -> bool:
+    return "://" not in str(path) or str(path).startswith("file://")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not supported on every platform / file system
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to ``path`` atomically: temp file in the same folder, fsync, ``os.replace``.
+
+    Temporary files left by a killed writer of the same target (``.<name>.*.tmp``) are removed first.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*{TMP_SUFFIX}"):
+        stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def check_checkpoint_file(path: str | os.PathLike) -> None:
+    """Raise `CheckpointError` (one line, naming the file) if ``path`` is not a complete checkpoint.
+
+    Cheap: reads the zip directory (a truncated file has none) and the archive's CRCs of the small
+    records, without unpickling anything. Folders (FSDP sharded checkpoints) must hold ``.metadata``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.is_dir():
+        if not (path / ".metadata").exists():
+            raise CheckpointError(f"checkpoint folder {path} has no .metadata (not a complete sharded checkpoint)")
+        return
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            if not any(n.endswith("data.pkl") for n in names):
+                raise CheckpointError(f"checkpoint {path} is not a torch.save archive (no data.pkl)")
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {err})") from None
+
+
+def _atomic_checkpoint_io_class():
+    from lightning.fabric.plugins import TorchCheckpointIO
+
+    class AtomicCheckpointIO(TorchCheckpointIO):
+        """`TorchCheckpointIO` with atomic local writes and one-line errors for unreadable files."""
+
+        def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+            if storage_options is not None or not _is_local(path):
+                return super().save_checkpoint(checkpoint, path, storage_options)
+            atomic_torch_save(checkpoint, str(path).removeprefix("file://"))
+
+        def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+            if _is_local(path):
+                check_checkpoint_file(str(path).removeprefix("file://"))
+            try:
+                return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, FileNotFoundError) as err:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise CheckpointError(f"checkpoint {path} does not load ({type(err).__name__}: {first})") from None
+
+    AtomicCheckpointIO.__module__ = __name__
+    return AtomicCheckpointIO
+
+
+def __getattr__(name: str):
+    # Built on first use, so that `atomic_torch_save` imports without Lightning (killed-writer tests).
+    if name == "AtomicCheckpointIO":
+        cls = globals()["AtomicCheckpointIO"] = _atomic_checkpoint_io_class()
+        return cls
+    raise AttributeError(name)

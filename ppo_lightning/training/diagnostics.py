@@ -1,0 +1,122 @@
+"""Small-batch diagnostics (Hilton, Cobbe & Schulman 2021, section 6 and appendix).
+
+Two quantities tell whether a (small) batch size is healthy:
+
+* the **clip fraction** (fraction of samples whose ratio to the anchor policy left ``[1-eps, 1+eps]``):
+  the paper's runs sit around 1%-10%. Far below 1% (default threshold 0.1%) the clipping never acts
+  and the step size could grow; above 10% with one epoch (20% with several) the policy moves too far
+  per iteration, typically because the learning rate was not scaled down with the batch;
+* the **advantage-std estimate** used for advantage normalization
+  (`ppo_lightning.algos.advantages.AdvantageMoments.history`, one value per iteration): with small batches
+  and per-batch normalization it oscillates, which rescales the policy gradient from iteration to
+  iteration; the EWMA span rule (span * c) smooths it. We flag max/min > 10 within a window.
+
+`SmallBatchDiagnostics` logs both once per iteration (``diagnostics/clip_fraction_window``,
+``diagnostics/adv_std_oscillation``) and warns at most once per condition per run. The clip
+fraction is only judged for the clipped objective. It is added by default by ``ppo-lightning fit``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from lightning.pytorch.callbacks import Callback
+
+
+class SmallBatchDiagnosticsWarning(UserWarning):
+    pass
+
+
+def clip_fraction_problem(clip_fraction: float, update_epochs: int, low: float = 1e-3,
+                          high_one_epoch: float = 0.10, high_many_epochs: float = 0.20) -> str | None:
+    """``"low"``, ``"high"`` or None for an iteration-mean clip fraction."""
+    if not math.isfinite(clip_fraction):
+        return None
+    if clip_fraction < low:
+        return "low"
+    if clip_fraction > (high_one_epoch if update_epochs <= 1 else high_many_epochs):
+        return "high"
+    return None
+
+
+def std_oscillation(history: list[float], window: int = 10) -> float:
+    """max / min of the last ``window`` advantage-std estimates (1.0 with fewer than 2 values)."""
+    recent = [s for s in history[-window:] if math.isfinite(s)]
+    if len(recent) < 2:
+        return 1.0
+    lo = min(recent)
+    return math.inf if lo <= 0 else max(recent) / lo
+
+
+class SmallBatchDiagnostics(Callback):
+    """Clip fraction and advantage-std oscillation, logged each iteration, warned about once.
+
+    Args:
+        window: iterations averaged (clip fraction) or spanned (std oscillation).
+        warmup: iterations before any warning (the first iterations are atypical).
+        clip_low, clip_high_one_epoch, clip_high_many_epochs: the clip-fraction range.
+        max_std_ratio: the advantage-std oscillation threshold (max/min over the window).
+    """
+
+    def __init__(self, window: int = 10, warmup: int = 10, clip_low: float = 1e-3,
+                 clip_high_one_epoch: float = 0.10, clip_high_many_epochs: float = 0.20,
+                 max_std_ratio: float = 10.0) -> None:
+        self.window, self.warmup = window, warmup
+        self.clip_low, self.clip_high_one, self.clip_high_many = clip_low, clip_high_one_epoch, clip_high_many_epochs
+        self.max_std_ratio = max_std_ratio
+        self.clip_history: list[float] = []
+        self.warned: set[str] = set()
+
+    def _warn(self, key: str, message: str) -> None:
+        if key in self.warned:
+            return
+        self.warned.add(key)
+        warnings.warn(message, SmallBatchDiagnosticsWarning, stacklevel=2)
+
+    def _iteration_clip_fraction(self, pl_module) -> float:
+        names, stats = getattr(pl_module, "_stat_names", None), getattr(pl_module, "_step_stats", None)
+        if not names or not stats or "clip_fraction" not in names:
+            return math.nan
+        i = names.index("clip_fraction")
+        return sum(float(s[i]) for s in stats) / len(stats)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        metrics: dict[str, float] = {}
+        cf = self._iteration_clip_fraction(pl_module)
+        if math.isfinite(cf):
+            self.clip_history.append(cf)
+            del self.clip_history[: -self.window]
+            mean_cf = sum(self.clip_history) / len(self.clip_history)
+            metrics["diagnostics/clip_fraction_window"] = mean_cf
+            epochs = getattr(dm, "update_epochs", 1)
+            objective = pl_module.hparams.get("objective", "clip") if hasattr(pl_module, "hparams") else "clip"
+            problem = clip_fraction_problem(mean_cf, epochs, self.clip_low, self.clip_high_one, self.clip_high_many)
+            iteration = getattr(dm, "iteration", len(self.clip_history))
+            if problem and objective == "clip" and iteration > self.warmup:
+                high = self.clip_high_one if epochs <= 1 else self.clip_high_many
+                self._warn(
+                    f"clip_fraction_{problem}",
+                    f"clip fraction {mean_cf:.4f} (mean of the last {len(self.clip_history)} iterations) is "
+                    + (f"far below 1% (< {self.clip_low:g}): the clipping never acts"
+                       if problem == "low" else
+                       f"above {high:.0%} with {epochs} epoch(s): steps too large for this batch size "
+                       "(scale model.lr by 1/sqrt(c) with the batch, see --scale)"),
+                )
+        moments = getattr(dm, "advantage_moments", None)
+        if moments is not None and moments.history:
+            ratio = std_oscillation(moments.history, self.window)
+            metrics["diagnostics/adv_std_oscillation"] = ratio if math.isfinite(ratio) else 1e9
+            iteration = getattr(dm, "iteration", len(moments.history))
+            if ratio > self.max_std_ratio and iteration > self.warmup:
+                self._warn(
+                    "adv_std_oscillation",
+                    f"advantage-std estimate varied by {ratio:.1f}x over the last {self.window} iterations "
+                    f"(> {self.max_std_ratio:g}x): small batches make per-batch normalization noisy; raise "
+                    "data.advantage_norm_span (span * c, see --scale)",
+                )
+        if metrics and hasattr(pl_module, "record_metrics"):
+            pl_module.record_metrics(metrics)
+        elif metrics:
+            pl_module.log_dict(metrics, on_step=False, on_epoch=True)

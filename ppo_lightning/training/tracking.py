@@ -1,0 +1,245 @@
+"""MLflow tracking that reads like a Lightning run and never stops training.
+
+Lightning's `MLFlowLogger` does the logging (parameters, per-iteration metrics). Our subclass:
+
+- steps every metric by **environment frames** (the ``frames`` entry of the iteration's metrics),
+  the x-axis RL runs are compared on, instead of Lightning's gradient-step counter;
+- uploads at the end of fit only ``last.ckpt`` and, for a checkpoint callback with a ``monitor``,
+  its best checkpoint, not every periodic one (``log_model`` stays off), plus files given to
+  `SafeMLFlowLogger.log_file` (the run's config.yaml, videos);
+- can continue an existing run (``run_id``: resuming with ``--ckpt_path``; the id is kept in the
+  checkpoint by `ppo_lightning.training.callbacks.TrackingState`);
+- survives an unwritable store: it is probed before training, and any later MLflow error is
+  reported once, after which the run goes on with console logging.
+
+The tracking store is ``sqlite:///mlflow.db`` by default; artifacts go to MLflow's default
+artifact root for it, ``./mlruns/<experiment id>/<run id>/artifacts`` (``make clean`` removes both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import Logger, MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+def _warn(message: str) -> None:
+    print(f"[ppo-lightning] {message}", file=sys.stderr, flush=True)
+
+
+class ConsoleLogger(Logger):
+    """Prints a few per-iteration figures every ``every`` iterations; the fallback of MLflow."""
+
+    KEYS = ("frames", "episode/return_mean20", "time/fps", "train/clip_fraction", "train/approx_kl_behavior")
+
+    def __init__(self, every: int = 10) -> None:
+        super().__init__()
+        self.every = every
+        self._calls = 0
+
+    @property
+    def name(self) -> str:
+        return "console"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args, **kwargs) -> None:
+        pass
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if "frames" not in metrics:
+            return
+        self._calls += 1
+        if self._calls % self.every:
+            return
+        shown = ", ".join(f"{k}={metrics[k]:.4g}" for k in self.KEYS if k in metrics)
+        print(f"[iteration {self._calls}] {shown}", flush=True)
+
+
+def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as ``a/b`` keys (Lightning's MLflow parameter names)."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{key}/"))
+        else:
+            out[key] = v
+    return out
+
+
+def frames_step(metrics: dict[str, float], step: int | None) -> int | None:
+    """The x-axis value of one iteration's metrics: its environment frames when reported."""
+    frames = metrics.get("frames")
+    return int(frames) if frames is not None else step
+
+
+class SafeMLFlowLogger(MLFlowLogger):
+    """`MLFlowLogger` stepped by frames, uploading only the last/best checkpoints, whose failures
+    after start-up are reported once and then ignored (see the module doc)."""
+
+    def __init__(self, experiment_name: str, tracking_uri: str, run_name: str | None = None,
+                 run_id: str | None = None, **kwargs) -> None:
+        kwargs.pop("log_model", None)  # we upload the checkpoints we want at the end (finalize)
+        super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name,
+                         run_id=run_id, log_model=False, **kwargs)
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.resumed = run_id is not None
+        self.failed = False
+        self.console = ConsoleLogger()
+        self._checkpoint_callbacks: dict[int, Any] = {}
+        self._logged_frames: int | None = None  # a continued run: the last frames step it has
+
+    def _guard(self, what: str, fn, *args, **kwargs):
+        if self.failed:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - any store error must not stop training
+            self.failed = True
+            _warn(f"MLflow {what} failed ({type(err).__name__}: {err}); training on with console logging")
+            return None
+
+    @rank_zero_only
+    def log_hyperparams(self, params) -> None:
+        if self.resumed:
+            params = self._guard("log_hyperparams", self._new_params, params)
+            if not params:
+                return
+        self._guard("log_hyperparams", super().log_hyperparams, params)
+
+    def _new_params(self, params) -> dict[str, Any]:
+        """A continued run: MLflow parameters are immutable, so only new ones are logged; changed
+        values (a longer ``total_frames``, say) go to the tag ``resumed_with``."""
+        flat = _flatten(dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, dict) else dict(params))
+        old = self.experiment.get_run(self.run_id).data.params
+        changed = {k: v for k, v in flat.items() if k in old and old[k] != str(v)[:250]}
+        if changed:
+            previous = self.experiment.get_run(self.run_id).data.tags.get("resumed_with", "")
+            text = "; ".join(f"{k}={v}" for k, v in changed.items())
+            self.experiment.set_tag(self.run_id, "resumed_with", f"{previous} | {text}" if previous else text)
+        return {k: v for k, v in flat.items() if k not in old}
+
+    @rank_zero_only
+    def log_metrics(self, metrics, step=None) -> None:
+        step = frames_step(metrics, step)
+        if self.resumed and "frames" in metrics and not self.failed:
+            if self._logged_frames is None:  # Lightning re-runs the end of the checkpoint's iteration
+                history = self._guard("get_metric_history", self.experiment.get_metric_history, self.run_id, "frames")
+                self._logged_frames = max((m.step for m in history or []), default=-1)
+            if step <= self._logged_frames:
+                return
+        if self.failed:
+            self.console.log_metrics(metrics, step)
+        else:
+            self._guard("log_metrics", super().log_metrics, metrics, step)
+
+    @rank_zero_only
+    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a file as an artifact of the run (reported once and ignored on failure)."""
+        self._guard("log_artifact", lambda: self.experiment.log_artifact(self.run_id, str(path), artifact_path))
+
+    def after_save_checkpoint(self, checkpoint_callback) -> None:
+        self._checkpoint_callbacks[id(checkpoint_callback)] = checkpoint_callback
+
+    def checkpoints_to_upload(self) -> list[str]:
+        """``last.ckpt`` of every checkpoint callback, and its best one when it has a monitor."""
+        paths: list[str] = []
+        for cb in self._checkpoint_callbacks.values():
+            candidates = [getattr(cb, "last_model_path", "")]
+            if getattr(cb, "monitor", None) is not None:
+                candidates.append(getattr(cb, "best_model_path", ""))
+            for path in candidates:
+                if path and Path(path).is_file() and path not in paths:
+                    paths.append(path)
+        return paths
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if not self.failed and self._checkpoint_callbacks:
+            for path in self.checkpoints_to_upload():
+                self.log_file(path, "checkpoints")
+        self._guard("finalize", super().finalize, status)
+
+
+def quiet_mlflow() -> None:
+    """MLflow's sqlite store logs its schema migrations ("Updating database tables") at INFO on the
+    first use of a database: nothing a user can act on."""
+    for name in ("mlflow.store.db.utils", "alembic", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def _sqlite_store_lock(tracking_uri: str):
+    """Hold an exclusive lock on the folder of a ``sqlite:///`` store (nothing for other stores).
+
+    Two runs started together on a new database both create its tables, and two runs of a new
+    experiment both create it: the loser fails ("table runs already exists") and would train without
+    tracking. The lock serializes only this first open; logging itself is left to sqlite's locking."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    folder = Path(tracking_uri[len("sqlite:///"):]).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def probe_tracking_store(tracking_uri: str, experiment_name: str) -> str | None:
+    """Create or find the experiment; returns an error message if the store cannot be written."""
+    quiet_mlflow()
+    try:
+        import mlflow
+
+        with _sqlite_store_lock(tracking_uri):
+            client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+            if client.get_experiment_by_name(experiment_name) is None:
+                client.create_experiment(experiment_name)
+    except Exception as err:  # noqa: BLE001
+        return f"{type(err).__name__}: {err}".splitlines()[0][:300]
+    return None
+
+
+def run_exists(tracking_uri: str, run_id: str) -> bool:
+    try:
+        import mlflow
+
+        mlflow.MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
+    except Exception:  # noqa: BLE001 - another store, a deleted run: start a new one
+        return False
+    return True
+
+
+def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str = "ppo-lightning",
+                run_name: str | None = None, run_id: str | None = None) -> Logger:
+    """An MLflow logger if the store can be written, otherwise a console logger (with a message).
+
+    ``run_id``: continue that run (if the store has it; otherwise a new run is started, with a message).
+    """
+    error = probe_tracking_store(tracking_uri, experiment_name)
+    if error is not None:
+        _warn(f"MLflow tracking store {tracking_uri} cannot be written ({error}); training on with console logging")
+        return ConsoleLogger()
+    if run_id is not None and not run_exists(tracking_uri, run_id):
+        _warn(f"MLflow run {run_id} of the checkpoint is not in {tracking_uri}; starting a new run")
+        run_id = None
+    return SafeMLFlowLogger(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name, run_id=run_id)
