@@ -11,6 +11,10 @@ import types as _types
 # stderr (from `gym_notices`) in every process; we know, and use gymnasium everywhere else.
 _sys.modules.setdefault("gym_notices.notices", _types.SimpleNamespace(notices={}))
 
+from ppo_lightning import _moved  # noqa: E402
+
+_moved.install()  # 0.1's flat module paths still resolve until 0.2, with a FutureWarning
+
 from ppo_lightning.interop.checkpoint_io import ExportError  # noqa: E402,F401
 from ppo_lightning.interop.hf.loader import load_pretrained  # noqa: E402,F401
 

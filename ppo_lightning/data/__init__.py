@@ -5,3 +5,9 @@ per-rank resume state of envs and RNGs (`resume_state`).
 May import: `core`, `envs`, `nets`, `algos`.
 """
 
+
+def __getattr__(name):
+    # 0.1 had a flat module here; its names still resolve (with a FutureWarning) until 0.2.
+    from ppo_lightning._moved import forward_attribute
+
+    return forward_attribute(__name__, name)
