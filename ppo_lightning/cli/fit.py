@@ -10,6 +10,7 @@ The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model`
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -125,7 +126,10 @@ class PPOCLI(LightningCLI):
         # Resuming (--ckpt_path) continues the checkpoint's MLflow run and run folder, unless
         # --mlflow.run_name asks for a new run.
         resumed = read_tracking_state(cfg.ckpt_path) if cfg.get("ckpt_path") and not cfg.mlflow.run_name else {}
-        run_name = cfg.mlflow.run_name or time.strftime("%Y%m%d-%H%M%S")
+        from ppo_lightning.training.preemption import slurm_run_name
+
+        # under SLURM: named after the job, so that a requeued job finds its run folder again
+        run_name = cfg.mlflow.run_name or slurm_run_name() or time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(cfg.run_dir or resumed.get("run_dir") or Path("runs") / cfg.mlflow.experiment / run_name)
         self.run_dir = run_dir
         if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
@@ -152,7 +156,10 @@ class PPOCLI(LightningCLI):
         callbacks = self.managed_callbacks(cfg, run_dir, user_has_progress_bar=has_bar)
         self.checkpoint_callback = next((c for c in callbacks if isinstance(c, IterationCheckpoint)), None) \
             or self.managed_checkpoint(cfg, run_dir)
-        callbacks = callbacks + self.extra_callbacks
+        from ppo_lightning.training.preemption import Preemption
+
+        # SIGTERM / SIGINT / SLURM's requeue signal: checkpoint at the iteration's end, exit 128 + signal
+        callbacks = callbacks + [Preemption(str(run_dir / "checkpoints"))] + self.extra_callbacks
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
         final_logger = kwargs.get("logger", logger)
         record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
@@ -195,6 +202,8 @@ class PPOCLI(LightningCLI):
         if not flags:
             super().parse_arguments(parser, args)
             sub = self.config.get("subcommand")
+            if sub == "fit" and not self.config[sub].get("ckpt_path"):
+                self.config[sub].ckpt_path = self._slurm_resume_checkpoint(self.config[sub])
             ckpt_path = self.config[sub].get("ckpt_path") if sub else None
             if ckpt_path:
                 from ppo_lightning.training.checkpointing import check_checkpoint_file
@@ -220,6 +229,22 @@ class PPOCLI(LightningCLI):
         sys.stdout.write(yaml.safe_dump(full[sub], sort_keys=False))
         sys.exit(0)
 
+    @staticmethod
+    def _slurm_resume_checkpoint(cfg) -> str | None:
+        """A requeued SLURM job resumes by itself from its run folder's newest checkpoint
+        (`ppo_lightning.training.preemption.find_resume_checkpoint`)."""
+        from ppo_lightning.training.preemption import find_resume_checkpoint, slurm_run_name
+
+        name = slurm_run_name()
+        if name is None:
+            return None
+        found = find_resume_checkpoint(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / (cfg.mlflow.run_name or name))
+        if found is not None:
+            restart = os.environ.get("SLURM_RESTART_COUNT")
+            print(f"SLURM job {name[len('slurm-'):]}{f' (restart {restart})' if restart else ''}: resuming from {found}",
+                  file=sys.stderr, flush=True)
+        return None if found is None else str(found)
+
     def before_fit(self) -> None:
         global _TRAINING_STARTED
         from ppo_lightning.algos.ppg import check_phase_buffer_memory
@@ -237,7 +262,10 @@ class PPOCLI(LightningCLI):
 
     def after_fit(self) -> None:
         trainer, dm = self.trainer, self.datamodule
-        if not trainer.is_global_zero:
+        from ppo_lightning.training import preemption
+
+        self.exit_code = preemption.finish(trainer, trainer.logger)  # stopped by a signal: its line, 128 + n
+        if self.exit_code is not None or not trainer.is_global_zero:
             return
         ckpt = self.checkpoint_callback.last_model_path or "(none)"
         ranks = trainer.world_size > 1
@@ -290,19 +318,26 @@ def main(argv: list[str] | None = None) -> int:
         return dispatch(args)
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from ppo_lightning.core.faults import TrainingFault
 
     try:
-        fit_main(argv)
+        cli = fit_main(argv)
+    except SIGTERMException:  # Lightning's own SIGTERM path (a signal before training started)
+        print("error: stopped by SIGTERM before training started (no new checkpoint)", file=sys.stderr)
+        return 128 + 15
     except TrainingFault as err:  # a bad checkpoint file, a numerical or an environment fault
-        print(f"error: {err}", file=sys.stderr)
+        local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        if not err.all_ranks or local_rank == "0":  # a fault all ranks share: one line per node
+            print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except ValueError as err:  # invalid configuration: one clear line, before training
         if _TRAINING_STARTED:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return 0
+    return getattr(cli, "exit_code", None) or 0
 
 
 if __name__ == "__main__":

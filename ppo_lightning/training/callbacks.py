@@ -201,7 +201,10 @@ class TrainingVideo(Callback):
             self.record(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.record(trainer, pl_module)
+        from ppo_lightning.training.preemption import preempted
+
+        if preempted(trainer) is None:  # a preempted job has no time for a video
+            self.record(trainer, pl_module)
 
     def record(self, trainer, pl_module) -> Path | None:
         from ppo_lightning.interop.evaluation import evaluate_policy

@@ -1,0 +1,81 @@
+"""Helpers for tests/test_cluster.py that subprocesses import by class path (PYTHONPATH includes tests/):
+a callback that sends a real signal to its own process at a chosen moment, and an env that raises on
+one data-parallel rank only."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import gymnasium as gym
+import lightning.pytorch as pl
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class SignalAt(pl.Callback):
+    """Send ``signum`` (a name: "SIGTERM", ...) to this process at a moment of iteration
+    ``iteration`` (1-based), on global rank ``rank``: ``collect``: inside the 5th env step of that
+    iteration's collection; ``update``: after its ``step``-th optimizer step."""
+
+    def __init__(self, signum: str, phase: str, iteration: int, step: int = 1, rank: int = 0) -> None:
+        self.signum, self.phase, self.iteration, self.step, self.rank = signum, phase, iteration, step, rank
+        self._steps = 0
+
+    def _send(self) -> None:
+        os.kill(os.getpid(), getattr(signal, self.signum))
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        if self.phase != "collect" or dm.iteration + 1 != self.iteration or trainer.global_rank != self.rank:
+            return
+        sub = dm.source.env.base_env._env.envs[0]
+        step, calls = sub.step, [0]
+
+        def signalling_step(action):
+            calls[0] += 1
+            if calls[0] == 5:
+                self._send()
+            return step(action)
+
+        sub.step = signalling_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if (self.phase == "update" and trainer.datamodule.iteration == self.iteration
+                and trainer.global_rank == self.rank):
+            self._steps += 1
+            if self._steps == self.step:
+                self._send()
+
+
+class RankFaultyCartPole(CartPoleEnv):
+    """CartPole whose sub-envs on one data-parallel rank raise from their ``after``-th step on.
+    The rank is read from the env seed: rank r seeds its envs ``seed + 1_000_003 r + i``."""
+
+    def __init__(self, rank: int = 1, after: int = 20, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fault_rank, self.after, self.steps = rank, after, 0
+
+    def step(self, action):
+        self.steps += 1
+        seed = self.np_random_seed or 0
+        if seed // 1_000_003 == self.fault_rank and self.steps >= self.after:
+            raise RuntimeError(f"simulator crashed on rank {self.fault_rank}")
+        return super().step(action)
+
+
+if "RankFaultyCartPole-v0" not in gym.registry:
+    gym.register("RankFaultyCartPole-v0", entry_point=RankFaultyCartPole, max_episode_steps=500)
+
+
+class DumpEveryIteration(pl.Callback):
+    """Debug: rank 0 writes its network parameters at the end of every iteration."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        import torch
+
+        os.makedirs(self.dirpath, exist_ok=True)
+        torch.save({k: v.detach().clone() for k, v in pl_module.network.state_dict().items()},
+                   os.path.join(self.dirpath, f"it{trainer.datamodule.iteration}.pt"))
