@@ -37,6 +37,7 @@ class TrainingFault(RuntimeError):
     """A fault that stops training with one line on stderr (``error: ...``) and ``exit_code``."""
 
     exit_code = 3
+    all_ranks = False  # raised on every data-parallel rank alike: printed by one process per node
 
 
 class CheckpointError(TrainingFault, ValueError):

@@ -22,7 +22,7 @@ from tensordict import TensorDictBase
 from torchrl.collectors import Collector
 
 from ppo_lightning.core import faults
-from ppo_lightning.data import resume_state
+from ppo_lightning.data import parallel, resume_state
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
@@ -135,11 +135,14 @@ class RolloutSource:
         self.network.eval()
         if self._pending_observations is not None:  # normalizer stats from the previous rollout
             update_observation_norm(self.network, self._pending_observations)
+        fault = None
         try:
             rollout = next(self._iterator)
         except faults.EnvFault as err:  # name the iteration too
             err.iteration = data.iteration
-            raise
+            fault = err
+        # before any other collective: a fault on one data-parallel rank stops all of them
+        parallel.raise_together(fault, self.rank, self.world_size)
         self._pending_observations = rollout.get(OBS_KEY) if self._normalizes_observations else None
         self.network.train(was_training)
         data.episodes.add_rollout(rollout)

@@ -120,3 +120,29 @@ def backward_chunk(module, loss: torch.Tensor) -> None:
             else:
                 p.grad.add_(g)
     precision.post_backward(scaled, module)
+
+
+def raise_together(fault: BaseException | None, rank: int, world_size: int) -> None:
+    """Every rank calls this at the same point (after each collection); if any rank has a ``fault``
+    (a `ppo_lightning.core.faults.TrainingFault`), every rank raises the lowest faulty rank's, naming
+    that rank: all ranks then stop with the same one-line error and exit code, none is left waiting in
+    a collective for a rank that is gone. One small all-reduce when no rank faulted."""
+    if world_size == 1 or _dist_world() == 1:
+        if fault is not None:
+            raise fault
+        return
+    from ppo_lightning.core.faults import TrainingFault
+
+    flag = torch.tensor([0.0 if fault is None else 1.0], dtype=torch.float64, device=_device())
+    torch.distributed.all_reduce(flag)
+    if flag.item() == 0:
+        return
+    mine = None if fault is None else (str(fault), getattr(fault, "exit_code", TrainingFault.exit_code))
+    reports: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(reports, mine)
+    first = next(r for r, rep in enumerate(reports) if rep is not None)
+    message, code = reports[first]
+    err = TrainingFault(f"{message} (data-parallel rank {first} of {world_size})")
+    err.exit_code = code
+    err.all_ranks = True
+    raise err from (fault if rank == first else None)

@@ -1,0 +1,144 @@
+"""Beyond one machine (issue 20): preemption signals, faults on one rank, FSDP2 checkpoints that
+survive, PPG under DDP / FSDP2, multi-node torchrun, elastic batch-size invariance."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import cluster_helpers  # noqa: F401  (registers RankFaultyCartPole-v0)
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+for _k in [k for k in ENV if k.startswith("SLURM_")]:  # tests that want SLURM set it themselves
+    del ENV[_k]
+CLI = [sys.executable, "-m", "ppo_lightning.cli.main"]
+
+TINY = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--checkpoint_every", "4",
+        "--data.num_envs", "4", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
+        "--data.normalize_reward", "true", "--data.advantage_norm_span", "4", "--data.num_threads", "1"]
+PPO_EWMA = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml")]
+
+
+def state(path):
+    """Network, optimizer and EWMA state of a checkpoint (file, or sharded folder: its meta.pt and
+    the DCP shards read back without a process group)."""
+    path = Path(path)
+    if path.is_dir():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        out = path.parent / (path.name + ".consolidated.pt")
+        dcp_to_torch_save(path, out)
+        full = torch.load(out, weights_only=True)
+        meta = torch.load(path / "meta.pt", weights_only=True)
+        opt = {k: v for k, v in full.items() if k.startswith("optimizer_")}
+        return full["state_dict"], opt, meta.get("proximal_ewma"), meta
+    ckpt = torch.load(path, weights_only=True)
+    opt = {f"{i}/{k}": v for i, o in enumerate(ckpt["optimizer_states"]) for k, v in o["state"].items()}
+    return ckpt["state_dict"], opt, ckpt.get("proximal_ewma"), ckpt
+
+
+def _flat(obj, prefix=""):
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            out.update(_flat(v, f"{prefix}{k}/"))
+        return out
+    return {prefix: obj}
+
+
+def assert_same_state(ref, got):
+    """Bitwise the same network, optimizer state and EWMA."""
+    for a, b in zip(ref[:3], got[:3]):
+        fa, fb = _flat(a or {}), _flat(b or {})
+        assert fa.keys() == fb.keys()
+        for k, v in fa.items():
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(v, fb[k]), k
+            else:
+                assert v == fb[k], k
+
+
+def run(args, timeout=600, env=None, check=None):
+    out = subprocess.run([*CLI, *args], env=env or ENV, capture_output=True, text=True, timeout=timeout)
+    if check is not None:
+        assert out.returncode == check, out.stderr[-3000:]
+    return out
+
+
+def callback(cls, **init_args):
+    return f"--trainer.callbacks+={json.dumps({'class_path': cls, 'init_args': init_args})}"
+
+
+def iteration_of(ckpt):
+    ckpt = Path(ckpt)
+    meta = torch.load(ckpt / "meta.pt" if ckpt.is_dir() else ckpt, weights_only=True)
+    return meta["RolloutDataModule"]["iteration"]
+
+
+# ---------------------------------------------------------------------------- 1. preemption signals
+
+# (signal, phase, iteration, extra): a signal during an env step of the collection or after an
+# optimizer step; each run finishes that iteration, saves last.ckpt, exits with 128 + signal.
+SIGNALS = [("SIGTERM", "collect", 3, {}), ("SIGINT", "update", 5, {"step": 2}), ("SIGUSR1", "update", 6, {"step": 4})]
+
+
+def test_signals_checkpoint_at_the_iteration_end_exit_128_plus_n_and_resume_bitwise(tmp_path):
+    """SIGTERM, SIGINT and SIGUSR1 sent to a real CLI process in the middle of an iteration: the
+    iteration finishes, last.ckpt holds its end, one line, exit code 128 + n (never 0); resuming
+    after each ends bitwise where the uninterrupted run ends (network, Adam, EWMA)."""
+    args = [*PPO_EWMA, *TINY, "--data.total_frames", str(8 * 64)]
+    # A subprocess as the others (OMP_NUM_THREADS=1 from the start: an in-process run of this
+    # pytest process is not bitwise comparable with them)
+    run([*args, "--run_dir", str(tmp_path / "reference")], check=0)
+    run_dir, ckpt = tmp_path / "signalled", tmp_path / "signalled/checkpoints/last.ckpt"
+    for i, (name, phase, iteration, extra) in enumerate(SIGNALS):
+        resume = ["--ckpt_path", str(ckpt)] if i else []
+        out = run([*args, "--run_dir", str(run_dir), *resume,
+                   callback("cluster_helpers.SignalAt", signum=name, phase=phase, iteration=iteration, **extra)])
+        signum = getattr(signal, name)
+        assert out.returncode == 128 + signum, out.stderr[-3000:]
+        assert f"received {name}: saving a checkpoint at the end of this iteration" in out.stderr
+        assert (f"preempted: {name} received; stopped at the end of iteration {iteration} ({iteration * 64} frames), "
+                f"checkpoint {ckpt}; exit code {128 + signum}") in out.stderr, out.stderr[-3000:]
+        assert "Traceback" not in out.stderr and "finished:" not in out.stdout
+        assert iteration_of(ckpt) == iteration
+    out = run([*args, "--run_dir", str(run_dir), "--ckpt_path", str(ckpt)], check=0)
+    assert f"checkpoint: {ckpt}\n" in out.stdout  # the same last.ckpt on (no last-v1.ckpt)
+    assert_same_state(state(tmp_path / "reference/checkpoints/last.ckpt"), state(ckpt))
+
+
+# ---------------------------------------------------------------------------- 2. a fault on one rank
+
+DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+
+
+def running(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in out if marker in line and "ps -eo" not in line]
+
+
+def test_env_fault_on_rank_1_ends_every_rank_with_one_line_and_exit_code_3(tmp_path):
+    """CartPole raising on rank 1 only (iteration 2): rank 0, waiting for it, stops too; one error
+    line naming the env and the rank, exit code 3, no traceback from any rank, no process left."""
+    env_id = "cluster_helpers:RankFaultyCartPole-v0"
+    t0 = time.monotonic()
+    out = run([*PPO_EWMA, *TINY, *DDP, "--data.total_frames", str(6 * 128), "--data.seed", "0",
+               "--data.env_id", env_id, "--data.env_kwargs", '{"rank": 1, "after": 20}',
+               "--run_dir", str(tmp_path / "run")], timeout=300)
+    assert out.returncode == 3, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: environment '{env_id}' (env index 0, iteration 2) raised RuntimeError in "
+                      "step(): simulator crashed on rank 1 (data-parallel rank 1 of 2)"], out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert time.monotonic() - t0 < 240
+    time.sleep(2)
+    assert not running(str(tmp_path / "run"))  # rank 1 ended as well
