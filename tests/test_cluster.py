@@ -142,3 +142,41 @@ def test_env_fault_on_rank_1_ends_every_rank_with_one_line_and_exit_code_3(tmp_p
     assert time.monotonic() - t0 < 240
     time.sleep(2)
     assert not running(str(tmp_path / "run"))  # rank 1 ended as well
+
+
+# ---------------------------------------------------------------------------- 3. FSDP2 that survives
+
+FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",
+         "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+         "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1"]
+
+
+def test_fsdp2_sigkill_resumes_bitwise_and_sharded_checkpoints_are_never_half_written(tmp_path):
+    """PPO-EWMA sharded over 2 gloo ranks: killed (SIGKILL) after an optimizer step, then while rank 0
+    writes last.ckpt's meta.pt: last.ckpt stays the previous complete checkpoint (the new one was
+    being written to .last.ckpt.tmp); the resumed run ends bitwise where the uninterrupted one ends
+    (network and Adam state read back from the shards, EWMA). A truncated shard is refused in one line."""
+    from ppo_lightning.training.checkpointing import check_checkpoint_file
+
+    args = [*PPO_EWMA, *TINY, *FSDP2, "--checkpoint_every", "1", "--data.total_frames", str(5 * 128)]
+    run([*args, "--run_dir", str(tmp_path / "reference")], check=0)
+    run_dir, ckpt = tmp_path / "killed", tmp_path / "killed/checkpoints/last.ckpt"
+    kills = [("update", 3, {"step": 2}), ("checkpoint", 4, {"write": 2})]
+    for i, (phase, iteration, extra) in enumerate(kills):
+        resume = ["--ckpt_path", str(ckpt)] if i else []
+        out = run([*args, "--run_dir", str(run_dir), *resume,
+                   callback("robust_helpers.KillAt", phase=phase, iteration=iteration, **extra)])
+        assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+        check_checkpoint_file(ckpt)  # complete
+        assert iteration_of(ckpt) == iteration - 1
+    assert (run_dir / "checkpoints/.last.ckpt.tmp").is_dir()  # the kill did hit the write
+    out = run([*args, "--run_dir", str(run_dir), "--ckpt_path", str(ckpt)], check=0)
+    assert not (run_dir / "checkpoints/.last.ckpt.tmp").exists()
+    assert_same_state(state(tmp_path / "reference/checkpoints/last.ckpt"), state(ckpt))
+
+    shard = ckpt / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    out = run([*args, "--run_dir", str(tmp_path / "bad"), "--ckpt_path", str(ckpt)], check=2)
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"error: checkpoint folder {ckpt} is incomplete: shard __1_0.distcp is truncated"), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr

@@ -118,6 +118,10 @@ class PPOCLI(LightningCLI):
             report = scaling.apply_scale(cfg, cfg.scale, rules)
             print(scaling.format_scale_table(cfg.scale, rules, report), flush=True)
             self.scale_params = scaling.scale_params(cfg.scale, rules, report)
+        strategy = cfg.trainer.get("strategy")
+        if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
+            # sharded checkpoints written to a temporary folder and swapped in (never half-written)
+            strategy.class_path = "ppo_lightning.training.sharded.AtomicModelParallelStrategy"
         staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
                                      decoupled=cfg.model.get("decoupled"), proximal_com=cfg.model.get("proximal_com"))
 

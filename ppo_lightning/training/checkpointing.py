@@ -12,7 +12,8 @@ file next to the target, fsyncs it, ``os.replace``s it over the target (atomic o
 the folder, so the target is always either the previous complete checkpoint or the new one.
 
 FSDP2's sharded checkpoints (folders written by ``torch.distributed.checkpoint``) do not go through
-this plugin; their ``meta.pt`` does.
+this plugin: `ppo_lightning.training.sharded` writes them atomically, `check_sharded_checkpoint`
+refuses incomplete ones.
 """
 
 from __future__ import annotations
@@ -80,8 +81,7 @@ def check_checkpoint_file(path: str | os.PathLike) -> None:
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.is_dir():
-        if not (path / ".metadata").exists():
-            raise CheckpointError(f"checkpoint folder {path} has no .metadata (not a complete sharded checkpoint)")
+        check_sharded_checkpoint(path)
         return
     try:
         with zipfile.ZipFile(path) as zf:
@@ -90,6 +90,31 @@ def check_checkpoint_file(path: str | os.PathLike) -> None:
                 raise CheckpointError(f"checkpoint {path} is not a torch.save archive (no data.pkl)")
     except (zipfile.BadZipFile, OSError, EOFError) as err:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {err})") from None
+
+
+def check_sharded_checkpoint(path: Path) -> None:
+    """A sharded (FSDP2) checkpoint folder must hold ``.metadata``, a complete ``meta.pt`` and every
+    shard file ``.metadata`` names, each at least as long as the records it holds."""
+    if not (path / ".metadata").exists():
+        raise CheckpointError(f"checkpoint folder {path} has no .metadata (not a complete sharded checkpoint)")
+    if not (path / "meta.pt").exists():
+        raise CheckpointError(f"checkpoint folder {path} has no meta.pt (not a complete sharded checkpoint)")
+    check_checkpoint_file(path / "meta.pt")
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as err:  # noqa: BLE001 - any unreadable .metadata: one line
+        raise CheckpointError(f"checkpoint folder {path} has an unreadable .metadata ({type(err).__name__})") from None
+    need: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(need.items()):
+        shard = path / name
+        have = shard.stat().st_size if shard.exists() else None
+        if have is None or have < size:
+            state = "missing" if have is None else f"truncated ({have} of {size} bytes)"
+            raise CheckpointError(f"checkpoint folder {path} is incomplete: shard {name} is {state}")
 
 
 def _atomic_checkpoint_io_class():

@@ -1,0 +1,98 @@
+"""FSDP2 sharded checkpoints that are never half-written.
+
+Lightning's ``ModelParallelStrategy.save_checkpoint`` writes a sharded checkpoint (a folder:
+``*.distcp`` shards and ``.metadata`` from ``torch.distributed.checkpoint``, ``meta.pt`` with the rest)
+*into* the target folder, over the previous checkpoint of the same name: a kill during the write
+leaves ``last.ckpt`` a mix of two checkpoints, or without its ``meta.pt``. `AtomicModelParallelStrategy`
+writes the folder next to the target (``.<name>.tmp``), fsyncs it, and swaps it in with one
+``renameat2(RENAME_EXCHANGE)`` (Linux: both paths exist throughout, the swap is atomic), then removes
+the old folder; where the exchange is not supported, two renames (the window between them is the
+only moment without a ``last.ckpt``). The ``ppo-lightning fit`` CLI uses it in place of
+``lightning.pytorch.strategies.ModelParallelStrategy``.
+
+A truncated or incomplete sharded checkpoint is refused in one line before anything loads
+(`ppo_lightning.training.checkpointing.check_checkpoint_file`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from ppo_lightning.training.checkpointing import TMP_SUFFIX, _fsync_dir
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux ``renameat2``); False where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.iterdir():
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def swap_in(tmp: Path, path: Path) -> None:
+    """Make the complete folder ``tmp`` the checkpoint ``path`` (atomically where possible)."""
+    if path.is_dir():
+        if _exchange(tmp, path):
+            shutil.rmtree(tmp)  # now the previous checkpoint
+        else:
+            old = path.parent / f".{path.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+    else:
+        if path.exists():  # a single-file checkpoint of the same name
+            path.unlink()
+        os.rename(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class AtomicModelParallelStrategy(ModelParallelStrategy):
+    """`ModelParallelStrategy` (FSDP2 / tensor parallelism) whose sharded checkpoints are written to a
+    temporary folder and swapped in complete (see the module docstring)."""
+
+    def __init__(self, *args, save_distributed_checkpoint: bool = True, **kwargs) -> None:
+        super().__init__(*args, save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
+        self.sharded_checkpoints = save_distributed_checkpoint
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        if not self.sharded_checkpoints or storage_options is not None:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        tmp = path.parent / f".{path.name}{TMP_SUFFIX}"  # the same on every rank
+        if self.global_rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():  # left by a writer that was killed
+                shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+        self.barrier("sharded_checkpoint_start")
+        super().save_checkpoint(checkpoint, tmp)  # shards (every rank), .metadata, meta.pt (rank 0)
+        _fsync_tree(tmp)  # each rank its own files (rank 0 also .metadata and meta.pt)
+        self.barrier("sharded_checkpoint_written")
+        if self.global_rank == 0:
+            swap_in(tmp, path)
+        self.barrier("sharded_checkpoint_done")
