@@ -79,3 +79,28 @@ class DumpEveryIteration(pl.Callback):
         os.makedirs(self.dirpath, exist_ok=True)
         torch.save({k: v.detach().clone() for k, v in pl_module.network.state_dict().items()},
                    os.path.join(self.dirpath, f"it{trainer.datamodule.iteration}.pt"))
+
+
+class DumpRankState(pl.Callback):
+    """Each rank writes, at the end of fit, its full network parameters (gathered when sharded), the
+    EWMA proximal weights and resets, and PPG's phase bookkeeping to ``<dirpath>/rank<r>.pt``."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import torch
+
+        def full(sd):
+            return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in sd.items()}
+
+        prox = pl_module.proximal_source
+        phases = pl_module.ppg_phases
+        os.makedirs(self.dirpath, exist_ok=True)
+        torch.save({"params": full(pl_module.network.state_dict()),
+                    "proximal": None if prox is None else full(prox.proximal.state_dict()),
+                    "resets": None if prox is None else prox.num_resets,
+                    "ewma_updates": None if prox is None else prox.num_updates,
+                    "phase": None if phases is None else phases.phase,
+                    "phase_iteration": None if phases is None else phases.phase_iteration},
+                   os.path.join(self.dirpath, f"rank{trainer.global_rank}.pt"))

@@ -180,3 +180,45 @@ def test_fsdp2_sigkill_resumes_bitwise_and_sharded_checkpoints_are_never_half_wr
     assert out.stderr.strip().splitlines()[-1].startswith(
         f"error: checkpoint folder {ckpt} is incomplete: shard __1_0.distcp is truncated"), out.stderr[-2000:]
     assert "Traceback" not in out.stderr
+
+
+# ---------------------------------------------------------------------------- 4. PPG under DDP and FSDP2
+
+PPG_TINY = ["fit", "--config", str(ROOT / "experiments/cartpole/ppg_ewma.yaml"), *TINY, "--checkpoint_every", "1",
+            "--model.ppg.n_pi", "3", "--model.ppg.n_aux_epochs", "1", "--model.ppg.aux_mbsize", "2"]
+
+
+def rank_states(tmp_path, name, *args):
+    dump = callback("cluster_helpers.DumpRankState", dirpath=str(tmp_path / name / "dump"))
+    run([*PPG_TINY, *args, "--run_dir", str(tmp_path / name), dump], check=0)
+    return [torch.load(tmp_path / name / "dump" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+
+
+def test_ppg_ewma_under_ddp_and_fsdp2_on_two_ranks(tmp_path):
+    """PPG-EWMA (n_pi 3, 5 iterations: one auxiliary phase, then two policy iterations) on 2 gloo
+    ranks. DDP: the auxiliary head, unused in policy steps, does not stop DDP; both ranks end
+    identical, the EWMA was reset on both after the auxiliary phase; each rank's phase buffer (its
+    own rollouts) is in the checkpoint taken mid-phase, and resuming from it is bitwise exact. FSDP2:
+    the same run, sharded, ends with the same parameters."""
+    frames = ["--data.total_frames", str(5 * 128)]
+    ddp = rank_states(tmp_path, "ddp", *DDP, *frames)
+    for s in ddp:
+        assert (s["phase"], s["phase_iteration"], s["resets"]) == (1, 2, 1)  # reset after the aux phase
+        assert s["ewma_updates"] == 5 * 2 * 2  # policy steps only (not the auxiliary ones)
+        assert all(torch.equal(v, ddp[0]["params"][k]) for k, v in s["params"].items())
+        assert all(torch.equal(v, ddp[0]["proximal"][k]) for k, v in s["proximal"].items())
+    mid = tmp_path / "ddp/checkpoints/iteration-00002.ckpt"  # phase iteration 2 of 3
+    per_rank = torch.load(mid, weights_only=True)["RolloutDataModule"]["per_rank"]
+    buffers = [r["resume"]["extra"]["ppg_buffer"] for r in per_rank]
+    assert [b["phase_iteration"] for b in buffers] == [2, 2] and [len(b["rollouts"]) for b in buffers] == [2, 2]
+    assert not torch.equal(buffers[0]["rollouts"][0]["data"]["observation"], buffers[1]["rollouts"][0]["data"]["observation"])
+    resumed = rank_states(tmp_path, "ddp_resumed", *DDP, *frames, "--ckpt_path", str(mid))
+    for r in (0, 1):
+        assert all(torch.equal(v, ddp[r]["params"][k]) for k, v in resumed[r]["params"].items())
+        assert all(torch.equal(v, ddp[r]["proximal"][k]) for k, v in resumed[r]["proximal"].items())
+
+    fsdp = rank_states(tmp_path, "fsdp2", *FSDP2, *frames)
+    for s in fsdp:
+        assert (s["phase"], s["phase_iteration"], s["resets"]) == (1, 2, 1)
+        for k, v in ddp[0]["params"].items():
+            torch.testing.assert_close(s["params"][k], v, rtol=1e-4, atol=1e-6)

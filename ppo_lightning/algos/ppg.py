@@ -377,6 +377,10 @@ def configure_optimizers(module) -> list[torch.optim.Optimizer]:
     """Policy(-phase) optimizer, a value optimizer when E_V != E_pi, the auxiliary Adam; every one
     over all parameters, as in the reference code."""
     h, cfg = module.hparams, module.ppg_phases.cfg
+    wrapped = module.trainer.model if module._trainer is not None else None
+    if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and not wrapped.find_unused_parameters:
+        raise ValueError("model.ppg under DDP: its policy steps leave the auxiliary value head unused; use "
+                         "trainer.strategy ddp_find_unused_parameters_true (the CLI does so for 'ddp')")
     params = list(module.network.parameters())
     names = optimizer_names(module)
     module._ppg_optimizer_index = {n: i for i, n in enumerate(names)}

@@ -64,7 +64,8 @@ def _copy_network(network: nn.Module, make_network: Callable[[], nn.Module] | No
     if make_network is None:
         raise ValueError("copying an FSDP-sharded network needs make_network (the LightningModule's)")
     params = list(network.parameters())
-    clone = shard_network(make_network(), params[0].device_mesh)
+    with torch.random.fork_rng(devices=[]):  # its random init is overwritten: leave the RNG stream as it was
+        clone = shard_network(make_network(), params[0].device_mesh)
     with torch.no_grad():
         for q, p in zip(clone.parameters(), params):
             q.copy_(p)

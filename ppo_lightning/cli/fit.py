@@ -122,6 +122,9 @@ class PPOCLI(LightningCLI):
         if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
             # sharded checkpoints written to a temporary folder and swapped in (never half-written)
             strategy.class_path = "ppo_lightning.training.sharded.AtomicModelParallelStrategy"
+        if cfg.model.get("ppg") is not None and strategy == "ddp":
+            # PPG's steps leave parameters unused (the auxiliary value head in policy steps)
+            cfg.trainer.strategy = "ddp_find_unused_parameters_true"
         staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
                                      decoupled=cfg.model.get("decoupled"), proximal_com=cfg.model.get("proximal_com"))
 
