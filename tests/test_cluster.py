@@ -222,3 +222,51 @@ def test_ppg_ewma_under_ddp_and_fsdp2_on_two_ranks(tmp_path):
         assert (s["phase"], s["phase_iteration"], s["resets"]) == (1, 2, 1)
         for k, v in ddp[0]["params"].items():
             torch.testing.assert_close(s["params"][k], v, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- 5. multi-node through torchrun
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_nodes(tmp_path, name, *args, nodes=2):
+    """``nodes`` torchrun processes on localhost (1 process each, static rendezvous: node i is global
+    rank i), as on ``nodes`` machines; returns each rank's final state."""
+    port = free_port()
+    dump = callback("cluster_helpers.DumpRankState", dirpath=str(tmp_path / name / "dump"))
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                               "--nproc-per-node", "1", "--node-rank", str(i), "--rdzv-backend", "static",
+                               "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "ppo_lightning.cli.main", *args,
+                               "--trainer.num_nodes", str(nodes), "--trainer.devices", "1",
+                               "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp",
+                               "--run_dir", str(tmp_path / name), dump],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(nodes)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outs):
+        assert p.returncode == 0, stderr[-3000:]
+    assert "finished: 384 frames (all ranks), 3 iterations" in outs[0][0]
+    return [torch.load(tmp_path / name / "dump" / f"rank{r}.pt", weights_only=True) for r in range(nodes)]
+
+
+def test_two_nodes_by_torchrun_equal_one_node_with_two_processes_and_resume(tmp_path):
+    """PPO-EWMA DDP: 2 nodes x 1 process (torchrun, TorchElasticEnvironment) ends bitwise where
+    1 node x 2 processes ends (same global ranks, same env seeds), and resumes from its checkpoint
+    bitwise too."""
+    args = [*PPO_EWMA, *TINY, "--checkpoint_every", "1", "--data.total_frames", str(3 * 128)]
+    dump = callback("cluster_helpers.DumpRankState", dirpath=str(tmp_path / "one_node/dump"))
+    run([*args, *DDP, "--run_dir", str(tmp_path / "one_node"), dump], check=0)
+    one = [torch.load(tmp_path / "one_node/dump" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    two = torchrun_nodes(tmp_path, "two_nodes", *args)
+    resumed = torchrun_nodes(tmp_path, "two_nodes_resumed", *args, "--ckpt_path",
+                             str(tmp_path / "two_nodes/checkpoints/iteration-00001.ckpt"))
+    for r in (0, 1):
+        for got in (two[r], resumed[r]):
+            assert all(torch.equal(v, one[r]["params"][k]) for k, v in got["params"].items())
+            assert all(torch.equal(v, one[r]["proximal"][k]) for k, v in got["proximal"].items())
