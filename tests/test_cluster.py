@@ -270,3 +270,37 @@ def test_two_nodes_by_torchrun_equal_one_node_with_two_processes_and_resume(tmp_
         for got in (two[r], resumed[r]):
             assert all(torch.equal(v, one[r]["params"][k]) for k, v in got["params"].items())
             assert all(torch.equal(v, one[r]["proximal"][k]) for k, v in got["proximal"].items())
+
+
+# ---------------------------------------------------------------------------- 6. elastic batch-size invariance
+
+
+def test_two_ranks_to_one_is_refused_without_rescale_and_continues_with_the_c2_rules(tmp_path):
+    """A PPO-EWMA checkpoint of 2 DDP ranks resumed on 1 process halves the batch (c = 2): refused in
+    one line without --rescale; with it, the run continues with the scaling oracle's settings for
+    c = 2 (lr / sqrt 2, COM x 2, advantage span x 2) in the optimizer, the EWMA, the advantage
+    moments and the saved hyperparameters, prints the table and records it in the checkpoint."""
+    from ppo_lightning.algos.scaling import batch_size_scaling
+
+    args = [*PPO_EWMA, *TINY, "--checkpoint_every", "1"]
+    run([*args, *DDP, "--data.total_frames", str(2 * 128), "--run_dir", str(tmp_path / "two")], check=0)
+    ckpt = tmp_path / "two/checkpoints/last.ckpt"
+    one = [*args, "--data.total_frames", str(2 * 128 + 2 * 64), "--run_dir", str(tmp_path / "one"), "--ckpt_path", str(ckpt)]
+    out = run(one, check=2)
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: the world size changes from 2 to 1 rank(s): the batch goes from 128 to 64 frames per iteration "
+        "(c = 2); resume with --rescale to apply the batch-size scaling rules, or with the checkpoint's geometry "
+        "(2 rank(s) x 4 envs x 16 steps = 128 frames per iteration)")
+    out = run([*one, "--rescale", "true"], check=0)
+    assert "batch-size scaling: c = 2 (rules: lr, com, adv_span, ppg_n_pi)" in out.stdout
+    assert "from 2 rank(s) x 4 envs x 16 steps = 128 frames per iteration" in out.stdout
+    expected = batch_size_scaling(2, lr=0.002, proximal_com=24.0, adv_norm_span=4.0)
+    final = torch.load(tmp_path / "one/checkpoints/last.ckpt", weights_only=True)
+    assert final["RolloutDataModule"]["frames"] == 2 * 128 + 2 * 64 and final["RolloutDataModule"]["iteration"] == 4
+    assert final["hyper_parameters"]["lr"] == expected["lr"] == 0.002 / 2 ** 0.5
+    assert all(g["lr"] == expected["lr"] for g in final["optimizer_states"][0]["param_groups"])
+    assert final["hyper_parameters"]["proximal_com"] == final["proximal_ewma"]["com"] == expected["proximal_com"] == 48.0
+    assert final["RolloutDataModule"]["per_rank"][0]["advantage_moments"]["span"] == expected["adv_norm_span"] == 8.0
+    record = final["callbacks"]["ElasticResume"]
+    assert record["history"][0]["c"] == 2 and record["history"][0]["from"]["world"] == 2
+    assert record["settings"]["lr"] == expected["lr"] and record["settings"]["adv_norm_span"] == 8.0

@@ -103,6 +103,9 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
         parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
+        parser.add_argument("--rescale", type=bool, default=False,
+                            help="with --ckpt_path on another world size or data.num_envs: apply the batch-size "
+                                 "scaling rules (--scale_rules, --scale_adam_betas) for the batch's factor")
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
@@ -259,6 +262,16 @@ class PPOCLI(LightningCLI):
         # PPG's phase buffer must fit in this host's memory (one buffer per data-parallel rank here).
         check_phase_buffer_memory(self.model.hparams, self.datamodule,
                                   processes=max(1, self.trainer.world_size // max(1, self.trainer.num_nodes)))
+        cfg = self.config[self.subcommand]
+        if cfg.get("ckpt_path"):  # another world size / num_envs: --rescale applies the scaling rules, else refused
+            from ppo_lightning.algos.scaling import parse_rules
+            from ppo_lightning.training.rescale import ElasticResume, plan
+
+            world = self.trainer.num_nodes * self.trainer.num_devices
+            rules = parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
+            self.trainer.callbacks.append(ElasticResume(plan(cfg.ckpt_path, world, self.datamodule, cfg.rescale, rules)))
+        elif cfg.get("rescale"):
+            raise ValueError("--rescale applies to a resumed run: give --ckpt_path")
         _TRAINING_STARTED = True
         from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 

@@ -279,6 +279,7 @@ class RolloutDataModule(pl.LightningDataModule):
         # other per-rank state (e.g. an algorithm's phase buffer) registers here by name.
         self._pending_resume: dict | None = None
         self.resume_providers: dict[str, resume_state.Stateful] = {}
+        self.elastic_resume: dict[str, int] | None = None  # a --rescale resume (ppo_lightning.training.rescale)
         self._iteration_t0 = None
 
     @property
@@ -387,7 +388,8 @@ class RolloutDataModule(pl.LightningDataModule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "per_rank" in state:  # this rank's own normalizers, queue, envs and RNGs
             trainer = getattr(self, "trainer", None)
-            state = resume_state.select_rank_state(state["per_rank"], trainer.global_rank if trainer else 0)
+            state = resume_state.select_rank_state(state["per_rank"], trainer.global_rank if trainer else 0,
+                                                   self.elastic_resume)
         self.frames, self.iteration = state["frames"], state["iteration"]
         self.episodes.load_state_dict(state["episodes"])
         self.advantage_moments.load_state_dict(state["advantage_moments"])

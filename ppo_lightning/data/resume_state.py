@@ -298,7 +298,28 @@ def gather_rank_states(local: dict[str, Any]) -> list[dict[str, Any]]:
     return [torch.load(io.BytesIO(b), weights_only=True) for b in blobs]
 
 
-def select_rank_state(states: list[dict[str, Any]], rank: int) -> dict[str, Any]:
+def select_rank_state(states: list[dict[str, Any]], rank: int, elastic: dict[str, int] | None = None) -> dict[str, Any]:
+    """This rank's entry. ``elastic`` (``{"saved_num_envs", "num_envs"}``, set by a ``--rescale`` resume,
+    `ppo_lightning.training.rescale`): a rank beyond the saved ones takes rank 0's shared state (normalizer
+    statistics, shuffling, RNG streams) with new environments; a rank whose ``num_envs`` changed
+    keeps its statistics with new environments; PPG's phase buffer is left out (a new phase starts)."""
+    if elastic is not None:
+        import copy
+
+        new_rank = rank >= len(states)
+        state = copy.copy(states[0] if new_rank else states[rank])
+        resume = dict(state.get("resume") or {})
+        resume["extra"] = {k: v for k, v in (resume.get("extra") or {}).items() if k != "ppg_buffer"}
+        if new_rank or elastic["num_envs"] != elastic["saved_num_envs"]:
+            resume.pop("env", None)
+            resume.pop("collector", None)
+            if state.get("reward_normalizer") is not None:
+                state["reward_normalizer"] = {**state["reward_normalizer"],
+                                              "ret": torch.zeros(elastic["num_envs"], dtype=torch.float64)}
+        if new_rank:
+            state["episodes"] = {"returns": [], "lengths": [], "count": 0}
+        state["resume"] = resume
+        return state
     if rank >= len(states):
         from ppo_lightning.core.faults import CheckpointError
 
