@@ -304,3 +304,39 @@ def test_two_ranks_to_one_is_refused_without_rescale_and_continues_with_the_c2_r
     record = final["callbacks"]["ElasticResume"]
     assert record["history"][0]["c"] == 2 and record["history"][0]["from"]["world"] == 2
     assert record["settings"]["lr"] == expected["lr"] and record["settings"]["adv_norm_span"] == 8.0
+
+
+def test_slurm_requeue_signal_requeues_and_the_restarted_job_resumes_by_itself_in_the_same_mlflow_run(tmp_path):
+    """Under SLURM (its environment variables; ``scontrol`` is a stub that records its arguments, there
+    is no slurmctld here): SIGUSR1 saves at the iteration's end, requeues the job and exits 138; the
+    same command started again (the requeued job) finds runs/<experiment>/slurm-<job>/checkpoints/
+    last.ckpt by itself and continues the same MLflow run, which ends FINISHED."""
+    import mlflow
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {**ENV, "PATH": f"{bin_dir}{os.pathsep}{ENV['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1",
+           "SLURM_JOB_NAME": "ppo-ewma", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_NNODES": "1", "SLURM_NODELIST": "localhost", "SLURM_NTASKS_PER_NODE": "1"}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*CLI, *PPO_EWMA, *TINY, "--mlflow.enabled", "true", "--mlflow.tracking_uri", uri, "--video_every", "null",
+            "--data.total_frames", str(4 * 64)]
+    first = subprocess.run([*args, callback("cluster_helpers.SignalAt", signum="SIGUSR1", phase="update", iteration=2)],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    ckpt = Path("runs/cartpole/slurm-4242/checkpoints/last.ckpt")
+    assert first.returncode == 138, first.stderr[-3000:]
+    assert (f"preempted: SIGUSR1 received; stopped at the end of iteration 2 (128 frames), checkpoint "
+            f"{ckpt}; exit code 138; SLURM job 4242 requeued") in first.stderr, first.stderr[-3000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    second = subprocess.run(args, env={**env, "SLURM_RESTART_COUNT": "1"}, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"SLURM job 4242 (restart 1): resuming from {ckpt}" in second.stderr
+    assert "finished: 256 frames, 4 iterations" in second.stdout and "(continued)" in second.stdout
+    runs = mlflow.MlflowClient(uri).search_runs([mlflow.MlflowClient(uri).get_experiment_by_name("cartpole").experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_name == "slurm-4242" and runs[0].info.status == "FINISHED"
+    assert runs[0].data.tags["preempted_by"] == "SIGUSR1 at iteration 2"
+    frames = [m.step for m in mlflow.MlflowClient(uri).get_metric_history(runs[0].info.run_id, "frames")]
+    assert sorted(frames) == [64, 128, 192, 256]
