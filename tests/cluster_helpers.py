@@ -67,20 +67,6 @@ if "RankFaultyCartPole-v0" not in gym.registry:
     gym.register("RankFaultyCartPole-v0", entry_point=RankFaultyCartPole, max_episode_steps=500)
 
 
-class DumpEveryIteration(pl.Callback):
-    """Debug: rank 0 writes its network parameters at the end of every iteration."""
-
-    def __init__(self, dirpath: str) -> None:
-        self.dirpath = dirpath
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        import torch
-
-        os.makedirs(self.dirpath, exist_ok=True)
-        torch.save({k: v.detach().clone() for k, v in pl_module.network.state_dict().items()},
-                   os.path.join(self.dirpath, f"it{trainer.datamodule.iteration}.pt"))
-
-
 class DumpRankState(pl.Callback):
     """Each rank writes, at the end of fit, its full network parameters (gathered when sharded), the
     EWMA proximal weights and resets, and PPG's phase bookkeeping to ``<dirpath>/rank<r>.pt``."""

@@ -88,14 +88,15 @@ def iteration_of(ckpt):
 
 # (signal, phase, iteration, extra): a signal during an env step of the collection or after an
 # optimizer step; each run finishes that iteration, saves last.ckpt, exits with 128 + signal.
-SIGNALS = [("SIGTERM", "collect", 3, {}), ("SIGINT", "update", 5, {"step": 2}), ("SIGUSR1", "update", 6, {"step": 4})]
+# SIGUSR1: test_slurm_requeue_signal_requeues_and_the_restarted_job_resumes_by_itself_in_the_same_mlflow_run
+SIGNALS = [("SIGTERM", "collect", 2, {}), ("SIGINT", "update", 4, {"step": 2})]
 
 
 def test_signals_checkpoint_at_the_iteration_end_exit_128_plus_n_and_resume_bitwise(tmp_path):
-    """SIGTERM, SIGINT and SIGUSR1 sent to a real CLI process in the middle of an iteration: the
+    """SIGTERM and SIGINT sent to a real CLI process in the middle of an iteration: the
     iteration finishes, last.ckpt holds its end, one line, exit code 128 + n (never 0); resuming
     after each ends bitwise where the uninterrupted run ends (network, Adam, EWMA)."""
-    args = [*PPO_EWMA, *TINY, "--data.total_frames", str(8 * 64)]
+    args = [*PPO_EWMA, *TINY, "--data.total_frames", str(5 * 64)]
     # A subprocess as the others (OMP_NUM_THREADS=1 from the start: an in-process run of this
     # pytest process is not bitwise comparable with them)
     run([*args, "--run_dir", str(tmp_path / "reference")], check=0)
@@ -131,7 +132,7 @@ def test_env_fault_on_rank_1_ends_every_rank_with_one_line_and_exit_code_3(tmp_p
     line naming the env and the rank, exit code 3, no traceback from any rank, no process left."""
     env_id = "cluster_helpers:RankFaultyCartPole-v0"
     t0 = time.monotonic()
-    out = run([*PPO_EWMA, *TINY, *DDP, "--data.total_frames", str(6 * 128), "--data.seed", "0",
+    out = run([*PPO_EWMA, *TINY, *DDP, "--data.total_frames", str(3 * 128), "--data.seed", "0",
                "--data.env_id", env_id, "--data.env_kwargs", '{"rank": 1, "after": 20}',
                "--run_dir", str(tmp_path / "run")], timeout=300)
     assert out.returncode == 3, out.stderr[-3000:]
@@ -152,23 +153,21 @@ FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",
 
 
 def test_fsdp2_sigkill_resumes_bitwise_and_sharded_checkpoints_are_never_half_written(tmp_path):
-    """PPO-EWMA sharded over 2 gloo ranks: killed (SIGKILL) after an optimizer step, then while rank 0
-    writes last.ckpt's meta.pt: last.ckpt stays the previous complete checkpoint (the new one was
+    """PPO-EWMA sharded over 2 gloo ranks, killed (SIGKILL) while rank 0 writes last.ckpt's meta.pt:
+    last.ckpt stays the previous complete checkpoint (the new one was
     being written to .last.ckpt.tmp); the resumed run ends bitwise where the uninterrupted one ends
     (network and Adam state read back from the shards, EWMA). A truncated shard is refused in one line."""
     from ppo_lightning.training.checkpointing import check_checkpoint_file
 
-    args = [*PPO_EWMA, *TINY, *FSDP2, "--checkpoint_every", "1", "--data.total_frames", str(5 * 128)]
+    args = [*PPO_EWMA, *TINY, *FSDP2, "--checkpoint_every", "1", "--data.total_frames", str(4 * 128)]
     run([*args, "--run_dir", str(tmp_path / "reference")], check=0)
     run_dir, ckpt = tmp_path / "killed", tmp_path / "killed/checkpoints/last.ckpt"
-    kills = [("update", 3, {"step": 2}), ("checkpoint", 4, {"write": 2})]
-    for i, (phase, iteration, extra) in enumerate(kills):
-        resume = ["--ckpt_path", str(ckpt)] if i else []
-        out = run([*args, "--run_dir", str(run_dir), *resume,
-                   callback("robust_helpers.KillAt", phase=phase, iteration=iteration, **extra)])
-        assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
-        check_checkpoint_file(ckpt)  # complete
-        assert iteration_of(ckpt) == iteration - 1
+    # killed in the 2nd checkpoint write of iteration 3 (last.ckpt; iteration-00003.ckpt is complete)
+    out = run([*args, "--run_dir", str(run_dir), callback("robust_helpers.KillAt", phase="checkpoint", iteration=3,
+                                                           write=2)])
+    assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+    check_checkpoint_file(ckpt)  # complete
+    assert iteration_of(ckpt) == 2
     assert (run_dir / "checkpoints/.last.ckpt.tmp").is_dir()  # the kill did hit the write
     out = run([*args, "--run_dir", str(run_dir), "--ckpt_path", str(ckpt)], check=0)
     assert not (run_dir / "checkpoints/.last.ckpt.tmp").exists()
@@ -255,10 +254,10 @@ def torchrun_nodes(tmp_path, name, *args, nodes=2):
     return [torch.load(tmp_path / name / "dump" / f"rank{r}.pt", weights_only=True) for r in range(nodes)]
 
 
-def test_two_nodes_by_torchrun_equal_one_node_with_two_processes_and_resume(tmp_path):
+def test_two_nodes_by_torchrun_equal_one_node_with_two_processes_resume_and_rescale_to_one(tmp_path):
     """PPO-EWMA DDP: 2 nodes x 1 process (torchrun, TorchElasticEnvironment) ends bitwise where
     1 node x 2 processes ends (same global ranks, same env seeds), and resumes from its checkpoint
-    bitwise too."""
+    bitwise too. The 2-rank checkpoint continued on 1 process: `check_two_ranks_to_one`."""
     args = [*PPO_EWMA, *TINY, "--checkpoint_every", "1", "--data.total_frames", str(3 * 128)]
     dump = callback("cluster_helpers.DumpRankState", dirpath=str(tmp_path / "one_node/dump"))
     run([*args, *DDP, "--run_dir", str(tmp_path / "one_node"), dump], check=0)
@@ -270,22 +269,23 @@ def test_two_nodes_by_torchrun_equal_one_node_with_two_processes_and_resume(tmp_
         for got in (two[r], resumed[r]):
             assert all(torch.equal(v, one[r]["params"][k]) for k, v in got["params"].items())
             assert all(torch.equal(v, one[r]["proximal"][k]) for k, v in got["proximal"].items())
+    check_two_ranks_to_one(tmp_path, tmp_path / "one_node/checkpoints/last.ckpt", iterations=3)
 
 
 # ---------------------------------------------------------------------------- 6. elastic batch-size invariance
 
 
-def test_two_ranks_to_one_is_refused_without_rescale_and_continues_with_the_c2_rules(tmp_path):
-    """A PPO-EWMA checkpoint of 2 DDP ranks resumed on 1 process halves the batch (c = 2): refused in
-    one line without --rescale; with it, the run continues with the scaling oracle's settings for
-    c = 2 (lr / sqrt 2, COM x 2, advantage span x 2) in the optimizer, the EWMA, the advantage
-    moments and the saved hyperparameters, prints the table and records it in the checkpoint."""
+def check_two_ranks_to_one(tmp_path, ckpt, iterations):
+    """A PPO-EWMA checkpoint of 2 DDP ranks (``iterations`` of 128 frames) resumed on 1 process halves
+    the batch (c = 2): refused in one line without --rescale; with it, the run continues with the
+    scaling oracle's settings for c = 2 (lr / sqrt 2, COM x 2, advantage span x 2) in the optimizer,
+    the EWMA, the advantage moments and the saved hyperparameters, prints the table and records it in
+    the checkpoint."""
     from ppo_lightning.algos.scaling import batch_size_scaling
 
-    args = [*PPO_EWMA, *TINY, "--checkpoint_every", "1"]
-    run([*args, *DDP, "--data.total_frames", str(2 * 128), "--run_dir", str(tmp_path / "two")], check=0)
-    ckpt = tmp_path / "two/checkpoints/last.ckpt"
-    one = [*args, "--data.total_frames", str(2 * 128 + 2 * 64), "--run_dir", str(tmp_path / "one"), "--ckpt_path", str(ckpt)]
+    frames = iterations * 128 + 2 * 64
+    one = [*PPO_EWMA, *TINY, "--checkpoint_every", "1", "--data.total_frames", str(frames),
+           "--run_dir", str(tmp_path / "one"), "--ckpt_path", str(ckpt)]
     out = run(one, check=2)
     assert out.stderr.strip().splitlines()[-1] == (
         "error: the world size changes from 2 to 1 rank(s): the batch goes from 128 to 64 frames per iteration "
@@ -296,7 +296,7 @@ def test_two_ranks_to_one_is_refused_without_rescale_and_continues_with_the_c2_r
     assert "from 2 rank(s) x 4 envs x 16 steps = 128 frames per iteration" in out.stdout
     expected = batch_size_scaling(2, lr=0.002, proximal_com=24.0, adv_norm_span=4.0)
     final = torch.load(tmp_path / "one/checkpoints/last.ckpt", weights_only=True)
-    assert final["RolloutDataModule"]["frames"] == 2 * 128 + 2 * 64 and final["RolloutDataModule"]["iteration"] == 4
+    assert final["RolloutDataModule"]["frames"] == frames and final["RolloutDataModule"]["iteration"] == iterations + 2
     assert final["hyper_parameters"]["lr"] == expected["lr"] == 0.002 / 2 ** 0.5
     assert all(g["lr"] == expected["lr"] for g in final["optimizer_states"][0]["param_groups"])
     assert final["hyper_parameters"]["proximal_com"] == final["proximal_ewma"]["com"] == expected["proximal_com"] == 48.0
@@ -328,13 +328,15 @@ def test_slurm_requeue_signal_requeues_and_the_restarted_job_resumes_by_itself_i
     ckpt = Path("runs/cartpole/slurm-4242/checkpoints/last.ckpt")
     assert first.returncode == 138, first.stderr[-3000:]
     assert (f"preempted: SIGUSR1 received; stopped at the end of iteration 2 (128 frames), checkpoint "
-            f"{ckpt}; exit code 138; SLURM job 4242 requeued") in first.stderr, first.stderr[-3000:]
+            f"{os.path.realpath(tmp_path / ckpt)}; exit code 138; requeueing SLURM job 4242") in first.stderr, \
+        first.stderr[-3000:]
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     second = subprocess.run(args, env={**env, "SLURM_RESTART_COUNT": "1"}, cwd=tmp_path, capture_output=True,
                             text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"SLURM job 4242 (restart 1): resuming from {ckpt}" in second.stderr
     assert "finished: 256 frames, 4 iterations" in second.stdout and "(continued)" in second.stdout
+    assert f"checkpoint: {os.path.realpath(tmp_path / ckpt)}\n" in second.stdout  # not last-v1.ckpt
     runs = mlflow.MlflowClient(uri).search_runs([mlflow.MlflowClient(uri).get_experiment_by_name("cartpole").experiment_id])
     assert len(runs) == 1 and runs[0].info.run_name == "slurm-4242" and runs[0].info.status == "FINISHED"
     assert runs[0].data.tags["preempted_by"] == "SIGUSR1 at iteration 2"

@@ -120,7 +120,7 @@ class Preemption(Checkpoint):
     periodic checkpoint, whose ``last.ckpt`` it then does not write again."""
 
     def __init__(self, dirpath: str) -> None:
-        self.dirpath = dirpath
+        self.dirpath = os.path.realpath(dirpath)  # as ModelCheckpoint keeps its own (compared below)
         self.requested: int | None = None  # the signal this process received
         self.stopped_by: int | None = None  # the signal (of any rank) that stopped fit
         self.iteration: int | None = None
@@ -187,7 +187,7 @@ class Preemption(Checkpoint):
             # on resume, `ModelCheckpoint` takes it for a stranger's file and writes last-v1.ckpt.
             for cb in trainer.checkpoint_callbacks:
                 if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath is not None \
-                        and Path(cb.dirpath) == Path(self.dirpath):
+                        and os.path.realpath(cb.dirpath) == self.dirpath:
                     cb.last_model_path = path
             trainer.save_checkpoint(path, weights_only=False)
         self.checkpoint_path = path
@@ -237,8 +237,6 @@ def finish(trainer, logger=None) -> int | None:
         return None
     if trainer.is_global_zero:
         extra = ""
-        if cb.requeue:
-            extra = "; " + requeue_job(slurm_job_id())
         if logger is not None and getattr(logger, "failed", True) is False:
             try:
                 logger.experiment.set_tag(logger.run_id, "preempted_by",
@@ -246,5 +244,12 @@ def finish(trainer, logger=None) -> int | None:
                 logger.experiment.set_terminated(logger.run_id, "KILLED")
             except Exception as err:  # noqa: BLE001 - the checkpoint is what matters
                 extra += f"; MLflow status not updated ({type(err).__name__})"
+        job = slurm_job_id() if cb.requeue else None
+        if job is not None:
+            extra += f"; requeueing SLURM job {job}"
         print(cb.report(trainer) + extra, file=sys.stderr, flush=True)
+        if job is not None:  # last: SLURM ends the job's processes when it requeues it
+            result = requeue_job(job)
+            if "failed" in result:
+                print(f"error: {result}", file=sys.stderr, flush=True)
     return exit_code(cb.stopped_by)
