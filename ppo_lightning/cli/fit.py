@@ -230,7 +230,8 @@ class PPOCLI(LightningCLI):
         _TRAINING_STARTED = True
         from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 
-        self.trainer.callbacks.append(SmallBatchDiagnostics())  # clip fraction, advantage-std warnings
+        # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c
+        self.trainer.callbacks.append(SmallBatchDiagnostics(scale=self.config[self.subcommand].get("scale") or 1.0))
         wait_for_episodes(self.trainer.callbacks)  # episode/... monitors wait for the first episode
         if getattr(self, "scale_params", None) and self.trainer.logger is not None:
             self.trainer.logger.log_hyperparams(self.scale_params)
