@@ -38,8 +38,8 @@ class PPOLightningModule(pl.LightningModule):
         proximal_com: with ``decoupled``, keep the proximal policy as an EWMA of the weights with
             this center of mass in gradient steps (PPO-EWMA; the paper's default is 8). None: the
             proximal policy comes with the batch (staleness experiments) or equals the behavior one.
-        clip_eps, kl_beta, kl_target, max_importance_ratio, value_coef, entropy_coef,
-            value_clip_eps, kl_form: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
+        clip_eps, kl_beta, kl_target, max_importance_ratio: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
+        value_coef, entropy_coef, value_clip_eps, kl_form: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
         lr, adam_eps, adam_betas, optimizer: Adam (default) or SGD.
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
         proximal_precision: PPO-EWMA only: run the proximal policy's forward in "bf16" (or "fp32")
