@@ -23,6 +23,7 @@ from torchrl.collectors import Collector
 
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
+from ppo_lightning.data.batched_rollout import BatchedRollout, supports_batched_rollout
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
@@ -97,15 +98,18 @@ class RolloutSource:
         self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), env_kwargs,
                             timeout_s=data.env_timeout_s)
         self.policy = make_policy_operator(network, data.action_space, with_value=True)
-        self.collector = Collector(
-            self.env,
-            self.policy,
-            frames_per_batch=data.frames_per_iteration,
-            total_frames=-1,
-            auto_register_policy_transforms=False,
-            trust_policy=True,
-            **collector_devices(self.device),
-        )
+        if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar: same rollouts, no per-step collector cost
+            self.collector = BatchedRollout(self.env, network, data.action_space, data.frames_per_iteration)
+        else:
+            self.collector = Collector(
+                self.env,
+                self.policy,
+                frames_per_batch=data.frames_per_iteration,
+                total_frames=-1,
+                auto_register_policy_transforms=False,
+                trust_policy=True,
+                **collector_devices(self.device),
+            )
         self._iterator = iter(self.collector)
         self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
         self.last_timing: dict[str, float] = {}
@@ -226,6 +230,9 @@ class RolloutDataModule(pl.LightningDataModule):
         num_threads: torch intra-op threads (None: 1 for MLP policies; see `ppo_lightning.core.threads`).
         env_timeout_s: a gymnasium env step or reset that takes longer stops training with an
             error naming the env (`ppo_lightning.core.faults`); 0: no limit.
+        batched_rollout: collect from envs that step as one batch (MinAtar) with
+            `ppo_lightning.data.batched_rollout` instead of TorchRL's collector: the same rollouts,
+            bitwise, without the collector's per-step cost. False: always the collector.
     """
 
     def __init__(
@@ -247,6 +254,7 @@ class RolloutDataModule(pl.LightningDataModule):
         staleness: int = 0,
         staleness_mode: str = "decoupled",
         env_timeout_s: float = faults.DEFAULT_ENV_TIMEOUT_S,
+        batched_rollout: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -262,6 +270,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.num_threads = num_threads
         self.staleness, self.staleness_mode = staleness, staleness_mode
         self.env_timeout_s = env_timeout_s
+        self.batched_rollout = bool(batched_rollout)
         self.validate()
         self.observation_space, self.action_space = env_spaces(env_id, self.env_kwargs)
         self.frames = 0

@@ -128,24 +128,20 @@ class MinAtarTorchEnv(EnvBase):
             self._seed_games(int(seed))
 
     # ------------------------------------------------------------------ stepping
-    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
-        mask = None if tensordict is None else tensordict.get("_reset", None)
-        asked = np.ones(self.num_envs, dtype=bool) if mask is None else mask.reshape(self.num_envs).numpy()
+    def reset_games(self, asked: np.ndarray) -> None:
+        """Restart the games where ``asked`` (bool ``[num_envs]``); their states go into ``self._obs``."""
         for i in np.flatnonzero(asked):
             g = self._games[i]
             g.reset()
             g.last_action = 0
             self._obs[i] = g.state()
         self._steps[asked] = 0
-        zeros = torch.zeros((self.num_envs, 1), dtype=torch.bool)
-        return TensorDict(
-            {"observation": torch.from_numpy(self._obs.copy()), "done": zeros, "terminated": zeros.clone(),
-             "truncated": zeros.clone()},
-            batch_size=self.batch_size,
-        )
 
-    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        actions = tensordict.get("action").reshape(self.num_envs).tolist()
+    def step_games(self, actions: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Step every game once (one Python loop); states go into ``self._obs`` in place.
+        Returns ``(reward float32, terminated bool, truncated bool)``, each ``[num_envs]``. The one
+        implementation of a step: `_step` and the batched rollout (`ppo_lightning.data.batched_rollout`)
+        both call it."""
         reward = np.zeros(self.num_envs, dtype=np.float32)
         terminal = np.zeros(self.num_envs, dtype=bool)
         obs = self._obs
@@ -158,6 +154,22 @@ class MinAtarTorchEnv(EnvBase):
             truncated = (self._steps >= self.max_episode_steps) & ~terminal
         else:
             truncated = np.zeros(self.num_envs, dtype=bool)
+        return reward, terminal, truncated
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        asked = np.ones(self.num_envs, dtype=bool) if mask is None else mask.reshape(self.num_envs).numpy()
+        self.reset_games(asked)
+        zeros = torch.zeros((self.num_envs, 1), dtype=torch.bool)
+        return TensorDict(
+            {"observation": torch.from_numpy(self._obs.copy()), "done": zeros, "terminated": zeros.clone(),
+             "truncated": zeros.clone()},
+            batch_size=self.batch_size,
+        )
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        reward, terminal, truncated = self.step_games(tensordict.get("action").reshape(self.num_envs).tolist())
+        obs = self._obs
         term = torch.from_numpy(terminal).unsqueeze(-1)
         trunc = torch.from_numpy(truncated).unsqueeze(-1)
         return TensorDict(
