@@ -64,6 +64,11 @@ class PPOLightningModule(pl.LightningModule):
         max_bad_steps: optimizer steps with a non-finite input, loss or gradient are skipped and
             counted (``train/skipped_steps``); this many in a row stop training with an error naming
             the first bad quantity (`ppo_lightning.core.faults.NumericalGuard`). None: never stop.
+        compile: run the loss's network forward (and its backward) through ``torch.compile``:
+            true (inductor: C++ kernels on CPU, Triton on GPU) or a backend name ("aot_eager",
+            ...). Compiled once per run, when the first gradient step runs (its time is logged as
+            ``time/compile_s`` and printed); minibatches have one shape, so no recompiles follow
+            (`ppo_lightning.training.compiled`). Collection stays eager (its batch shapes vary). False: eager.
     """
 
     def __init__(
@@ -92,6 +97,7 @@ class PPOLightningModule(pl.LightningModule):
         kl_form: str = "analytic",
         lr_schedule: str = "constant",
         max_bad_steps: int | None = 100,
+        compile: bool | str = False,
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
@@ -127,6 +133,7 @@ class PPOLightningModule(pl.LightningModule):
                 "kl_form": kl_form,
                 "lr_schedule": lr_schedule,
                 "max_bad_steps": max_bad_steps,
+                "compile": compile,
             }
         )
         self.validate_config()
@@ -168,6 +175,7 @@ class PPOLightningModule(pl.LightningModule):
         self._fit_frames0 = 0
         self._micro_batched = False  # this step's gradients were accumulated inside training_step
         self.numerical_guard = NumericalGuard(max_bad_steps)
+        self.compiled = None  # ppo_lightning.training.compiled.CompiledLoss when model.compile is on
 
     # ------------------------------------------------------------------ configuration
     def validate_config(self) -> None:
@@ -208,6 +216,10 @@ class PPOLightningModule(pl.LightningModule):
 
         if h.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
+        if h.get("compile", False) is not False:
+            from ppo_lightning.training.compiled import validate_compile
+
+            validate_compile(h.compile, ppg=h.get("ppg") is not None)
         if h.max_bad_steps is not None and not (isinstance(h.max_bad_steps, int) and h.max_bad_steps > 0):
             raise ValueError(f"model.max_bad_steps must be a positive integer or null, got {h.max_bad_steps!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
@@ -270,6 +282,10 @@ class PPOLightningModule(pl.LightningModule):
             t = self.trainer
             check_phase_buffer_memory(self.hparams, t.datamodule, processes=max(1, t.world_size // max(1, t.num_nodes)))
         # After configure_model and the strategy's setup, so that (sharded) parameters are final.
+        if self.hparams.get("compile", False) is not False and self.compiled is None:
+            from ppo_lightning.training.compiled import CompiledLoss
+
+            self.compiled = CompiledLoss(self.loss_module, self.network, self.hparams.compile)
         if self.proximal_source is not None:
             self.proximal_source.precision = self.resolved_proximal_precision()
             self.proximal_source.start(self.network, self.make_network)
@@ -408,6 +424,14 @@ class PPOLightningModule(pl.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._step_stats = []
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if self.compiled is not None:
+            self.compiled.step_started()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.compiled is not None:
+            self.record_metrics(self.compiled.step_ended())
 
     def on_train_epoch_end(self) -> None:
         metrics: dict[str, float] = {}
