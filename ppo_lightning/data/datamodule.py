@@ -233,6 +233,9 @@ class RolloutDataModule(pl.LightningDataModule):
         batched_rollout: collect from envs that step as one batch (MinAtar) with
             `ppo_lightning.data.batched_rollout` instead of TorchRL's collector: the same rollouts,
             bitwise, without the collector's per-step cost. False: always the collector.
+        num_seeds: train this many independent seeds in one process, vectorized: seed k is the run
+            with seed ``seed + k`` (`ppo_lightning.data.seed_group`, `ppo_lightning.training.seed_group`);
+            ``frames`` and ``total_frames`` count each seed's own frames. 1: a single run.
     """
 
     def __init__(
@@ -255,6 +258,7 @@ class RolloutDataModule(pl.LightningDataModule):
         staleness_mode: str = "decoupled",
         env_timeout_s: float = faults.DEFAULT_ENV_TIMEOUT_S,
         batched_rollout: bool = True,
+        num_seeds: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -271,6 +275,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.staleness, self.staleness_mode = staleness, staleness_mode
         self.env_timeout_s = env_timeout_s
         self.batched_rollout = bool(batched_rollout)
+        self.num_seeds = num_seeds
         self.validate()
         self.observation_space, self.action_space = env_spaces(env_id, self.env_kwargs)
         self.frames = 0
@@ -286,6 +291,11 @@ class RolloutDataModule(pl.LightningDataModule):
         self._pending_resume: dict | None = None
         self.resume_providers: dict[str, resume_state.Stateful] = {}
         self._iteration_t0 = None
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds of this run: ``[seed]``, or ``seed, seed + 1, ...`` for a seed group."""
+        return [self.seed + k for k in range(self.num_seeds)]
 
     @property
     def frames_per_iteration(self) -> int:
@@ -320,6 +330,16 @@ class RolloutDataModule(pl.LightningDataModule):
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"data.num_threads must be positive, got {self.num_threads}")
         validate_staleness(self.staleness, self.staleness_mode)
+        if not isinstance(self.num_seeds, int) or isinstance(self.num_seeds, bool) or self.num_seeds < 1:
+            raise ValueError(f"data.num_seeds must be a positive integer, got {self.num_seeds!r}")
+        if self.num_seeds > 1:
+            from ppo_lightning.envs import is_minatar
+
+            if not is_minatar(self.env_id):
+                raise ValueError(f"data.num_seeds > 1 (vectorized seeds) needs an env that steps as one batch "
+                                 f"(minatar:<game>), got {self.env_id!r}")
+            if self.staleness:
+                raise ValueError("data.num_seeds > 1 does not support data.staleness yet")
         if not (isinstance(self.env_timeout_s, (int, float)) and self.env_timeout_s >= 0):
             raise ValueError(f"data.env_timeout_s must be a number of seconds >= 0 (0: no limit), got {self.env_timeout_s!r}")
 
@@ -333,7 +353,15 @@ class RolloutDataModule(pl.LightningDataModule):
             h = self.trainer.lightning_module.hparams
             validate_staleness(self.staleness, self.staleness_mode, decoupled=h.get("decoupled"),
                                proximal_com=h.get("proximal_com"))
-            self.source = RolloutSource(self, self.trainer.lightning_module.network)
+            module = self.trainer.lightning_module
+            group = getattr(module, "seed_group", None)
+            if group is not None:  # vectorized seeds (ppo_lightning.data.seed_group)
+                from ppo_lightning.data.seed_group import check_group_trainer, SeedGroupSource
+
+                check_group_trainer(self.trainer, self.num_seeds, group.seeds, self.seeds)
+                self.source = SeedGroupSource(self, module.network, group.seeds, group.action_rng_states)
+            else:
+                self.source = RolloutSource(self, module.network)
             self.source.phases = getattr(self.trainer.lightning_module, "ppg_phases", None)
             if self.source.phases is not None:  # a small phase buffer joins this rank's resume state
                 self.source.phases.attach(self)

@@ -242,12 +242,14 @@ def capture(dm: Any) -> dict[str, Any]:
     """This rank's resume state for the data module ``dm`` (its `RolloutSource` may not exist yet)."""
     out: dict[str, Any] = {"rng": rng_state(), "extra": {k: v.state_dict() for k, v in getattr(dm, "resume_providers", {}).items()}}
     source = getattr(dm, "source", None)
-    if source is not None:
+    if source is not None and getattr(source, "is_seed_group", False):  # ppo_lightning.data.seed_group
+        out["seed_group"] = source.state_dict()
+    elif source is not None:
         out["env"] = env_state(source.env)
         out["collector"] = collector_state(source.collector)
     elif getattr(dm, "_pending_resume", None) is not None:  # restored but not applied yet: keep it
         pending = dm._pending_resume
-        out.update({k: pending[k] for k in ("env", "collector", "rng") if k in pending})
+        out.update({k: pending[k] for k in ("env", "collector", "rng", "seed_group") if k in pending})
     return out
 
 
@@ -261,6 +263,8 @@ def apply(dm: Any, state: dict[str, Any]) -> None:
     for key, provider in getattr(dm, "resume_providers", {}).items():
         if key in state.get("extra", {}):
             provider.load_state_dict(state["extra"][key])
+    if state.get("seed_group") is not None:
+        source.load_state_dict(state["seed_group"])
     env = state.get("env")
     if env is not None:
         if env["restorable"]:
