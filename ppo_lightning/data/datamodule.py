@@ -360,6 +360,7 @@ class RolloutDataModule(pl.LightningDataModule):
 
                 check_group_trainer(self.trainer, self.num_seeds, group.seeds, self.seeds)
                 self.source = SeedGroupSource(self, module.network, group.seeds, group.action_rng_states)
+                self.group_states = self.source.states  # kept after teardown (results, after_fit)
             else:
                 self.source = RolloutSource(self, module.network)
             self.source.phases = getattr(self.trainer.lightning_module, "ppg_phases", None)

@@ -205,8 +205,13 @@ def _base_env(env: Any) -> Any:
 
 
 def env_state(env: Any) -> dict[str, Any]:
-    """State of a TorchRL env built by `ppo_lightning.envs.make_env` (gymnasium or Procgen)."""
+    """State of a TorchRL env built by `ppo_lightning.envs.make_env` (gymnasium, Procgen or MinAtar)."""
     base = _base_env(env)
+    if hasattr(base, "get_raw_state"):  # MinAtarTorchEnv: plain Python / numpy state, encoded here
+        try:
+            return {"kind": "raw", "state": encode(base.get_raw_state()), "restorable": True, "missing": []}
+        except NotRestorable as err:
+            return {"kind": "raw", "restorable": False, "missing": [f"{type(base).__name__} ({err})"]}
     if hasattr(base, "get_state"):  # ProcgenTorchEnv
         return {"kind": "procgen", "state": base.get_state(), "restorable": True, "missing": []}
     vec = getattr(base, "_env", None)  # TorchRL's GymWrapper keeps the gymnasium env here
@@ -217,7 +222,14 @@ def env_state(env: Any) -> dict[str, Any]:
 
 def set_env_state(env: Any, state: dict[str, Any]) -> None:
     base = _base_env(env)
-    if state["kind"] == "procgen":
+    if state["kind"] == "raw":
+        try:
+            base.set_raw_state(decode(state["state"]))
+        except ValueError as err:
+            from ppo_lightning.core.faults import CheckpointError
+
+            raise CheckpointError(str(err)) from None
+    elif state["kind"] == "procgen":
         base.set_state(state["state"])
     else:
         set_gym_vector_state(base._env, state)

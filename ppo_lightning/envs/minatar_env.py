@@ -30,6 +30,7 @@ so two envs built with the same seed produce the same trajectories for the same 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 
@@ -127,6 +128,31 @@ class MinAtarTorchEnv(EnvBase):
         if seed is not None:
             self._seed_games(int(seed))
 
+    # ------------------------------------------------------------------ exact resume
+    def get_raw_state(self) -> dict:
+        """Every game's state, as MinAtar keeps it (plain Python and numpy data, each game's
+        ``RandomState`` included), plus the current observations and step counts; encoded for a
+        checkpoint by `ppo_lightning.data.resume_state`."""
+        games = [{"outer": {k: copy.deepcopy(v) for k, v in vars(g).items() if k != "env"},
+                  "inner": {k: copy.deepcopy(v) for k, v in vars(g.env).items() if k != "random"}}
+                 for g in self._games]
+        return {"games": games, "obs": self._obs.copy(), "steps": self._steps.copy()}
+
+    def set_raw_state(self, state: dict) -> None:
+        if len(state["games"]) != self.num_envs:
+            raise ValueError(f"the saved MinAtar state has {len(state['games'])} games, this env {self.num_envs} "
+                             f"(data.num_envs): resume with the same data.num_envs")
+        for g, saved in zip(self._games, state["games"]):
+            for k, v in saved["outer"].items():
+                if k == "random":  # the game shares this generator: restore it in place
+                    g.random.set_state(v.get_state())
+                else:
+                    setattr(g, k, v)
+            for k, v in saved["inner"].items():
+                setattr(g.env, k, v)
+        self._obs[:] = state["obs"]
+        self._steps[:] = state["steps"]
+
     # ------------------------------------------------------------------ stepping
     def reset_games(self, asked: np.ndarray) -> None:
         """Restart the games where ``asked`` (bool ``[num_envs]``); their states go into ``self._obs``."""
@@ -149,7 +175,7 @@ class MinAtarTorchEnv(EnvBase):
             r, t = g.act(a)
             reward[i], terminal[i] = r, t
             obs[i] = g.state()
-        self._steps += 1
+        self._steps[:] += 1  # in place: no module __setattr__ per step
         if self.max_episode_steps is not None:
             truncated = (self._steps >= self.max_episode_steps) & ~terminal
         else:
