@@ -81,7 +81,7 @@ def matmul_peak_gflops(n: int = 1024, reps: int = 6) -> float:
 # ---------------------------------------------------------------------------- this project
 
 
-def project_run(c: int, iterations: int, seed: int) -> dict:
+def project_run(c: int, iterations: int, seed: int, seeds: int = 1) -> dict:
     import lightning.pytorch as pl
 
     from ppo_lightning.cli.fit import fit_main
@@ -105,12 +105,12 @@ def project_run(c: int, iterations: int, seed: int) -> dict:
     fit_main(["fit", "--config", str(ROOT / "experiments/minatar/ppo.yaml"), "--scale", str(c),
               "--data.total_frames", str(frames), "--data.num_threads", "1", "--seed_everything", str(seed),
               "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
-              "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench"],
+              "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench", "--seeds", str(seeds)],
              extra_callbacks=[clock])
     rows = clock.rows[1:]
     collect, update = sum(r[0] for r in rows), sum(r[1] for r in rows)
     n = len(rows)
-    frames_per_iter = BASE_ENVS // c * STEPS
+    frames_per_iter = BASE_ENVS // c * STEPS * seeds  # all seeds' frames
     return {"fps": n * frames_per_iter / (collect + update), "env_step_ms": 1e3 * collect / (n * STEPS),
             "step_ms": 1e3 * update / (n * EPOCHS * MINIBATCHES), "collect_s": collect / n, "update_s": update / n}
 

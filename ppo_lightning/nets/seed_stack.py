@@ -7,6 +7,10 @@ seed k's slice of the input with ``torch.vmap`` over ``torch.func.functional_cal
 names are the single network's (``policy_body.conv.weight``), so seed k of a group's state dict is
 ``{name: tensor[k]}`` (`seed_state_dict`), a plain single-seed state dict for export and evaluation.
 
+A network may provide ``stacked_call(params, method, *inputs)``, its own batched form for S seeds
+(`ppo_lightning.nets.minatar_cnn` does: batched matmuls are much faster there than vmap's
+grouped convolutions); otherwise ``torch.vmap`` runs the module.
+
 Elementwise code needs no change to act per seed: Adam over stacked parameters is S independent
 Adams, and the EWMA proximal update is S independent EWMAs.
 """
@@ -46,6 +50,9 @@ class SeedStack(nn.Module):
         inner = self.inner
         params = dict(inner.named_parameters())
         buffers = dict(inner.named_buffers())
+        stacked = getattr(inner, "stacked_call", None)
+        if stacked is not None and not buffers:  # a network's own batched form (the MinAtar CNN)
+            return stacked(params, method, *inputs)
 
         def one(p, b, *x):
             with _swapped(inner, method):

@@ -30,9 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.func import functional_call
-
 from ppo_lightning.core.faults import NumericalFault, finite_mean
+from ppo_lightning.nets.models import OBS_KEY
 from ppo_lightning.nets.seed_stack import SeedStack
 
 
@@ -73,19 +72,20 @@ class SeedGroup:
         lm = module.loss_module
         if lm.decoupled:
             batch = module.add_proximal(batch)
-        inner = self.network.inner
-        params, buffers = dict(inner.named_parameters()), dict(inner.named_buffers())
         terms = ("loss_objective", "loss_critic", "loss_entropy")
+        # The network for all seeds at once (its stacked form), then the loss per seed under vmap,
+        # handed the seed's outputs in place of its network.
+        outputs = self.network(batch.get(OBS_KEY))
 
-        def one(p, b, td):
-            lm.__dict__["network"] = lambda obs: functional_call(inner, (p, b), (obs,))
+        def one(outs, td):
+            lm.__dict__["network"] = lambda obs: outs
             try:
                 out = lm(td)
             finally:
                 lm.__dict__["network"] = self.network
             return {k: out.get(k) for k in out.keys()}
 
-        out = torch.vmap(one, randomness="error")(params, buffers, batch)
+        out = torch.vmap(one, randomness="error")(tuple(outputs), batch)
         if self._names is None:
             self._names = list(out.keys())
         per_seed = sum(out[k] for k in terms)
