@@ -141,14 +141,15 @@ class SeedGroupSource:
             value_buf[:, :, t] = value
             obs_buf[:, :, t] = obs
             ep_buf[:, :, t], sc_buf[:, :, t] = ep, sc
-            for k, (st, base) in enumerate(zip(self.states, bases)):
-                dist = make_distribution(space, *(p[k] for p in params))
-                # Categorical.sample, on this seed's generator
-                probs = dist.probs.reshape(-1, dist.probs.shape[-1])
-                action = torch.multinomial(probs, 1, True, generator=st.action_generator).T.reshape(dist.batch_shape)
-                action_buf[k, :, t] = action
-                logp_buf[k, :, t] = dist.log_prob(action)
-                reward, terminal, truncated = base.step_games(action.tolist())
+            dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
+            probs = dist.probs
+            # Categorical.sample, each seed on its own generator
+            action = torch.stack([torch.multinomial(probs[k], 1, True, generator=st.action_generator).T.reshape(n)
+                                  for k, st in enumerate(self.states)])
+            action_buf[:, :, t] = action
+            logp_buf[:, :, t] = dist.log_prob(action)
+            for k, (actions, base) in enumerate(zip(action.tolist(), bases)):
+                reward, terminal, truncated = base.step_games(actions)
                 next_obs_buf[k, :, t] = torch.from_numpy(base._obs)
                 reward_buf[k, :, t, 0] = torch.from_numpy(reward)
                 term_buf[k, :, t, 0] = torch.from_numpy(terminal)

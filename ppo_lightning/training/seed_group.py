@@ -89,7 +89,7 @@ class SeedGroup:
         if self._names is None:
             self._names = list(out.keys())
         per_seed = sum(out[k] for k in terms)
-        stats = torch.stack([out[k].detach().float().expand(self.num_seeds) for k in self._names])
+        stats = torch.stack([out[k].detach().expand(self.num_seeds) for k in self._names]).float()
         return per_seed.sum(), stats, per_seed.detach()
 
     @property
@@ -155,10 +155,12 @@ class SeedGroupGuard:
     def after_backward(self, module, optimizer) -> None:
         S = self.num_seeds
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        ok = torch.isfinite(self.seed_losses) if self.seed_losses is not None else torch.ones(S, dtype=torch.bool)
-        for p in params:
-            if p.grad is not None:
-                ok &= torch.isfinite(p.grad.reshape(S, -1)).all(1)
+        # One reduction per parameter: a seed's gradient sum is finite iff its entries are (short of
+        # an overflow of the sum itself, which then counts as bad too).
+        sums = [p.grad.reshape(S, -1).sum(1) for p in params if p.grad is not None]
+        if self.seed_losses is not None:
+            sums.append(self.seed_losses)
+        ok = torch.isfinite(torch.stack(sums).sum(0))
         bad = (~ok).nonzero().flatten().tolist()
         self._restore, self._bad = [], bad
         for k in range(S):
