@@ -94,6 +94,19 @@ def test_group_checkpoint_resumes_exactly(tmp_path):
     assert all(torch.equal(v, b["proximal_ewma"]["proximal"][k]) for k, v in a["proximal_ewma"]["proximal"].items())
     group = a["RolloutDataModule"]["per_rank"][0]["resume"]["seed_group"]
     assert [s["seed"] for s in group["seeds"]] == [0, 1] and all(e["restorable"] for e in group["envs"])
+    # export-hf and evaluate take one seed of the group: its weights, as a single run's network
+    from ppo_lightning.interop.checkpoint_io import ExportError, load_network
+    from ppo_lightning.interop.hf.loader import load_pretrained
+    from ppo_lightning.interop.hf.writer import export_hf
+
+    ckpt = tmp_path / "ref/checkpoints/last.ckpt"
+    with pytest.raises(ExportError, match="group of 2 seeds .* --seed_index"):
+        load_network(ckpt)
+    out = export_hf(ckpt, tmp_path / "hf1", evaluate=0, seed_index=1)
+    exported = load_pretrained(out).state_dict()
+    net, _ = load_network(ckpt, seed_index=1)
+    for name, t in net.state_dict().items():
+        assert torch.equal(t, a["state_dict"]["network.inner." + name][1]) and torch.equal(exported[name], t)
 
 
 @pytest.mark.parametrize("data_kwargs, model_kwargs, match", [

@@ -21,7 +21,7 @@ from typing import Any
 from ppo_lightning.interop.checkpoint_io import ExportError
 
 
-def load_source(source: str | os.PathLike) -> tuple[Any, dict[str, Any], dict, dict]:
+def load_source(source: str | os.PathLike, seed_index: int | None = None) -> tuple[Any, dict[str, Any], dict, dict]:
     """(network, training environment settings, observation space, action space) of SOURCE."""
     from ppo_lightning.interop.checkpoint_io import is_checkpoint, load_network
     from ppo_lightning.interop.hf.loader import is_pretrained_folder, load_pretrained, read_pretrained_config
@@ -34,7 +34,7 @@ def load_source(source: str | os.PathLike) -> tuple[Any, dict[str, Any], dict, d
         net = load_pretrained(path)
         return net, dict(config.get("environment") or {}), config["observation_space"], config["action_space"]
     if is_checkpoint(path) or path.is_dir():
-        net, checkpoint = load_network(path)
+        net, checkpoint = load_network(path, seed_index)
         hparams = checkpoint["hyper_parameters"]
         env = checkpoint.get("datamodule_hyper_parameters")
         return net, dict(env or {}), hparams["observation_space"], hparams["action_space"]
@@ -72,13 +72,13 @@ def check_observations(env_id: str, env_kwargs: dict, observation_space: dict) -
 
 def evaluate_source(source, episodes: int = 10, deterministic: bool = False, env_id: str | None = None,
                     levels: str = "test", seed: int = 0, num_envs: int | None = None, video: str | None = None,
-                    video_episodes: int = 1) -> dict[str, Any]:
+                    video_episodes: int = 1, seed_index: int | None = None) -> dict[str, Any]:
     """`evaluate_policy` on the network of SOURCE (see the module doc)."""
     from ppo_lightning.interop.evaluation import evaluate_policy
 
     if not isinstance(episodes, int) or episodes <= 0:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
-    net, training_env, obs_space, action_space = load_source(source)
+    net, training_env, obs_space, action_space = load_source(source, seed_index)
     target, kwargs = resolve_env(training_env, env_id, levels)
     check_observations(target, kwargs, obs_space)
     result = evaluate_policy(net, target, episodes=episodes, deterministic=deterministic, env_kwargs=kwargs,
@@ -105,11 +105,13 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--video", default=None, metavar="OUT.mp4", help="record env 0's first episode(s) to this MP4")
     parser.add_argument("--video-episodes", type=int, default=1, help="episodes in the video (default 1)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the figures as one JSON object")
+    parser.add_argument("--seed_index", "--seed-index", type=int, default=None, metavar="K",
+                        help="a vectorized seed group's checkpoint: evaluate its seed K")
     args = parser.parse_args(argv)
     try:
         result = evaluate_source(args.source, episodes=args.episodes, deterministic=args.deterministic,
                                  env_id=args.env, levels=args.levels, seed=args.seed, num_envs=args.num_envs,
-                                 video=args.video, video_episodes=args.video_episodes)
+                                 video=args.video, video_episodes=args.video_episodes, seed_index=args.seed_index)
     except (ExportError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

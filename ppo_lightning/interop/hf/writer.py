@@ -163,11 +163,13 @@ def export_hf(
     evaluate: int = 10,
     video: bool = True,
     seed: int = 0,
+    seed_index: int | None = None,
 ) -> Path:
     """Export a checkpoint (``.ckpt`` file or sharded folder) to a Hugging Face folder; returns it.
 
     ``evaluate``: episodes to play with the exported weights for the model card (0: none);
     ``video``: with ``evaluate``, also write ``replay.mp4`` (env 0's first episode).
+    ``seed_index``: seed k of a vectorized seed group's checkpoint.
     """
     from huggingface_hub import save_torch_state_dict
 
@@ -180,7 +182,7 @@ def export_hf(
         raise ExportError(f"evaluate must be a number of episodes >= 0, got {evaluate!r}")
     _check_out_dir(out, overwrite)
 
-    net, checkpoint = load_network(ckpt)
+    net, checkpoint = load_network(ckpt, seed_index)
     weights = {
         k: (v.to(torch_dtype) if v.is_floating_point() else v).contiguous() for k, v in net.state_dict().items()
     }
@@ -270,11 +272,13 @@ def export_main(argv: list[str] | None = None) -> int:
                         help="play N episodes for the model card's mean return and replay.mp4 (default 10; 0 skips)")
     parser.add_argument("--no-video", action="store_true", help="do not write replay.mp4")
     parser.add_argument("--seed", type=int, default=0, help="env seed of the evaluation (default 0)")
+    parser.add_argument("--seed_index", "--seed-index", type=int, default=None, metavar="K",
+                        help="a vectorized seed group's checkpoint: export its seed K")
     args = parser.parse_args(argv)
     size: int | str = int(args.max_shard_size) if str(args.max_shard_size).isdigit() else args.max_shard_size
     try:
         out = export_hf(args.ckpt, args.out_dir, max_shard_size=size, dtype=args.dtype, overwrite=args.overwrite,
-                        evaluate=args.evaluate, video=not args.no_video, seed=args.seed)
+                        evaluate=args.evaluate, video=not args.no_video, seed=args.seed, seed_index=args.seed_index)
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
