@@ -119,3 +119,24 @@ def test_unsupported_group_settings_are_one_line_errors(data_kwargs, model_kwarg
     with pytest.raises(ValueError, match=match):
         dm = RolloutDataModule(**{"env_id": "minatar:breakout", "num_seeds": 2, **data_kwargs})
         PPOLightningModule(dm.observation_space, dm.action_space, network=NET, seeds=[0, 1], **model_kwargs)
+
+
+def test_each_seed_is_its_own_mlflow_run(tmp_path):
+    """A group of 2 logs a parent run (means and seed<k>/ metrics) and one child run per seed with that
+    seed's own metrics under the single-run names."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    fit_main(["fit", "--config", "experiments/minatar/ppo.yaml", "--seeds", "2", "--data.num_envs", "2",
+              "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "1",
+              "--data.total_frames", "64", "--model.network.hidden", "16", "--data.num_threads", "1",
+              "--mlflow.tracking_uri", uri, "--mlflow.experiment", "group", "--video_every", "null",
+              "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path / "run")])
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("group").experiment_id])
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {r.data.params["seed"]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
+    assert len(parent) == 1 and sorted(children) == ["0", "1"]
+    for k, child in children.items():
+        assert child.data.metrics["frames"] == 64
+        assert child.data.metrics["train/loss_objective"] == parent[0].data.metrics[f"seed{k}/train/loss_objective"]

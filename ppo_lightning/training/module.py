@@ -312,9 +312,13 @@ class PPOLightningModule(pl.LightningModule):
     def teardown(self, stage: str) -> None:
         if self.proximal_source is not None:
             self.proximal_source.stop()
+        if self.seed_group is not None:
+            self.seed_group.runs.finalize()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["numerical_guard"] = self.numerical_guard.state_dict()
+        if self.seed_group is not None:
+            checkpoint["seed_runs"] = self.seed_group.runs.run_ids
         if self.proximal_source is not None:
             checkpoint["proximal_ewma"] = self.proximal_source.state_dict()
         if self.ppg_phases is not None:
@@ -323,6 +327,8 @@ class PPOLightningModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "numerical_guard" in checkpoint:
             self.numerical_guard.load_state_dict(checkpoint["numerical_guard"])
+        if self.seed_group is not None and checkpoint.get("seed_runs"):
+            self.seed_group.runs.run_ids = list(checkpoint["seed_runs"])
         if self.proximal_source is not None:
             # Checkpoints from before the module owned the EWMA kept it in the callback's state.
             state = checkpoint.get("proximal_ewma") or checkpoint.get("callbacks", {}).get("ProximalPolicyEWMA")
@@ -512,6 +518,7 @@ class PPOLightningModule(pl.LightningModule):
         shared.update(self._recorded)
         self._recorded = {}
         self.publish_metrics(self.seed_group.iteration_metrics(self, self._step_stats, shared))
+        self.seed_group.runs.publish(self, self.seed_group.last_per_seed)  # each seed's own MLflow run
 
     # ------------------------------------------------------------------ per-iteration metrics
     def record_metrics(self, metrics: dict[str, float]) -> None:

@@ -65,6 +65,8 @@ class SeedGroup:
         torch.set_rng_state(saved)
         self.network = SeedStack(nets)
         self._names: list[str] | None = None
+        self.runs = SeedRuns(self.seeds)
+        self.last_per_seed: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- the loss
     def loss_and_stats(self, module, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -119,6 +121,49 @@ class SeedGroup:
             out[name] = sum(values) / len(values)
         self.last_per_seed = [{**shared, **m} for m in per_seed]
         return out
+
+
+class SeedRuns:
+    """One MLflow run per seed, children of the group's run (the trainer's logger): each gets the
+    seed's own metrics under the names a single run uses, stepped by frames, with the seed and the
+    group's run id as parameters. Their ids are kept in the checkpoint, so a resumed group
+    continues them. Nothing happens without an MLflow logger (or after it failed)."""
+
+    def __init__(self, seeds: list[int]) -> None:
+        self.seeds = seeds
+        self.run_ids: list[str] | None = None
+        self.loggers: list | None = None
+
+    def _start(self, module, parent) -> None:
+        from ppo_lightning.training.tracking import SafeMLFlowLogger
+
+        name = parent.experiment.get_run(parent.run_id).info.run_name
+        self.loggers = []
+        for k, seed in enumerate(self.seeds):
+            run_id = self.run_ids[k] if self.run_ids and k < len(self.run_ids) else None
+            logger = SafeMLFlowLogger(experiment_name=parent.experiment_name, tracking_uri=parent.tracking_uri,
+                                      run_name=f"{name}-seed{seed}", run_id=run_id,
+                                      tags={"mlflow.parentRunId": parent.run_id, "seed": str(seed)})
+            params = {k2: v for k2, v in dict(module.hparams).items() if k2 != "seeds"}
+            logger.log_hyperparams({**params, "seed": seed, "seed_index": k, "group_run_id": parent.run_id})
+            self.loggers.append(logger)
+        self.run_ids = [lg.run_id for lg in self.loggers]
+
+    def publish(self, module, per_seed: list[dict[str, float]]) -> None:
+        from ppo_lightning.training.tracking import SafeMLFlowLogger
+
+        parent = module.trainer.logger if module._trainer is not None else None
+        if not isinstance(parent, SafeMLFlowLogger) or parent.failed or not module.trainer.is_global_zero:
+            return
+        if self.loggers is None:
+            self._start(module, parent)
+        for logger, metrics in zip(self.loggers, per_seed):
+            logger.log_metrics(metrics, step=module.trainer.global_step)
+
+    def finalize(self, status: str = "success") -> None:
+        for logger in self.loggers or []:
+            logger.finalize(status)
+        self.loggers = None
 
 
 class SeedGroupGuard:
