@@ -113,7 +113,14 @@ class SeedGroup:
         guard = module.numerical_guard
         for k in range(self.num_seeds):
             per_seed[k]["train/skipped_steps"] = float(guard.skipped[k])
-        out = dict(shared)
+        out = {}
+        for name, value in shared.items():  # "seed<k>/x" recorded by callbacks: seed k's own x
+            head, _, rest = name.partition("/")
+            if head.startswith("seed") and head[4:].isdigit() and int(head[4:]) < self.num_seeds and rest:
+                per_seed[int(head[4:])][rest] = value
+            else:
+                out[name] = value
+        shared = dict(out)
         for k, m in enumerate(per_seed):
             out.update({f"seed{k}/{name}": v for name, v in m.items()})
         for name in per_seed[0]:
