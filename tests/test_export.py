@@ -426,7 +426,7 @@ def test_bad_options(trained, tmp_path):
 
 
 def test_cli_dispatch(trained, tmp_path):
-    from ppo_lightning.cli.fit import main
+    from ppo_lightning.cli.main import main
 
     _, ckpt = trained
     assert main(["export-hf", str(ckpt), str(tmp_path / "cli"), "--dtype", "float16"]) == 0

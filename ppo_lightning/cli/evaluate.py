@@ -18,14 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.interop.checkpoint_io import ExportError
+from ppo_lightning.envs import env_spaces
+from ppo_lightning.interop.checkpoint_io import ExportError, is_checkpoint, load_network
+from ppo_lightning.interop.evaluation import evaluate_policy, format_result, resolve_env
+from ppo_lightning.interop.hf.loader import is_pretrained_folder, load_pretrained, read_pretrained_config
 
 
 def load_source(source: str | os.PathLike, seed_index: int | None = None) -> tuple[Any, dict[str, Any], dict, dict]:
     """(network, training environment settings, observation space, action space) of SOURCE."""
-    from ppo_lightning.interop.checkpoint_io import is_checkpoint, load_network
-    from ppo_lightning.interop.hf.loader import is_pretrained_folder, load_pretrained, read_pretrained_config
-
     path = Path(source)
     if not path.exists():
         raise ExportError(f"not found: {path}")
@@ -41,27 +41,7 @@ def load_source(source: str | os.PathLike, seed_index: int | None = None) -> tup
     raise ExportError(f"{path} is neither a checkpoint nor an exported folder")
 
 
-def resolve_env(training_env: dict[str, Any], env_id: str | None, levels: str) -> tuple[str, dict[str, Any]]:
-    """(env id, env kwargs) to evaluate on: the training env (or ``env_id``), Procgen levels split."""
-    from ppo_lightning.envs import check_env_id, is_procgen
-    from ppo_lightning.interop.evaluation import procgen_level_kwargs
-
-    train_id = training_env.get("env_id")
-    target = env_id or train_id
-    if not target:
-        raise ValueError("the source does not name its training environment: pass --env ID")
-    # the training env's settings; for another Procgen game too (mode, level split)
-    same_family = target == train_id or (is_procgen(target) and is_procgen(str(train_id or "")))
-    kwargs = dict(training_env.get("env_kwargs") or {}) if same_family else {}
-    check_env_id(target)
-    if is_procgen(target):
-        kwargs = procgen_level_kwargs(kwargs, levels)
-    return target, kwargs
-
-
 def check_observations(env_id: str, env_kwargs: dict, observation_space: dict) -> None:
-    from ppo_lightning.envs import env_spaces
-
     env_obs, _ = env_spaces(env_id, env_kwargs)
     if list(env_obs["shape"]) != list(observation_space["shape"]):
         raise ValueError(
@@ -74,8 +54,6 @@ def evaluate_source(source, episodes: int = 10, deterministic: bool = False, env
                     levels: str = "test", seed: int = 0, num_envs: int | None = None, video: str | None = None,
                     video_episodes: int = 1, seed_index: int | None = None) -> dict[str, Any]:
     """`evaluate_policy` on the network of SOURCE (see the module doc)."""
-    from ppo_lightning.interop.evaluation import evaluate_policy
-
     if not isinstance(episodes, int) or episodes <= 0:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
     net, training_env, obs_space, action_space = load_source(source, seed_index)
@@ -115,8 +93,6 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     except (ExportError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from ppo_lightning.interop.evaluation import format_result
-
     print(format_result(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -291,11 +291,6 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("export-hf", "evaluate"):
-        from ppo_lightning.cli.main import main as dispatch
-
-        return dispatch(args)
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
     from ppo_lightning.core.faults import TrainingFault

@@ -33,6 +33,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ppo_lightning.core.faults import CheckpointError
+
 # ---------------------------------------------------------------------------- plain encoding
 
 
@@ -181,8 +183,6 @@ def set_gym_vector_state(vec: Any, state: dict[str, Any]) -> None:
                 setattr(obj, key, decode(value))
 
     if len(state["envs"]) != len(vec.envs):
-        from ppo_lightning.core.faults import CheckpointError
-
         raise CheckpointError(f"the checkpoint has {len(state['envs'])} environments per rank, the config "
                               f"{len(vec.envs)} (data.num_envs): resume with the same data.num_envs")
     apply(vec, state["vector"])
@@ -316,8 +316,6 @@ def gather_rank_states(local: dict[str, Any]) -> list[dict[str, Any]]:
 
 def select_rank_state(states: list[dict[str, Any]], rank: int) -> dict[str, Any]:
     if rank >= len(states):
-        from ppo_lightning.core.faults import CheckpointError
-
         raise CheckpointError(f"the checkpoint holds the state of {len(states)} data-parallel rank(s); this is rank "
                               f"{rank}: resume with the same number of devices")
     return states[rank]

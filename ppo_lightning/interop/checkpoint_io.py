@@ -233,6 +233,8 @@ def network_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def build_network_or_fail(observation_space: dict, action_space: dict, network_cfg: dict, where: str) -> torch.nn.Module:
     """``models.build_network``, its failure an `ExportError` naming ``where``."""
+    # start-up cost: `import ppo_lightning` imports this module and must not pull tensordict and every
+    # network (seconds); only building a network needs them
     from ppo_lightning.nets.models import build_network
 
     try:

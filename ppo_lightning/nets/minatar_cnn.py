@@ -3,9 +3,9 @@
 Young & Tian (2019), MinAtar, section 4: one 3x3 convolution with 16 channels, stride 1, no padding
 (10x10 -> 8x8x16), ReLU, a dense layer of 128 units, ReLU, then the heads. Here the trunk is shared
 by a policy head (init scale 0.01) and a value head (1.0), orthogonal init with gain sqrt(2) for the
-trunk (the PPO implementations' convention, as `ppo_lightning.nets.models.ActorCritic`);
+trunk (the PPO implementations' convention, as `ppo_lightning.nets.actor_critic.ActorCritic`);
 ``shared_trunk: false`` (or ``arch: dual``) gives the policy and the value function a trunk each;
-``arch: detach`` and ``aux_value_head: true`` are PPG's layouts, as in `ppo_lightning.nets.models.ActorCritic`
+``arch: detach`` and ``aux_value_head: true`` are PPG's layouts, as in `ppo_lightning.nets.actor_critic.ActorCritic`
 (PPG picks ``dual`` with the auxiliary head by default).
 
 Observations: ``[..., H, W, C]`` (MinAtar's 10x10xC bool state, taken as 0/1 floats; any numeric
@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ppo_lightning.nets.models import ActorCritic, resolve_arch
+from ppo_lightning.nets.actor_critic import ActorCritic, resolve_arch
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:
@@ -44,7 +44,7 @@ class _Trunk(nn.Module):
 class MinAtarActorCritic(nn.Module):
     """Conv(3x3, ``channels``) -> dense(``hidden``) trunk with policy and value heads.
 
-    Same interface as `ppo_lightning.nets.models.ActorCritic`: ``forward`` -> ``(logits, value)``,
+    Same interface as `ppo_lightning.nets.actor_critic.ActorCritic`: ``forward`` -> ``(logits, value)``,
     ``policy`` -> ``(logits,)``, ``value`` -> ``[..., 1]``; any leading batch dimensions.
     """
 

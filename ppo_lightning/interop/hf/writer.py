@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ppo_lightning.interop.checkpoint_io import DATA_STATE_KEY, ExportError, load_network
+from ppo_lightning.interop.hf.bundle import BundleError, network_source
 from ppo_lightning.interop.hf.card import model_card
 from ppo_lightning.interop.hf.loader import DTYPES, MODEL_TYPE, parse_dtype
 
@@ -173,8 +174,6 @@ def export_hf(
     """
     from huggingface_hub import save_torch_state_dict
 
-    from ppo_lightning.interop.hf.bundle import BundleError, network_source
-
     out = Path(out_dir)
     dtype_name, torch_dtype = parse_dtype(dtype)
     shard_bytes = parse_size(max_shard_size)
@@ -241,8 +240,8 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 def _evaluate(net: torch.nn.Module, config: dict[str, Any], episodes: int, seed: int, video: Path | None) -> dict | None:
     """`evaluate_policy` on the training env (Procgen: held-out levels); None, with a message, if the
     env cannot be built or played here (the folder is still written, its card says "not measured")."""
-    from ppo_lightning.cli.evaluate import resolve_env
-    from ppo_lightning.interop.evaluation import evaluate_policy
+    # start-up cost: the evaluation pulls the envs and TorchRL (seconds), needed only with --evaluate
+    from ppo_lightning.interop.evaluation import evaluate_policy, resolve_env
 
     try:
         env_id, kwargs = resolve_env(config.get("environment") or {}, None, "test")
