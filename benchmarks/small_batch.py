@@ -7,7 +7,8 @@ For each batch-size factor c (`experiments/minatar/ppo.yaml --scale c`: 64/c env
 8 minibatches of 512/c, 3 epochs; c = 64 is 1 env and minibatches of 8) it runs, interleaved in
 rounds (project, plain, project, plain, ...: a load change hits both alike), one thread each:
 
-- this project: ``ppo-lightning fit`` in process (no MLflow, no checkpoints);
+- this project: ``ppo-lightning fit`` in process (no MLflow, no checkpoints), a single run (S = 1) and a
+  vectorized group of ``--seeds`` S seeds (``fit --seeds S``; its frames/s count all seeds' frames);
 - a plain-PyTorch, CleanRL-style PPO loop written below: the same CNN (conv 16 @ 3x3 + dense 128,
   shared trunk), the same sizes, epochs, clip loss, value and entropy coefficients, Adam, GAE and
   per-batch advantage normalization, on the same MinAtar games stepped in one Python loop (no
@@ -213,6 +214,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--iterations", type=int, default=0, help="timed iterations per run (0: about 8k frames, at least 6)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=8, help="S of the vectorized-seed runs (also run: S = 1); 1: single runs only")
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -229,7 +231,7 @@ def main() -> None:
     print(f"FLOPs per frame {fpf / 1e6:.2f} M (rollout forward + {EPOCHS} x (forward + backward)); "
           f"fp32 matmul peak {peak:.0f} GFLOP/s per core (CPU clock) -> compute limit {peak * 1e9 / fpf:,.0f} frames/s per core")
     scales = [int(x) for x in a.scales.split(",")]
-    res: dict[int, dict[str, list]] = {c: {"project": [], "plain": []} for c in scales}
+    res: dict[int, dict[str, list]] = {c: {"project": [], "plain": [], "group": []} for c in scales}
     for r in range(a.rounds):
         for c in scales:
             iters = a.iterations or max(6, 8192 // (BASE_ENVS // c * STEPS))
@@ -237,26 +239,34 @@ def main() -> None:
             plain = plain_run(c, iters, a.seed)
             res[c]["project"].append(proj)
             res[c]["plain"].append(plain)
-            print(f"round {r + 1} c = {c:2d}: project {proj['fps']:8,.0f} frames/s (collect {proj['env_step_ms']:.2f} ms per "
-                  f"env step, update {proj['step_ms']:.2f} ms per gradient step), plain loop {plain['fps']:8,.0f}", flush=True)
+            line = (f"round {r + 1} c = {c:2d}: project {proj['fps']:8,.0f} frames/s (collect {proj['env_step_ms']:.2f} ms per "
+                    f"env step, update {proj['step_ms']:.2f} ms per gradient step), plain loop {plain['fps']:8,.0f}")
+            if a.seeds > 1:
+                group = project_run(c, iters, a.seed, a.seeds)
+                res[c]["group"].append(group)
+                line += f", project S = {a.seeds}: {group['fps']:8,.0f} (all seeds' frames)"
+            print(line, flush=True)
     out: dict = {}
-    print(f"\n{'c':>3} {'envs':>5} {'mb':>4} {'project fps':>12} {'plain fps':>10} {'ratio':>6} {'roofline':>9} "
-          f"{'env step ms':>12} {'grad step ms':>13}")
+    print(f"\n{'c':>3} {'envs':>5} {'mb':>4} {'S=1 fps':>9} {'plain fps':>10} {'ratio':>6} {'S=' + str(a.seeds) + ' fps':>9} "
+          f"{'ratio':>6} {'roofline':>9} {'env step ms':>12} {'grad step ms':>13}")
     for c in scales:
         fps = statistics.median(x["fps"] for x in res[c]["project"])
         pfps = statistics.median(x["fps"] for x in res[c]["plain"])
         env_ms = statistics.median(x["env_step_ms"] for x in res[c]["project"])
         step_ms = statistics.median(x["step_ms"] for x in res[c]["project"])
-        roof = fps * fpf / (peak * 1e9)
-        print(f"{c:>3} {BASE_ENVS // c:>5} {BASE_ENVS * STEPS // c // MINIBATCHES:>4} {fps:>12,.0f} {pfps:>10,.0f} "
-              f"{fps / pfps:>6.2f} {roof:>9.2%} {env_ms:>12.2f} {step_ms:>13.2f}")
-        out[f"c{c}_fps"] = round(fps, 1)
+        gfps = statistics.median(x["fps"] for x in res[c]["group"]) if res[c]["group"] else fps
+        roof = gfps * fpf / (peak * 1e9)
+        print(f"{c:>3} {BASE_ENVS // c:>5} {BASE_ENVS * STEPS // c // MINIBATCHES:>4} {fps:>9,.0f} {pfps:>10,.0f} "
+              f"{fps / pfps:>6.2f} {gfps:>9,.0f} {gfps / pfps:>6.2f} {roof:>9.2%} {env_ms:>12.2f} {step_ms:>13.2f}")
+        out[f"c{c}_fps"] = round(gfps, 1)  # with S seeds (all seeds' frames per core)
+        out[f"c{c}_s1_fps"] = round(fps, 1)
         out[f"c{c}_plain_fps"] = round(pfps, 1)
-        out[f"c{c}_vs_plain"] = round(fps / pfps, 3)
+        out[f"c{c}_vs_plain"] = round(gfps / pfps, 3)
+        out[f"c{c}_s1_vs_plain"] = round(fps / pfps, 3)
         out[f"c{c}_roofline"] = round(roof, 5)
         out[f"c{c}_env_step_ms"], out[f"c{c}_step_ms"] = round(env_ms, 3), round(step_ms, 3)
     summary = {k: out.get(k) for k in ("c1_fps", "c16_fps", "c64_fps", "c16_vs_plain", "c1_vs_plain")}
-    summary.update({"seeds": 1, "step_ms": out.get("c16_step_ms"), "env_step_ms": out.get("c16_env_step_ms"),
+    summary.update({"seeds": a.seeds, "step_ms": out.get("c16_step_ms"), "env_step_ms": out.get("c16_env_step_ms"),
                     "clock": "cpu, 1 thread (per core)", "rounds": a.rounds, "flops_per_frame": fpf,
                     "matmul_peak_gflops": round(peak, 1), **out, "machine": info})
     print(json.dumps(summary))
