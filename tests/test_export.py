@@ -141,6 +141,8 @@ def test_training_return_pools_the_ranks_as_the_run_logged():
     assert _mean_return(two) == pytest.approx(35 / 25) and _episode_count(two) == 35
     # a checkpoint written before the states were kept per rank
     assert _mean_return(rank([2.0, 4.0], 2)) == 3.0 and _episode_count(rank([2.0, 4.0], 2)) == 2
+    # seed k of a vectorized group: select_seed puts that seed's episodes at the top level
+    assert _mean_return({**two, **rank([5.0], 1)}) == 5.0 and _episode_count({**two, **rank([5.0], 1)}) == 1
     # no finished episode yet, or no data-module state: unknown
     assert _mean_return({"per_rank": [rank([], 0)]}) is None and _mean_return(None) is None
     assert _episode_count(None) is None
@@ -457,7 +459,7 @@ def test_bad_options(trained, tmp_path):
 
 
 def test_cli_dispatch(trained, tmp_path):
-    from ppo_lightning.cli.fit import main
+    from ppo_lightning.cli.main import main
 
     _, ckpt = trained
     assert main(["export-hf", str(ckpt), str(tmp_path / "cli"), "--dtype", "float16"]) == 0

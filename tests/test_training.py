@@ -14,7 +14,7 @@ from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "ppo_lightning.cli.fit"]
+CLI = [sys.executable, "-m", "ppo_lightning.cli.main"]
 
 
 @pytest.mark.parametrize("config", ["ppo.yaml", "ppo_ewma.yaml"])

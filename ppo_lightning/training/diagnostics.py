@@ -86,7 +86,7 @@ class SmallBatchDiagnostics(Callback):
         if not names or not stats or "clip_fraction" not in names:
             return math.nan
         i = names.index("clip_fraction")
-        return sum(float(s[i]) for s in stats) / len(stats)
+        return sum(float(s[i].mean()) for s in stats) / len(stats)  # a seed group: the mean over seeds
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
