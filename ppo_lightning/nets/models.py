@@ -127,7 +127,7 @@ class ActorCritic(nn.Module):
         return obs if self.obs_norm is None else self.obs_norm(obs)
 
     def _dist_params(self, features: Tensor) -> tuple[Tensor, ...]:
-        out = self.policy_head(features)
+        out = self.policy_head(features).float()  # float32 under any autocast (the loss's ratios)
         if self.discrete:
             return (out,)
         return (out, self.log_std.exp().expand_as(out))
@@ -144,13 +144,13 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         """State value, shape ``[..., 1]``."""
-        return self.value_head(self._value_features(self._flat(obs)))
+        return self.value_head(self._value_features(self._flat(obs))).float()
 
     def forward(self, obs: Tensor) -> tuple[Tensor, ...]:
         """Distribution parameters and value, computing a shared trunk once."""
         obs = self._flat(obs)
         features = self.policy_body(obs)
-        return (*self._dist_params(features), self.value_head(self._value_features(obs, features)))
+        return (*self._dist_params(features), self.value_head(self._value_features(obs, features)).float())
 
     def forward_aux(self, obs: Tensor) -> tuple[Tensor, ...]:
         """Distribution parameters, value and the auxiliary value (PPG's auxiliary phase)."""
@@ -158,14 +158,16 @@ class ActorCritic(nn.Module):
             raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
         obs = self._flat(obs)
         features = self.policy_body(obs)
-        value = self.value_head(self._value_features(obs, features))
-        return (*self._dist_params(features), value, self.aux_value_head(features))
+        value = self.value_head(self._value_features(obs, features)).float()
+        return (*self._dist_params(features), value, self.aux_value_head(features).float())
 
 
 def build_network(observation_space: dict, action_space: dict, network: dict[str, Any]) -> nn.Module:
     """Build the actor-critic named by ``network["name"]`` ("mlp" or "impala_cnn")."""
     network = dict(network)
     name = network.pop("name", "mlp")
+    if "precision" in network:  # deprecated (0.1): the Trainer's precision applies to every network
+        network.pop("precision")
     if name == "mlp":
         return ActorCritic(observation_space, action_space, **network)
     if name == "impala_cnn":
