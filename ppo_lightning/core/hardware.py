@@ -190,7 +190,7 @@ def machine_info() -> dict:
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
         "bf16_native_cpu": native,
-        "bf16_auto_cpu": "bf16" if faster else "fp32",
+        "precision_auto_cpu": "bf16-mixed" if faster else "32-true",  # --trainer.precision auto here
         "bf16_reason": why,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -211,5 +211,5 @@ def machine_line(info: dict | None = None) -> str:
                f"{info['onednn_max_cpu_isa']}, MKL_ENABLE_INSTRUCTIONS={info.get('mkl_enable_instructions')}")
     gpus = f", GPUs: {', '.join(info['cuda_devices'])}" if info["cuda_devices"] else ""
     return (f"machine: {info['cpu_model']}, {info['cores']} cores, ISA {isa}, bf16 native: "
-            f"{info['bf16_native_cpu']}, precision auto: {info['bf16_auto_cpu']}{emu}, torch threads "
+            f"{info['bf16_native_cpu']}, trainer.precision auto: {info['precision_auto_cpu']}{emu}, torch threads "
             f"{info['torch_threads']}{gpus}")
