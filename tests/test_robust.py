@@ -404,7 +404,7 @@ def test_ddp_two_ranks_pool_statistics_micro_batches_and_per_rank_resume(tmp_pat
         assert resumed[r]["reward"]["ret"].equal(whole[r]["reward"]["ret"])
 
 
-# ---------------------------------------------------------------------------- bad input (README table)
+# ------------------------------------------------------- bad input (docs/guides/reliability.md table)
 
 
 def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):

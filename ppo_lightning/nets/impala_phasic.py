@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ppo_lightning.nets.impala import ImpalaActorCritic, normed_linear
-from ppo_lightning.nets.models import resolve_arch
+from ppo_lightning.nets.actor_critic import resolve_arch
 
 
 class PhasicImpalaActorCritic(ImpalaActorCritic):
