@@ -186,13 +186,14 @@ def test_micro_batch_size_is_validated():
         PPOLightningModule(dm.observation_space, dm.action_space, micro_batch_size=0)
 
 
-@pytest.mark.parametrize("kwargs", [{"proximal_precision": "fp16", "proximal_com": 4.0},
-                                    {"proximal_precision": "bf16", "proximal_com": 4.0},  # MLP: no switch
-                                    {"proximal_precision": "bf16"}])  # no EWMA
-def test_proximal_precision_is_validated(kwargs):
+def test_deprecated_proximal_precision_warns_once_and_bad_values_are_refused():
     dm = RolloutDataModule(num_envs=2, rollout_steps=8, total_frames=16)
-    with pytest.raises(ValueError, match="proximal_precision"):
-        PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, **kwargs)
+    with pytest.warns(FutureWarning, match=r"model.proximal_precision is deprecated.*--trainer.precision"):
+        model = PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, proximal_com=4.0,
+                                   proximal_precision="bf16")
+    assert "proximal_precision" not in model.hparams
+    with pytest.raises(ValueError, match="trainer.precision"):
+        PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, proximal_precision="fp16")
 
 
 FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",

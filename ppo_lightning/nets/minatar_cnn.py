@@ -80,7 +80,7 @@ class MinAtarActorCritic(nn.Module):
 
     def policy(self, obs: Tensor) -> tuple[Tensor]:
         x, lead = self._nchw(obs)
-        return (self.policy_head(self.policy_body(x)).reshape(*lead, -1),)
+        return (self.policy_head(self.policy_body(x)).float().reshape(*lead, -1),)
 
     # The value head's input by layout (own trunk; shared; shared through a stop-gradient): the MLP's
     # rule, on the same attributes (value_body, policy_body, arch).
@@ -88,12 +88,14 @@ class MinAtarActorCritic(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         x, lead = self._nchw(obs)
-        return self.value_head(self._value_features(x)).reshape(*lead, 1)
+        return self.value_head(self._value_features(x)).float().reshape(*lead, 1)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         x, lead = self._nchw(obs)
         f = self.policy_body(x)
-        return self.policy_head(f).reshape(*lead, -1), self.value_head(self._value_features(x, f)).reshape(*lead, 1)
+        # float32 outputs under any autocast (the loss's ratios, GAE)
+        return (self.policy_head(f).float().reshape(*lead, -1),
+                self.value_head(self._value_features(x, f)).float().reshape(*lead, 1))
 
     def forward_aux(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Logits, value and the auxiliary value on the policy trunk (PPG's auxiliary phase)."""
@@ -101,8 +103,9 @@ class MinAtarActorCritic(nn.Module):
             raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
         x, lead = self._nchw(obs)
         f = self.policy_body(x)
-        return (self.policy_head(f).reshape(*lead, -1), self.value_head(self._value_features(x, f)).reshape(*lead, 1),
-                self.aux_value_head(f).reshape(*lead, 1))
+        return (self.policy_head(f).float().reshape(*lead, -1),
+                self.value_head(self._value_features(x, f)).float().reshape(*lead, 1),
+                self.aux_value_head(f).float().reshape(*lead, 1))
 
 
 # ---------------------------------------------------------------------------- seed groups
@@ -147,7 +150,7 @@ def stacked_call(net: MinAtarActorCritic, p: dict[str, Tensor], method: str, obs
         return _stacked_linear(f, p[name + ".weight"], p[name + ".bias"])
 
     def out(t):
-        return t.reshape(S, *lead, t.shape[-1])
+        return t.float().reshape(S, *lead, t.shape[-1])  # float32 under any autocast
 
     f = None if method == "value" and net.value_body is not None else _stacked_trunk(p, "policy_body.", x, k)
     if method == "policy":
