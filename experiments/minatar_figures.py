@@ -85,7 +85,7 @@ def _bsi_arms() -> dict[str, list[str]]:
     # why c = 4 learns faster, c = 1 with twice the lr should match c = 4.
     for k in (2, 4, 8):  # and the lr sweep at c = 1 for this budget: where does a larger step stop helping?
         arms[f"c1_lr{k}x"] = EWMA + ["--model.lr", str(k * BASE_LR)]
-    # Diagnostic (a hypothesis, refuted in experiments/README.md): Adam's second-moment horizon
+    # Diagnostic (a hypothesis, refuted in docs/experiments/minatar.md): Adam's second-moment horizon
     # 1 / (1 - beta2) = 1000 steps is longer than a c = 1 run (600 steps), so its v keeps the large
     # early gradients all run long; at c = 4, 16 (2352, 9384 steps) it forgets them. The optional rule
     # betas ** (1/c) keeps the horizon in frames: with it c = 4 and 16 remember as c = 1 does; and
@@ -228,6 +228,76 @@ def sweep(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list
         append_row(runs_csv, row, RUN_FIELDS)  # last: a row means the run (and its curve) is complete
         print(f"[{figure}] {i + 1}/{len(todo)} {arm} {game} s{seed}: final {row['final_return']} "
               f"auc {row['auc_return']} ({time.time() - t0:.0f} s)", flush=True)
+
+
+# ----------------------------------------------------------------------------------- vectorized seeds
+def groupable(args: list[str]) -> bool:
+    """Arms whose seeds can train as one vectorized group (issue 18): not PPG, staleness or adaptive KL."""
+    text = " ".join(args)
+    return not any(x in text for x in ("ppg", "--data.staleness", "adaptive_kl"))
+
+
+def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list[int], frames: int, out: Path,
+                  tracking_uri: str, run_root: Path) -> None:
+    """`sweep`, but each (game, arm)'s runs of consecutive seeds train as one vectorized group
+    (``fit --seeds S``; seed k of the group is the run of seed ``first + k``, tested equal to it alone).
+    Writes the same rows, one per seed, from each seed's own MLflow run (``wall_s``/``train_s``: the
+    group's time / S). Arms that cannot be grouped, and single seeds, are left to `sweep` after."""
+    from ppo_lightning.cli.fit import fit_main
+
+    runs_csv, curves_csv = out / f"{figure}_runs.csv", out / f"{figure}_curves.csv"
+    done = {run_key(r["arm"], r["game"], r["seed"]) for r in read_rows(runs_csv) if int(r["frames"]) >= frames}
+    for game in games:
+        for arm, extra in arms.items():
+            todo = [s for s in seeds if run_key(arm, game, s) not in done]
+            runs = []  # consecutive seeds (data.seed + k)
+            for s in todo:
+                if runs and runs[-1][-1] == s - 1:
+                    runs[-1].append(s)
+                else:
+                    runs.append([s])
+            for group in runs:
+                if len(group) < 2 or not groupable(extra):
+                    continue
+                args = base_args(game, frames, group[0]) + extra + ["--seeds", str(len(group))]
+                name = f"{arm}-{game}-s{group[0]}-{group[-1]}"
+                t0 = time.perf_counter()
+                cli = fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment",
+                                f"minatar-{figure}", "--mlflow.run_name", name,
+                                "--run_dir", str(run_root / f"minatar-{figure}" / name)])
+                wall = time.perf_counter() - t0
+                client, dm = cli.trainer.logger.experiment, cli.datamodule
+                parent = cli.trainer.logger.run_id
+                elapsed = client.get_metric_history(parent, "time/elapsed_s")
+                train_s = elapsed[-1].value if elapsed else wall
+                for seed, run_id in zip(group, cli.model.seed_group.runs.run_ids):
+                    def history(key):
+                        return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+                    fr, rets = history("frames"), history("episode/return_mean20")
+                    curve = sorted((fr[k], r) for k, r in rets.items() if k in fr)
+                    g2 = list(history("noise/grad_sq_mean").values())[-1:] or [None]
+                    tr = list(history("noise/trace_cov_mean").values())[-1:] or [None]
+                    g2, tr = g2[0], tr[0]
+                    noise = None if g2 is None else (tr / g2 if g2 > 0 else float("inf"))
+                    clip = list(history("train/clip_fraction").values())
+                    row = {"figure": figure, "arm": arm, "game": game, "seed": seed, "frames": dm.frames,
+                           "final_return": round(final_value(curve, dm.frames), 4),
+                           "auc_return": round(curve_auc(curve, dm.frames), 4),
+                           "iterations": dm.iteration, "gradient_steps": cli.trainer.global_step,
+                           "wall_s": round(wall / len(group), 1), "train_s": round(train_s / len(group), 1),
+                           "B_simple": round(noise, 1) if noise is not None else "",
+                           "grad_sq_mean": "" if g2 is None else f"{g2:.4g}", "trace_cov_mean": "" if tr is None else f"{tr:.4g}",
+                           "minibatch_size": dm.minibatch_size,
+                           "clip_fraction": round(sum(clip) / len(clip), 4) if clip else "",
+                           "mlflow_run_id": run_id,
+                           "args": json.dumps(base_args(game, frames, seed) + extra)}  # seed's single-run equivalent
+                    for f, v in curve:
+                        append_row(curves_csv, {"arm": arm, "game": game, "seed": seed, "frames": int(f), "return": round(v, 4)},
+                                   ["arm", "game", "seed", "frames", "return"])
+                    append_row(runs_csv, row, RUN_FIELDS)
+                    print(f"[{figure}] {arm} {game} s{seed} (group of {len(group)}): final {row['final_return']} "
+                          f"auc {row['auc_return']}", flush=True)
+    sweep(figure, arms, games, seeds, frames, out, tracking_uri, run_root)  # the rest, one run per seed
 
 
 # ----------------------------------------------------------------------------------- analysis
@@ -497,6 +567,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--tracking-uri", default=None, help="MLflow store (default: sqlite in --out)")
     p.add_argument("--run-root", type=Path, default=ROOT / "runs" / "minatar")
+    p.add_argument("--one-by-one", action="store_true",
+                   help="train each seed as its own run (default: an arm's seeds as one vectorized group)")
     a = p.parse_args(argv)
     games = a.games.split(",")
     for g in games:
@@ -524,7 +596,7 @@ def main(argv: list[str] | None = None) -> None:
         seeds = list(range(a.first_seed, a.first_seed + a.seeds))
         if a.figure == "reference":
             seeds = [1000 + s for s in seeds]  # reference seeds never coincide with experiment seeds
-        sweep(a.figure, arms, games, seeds, a.frames, a.out, tracking_uri, a.run_root)
+        (sweep if a.one_by_one else sweep_grouped)(a.figure, arms, games, seeds, a.frames, a.out, tracking_uri, a.run_root)
     if a.figure == "reference":
         summarize_reference(a.out)
     else:

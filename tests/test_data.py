@@ -206,3 +206,32 @@ def test_data_parallel_ranks_collect_different_data_and_count_all_frames():
         source.collector.shutdown()
         assert dm.frames == 2 * 16  # both ranks' frames
     assert not torch.allclose(firsts[0], firsts[1])
+
+
+def test_batched_minatar_rollout_equals_the_collectors_bitwise():
+    """MinAtar's batched rollout (no TorchRL collector) gives the collector's rollouts bitwise: every
+    key, over three rollouts with episode ends and time-limit truncations inside, drawing the same
+    random numbers (torch's generator ends in the same state)."""
+    from ppo_lightning.data.batched_rollout import BatchedRollout
+    from ppo_lightning.nets.models import build_network
+
+    out = []
+    for batched in (False, True):
+        dm = RolloutDataModule(env_id="minatar:breakout", env_kwargs={"max_episode_steps": 25}, num_envs=3,
+                               rollout_steps=40, num_minibatches=1, seed=5, batched_rollout=batched)
+        torch.manual_seed(0)
+        net = build_network(dm.observation_space, dm.action_space, {"name": "minatar_cnn", "channels": 4, "hidden": 16})
+        source = RolloutSource(dm, net)
+        assert isinstance(source.collector, BatchedRollout) == batched
+        rollouts = [source._next_rollout() for _ in range(3)]
+        out.append((rollouts, torch.get_rng_state(), dm.episodes.state_dict()))
+        source.collector.shutdown()
+    (ref, ref_rng, ref_eps), (got, got_rng, got_eps) = out
+    for a, b in zip(ref, got):
+        a = a.exclude("collector")
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        for k in a.keys(True, True):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    done = torch.cat([r["next", "done"] for r in ref])
+    assert done.sum() >= 3 and torch.cat([r["next", "truncated"] for r in ref]).any()  # ends and cuts inside
+    assert torch.equal(ref_rng, got_rng) and ref_eps == got_eps

@@ -169,6 +169,7 @@ def _ppg_n_pi(model) -> int | None:
     ppg = model.get("ppg")
     if ppg is None:
         return None
+    # scaling stays pure arithmetic (no torch/tensordict at import, STYLE.md): PPG's defaults only for PPG
     from ppo_lightning.algos.ppg import PPG_DEFAULTS
 
     return int(ppg.get("n_pi", PPG_DEFAULTS["n_pi"]))

@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from ppo_lightning.core.faults import CheckpointError
 from ppo_lightning.nets.models import OBS_KEY, dist_param_keys, make_distribution
 
 STALENESS_MODES = ("behavior", "proximal", "decoupled")
@@ -128,8 +129,6 @@ class StalenessQueue:
 
     def load_state_dict(self, state: dict) -> None:
         if (state["staleness"], state["mode"]) != (self.staleness, self.mode):
-            from ppo_lightning.core.faults import CheckpointError  # a ValueError: one line, exit code 2 in the CLI
-
             raise CheckpointError(
                 f"checkpoint's staleness queue (data.staleness={state['staleness']}, staleness_mode="
                 f"{state['mode']}) differs from the config's ({self.staleness}, {self.mode})"

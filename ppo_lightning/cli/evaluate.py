@@ -18,14 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.interop.checkpoint_io import ExportError
+from ppo_lightning.envs import env_spaces
+from ppo_lightning.interop.checkpoint_io import ExportError, is_checkpoint, load_network
+from ppo_lightning.interop.evaluation import evaluate_policy, format_result, resolve_env
+from ppo_lightning.interop.hf.loader import is_pretrained_folder, load_pretrained, read_pretrained_config
 
 
-def load_source(source: str | os.PathLike) -> tuple[Any, dict[str, Any], dict, dict]:
+def load_source(source: str | os.PathLike, seed_index: int | None = None) -> tuple[Any, dict[str, Any], dict, dict]:
     """(network, training environment settings, observation space, action space) of SOURCE."""
-    from ppo_lightning.interop.checkpoint_io import is_checkpoint, load_network
-    from ppo_lightning.interop.hf.loader import is_pretrained_folder, load_pretrained, read_pretrained_config
-
     path = Path(source)
     if not path.exists():
         raise ExportError(f"not found: {path}")
@@ -34,34 +34,14 @@ def load_source(source: str | os.PathLike) -> tuple[Any, dict[str, Any], dict, d
         net = load_pretrained(path)
         return net, dict(config.get("environment") or {}), config["observation_space"], config["action_space"]
     if is_checkpoint(path) or path.is_dir():
-        net, checkpoint = load_network(path)
+        net, checkpoint = load_network(path, seed_index)
         hparams = checkpoint["hyper_parameters"]
         env = checkpoint.get("datamodule_hyper_parameters")
         return net, dict(env or {}), hparams["observation_space"], hparams["action_space"]
     raise ExportError(f"{path} is neither a checkpoint nor an exported folder")
 
 
-def resolve_env(training_env: dict[str, Any], env_id: str | None, levels: str) -> tuple[str, dict[str, Any]]:
-    """(env id, env kwargs) to evaluate on: the training env (or ``env_id``), Procgen levels split."""
-    from ppo_lightning.envs import check_env_id, is_procgen
-    from ppo_lightning.interop.evaluation import procgen_level_kwargs
-
-    train_id = training_env.get("env_id")
-    target = env_id or train_id
-    if not target:
-        raise ValueError("the source does not name its training environment: pass --env ID")
-    # the training env's settings; for another Procgen game too (mode, level split)
-    same_family = target == train_id or (is_procgen(target) and is_procgen(str(train_id or "")))
-    kwargs = dict(training_env.get("env_kwargs") or {}) if same_family else {}
-    check_env_id(target)
-    if is_procgen(target):
-        kwargs = procgen_level_kwargs(kwargs, levels)
-    return target, kwargs
-
-
 def check_observations(env_id: str, env_kwargs: dict, observation_space: dict) -> None:
-    from ppo_lightning.envs import env_spaces
-
     env_obs, _ = env_spaces(env_id, env_kwargs)
     if list(env_obs["shape"]) != list(observation_space["shape"]):
         raise ValueError(
@@ -72,13 +52,11 @@ def check_observations(env_id: str, env_kwargs: dict, observation_space: dict) -
 
 def evaluate_source(source, episodes: int = 10, deterministic: bool = False, env_id: str | None = None,
                     levels: str = "test", seed: int = 0, num_envs: int | None = None, video: str | None = None,
-                    video_episodes: int = 1) -> dict[str, Any]:
+                    video_episodes: int = 1, seed_index: int | None = None) -> dict[str, Any]:
     """`evaluate_policy` on the network of SOURCE (see the module doc)."""
-    from ppo_lightning.interop.evaluation import evaluate_policy
-
     if not isinstance(episodes, int) or episodes <= 0:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
-    net, training_env, obs_space, action_space = load_source(source)
+    net, training_env, obs_space, action_space = load_source(source, seed_index)
     target, kwargs = resolve_env(training_env, env_id, levels)
     check_observations(target, kwargs, obs_space)
     result = evaluate_policy(net, target, episodes=episodes, deterministic=deterministic, env_kwargs=kwargs,
@@ -105,16 +83,16 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--video", default=None, metavar="OUT.mp4", help="record env 0's first episode(s) to this MP4")
     parser.add_argument("--video-episodes", type=int, default=1, help="episodes in the video (default 1)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the figures as one JSON object")
+    parser.add_argument("--seed_index", "--seed-index", type=int, default=None, metavar="K",
+                        help="a vectorized seed group's checkpoint: evaluate its seed K")
     args = parser.parse_args(argv)
     try:
         result = evaluate_source(args.source, episodes=args.episodes, deterministic=args.deterministic,
                                  env_id=args.env, levels=args.levels, seed=args.seed, num_envs=args.num_envs,
-                                 video=args.video, video_episodes=args.video_episodes)
+                                 video=args.video, video_episodes=args.video_episodes, seed_index=args.seed_index)
     except (ExportError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from ppo_lightning.interop.evaluation import format_result
-
     print(format_result(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from ppo_lightning.training.callbacks import (
 )
 from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
+from ppo_lightning.training.precision import PPOTrainer
 from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger
 
 
@@ -90,6 +91,9 @@ class PPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.observation_space", "model.observation_space", apply_on="instantiate")
         parser.link_arguments("data.action_space", "model.action_space", apply_on="instantiate")
+        parser.link_arguments("data.seeds", "model.seeds", apply_on="instantiate")  # vectorized seeds
+        parser.add_argument("--seeds", type=int | None, default=None,
+                            help="train this many seeds in one process, vectorized (sets data.num_seeds)")
         parser.add_argument("--mlflow.enabled", type=bool, default=True, help="track the run in MLflow")
         parser.add_argument("--mlflow.tracking_uri", type=str, default=DEFAULT_TRACKING_URI)
         parser.add_argument("--mlflow.experiment", type=str, default="ppo-lightning")
@@ -110,6 +114,8 @@ class PPOCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand]
         fill_data_seed(cfg)
+        if cfg.get("seeds") is not None:  # --seeds S is data.num_seeds
+            cfg.data.num_seeds = cfg.seeds
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
         from ppo_lightning.algos import scaling
@@ -130,6 +136,7 @@ class PPOCLI(LightningCLI):
             cfg.trainer.strategy = "ddp_find_unused_parameters_true"
         staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
                                      decoupled=cfg.model.get("decoupled"), proximal_com=cfg.model.get("proximal_com"))
+        resolve_config_precision(cfg)
 
     def instantiate_trainer(self, **kwargs):
         cfg = self.config[self.subcommand]
@@ -275,7 +282,8 @@ class PPOCLI(LightningCLI):
         _TRAINING_STARTED = True
         from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 
-        self.trainer.callbacks.append(SmallBatchDiagnostics())  # clip fraction, advantage-std warnings
+        # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c
+        self.trainer.callbacks.append(SmallBatchDiagnostics(scale=self.config[self.subcommand].get("scale") or 1.0))
         wait_for_episodes(self.trainer.callbacks)  # episode/... monitors wait for the first episode
         if getattr(self, "scale_params", None) and self.trainer.logger is not None:
             self.trainer.logger.log_hyperparams(self.scale_params)
@@ -289,9 +297,12 @@ class PPOCLI(LightningCLI):
             return
         ckpt = self.checkpoint_callback.last_model_path or "(none)"
         ranks = trainer.world_size > 1
+        group = getattr(dm, "group_states", None)  # vectorized seeds: every seed's return
+        returns = (", ".join(f"{st.episodes.mean_return(20):.1f}" for st in group) + f" (seeds {dm.seeds[0]}..{dm.seeds[-1]})"
+                   if group else f"{dm.episodes.mean_return(20):.1f}")
         print(
-            f"\nfinished: {dm.frames} frames{' (all ranks)' if ranks else ''}, {dm.iteration} iterations, "
-            f"mean return of the last 20 episodes {dm.episodes.mean_return(20):.1f}"
+            f"\nfinished: {dm.frames} frames{' (all ranks)' if ranks else ''}{' per seed' if group else ''}, "
+            f"{dm.iteration} iterations, mean return of the last 20 episodes {returns}"
             + (f" (rank 0 of {trainer.world_size})" if ranks else "")
         )
         print(f"checkpoint: {ckpt}")
@@ -308,6 +319,18 @@ class PPOCLI(LightningCLI):
             print(f"  view with: mlflow ui --backend-store-uri {logger.tracking_uri}")
 
 
+def resolve_config_precision(cfg) -> None:
+    """``trainer.precision`` before the Trainer is built: the deprecated ``model.network.precision``
+    / ``model.proximal_precision`` set it where it is not given (and leave the model config), then
+    ``auto`` resolves for this machine, logged once (`ppo_lightning.training.precision`)."""
+    from ppo_lightning.training.precision import resolve, take_precision_aliases
+
+    alias = take_precision_aliases(cfg.model, trainer_precision=cfg.trainer.get("precision"))
+    if alias is not None and cfg.trainer.get("precision") is None:
+        cfg.trainer.precision = alias
+    cfg.trainer.precision = resolve(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"))
+
+
 def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
     if args is not None:  # called from Python (tests, benchmarks, experiments) on purpose
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
@@ -315,6 +338,7 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
     return PPOCLI(
         PPOLightningModule,
         RolloutDataModule,
+        trainer_class=PPOTrainer,  # Lightning's Trainer; its precision also takes "auto"
         trainer_defaults={
             "max_epochs": -1,
             "enable_model_summary": False,
@@ -331,11 +355,6 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("export-hf", "evaluate"):
-        from ppo_lightning.cli.main import main as dispatch
-
-        return dispatch(args)
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
     from lightning.pytorch.utilities.exceptions import SIGTERMException

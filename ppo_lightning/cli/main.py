@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
+    # start-up cost: each command imports only its own module (fit pulls Lightning's CLI and TorchRL)
     if args[0] == "export-hf":
         from ppo_lightning.interop.hf.writer import export_main
 

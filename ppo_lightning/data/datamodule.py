@@ -12,6 +12,7 @@ The data side borrows the module's network for collection (a TorchRL `Probabilis
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from torchrl.collectors import Collector
 
 from ppo_lightning.core import faults
 from ppo_lightning.data import parallel, resume_state
+from ppo_lightning.data.batched_rollout import BatchedRollout, supports_batched_rollout
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
@@ -97,15 +99,18 @@ class RolloutSource:
         self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), env_kwargs,
                             timeout_s=data.env_timeout_s)
         self.policy = make_policy_operator(network, data.action_space, with_value=True)
-        self.collector = Collector(
-            self.env,
-            self.policy,
-            frames_per_batch=data.frames_per_iteration,
-            total_frames=-1,
-            auto_register_policy_transforms=False,
-            trust_policy=True,
-            **collector_devices(self.device),
-        )
+        if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar: same rollouts, no per-step collector cost
+            self.collector = BatchedRollout(self.env, network, data.action_space, data.frames_per_iteration)
+        else:
+            self.collector = Collector(
+                self.env,
+                self.policy,
+                frames_per_batch=data.frames_per_iteration,
+                total_frames=-1,
+                auto_register_policy_transforms=False,
+                trust_policy=True,
+                **collector_devices(self.device),
+            )
         self._iterator = iter(self.collector)
         self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
         self.last_timing: dict[str, float] = {}
@@ -156,17 +161,25 @@ class RolloutSource:
             )
         return rollout
 
+    def precision_context(self):
+        """The Trainer's precision for the rollout forwards, as Lightning applies it to the training
+        step (``bf16-mixed``: bf16 autocast; ``32-true``: nothing); networks return float32, so GAE
+        and the normalizers stay float32."""
+        trainer = getattr(self.data, "trainer", None)
+        return trainer.precision_plugin.forward_context() if trainer is not None else contextlib.nullcontext()
+
     @torch.no_grad()
     def collect(self) -> TensorDictBase:
         """One rollout shaped [envs, time] with advantages and value targets."""
         data = self.data
         t0 = time.perf_counter()
-        rollout = self._next_rollout()
-        if self.stale is not None:  # delayed rollout: collection-time values, policy roles by mode
-            rollout = self.stale.delay(rollout, data.iteration - 1, lambda: self._next_rollout(count=False))
-            relabel(rollout, self.network, data.staleness_mode, data.action_space)
-        t1 = time.perf_counter()
-        rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
+        with self.precision_context():  # the network's forwards; GAE below runs in float32
+            rollout = self._next_rollout()
+            if self.stale is not None:  # delayed rollout: collection-time values, policy roles by mode
+                rollout = self.stale.delay(rollout, data.iteration - 1, lambda: self._next_rollout(count=False))
+                relabel(rollout, self.network, data.staleness_mode, data.action_space)
+            t1 = time.perf_counter()
+            rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
         self.gae(rollout)
         t2 = time.perf_counter()
         self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
@@ -229,6 +242,12 @@ class RolloutDataModule(pl.LightningDataModule):
         num_threads: torch intra-op threads (None: 1 for MLP policies; see `ppo_lightning.core.threads`).
         env_timeout_s: a gymnasium env step or reset that takes longer stops training with an
             error naming the env (`ppo_lightning.core.faults`); 0: no limit.
+        batched_rollout: collect from envs that step as one batch (MinAtar) with
+            `ppo_lightning.data.batched_rollout` instead of TorchRL's collector: the same rollouts,
+            bitwise, without the collector's per-step cost. False: always the collector.
+        num_seeds: train this many independent seeds in one process, vectorized: seed k is the run
+            with seed ``seed + k`` (`ppo_lightning.data.seed_group`, `ppo_lightning.training.seed_group`);
+            ``frames`` and ``total_frames`` count each seed's own frames. 1: a single run.
     """
 
     def __init__(
@@ -250,6 +269,8 @@ class RolloutDataModule(pl.LightningDataModule):
         staleness: int = 0,
         staleness_mode: str = "decoupled",
         env_timeout_s: float = faults.DEFAULT_ENV_TIMEOUT_S,
+        batched_rollout: bool = True,
+        num_seeds: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -265,6 +286,8 @@ class RolloutDataModule(pl.LightningDataModule):
         self.num_threads = num_threads
         self.staleness, self.staleness_mode = staleness, staleness_mode
         self.env_timeout_s = env_timeout_s
+        self.batched_rollout = bool(batched_rollout)
+        self.num_seeds = num_seeds
         self.validate()
         self.observation_space, self.action_space = env_spaces(env_id, self.env_kwargs)
         self.frames = 0
@@ -281,6 +304,11 @@ class RolloutDataModule(pl.LightningDataModule):
         self.resume_providers: dict[str, resume_state.Stateful] = {}
         self.elastic_resume: dict[str, int] | None = None  # a --rescale resume (ppo_lightning.training.rescale)
         self._iteration_t0 = None
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds of this run: ``[seed]``, or ``seed, seed + 1, ...`` for a seed group."""
+        return [self.seed + k for k in range(self.num_seeds)]
 
     @property
     def frames_per_iteration(self) -> int:
@@ -315,6 +343,16 @@ class RolloutDataModule(pl.LightningDataModule):
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"data.num_threads must be positive, got {self.num_threads}")
         validate_staleness(self.staleness, self.staleness_mode)
+        if not isinstance(self.num_seeds, int) or isinstance(self.num_seeds, bool) or self.num_seeds < 1:
+            raise ValueError(f"data.num_seeds must be a positive integer, got {self.num_seeds!r}")
+        if self.num_seeds > 1:
+            from ppo_lightning.envs import is_minatar
+
+            if not is_minatar(self.env_id):
+                raise ValueError(f"data.num_seeds > 1 (vectorized seeds) needs an env that steps as one batch "
+                                 f"(minatar:<game>), got {self.env_id!r}")
+            if self.staleness:
+                raise ValueError("data.num_seeds > 1 does not support data.staleness yet")
         if not (isinstance(self.env_timeout_s, (int, float)) and self.env_timeout_s >= 0):
             raise ValueError(f"data.env_timeout_s must be a number of seconds >= 0 (0: no limit), got {self.env_timeout_s!r}")
 
@@ -328,7 +366,16 @@ class RolloutDataModule(pl.LightningDataModule):
             h = self.trainer.lightning_module.hparams
             validate_staleness(self.staleness, self.staleness_mode, decoupled=h.get("decoupled"),
                                proximal_com=h.get("proximal_com"))
-            self.source = RolloutSource(self, self.trainer.lightning_module.network)
+            module = self.trainer.lightning_module
+            group = getattr(module, "seed_group", None)
+            if group is not None:  # vectorized seeds (ppo_lightning.data.seed_group)
+                from ppo_lightning.data.seed_group import check_group_trainer, SeedGroupSource
+
+                check_group_trainer(self.trainer, self.num_seeds, group.seeds, self.seeds)
+                self.source = SeedGroupSource(self, module.network, group.seeds, group.action_rng_states)
+                self.group_states = self.source.states  # kept after teardown (results, after_fit)
+            else:
+                self.source = RolloutSource(self, module.network)
             self.source.phases = getattr(self.trainer.lightning_module, "ppg_phases", None)
             if self.source.phases is not None:  # a small phase buffer joins this rank's resume state
                 self.source.phases.attach(self)

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ppo_lightning.envs import is_procgen
+
 
 def network_device(network: nn.Module) -> torch.device:
     """The device of the network's parameters (the local shard's under FSDP2)."""
@@ -44,8 +46,6 @@ def collector_devices(device: torch.device | str) -> dict[str, Any]:
 def device_env_kwargs(env_id: str, env_kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
     """``env_kwargs`` plus what the env needs for a policy on ``device`` (Procgen on a GPU: pinned
     observations)."""
-    from ppo_lightning.envs import is_procgen
-
     device = torch.device(device)
     if device.type == "cuda" and is_procgen(env_id) and "pin_memory" not in env_kwargs:
         return {**env_kwargs, "pin_memory": True}

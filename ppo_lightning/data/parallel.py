@@ -29,6 +29,9 @@ import math
 
 import torch
 
+from ppo_lightning.envs import PROCGEN_PREFIX
+from ppo_lightning.envs.procgen_scores import normalized_return
+
 
 def _dist_world() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -86,9 +89,6 @@ def pool_episode_metrics(module, dm, metrics: dict[str, float], last: int = 20) 
         else:
             metrics.pop(key, None)
     if "episode/normalized_return_mean20" in metrics and "episode/return_mean20" in metrics:
-        from ppo_lightning.envs import PROCGEN_PREFIX
-        from ppo_lightning.envs.procgen_scores import normalized_return
-
         game, mode = dm.env_id[len(PROCGEN_PREFIX):], dm.env_kwargs.get("distribution_mode", "hard")
         metrics["episode/normalized_return_mean20"] = normalized_return(game, mode, metrics["episode/return_mean20"])
 

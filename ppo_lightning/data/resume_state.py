@@ -33,6 +33,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ppo_lightning.core.faults import CheckpointError
+
 # ---------------------------------------------------------------------------- plain encoding
 
 
@@ -181,8 +183,6 @@ def set_gym_vector_state(vec: Any, state: dict[str, Any]) -> None:
                 setattr(obj, key, decode(value))
 
     if len(state["envs"]) != len(vec.envs):
-        from ppo_lightning.core.faults import CheckpointError
-
         raise CheckpointError(f"the checkpoint has {len(state['envs'])} environments per rank, the config "
                               f"{len(vec.envs)} (data.num_envs): resume with the same data.num_envs")
     apply(vec, state["vector"])
@@ -205,8 +205,13 @@ def _base_env(env: Any) -> Any:
 
 
 def env_state(env: Any) -> dict[str, Any]:
-    """State of a TorchRL env built by `ppo_lightning.envs.make_env` (gymnasium or Procgen)."""
+    """State of a TorchRL env built by `ppo_lightning.envs.make_env` (gymnasium, Procgen or MinAtar)."""
     base = _base_env(env)
+    if hasattr(base, "get_raw_state"):  # MinAtarTorchEnv: plain Python / numpy state, encoded here
+        try:
+            return {"kind": "raw", "state": encode(base.get_raw_state()), "restorable": True, "missing": []}
+        except NotRestorable as err:
+            return {"kind": "raw", "restorable": False, "missing": [f"{type(base).__name__} ({err})"]}
     if hasattr(base, "get_state"):  # ProcgenTorchEnv
         return {"kind": "procgen", "state": base.get_state(), "restorable": True, "missing": []}
     vec = getattr(base, "_env", None)  # TorchRL's GymWrapper keeps the gymnasium env here
@@ -217,7 +222,14 @@ def env_state(env: Any) -> dict[str, Any]:
 
 def set_env_state(env: Any, state: dict[str, Any]) -> None:
     base = _base_env(env)
-    if state["kind"] == "procgen":
+    if state["kind"] == "raw":
+        try:
+            base.set_raw_state(decode(state["state"]))
+        except ValueError as err:
+            from ppo_lightning.core.faults import CheckpointError
+
+            raise CheckpointError(str(err)) from None
+    elif state["kind"] == "procgen":
         base.set_state(state["state"])
     else:
         set_gym_vector_state(base._env, state)
@@ -242,12 +254,14 @@ def capture(dm: Any) -> dict[str, Any]:
     """This rank's resume state for the data module ``dm`` (its `RolloutSource` may not exist yet)."""
     out: dict[str, Any] = {"rng": rng_state(), "extra": {k: v.state_dict() for k, v in getattr(dm, "resume_providers", {}).items()}}
     source = getattr(dm, "source", None)
-    if source is not None:
+    if source is not None and getattr(source, "is_seed_group", False):  # ppo_lightning.data.seed_group
+        out["seed_group"] = source.state_dict()
+    elif source is not None:
         out["env"] = env_state(source.env)
         out["collector"] = collector_state(source.collector)
     elif getattr(dm, "_pending_resume", None) is not None:  # restored but not applied yet: keep it
         pending = dm._pending_resume
-        out.update({k: pending[k] for k in ("env", "collector", "rng") if k in pending})
+        out.update({k: pending[k] for k in ("env", "collector", "rng", "seed_group") if k in pending})
     return out
 
 
@@ -261,6 +275,8 @@ def apply(dm: Any, state: dict[str, Any]) -> None:
     for key, provider in getattr(dm, "resume_providers", {}).items():
         if key in state.get("extra", {}):
             provider.load_state_dict(state["extra"][key])
+    if state.get("seed_group") is not None:
+        source.load_state_dict(state["seed_group"])
     env = state.get("env")
     if env is not None:
         if env["restorable"]:
@@ -311,8 +327,8 @@ def select_rank_state(states: list[dict[str, Any]], rank: int, elastic: dict[str
         resume = dict(state.get("resume") or {})
         resume["extra"] = {k: v for k, v in (resume.get("extra") or {}).items() if k != "ppg_buffer"}
         if new_rank or elastic["num_envs"] != elastic["saved_num_envs"]:
-            resume.pop("env", None)
-            resume.pop("collector", None)
+            for key in ("env", "collector", "seed_group"):
+                resume.pop(key, None)
             if state.get("reward_normalizer") is not None:
                 state["reward_normalizer"] = {**state["reward_normalizer"],
                                               "ret": torch.zeros(elastic["num_envs"], dtype=torch.float64)}
@@ -321,8 +337,6 @@ def select_rank_state(states: list[dict[str, Any]], rank: int, elastic: dict[str
         state["resume"] = resume
         return state
     if rank >= len(states):
-        from ppo_lightning.core.faults import CheckpointError
-
         raise CheckpointError(f"the checkpoint holds the state of {len(states)} data-parallel rank(s); this is rank "
                               f"{rank}: resume with the same number of devices")
     return states[rank]

@@ -5,6 +5,9 @@
 ``"minatar:<game>"`` -> `ppo_lightning.envs.minatar_env` (issue 11). Every env is batched over
 ``num_envs`` on its first dimension, reports ``episode_reward`` and ``step_count`` in ``next`` and
 resets through TorchRL (no fake transitions from a vector env's autoreset).
+
+Procgen's and MinAtar's modules are imported inside the functions below, only for an id of their
+family: they are optional at run time and cost start-up (procgen pulls gym and gym3).
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ def is_minatar(env_id: str) -> bool:
 def check_env_id(env_id: str) -> None:
     """Raise ValueError naming ``data.env_id`` if the id is unknown."""
     if is_minatar(env_id):
+        # optional at run time: only for minatar ids
+        # optional at run time (minatar): only for minatar ids
         from ppo_lightning.envs.minatar_env import check_minatar_game
 
         check_minatar_game(env_id[len(MINATAR_PREFIX):])
     elif is_procgen(env_id):
+        # optional at run time, seconds to import (gym, gym3): only for procgen ids
         from ppo_lightning.envs.procgen_env import check_procgen_game
 
         check_procgen_game(env_id[len(PROCGEN_PREFIX):])
@@ -43,10 +49,13 @@ def env_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[d
     """(observation_space, action_space) as plain dicts, without building the vector env."""
     env_kwargs = env_kwargs or {}
     if is_minatar(env_id):
+        # optional at run time: only for minatar ids
+        # optional at run time (minatar): only for minatar ids
         from ppo_lightning.envs.minatar_env import minatar_spaces
 
         return minatar_spaces(env_id[len(MINATAR_PREFIX):])
     if is_procgen(env_id):
+        # optional at run time, seconds to import (gym, gym3): only for procgen ids
         from ppo_lightning.envs.procgen_env import procgen_spaces
 
         return procgen_spaces()
@@ -59,10 +68,13 @@ def make_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] |
     takes longer is an `ppo_lightning.core.faults.EnvFault` (None: the default, 60 s; 0: no limit)."""
     env_kwargs = env_kwargs or {}
     if is_minatar(env_id):
+        # optional at run time: only for minatar ids
+        # optional at run time (minatar): only for minatar ids
         from ppo_lightning.envs.minatar_env import make_minatar_env
 
         return make_minatar_env(env_id[len(MINATAR_PREFIX):], num_envs=num_envs, seed=seed, **env_kwargs)
     if is_procgen(env_id):
+        # optional at run time, seconds to import (gym, gym3): only for procgen ids
         from ppo_lightning.envs.procgen_env import make_procgen_env
 
         return make_procgen_env(env_id[len(PROCGEN_PREFIX):], num_envs=num_envs, seed=seed, **env_kwargs)
@@ -78,6 +90,7 @@ def make_recordable_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[
     if is_procgen(env_id):
         return make_env(env_id, num_envs, seed, env_kwargs), None
     if is_minatar(env_id):  # 10x10xC boolean states: drawn as coloured cells
+        # optional at run time: only for minatar ids
         from ppo_lightning.envs.minatar_env import render_state
 
         env = make_env(env_id, num_envs, seed, env_kwargs)

@@ -30,6 +30,7 @@ so two envs built with the same seed produce the same trajectories for the same 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 
@@ -127,16 +128,64 @@ class MinAtarTorchEnv(EnvBase):
         if seed is not None:
             self._seed_games(int(seed))
 
+    # ------------------------------------------------------------------ exact resume
+    def get_raw_state(self) -> dict:
+        """Every game's state, as MinAtar keeps it (plain Python and numpy data, each game's
+        ``RandomState`` included), plus the current observations and step counts; encoded for a
+        checkpoint by `ppo_lightning.data.resume_state`."""
+        games = [{"outer": {k: copy.deepcopy(v) for k, v in vars(g).items() if k != "env"},
+                  "inner": {k: copy.deepcopy(v) for k, v in vars(g.env).items() if k != "random"}}
+                 for g in self._games]
+        return {"games": games, "obs": self._obs.copy(), "steps": self._steps.copy()}
+
+    def set_raw_state(self, state: dict) -> None:
+        if len(state["games"]) != self.num_envs:
+            raise ValueError(f"the saved MinAtar state has {len(state['games'])} games, this env {self.num_envs} "
+                             f"(data.num_envs): resume with the same data.num_envs")
+        for g, saved in zip(self._games, state["games"]):
+            for k, v in saved["outer"].items():
+                if k == "random":  # the game shares this generator: restore it in place
+                    g.random.set_state(v.get_state())
+                else:
+                    setattr(g, k, v)
+            for k, v in saved["inner"].items():
+                setattr(g.env, k, v)
+        self._obs[:] = state["obs"]
+        self._steps[:] = state["steps"]
+
     # ------------------------------------------------------------------ stepping
-    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
-        mask = None if tensordict is None else tensordict.get("_reset", None)
-        asked = np.ones(self.num_envs, dtype=bool) if mask is None else mask.reshape(self.num_envs).numpy()
+    def reset_games(self, asked: np.ndarray) -> None:
+        """Restart the games where ``asked`` (bool ``[num_envs]``); their states go into ``self._obs``."""
         for i in np.flatnonzero(asked):
             g = self._games[i]
             g.reset()
             g.last_action = 0
             self._obs[i] = g.state()
         self._steps[asked] = 0
+
+    def step_games(self, actions: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Step every game once (one Python loop); states go into ``self._obs`` in place.
+        Returns ``(reward float32, terminated bool, truncated bool)``, each ``[num_envs]``. The one
+        implementation of a step: `_step` and the batched rollout (`ppo_lightning.data.batched_rollout`)
+        both call it."""
+        reward = np.zeros(self.num_envs, dtype=np.float32)
+        terminal = np.zeros(self.num_envs, dtype=bool)
+        obs = self._obs
+        for i, (g, a) in enumerate(zip(self._games, actions)):
+            r, t = g.act(a)
+            reward[i], terminal[i] = r, t
+            obs[i] = g.state()
+        self._steps[:] += 1  # in place: no module __setattr__ per step
+        if self.max_episode_steps is not None:
+            truncated = (self._steps >= self.max_episode_steps) & ~terminal
+        else:
+            truncated = np.zeros(self.num_envs, dtype=bool)
+        return reward, terminal, truncated
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        asked = np.ones(self.num_envs, dtype=bool) if mask is None else mask.reshape(self.num_envs).numpy()
+        self.reset_games(asked)
         zeros = torch.zeros((self.num_envs, 1), dtype=torch.bool)
         return TensorDict(
             {"observation": torch.from_numpy(self._obs.copy()), "done": zeros, "terminated": zeros.clone(),
@@ -145,19 +194,8 @@ class MinAtarTorchEnv(EnvBase):
         )
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        actions = tensordict.get("action").reshape(self.num_envs).tolist()
-        reward = np.zeros(self.num_envs, dtype=np.float32)
-        terminal = np.zeros(self.num_envs, dtype=bool)
+        reward, terminal, truncated = self.step_games(tensordict.get("action").reshape(self.num_envs).tolist())
         obs = self._obs
-        for i, (g, a) in enumerate(zip(self._games, actions)):
-            r, t = g.act(a)
-            reward[i], terminal[i] = r, t
-            obs[i] = g.state()
-        self._steps += 1
-        if self.max_episode_steps is not None:
-            truncated = (self._steps >= self.max_episode_steps) & ~terminal
-        else:
-            truncated = np.zeros(self.num_envs, dtype=bool)
         term = torch.from_numpy(terminal).unsqueeze(-1)
         trunc = torch.from_numpy(truncated).unsqueeze(-1)
         return TensorDict(

@@ -34,6 +34,8 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data.tensor_specs import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import Compose, EnvBase, RewardSum, StepCounter, TransformedEnv
 
+from ppo_lightning.core.faults import CheckpointError
+
 GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
     "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
@@ -207,8 +209,6 @@ class ProcgenTorchEnv(EnvBase):
 
     def set_state(self, state: dict[str, Any]) -> None:
         if len(state["games"]) != self.num_envs:
-            from ppo_lightning.core.faults import CheckpointError
-
             raise CheckpointError(f"the checkpoint has {len(state['games'])} Procgen envs per rank, the config "
                                   f"{self.num_envs} (data.num_envs): resume with the same data.num_envs")
         if (state["seed"], state["resets"]) != (self._seed, self._resets):

@@ -164,10 +164,12 @@ def _read_sharded(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
-def read_checkpoint(ckpt: str | os.PathLike) -> dict[str, Any]:
+def read_checkpoint(ckpt: str | os.PathLike, seed_index: int | None = None) -> dict[str, Any]:
     """Load a ``.ckpt`` file or a sharded checkpoint folder and check that it is one of ours.
 
     Returns the checkpoint dict, with ``state_dict`` holding (at least) the ``network.`` weights.
+    A vectorized seed group's checkpoint needs ``seed_index``: seed k's part then reads as the
+    checkpoint of a single run (`select_seed`).
     """
     path = Path(ckpt)
     if not path.exists():
@@ -188,7 +190,36 @@ def read_checkpoint(ckpt: str | os.PathLike) -> dict[str, Any]:
     missing = [k for k in ("observation_space", "action_space") if not isinstance(hparams, dict) or not hparams.get(k)]
     if missing:
         raise ExportError(f"{path} is not a ppo_lightning checkpoint: hyper_parameters lack {', '.join(missing)}")
-    return checkpoint
+    return select_seed(checkpoint, seed_index, str(path))
+
+
+def select_seed(checkpoint: dict[str, Any], seed_index: int | None, where: str = "the checkpoint") -> dict[str, Any]:
+    """Seed ``seed_index`` of a vectorized seed group's checkpoint as a single run's: its weights
+    (``network.inner.X[k]`` -> ``network.X``), ``seeds`` of one, and its episode window for the
+    model card. A single run's checkpoint passes unchanged (``seed_index`` None or 0)."""
+    hparams = checkpoint["hyper_parameters"]
+    seeds = list(hparams.get("seeds") or [])
+    if len(seeds) <= 1:
+        if seed_index not in (None, 0):
+            raise ExportError(f"--seed_index {seed_index}: {where} is a single run, not a seed group")
+        return checkpoint
+    if seed_index is None:
+        raise ExportError(f"{where} holds a vectorized group of {len(seeds)} seeds {seeds}: choose one with "
+                          f"--seed_index K (0..{len(seeds) - 1})")
+    if not (isinstance(seed_index, int) and 0 <= seed_index < len(seeds)):
+        raise ExportError(f"--seed_index must lie in 0..{len(seeds) - 1} for {where} (seeds {seeds}), got {seed_index!r}")
+    from ppo_lightning.nets.seed_stack import unstack_state_dict
+
+    out = dict(checkpoint)
+    out["state_dict"] = unstack_state_dict(checkpoint["state_dict"], seed_index, WEIGHTS_PREFIX)
+    out["hyper_parameters"] = {**hparams, "seeds": [seeds[seed_index]]}
+    data = checkpoint.get(DATA_STATE_KEY)
+    try:
+        group = data["per_rank"][0]["resume"]["seed_group"]["seeds"][seed_index]
+        out[DATA_STATE_KEY] = {**data, "episodes": group["episodes"], "seed": seeds[seed_index]}
+    except (KeyError, IndexError, TypeError):
+        pass
+    return out
 
 
 def network_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -202,6 +233,8 @@ def network_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def build_network_or_fail(observation_space: dict, action_space: dict, network_cfg: dict, where: str) -> torch.nn.Module:
     """``models.build_network``, its failure an `ExportError` naming ``where``."""
+    # start-up cost: `import ppo_lightning` imports this module and must not pull tensordict and every
+    # network (seconds); only building a network needs them
     from ppo_lightning.nets.models import build_network
 
     try:
@@ -210,9 +243,10 @@ def build_network_or_fail(observation_space: dict, action_space: dict, network_c
         raise ExportError(f"{where}: cannot build its network {network_cfg!r} ({one_line(err)})") from None
 
 
-def load_network(ckpt: str | os.PathLike) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The trained actor-critic of a checkpoint (eval mode, float32) and the checkpoint dict."""
-    checkpoint = read_checkpoint(ckpt)
+def load_network(ckpt: str | os.PathLike, seed_index: int | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The trained actor-critic of a checkpoint (eval mode, float32) and the checkpoint dict
+    (seed ``seed_index`` of a seed group's)."""
+    checkpoint = read_checkpoint(ckpt, seed_index)
     hparams = checkpoint["hyper_parameters"]
     net = build_network_or_fail(
         hparams["observation_space"], hparams["action_space"], hparams.get("network") or {"name": "mlp"}, str(ckpt)

@@ -32,8 +32,12 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback
+from tensordict import TensorDict
 
-from ppo_lightning.envs import PROCGEN_PREFIX, env_spaces, is_procgen, make_env, make_recordable_env
+from ppo_lightning.data.resume_state import env_state, set_env_state
+from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env, make_recordable_env
+from ppo_lightning.envs.procgen_scores import normalized_return
+from ppo_lightning.interop.video import VideoWriter
 from ppo_lightning.nets.models import make_distribution
 
 LEVEL_SPLITS = ("train", "test")
@@ -116,17 +120,11 @@ class HeldOutEvaluation(Callback):
         """The evaluation envs' own state and carried steps (`ppo_lightning.data.resume_state`), so that a
         resumed run evaluates on the same episodes as the uninterrupted one (rank 0's, as every callback
         state; other ranks' evaluation envs restart)."""
-        from ppo_lightning.data.resume_state import env_state
-
         return {"envs": {name: env_state(env) for name, env in self.envs.items()},
                 "tds": {name: {"data": td.to_dict(), "batch_size": list(td.batch_size)} for name, td in self._tds.items()},
                 "history": [dict(h) for h in self.history]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from tensordict import TensorDict
-
-        from ppo_lightning.data.resume_state import set_env_state
-
         self.history = [dict(h) for h in state.get("history", [])]
         for name, env in self.envs.items():  # built in setup, before Lightning restores callbacks
             saved = state.get("envs", {}).get(name)
@@ -182,8 +180,6 @@ class HeldOutEvaluation(Callback):
             for name, kwargs in self.split_kwargs(dm).items():
                 stats = self.run_split(name, network, dm.action_space)
                 if "return_mean" in stats and is_procgen(dm.env_id):
-                    from ppo_lightning.envs.procgen_scores import normalized_return
-
                     game = dm.env_id[len(PROCGEN_PREFIX):]
                     stats["normalized_return_mean"] = normalized_return(
                         game, kwargs.get("distribution_mode", "hard"), stats["return_mean"]
@@ -210,6 +206,21 @@ class HeldOutEvaluation(Callback):
 
 
 # ---------------------------------------------------------------------------------------- evaluate_policy
+def resolve_env(training_env: dict[str, Any], env_id: str | None, levels: str) -> tuple[str, dict[str, Any]]:
+    """(env id, env kwargs) to evaluate on: the training env (or ``env_id``), Procgen levels split."""
+    train_id = training_env.get("env_id")
+    target = env_id or train_id
+    if not target:
+        raise ValueError("the source does not name its training environment: pass --env ID")
+    # the training env's settings; for another Procgen game too (mode, level split)
+    same_family = target == train_id or (is_procgen(target) and is_procgen(str(train_id or "")))
+    kwargs = dict(training_env.get("env_kwargs") or {}) if same_family else {}
+    check_env_id(target)
+    if is_procgen(target):
+        kwargs = procgen_level_kwargs(kwargs, levels)
+    return target, kwargs
+
+
 def _policy_parts(policy) -> tuple[Any, dict | None]:
     """(object with ``.policy(obs)`` or a plain callable, action space or None) of anything we accept:
     a `PPOLightningModule`, an actor-critic network, an exported Hugging Face model, or a callable
@@ -280,8 +291,6 @@ def evaluate_policy(
     lengths: list[int] = []
     writer = None
     if video is not None:
-        from ppo_lightning.interop.video import VideoWriter
-
         writer = VideoWriter(video, fps=fps)
     recording, video_done = video is not None, 0
     was_training = getattr(actor, "training", None)
@@ -352,8 +361,6 @@ def evaluate_policy(
         "lengths": lengths,
     }
     if is_procgen(env_id):
-        from ppo_lightning.envs.procgen_scores import normalized_return
-
         game, mode = env_id[len(PROCGEN_PREFIX):], env_kwargs.get("distribution_mode", "hard")
         result["normalized_return_mean"] = normalized_return(game, mode, mean)
     if writer is not None and writer.frames:

@@ -3,9 +3,9 @@
 Young & Tian (2019), MinAtar, section 4: one 3x3 convolution with 16 channels, stride 1, no padding
 (10x10 -> 8x8x16), ReLU, a dense layer of 128 units, ReLU, then the heads. Here the trunk is shared
 by a policy head (init scale 0.01) and a value head (1.0), orthogonal init with gain sqrt(2) for the
-trunk (the PPO implementations' convention, as `ppo_lightning.nets.models.ActorCritic`);
+trunk (the PPO implementations' convention, as `ppo_lightning.nets.actor_critic.ActorCritic`);
 ``shared_trunk: false`` (or ``arch: dual``) gives the policy and the value function a trunk each;
-``arch: detach`` and ``aux_value_head: true`` are PPG's layouts, as in `ppo_lightning.nets.models.ActorCritic`
+``arch: detach`` and ``aux_value_head: true`` are PPG's layouts, as in `ppo_lightning.nets.actor_critic.ActorCritic`
 (PPG picks ``dual`` with the auxiliary head by default).
 
 Observations: ``[..., H, W, C]`` (MinAtar's 10x10xC bool state, taken as 0/1 floats; any numeric
@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ppo_lightning.nets.models import ActorCritic, resolve_arch
+from ppo_lightning.nets.actor_critic import ActorCritic, resolve_arch
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:
@@ -44,7 +44,7 @@ class _Trunk(nn.Module):
 class MinAtarActorCritic(nn.Module):
     """Conv(3x3, ``channels``) -> dense(``hidden``) trunk with policy and value heads.
 
-    Same interface as `ppo_lightning.nets.models.ActorCritic`: ``forward`` -> ``(logits, value)``,
+    Same interface as `ppo_lightning.nets.actor_critic.ActorCritic`: ``forward`` -> ``(logits, value)``,
     ``policy`` -> ``(logits,)``, ``value`` -> ``[..., 1]``; any leading batch dimensions.
     """
 
@@ -80,7 +80,7 @@ class MinAtarActorCritic(nn.Module):
 
     def policy(self, obs: Tensor) -> tuple[Tensor]:
         x, lead = self._nchw(obs)
-        return (self.policy_head(self.policy_body(x)).reshape(*lead, -1),)
+        return (self.policy_head(self.policy_body(x)).float().reshape(*lead, -1),)
 
     # The value head's input by layout (own trunk; shared; shared through a stop-gradient): the MLP's
     # rule, on the same attributes (value_body, policy_body, arch).
@@ -88,12 +88,14 @@ class MinAtarActorCritic(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         x, lead = self._nchw(obs)
-        return self.value_head(self._value_features(x)).reshape(*lead, 1)
+        return self.value_head(self._value_features(x)).float().reshape(*lead, 1)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         x, lead = self._nchw(obs)
         f = self.policy_body(x)
-        return self.policy_head(f).reshape(*lead, -1), self.value_head(self._value_features(x, f)).reshape(*lead, 1)
+        # float32 outputs under any autocast (the loss's ratios, GAE)
+        return (self.policy_head(f).float().reshape(*lead, -1),
+                self.value_head(self._value_features(x, f)).float().reshape(*lead, 1))
 
     def forward_aux(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Logits, value and the auxiliary value on the policy trunk (PPG's auxiliary phase)."""
@@ -101,5 +103,71 @@ class MinAtarActorCritic(nn.Module):
             raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
         x, lead = self._nchw(obs)
         f = self.policy_body(x)
-        return (self.policy_head(f).reshape(*lead, -1), self.value_head(self._value_features(x, f)).reshape(*lead, 1),
-                self.aux_value_head(f).reshape(*lead, 1))
+        return (self.policy_head(f).float().reshape(*lead, -1),
+                self.value_head(self._value_features(x, f)).float().reshape(*lead, 1),
+                self.aux_value_head(f).float().reshape(*lead, 1))
+
+
+# ---------------------------------------------------------------------------- seed groups
+# S copies of the network at once (`ppo_lightning.nets.seed_stack.SeedStack`), parameters stacked
+# ``[S, *shape]``. Written with batched matmuls (the 3x3 convolution as patches @ kernel) instead
+# of torch.vmap over the modules: vmap turns the convolution into a grouped one and transposes the
+# dense weights into copies on every call, which made a step of 8 seeds cost ~5 single steps.
+
+
+def _stacked_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x [S, B, in] @ weight[S, out, in]^T + bias [S, out]`` -> ``[S, B, out]``, computed as
+    ``(weight @ x^T)^T`` so that the weight's gradient comes out in the weight's own layout (the other
+    order makes autograd transpose-copy every weight gradient, the largest cost of a step)."""
+    return torch.baddbmm(bias.unsqueeze(-1), weight, x.transpose(1, 2)).transpose(1, 2)
+
+
+def _stacked_trunk(p: dict[str, Tensor], prefix: str, x: Tensor, kernel: int) -> Tensor:
+    """``x [S, B, H, W, C]`` floats -> ``[S, B, hidden]``: conv (valid, stride 1), ReLU, dense, ReLU.
+
+    The convolution is ``kernel [S, out, C*k*k] @ patches^T``; the patches are the k*k shifted
+    windows stacked (one contiguous copy each, much faster than ``unfold``'s strided gather), in the
+    kernel's (C, kh, kw) order. Its output ``[S, out, B*H'*W']`` is contiguous for the ReLU and goes
+    to the dense layer in NCHW flatten order (c, h, w)."""
+    S, B, H, W, C = x.shape
+    ho, wo = H - kernel + 1, W - kernel + 1
+    windows = [x[:, :, i:i + ho, j:j + wo, :] for i in range(kernel) for j in range(kernel)]
+    patches = torch.stack(windows, dim=-1).reshape(S, B * ho * wo, C * kernel * kernel)
+    w = p[prefix + "conv.weight"]
+    h = torch.baddbmm(p[prefix + "conv.bias"].unsqueeze(-1), w.reshape(S, w.shape[1], -1), patches.transpose(1, 2))
+    h = torch.relu(h).view(S, -1, B, ho * wo).transpose(1, 2).reshape(S, B, -1)
+    return torch.relu(_stacked_linear(h, p[prefix + "dense.weight"], p[prefix + "dense.bias"]))
+
+
+def stacked_call(net: MinAtarActorCritic, p: dict[str, Tensor], method: str, obs: Tensor):
+    """``net``'s ``method`` ("forward", "policy", "value", "forward_aux") for S seeds at once:
+    ``p`` maps ``net``'s parameter names to stacked tensors, ``obs`` is ``[S, ..., H, W, C]``."""
+    S, lead = obs.shape[0], obs.shape[1:-3]
+    x = obs.reshape(S, -1, *obs.shape[-3:]).float()
+    k = net.policy_body.conv.kernel_size[0]
+
+    def head(name, f):
+        return _stacked_linear(f, p[name + ".weight"], p[name + ".bias"])
+
+    def out(t):
+        return t.float().reshape(S, *lead, t.shape[-1])  # float32 under any autocast
+
+    f = None if method == "value" and net.value_body is not None else _stacked_trunk(p, "policy_body.", x, k)
+    if method == "policy":
+        return (out(head("policy_head", f)),)
+
+    if net.value_body is not None:
+        vf = _stacked_trunk(p, "value_body.", x, k)
+    else:
+        vf = f.detach() if net.arch == "detach" else f
+    value = out(head("value_head", vf))
+    if method == "value":
+        return value
+    if method == "forward":
+        return out(head("policy_head", f)), value
+    if method == "forward_aux":
+        return out(head("policy_head", f)), value, out(head("aux_value_head", f))
+    raise ValueError(f"unknown method {method!r}")
+
+
+MinAtarActorCritic.stacked_call = stacked_call

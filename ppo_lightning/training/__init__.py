@@ -1,6 +1,7 @@
 """The training runtime: the LightningModule (`module`), callbacks (`callbacks`), atomic checkpoint
 writing (`checkpointing`), small-batch diagnostics (`diagnostics`), the gradient noise scale
-(`noise_scale`), MLflow tracking (`tracking`).
+(`noise_scale`), MLflow tracking (`tracking`), preemption by signals and SLURM requeue (`preemption`),
+atomic FSDP2 sharded checkpoints (`sharded`), resuming on another batch geometry (`rescale`).
 
 May import: every layer below it (`core`, `envs`, `nets`, `algos`, `data`, `interop`); never `cli`.
 """

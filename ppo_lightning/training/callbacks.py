@@ -9,6 +9,10 @@ from pathlib import Path
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
+from ppo_lightning.interop.evaluation import evaluate_policy
+from ppo_lightning.nets.models import is_sharded
+from ppo_lightning.training.tracking import quiet_mlflow
+
 
 class FramesProgressBar(ProgressBar):
     """One tqdm bar over environment frames, updated once per iteration (not per gradient step).
@@ -167,8 +171,6 @@ def quiet_library_notices() -> None:
     import logging
     import warnings
 
-    from ppo_lightning.training.tracking import quiet_mlflow
-
     class _NoTip(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             return "litlogger" not in record.getMessage()
@@ -207,9 +209,6 @@ class TrainingVideo(Callback):
             self.record(trainer, pl_module)
 
     def record(self, trainer, pl_module) -> Path | None:
-        from ppo_lightning.interop.evaluation import evaluate_policy
-        from ppo_lightning.nets.models import is_sharded
-
         dm = trainer.datamodule
         if trainer.global_rank != 0 or dm is None or dm.iteration == self._last_iteration or is_sharded(pl_module.network):
             return None

@@ -38,17 +38,14 @@ class PPOLightningModule(pl.LightningModule):
         proximal_com: with ``decoupled``, keep the proximal policy as an EWMA of the weights with
             this center of mass in gradient steps (PPO-EWMA; the paper's default is 8). None: the
             proximal policy comes with the batch (staleness experiments) or equals the behavior one.
-        clip_eps, kl_beta, kl_target, max_importance_ratio, value_coef, entropy_coef,
-            value_clip_eps, kl_form: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
+        clip_eps, kl_beta, kl_target, max_importance_ratio: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
+        value_coef, entropy_coef, value_clip_eps, kl_form: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
         lr, adam_eps, adam_betas, optimizer: Adam (default) or SGD.
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
-        proximal_precision: PPO-EWMA only: run the proximal policy's forward in "bf16" (or "fp32")
-            whatever the network's precision; the averaged weights stay float32. bf16 makes the
-            proximal forward cheaper where bf16 is fast (AMX CPUs, Ampere+ GPUs) at the price of a
-            small error in the anchor (|d log pi_prox| <= 0.008 on Procgen, against a clip range of
-            0.2; benchmarks/README.md), and slower elsewhere (much slower where it is emulated, AVX2).
-            "auto": bf16 where known faster on the training device, else fp32 (`ppo_lightning.core.hardware`;
-            the choice and its reason are logged at start). None: the network's precision (exact).
+        proximal_precision: deprecated, as is ``network.precision``: the precision of every forward
+            (rollout, update, EWMA proximal) is the Trainer's, ``--trainer.precision`` 32-true,
+            bf16-mixed or auto (`ppo_lightning.training.precision`). The CLI maps these aliases onto
+            it; here they only warn.
         ppg: Phasic Policy Gradient (``ppo_lightning.algos.ppg``): null (PPO) or a mapping of PPG
             settings (``n_pi``, ``epochs_value``, ``n_aux_epochs``, ``aux_mbsize``, ``beta_clone``,
             ``vf_true_weight``, ``aux_lr``, ``aux_betas``, ``max_grad_norm``; defaults: the paper's,
@@ -64,6 +61,14 @@ class PPOLightningModule(pl.LightningModule):
         max_bad_steps: optimizer steps with a non-finite input, loss or gradient are skipped and
             counted (``train/skipped_steps``); this many in a row stop training with an error naming
             the first bad quantity (`ppo_lightning.core.faults.NumericalGuard`). None: never stop.
+        compile: run the loss's network forward (and its backward) through ``torch.compile``:
+            true (inductor: C++ kernels on CPU, Triton on GPU) or a backend name ("aot_eager",
+            ...). Compiled once per run, when the first gradient step runs (its time is logged as
+            ``time/compile_s`` and printed); minibatches have one shape, so no recompiles follow
+            (`ppo_lightning.training.compiled`). Collection stays eager (its batch shapes vary). False: eager.
+        seeds: the seeds of a vectorized seed group (taken from ``data.seeds`` by the CLI): with
+            more than one, the network holds one copy per seed and every seed trains as alone
+            (`ppo_lightning.training.seed_group`). None or one seed: a single run.
     """
 
     def __init__(
@@ -92,9 +97,14 @@ class PPOLightningModule(pl.LightningModule):
         kl_form: str = "analytic",
         lr_schedule: str = "constant",
         max_bad_steps: int | None = 100,
+        compile: bool | str = False,
+        seeds: list[int] | None = None,
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
+        from ppo_lightning.training.precision import take_precision_aliases
+
+        take_precision_aliases({"network": network, "proximal_precision": proximal_precision})
         from ppo_lightning.algos import ppg as ppg_lib
 
         ppg = ppg_lib.resolve_ppg_config(ppg)
@@ -121,16 +131,23 @@ class PPOLightningModule(pl.LightningModule):
                 "adam_betas": adam_betas,
                 "optimizer": optimizer,
                 "init_from": init_from,
-                "proximal_precision": proximal_precision,
                 "micro_batch_size": micro_batch_size,
                 "ppg": ppg,
                 "kl_form": kl_form,
                 "lr_schedule": lr_schedule,
                 "max_bad_steps": max_bad_steps,
+                "compile": compile,
+                "seeds": None if seeds is None else [int(s) for s in seeds],
             }
         )
         self.validate_config()
         self.network = build_network(observation_space, action_space, network)
+        self.seed_group = None
+        if seeds is not None and len(seeds) > 1:  # vectorized seeds: one stacked network
+            from ppo_lightning.training.seed_group import SeedGroup
+
+            self.seed_group = SeedGroup(self, seeds)
+            self.network = self.seed_group.network
         if init_from is not None:
             from ppo_lightning.interop.export import load_pretrained_weights
 
@@ -156,7 +173,7 @@ class PPOLightningModule(pl.LightningModule):
         if decoupled and proximal_com is not None:
             from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
-            self.proximal_source = ProximalPolicyEWMA(com=proximal_com, precision=proximal_precision)
+            self.proximal_source = ProximalPolicyEWMA(com=proximal_com)
         # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
         self.ppg_phases = None if ppg is None else ppg_lib.PPGPhases(ppg, action_space)
         self.automatic_optimization = ppg is None
@@ -168,6 +185,11 @@ class PPOLightningModule(pl.LightningModule):
         self._fit_frames0 = 0
         self._micro_batched = False  # this step's gradients were accumulated inside training_step
         self.numerical_guard = NumericalGuard(max_bad_steps)
+        if self.seed_group is not None:
+            from ppo_lightning.training.seed_group import SeedGroupGuard
+
+            self.numerical_guard = SeedGroupGuard(self.seed_group.num_seeds, max_bad_steps)
+        self.compiled = None  # ppo_lightning.training.compiled.CompiledLoss when model.compile is on
 
     # ------------------------------------------------------------------ configuration
     def validate_config(self) -> None:
@@ -195,19 +217,20 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.value_clip_eps must be > 0, got {h.value_clip_eps}")
         if h.optimizer not in ("adam", "sgd"):
             raise ValueError(f"model.optimizer must be 'adam' or 'sgd', got {h.optimizer!r}")
-        if h.proximal_precision is not None:
-            if h.proximal_precision not in ("fp32", "bf16", "auto"):
-                raise ValueError(f"model.proximal_precision must be 'fp32', 'bf16', 'auto' or null, got {h.proximal_precision!r}")
-            if h.proximal_com is None:
-                raise ValueError("model.proximal_precision applies to the EWMA proximal policy: set model.proximal_com")
-            if (h.network or {}).get("name", "mlp") != "impala_cnn":
-                raise ValueError("model.proximal_precision needs model.network.name impala_cnn (the MLP has no precision switch)")
         if h.micro_batch_size is not None and not (isinstance(h.micro_batch_size, int) and h.micro_batch_size > 0):
             raise ValueError(f"model.micro_batch_size must be a positive integer or null, got {h.micro_batch_size!r}")
         from ppo_lightning.algos.schedules import LR_SCHEDULES
 
         if h.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
+        if h.get("compile", False) is not False:
+            from ppo_lightning.training.compiled import validate_compile
+
+            validate_compile(h.compile, ppg=h.get("ppg") is not None)
+        if h.get("seeds") is not None and len(h.seeds) > 1:
+            from ppo_lightning.training.seed_group import validate_seed_group
+
+            validate_seed_group(h, len(h.seeds))
         if h.max_bad_steps is not None and not (isinstance(h.max_bad_steps, int) and h.max_bad_steps > 0):
             raise ValueError(f"model.max_bad_steps must be a positive integer or null, got {h.max_bad_steps!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
@@ -245,19 +268,6 @@ class PPOLightningModule(pl.LightningModule):
             return [ProximalEWMAStep()]
         return []
 
-    def resolved_proximal_precision(self) -> str | None:
-        """``model.proximal_precision`` with "auto" resolved for the training device (logged once)."""
-        from ppo_lightning.core.hardware import log_choice, resolve_precision
-
-        try:
-            device = self.trainer.strategy.root_device
-        except RuntimeError:  # not attached to a Trainer
-            device = self.device
-        choice, reason = resolve_precision(self.hparams.proximal_precision, device)
-        if self.hparams.proximal_precision == "auto":
-            log_choice(f"model.proximal_precision auto on {device.type}", choice, reason)
-        return choice
-
     def step_proximal(self) -> None:
         """After an optimizer step (``ProximalEWMAStep``): move the EWMA if the step changed the policy."""
         if self.proximal_source is not None and self._policy_step:
@@ -270,16 +280,25 @@ class PPOLightningModule(pl.LightningModule):
             t = self.trainer
             check_phase_buffer_memory(self.hparams, t.datamodule, processes=max(1, t.world_size // max(1, t.num_nodes)))
         # After configure_model and the strategy's setup, so that (sharded) parameters are final.
+        if self.hparams.get("compile", False) is not False and self.compiled is None:
+            from ppo_lightning.training.compiled import CompiledLoss
+
+            self.compiled = CompiledLoss(self.loss_module, self.network, self.hparams.compile)
         if self.proximal_source is not None:
-            self.proximal_source.precision = self.resolved_proximal_precision()
+            # Under bf16-mixed the proximal forward (in the training step's autocast) may use bf16 weights.
+            self.proximal_source.bf16 = self.trainer.precision == "bf16-mixed"
             self.proximal_source.start(self.network, self.make_network)
 
     def teardown(self, stage: str) -> None:
         if self.proximal_source is not None:
             self.proximal_source.stop()
+        if self.seed_group is not None:
+            self.seed_group.runs.finalize()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["numerical_guard"] = self.numerical_guard.state_dict()
+        if self.seed_group is not None:
+            checkpoint["seed_runs"] = self.seed_group.runs.run_ids
         if self.proximal_source is not None:
             checkpoint["proximal_ewma"] = self.proximal_source.state_dict()
         if self.ppg_phases is not None:
@@ -288,6 +307,8 @@ class PPOLightningModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "numerical_guard" in checkpoint:
             self.numerical_guard.load_state_dict(checkpoint["numerical_guard"])
+        if self.seed_group is not None and checkpoint.get("seed_runs"):
+            self.seed_group.runs.run_ids = list(checkpoint["seed_runs"])
         if self.proximal_source is not None:
             # Checkpoints from before the module owned the EWMA kept it in the callback's state.
             state = checkpoint.get("proximal_ewma") or checkpoint.get("callbacks", {}).get("ProximalPolicyEWMA")
@@ -318,6 +339,9 @@ class PPOLightningModule(pl.LightningModule):
         # The fused kernel: one call per step instead of a Python loop over tensors (4x faster
         # for the small CartPole MLP). Sharded (DTensor) parameters take the default path.
         fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
+        trainer = self._trainer
+        if fused and trainer is not None and trainer.precision != "32-true" and trainer.gradient_clip_val:
+            fused = None  # Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients
         return torch.optim.Adam(params, lr=h.lr, eps=h.adam_eps, betas=h.adam_betas, fused=fused)
 
     # ------------------------------------------------------------------ training
@@ -344,6 +368,11 @@ class PPOLightningModule(pl.LightningModule):
             from ppo_lightning.algos.ppg import training_step
 
             return training_step(self, batch, batch_idx)
+        if self.seed_group is not None:
+            loss, stats, self.numerical_guard.seed_losses = self.seed_group.loss_and_stats(self, batch)
+            self._stat_names = self.seed_group.stat_names
+            self._step_stats.append(stats)
+            return loss
         n, m = batch.shape[0], self.hparams.micro_batch_size
         self.numerical_guard.check_batch(batch)
         self._micro_batched = m is not None and m < n
@@ -409,9 +438,19 @@ class PPOLightningModule(pl.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._step_stats = []
 
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if self.compiled is not None:
+            self.compiled.step_started()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.compiled is not None:
+            self.record_metrics(self.compiled.step_ended())
+
     def on_train_epoch_end(self) -> None:
         metrics: dict[str, float] = {}
         dm = self.trainer.datamodule
+        if self.seed_group is not None:
+            return self._group_epoch_end(dm)
         if self._step_stats:
             stats = torch.stack(self._step_stats)
             # Means over the steps with finite diagnostics (skipped steps have non-finite ones).
@@ -441,6 +480,28 @@ class PPOLightningModule(pl.LightningModule):
         metrics.update(self._recorded)
         self._recorded = {}
         self.publish_metrics(metrics)
+
+    def _group_epoch_end(self, dm) -> None:
+        shared: dict[str, float] = {}
+        if dm is not None:
+            shared.update({"frames": float(dm.frames), "iteration": float(dm.iteration)})
+            if dm.source is not None:
+                shared.update(dm.source.last_timing)
+            if dm._iteration_t0 is not None:
+                shared["time/iteration_s"] = time.perf_counter() - dm._iteration_t0
+                shared["time/update_s"] = shared["time/iteration_s"] - shared.get("time/rollout_s", 0.0) - shared.get("time/gae_s", 0.0)
+            if self._fit_t0 is not None:
+                elapsed = time.perf_counter() - self._fit_t0
+                shared["time/fps"] = (dm.frames - self._fit_frames0) * self.seed_group.num_seeds / max(elapsed, 1e-9)
+                shared["time/elapsed_s"] = elapsed
+            if dm.finished:
+                self.trainer.should_stop = True
+        if self.proximal_source is not None:
+            shared.update(self.proximal_source.metrics())
+        shared.update(self._recorded)
+        self._recorded = {}
+        self.publish_metrics(self.seed_group.iteration_metrics(self, self._step_stats, shared))
+        self.seed_group.runs.publish(self, self.seed_group.last_per_seed)  # each seed's own MLflow run
 
     # ------------------------------------------------------------------ per-iteration metrics
     def record_metrics(self, metrics: dict[str, float]) -> None:

@@ -49,8 +49,8 @@ class GradientNoiseScale(Callback):
 
     def __init__(self) -> None:
         self._grads: list[Tensor] = []
-        self._sum_grad_sq = 0.0
-        self._sum_trace = 0.0
+        self._sum_grad_sq: list[float] = []
+        self._sum_trace: list[float] = []
         self._n = 0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -59,19 +59,30 @@ class GradientNoiseScale(Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if len(self._grads) >= trainer.datamodule.num_minibatches:
             return
-        grads = [p.grad.reshape(-1) for p in pl_module.network.parameters() if p.grad is not None]
+        # One row per seed: a vectorized seed group's parameters have a leading seed dimension.
+        seeds = getattr(getattr(pl_module, "seed_group", None), "num_seeds", None)
+        rows = seeds or 1
+        grads = [p.grad.reshape(rows, -1) for p in pl_module.network.parameters() if p.grad is not None]
         if grads:
-            self._grads.append(torch.cat(grads).detach().double().clone())
+            self._grads.append(torch.cat(grads, dim=1).detach().double().clone())
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if len(self._grads) < 2:
             return
-        grad_sq, trace = noise_scale_terms(torch.stack(self._grads), trainer.datamodule.minibatch_size)
-        self._sum_grad_sq += grad_sq
-        self._sum_trace += trace
+        stacked = torch.stack(self._grads)  # [minibatches, seeds, P]
+        rows = stacked.shape[1]
+        if not self._sum_grad_sq:
+            self._sum_grad_sq, self._sum_trace = [0.0] * rows, [0.0] * rows
         self._n += 1
-        out = {"noise/grad_sq": grad_sq, "noise/trace_cov": trace, "noise/grad_sq_mean": self._sum_grad_sq / self._n,
-               "noise/trace_cov_mean": self._sum_trace / self._n}
-        if self._sum_grad_sq > 0:  # else |G|^2 is not resolved from the noise yet: B_simple is "very large"
-            out["noise/B_simple"] = self._sum_trace / self._sum_grad_sq
+        out = {}
+        for k in range(rows):
+            grad_sq, trace = noise_scale_terms(stacked[:, k], trainer.datamodule.minibatch_size)
+            self._sum_grad_sq[k] += grad_sq
+            self._sum_trace[k] += trace
+            prefix = f"seed{k}/" if getattr(pl_module, "seed_group", None) is not None else ""
+            out.update({f"{prefix}noise/grad_sq": grad_sq, f"{prefix}noise/trace_cov": trace,
+                        f"{prefix}noise/grad_sq_mean": self._sum_grad_sq[k] / self._n,
+                        f"{prefix}noise/trace_cov_mean": self._sum_trace[k] / self._n})
+            if self._sum_grad_sq[k] > 0:  # else |G|^2 is not resolved from the noise yet: B_simple is "very large"
+                out[f"{prefix}noise/B_simple"] = self._sum_trace[k] / self._sum_grad_sq[k]
         pl_module.record_metrics(out)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ppo_lightning.interop.checkpoint_io import DATA_STATE_KEY, ExportError, load_network
+from ppo_lightning.interop.hf.bundle import BundleError, network_source
 from ppo_lightning.interop.hf.card import model_card
 from ppo_lightning.interop.hf.loader import DTYPES, MODEL_TYPE, parse_dtype
 
@@ -102,12 +103,30 @@ def _resolved_network(net: torch.nn.Module, network_cfg: dict[str, Any]) -> dict
     return _plain(out)
 
 
+def _rank_episodes(data_state: dict | None) -> list[dict]:
+    """Each data-parallel rank's episode record (``returns``, ``lengths``, ``count``) in the data
+    module's checkpoint state: under ``per_rank`` (every rank's own state); at the top level for one
+    seed of a vectorized group (`ppo_lightning.interop.checkpoint_io.select_seed` puts it there) and
+    in checkpoints written before the states were gathered per rank."""
+    if not data_state:
+        return []
+    if isinstance(data_state.get("episodes"), dict):
+        return [data_state["episodes"]]
+    states = data_state.get("per_rank")
+    states = states if isinstance(states, list) else [data_state]
+    return [s["episodes"] for s in states if isinstance(s, dict) and isinstance(s.get("episodes"), dict)]
+
+
+def _episode_count(data_state: dict | None) -> int | None:
+    episodes = _rank_episodes(data_state)
+    return sum(int(e.get("count", 0)) for e in episodes) if episodes else None
+
+
 def _mean_return(data_state: dict | None, last: int = 20) -> float | None:
-    try:
-        returns = list(data_state["episodes"]["returns"])[-last:]
-    except (KeyError, TypeError):
-        return None
-    return float(sum(returns) / len(returns)) if returns else None
+    """The run's last ``episode/return_mean20``: each rank's last ``last`` episodes, pooled
+    (`ppo_lightning.data.parallel.pool_episode_metrics`); None without a finished episode."""
+    returns = [float(r) for e in _rank_episodes(data_state) for r in list(e.get("returns") or [])[-last:]]
+    return sum(returns) / len(returns) if returns else None
 
 
 def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -> dict[str, Any]:
@@ -138,7 +157,7 @@ def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -
                 "frames": None if frames is None else int(frames),
                 "iterations": data_state.get("iteration") if data_state else None,
                 "global_step": checkpoint.get("global_step"),
-                "episodes": (data_state.get("episodes") or {}).get("count") if data_state else None,
+                "episodes": _episode_count(data_state),
                 "final_train_return_mean20": _mean_return(data_state),
             },
             "training_frames": None if frames is None else int(frames),
@@ -163,15 +182,15 @@ def export_hf(
     evaluate: int = 10,
     video: bool = True,
     seed: int = 0,
+    seed_index: int | None = None,
 ) -> Path:
     """Export a checkpoint (``.ckpt`` file or sharded folder) to a Hugging Face folder; returns it.
 
     ``evaluate``: episodes to play with the exported weights for the model card (0: none);
     ``video``: with ``evaluate``, also write ``replay.mp4`` (env 0's first episode).
+    ``seed_index``: seed k of a vectorized seed group's checkpoint.
     """
     from huggingface_hub import save_torch_state_dict
-
-    from ppo_lightning.interop.hf.bundle import BundleError, network_source
 
     out = Path(out_dir)
     dtype_name, torch_dtype = parse_dtype(dtype)
@@ -180,7 +199,7 @@ def export_hf(
         raise ExportError(f"evaluate must be a number of episodes >= 0, got {evaluate!r}")
     _check_out_dir(out, overwrite)
 
-    net, checkpoint = load_network(ckpt)
+    net, checkpoint = load_network(ckpt, seed_index)
     weights = {
         k: (v.to(torch_dtype) if v.is_floating_point() else v).contiguous() for k, v in net.state_dict().items()
     }
@@ -239,8 +258,8 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 def _evaluate(net: torch.nn.Module, config: dict[str, Any], episodes: int, seed: int, video: Path | None) -> dict | None:
     """`evaluate_policy` on the training env (Procgen: held-out levels); None, with a message, if the
     env cannot be built or played here (the folder is still written, its card says "not measured")."""
-    from ppo_lightning.cli.evaluate import resolve_env
-    from ppo_lightning.interop.evaluation import evaluate_policy
+    # start-up cost: the evaluation pulls the envs and TorchRL (seconds), needed only with --evaluate
+    from ppo_lightning.interop.evaluation import evaluate_policy, resolve_env
 
     try:
         env_id, kwargs = resolve_env(config.get("environment") or {}, None, "test")
@@ -270,11 +289,13 @@ def export_main(argv: list[str] | None = None) -> int:
                         help="play N episodes for the model card's mean return and replay.mp4 (default 10; 0 skips)")
     parser.add_argument("--no-video", action="store_true", help="do not write replay.mp4")
     parser.add_argument("--seed", type=int, default=0, help="env seed of the evaluation (default 0)")
+    parser.add_argument("--seed_index", "--seed-index", type=int, default=None, metavar="K",
+                        help="a vectorized seed group's checkpoint: export its seed K")
     args = parser.parse_args(argv)
     size: int | str = int(args.max_shard_size) if str(args.max_shard_size).isdigit() else args.max_shard_size
     try:
         out = export_hf(args.ckpt, args.out_dir, max_shard_size=size, dtype=args.dtype, overwrite=args.overwrite,
-                        evaluate=args.evaluate, video=not args.no_video, seed=args.seed)
+                        evaluate=args.evaluate, video=not args.no_video, seed=args.seed, seed_index=args.seed_index)
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

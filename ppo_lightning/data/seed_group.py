@@ -1,0 +1,255 @@
+"""The data side of a vectorized seed group (``data.num_seeds`` S > 1): S independent runs in lockstep.
+
+Seed k of a group with ``data.seed`` s is the run a single ``fit`` with seed ``s + k`` would be:
+its envs are seeded ``s + k`` (`ppo_lightning.envs.make_env`, as a single run seeds them), its
+actions are sampled from its own generator that starts where a single run's global generator
+stands when its first rollout begins (after the network's initialization; the module hands these
+states over, `ppo_lightning.training.seed_group`), and it has its own reward normalizer, advantage
+moments, minibatch shuffling generator and episode window. Rollouts, GAE and minibatches are
+per seed, stacked on a leading seed dimension: a minibatch is ``[S, minibatch_size]``.
+
+Only the policy forward of the collection runs for all seeds at once (the stacked network,
+`ppo_lightning.nets.seed_stack`); everything that draws random numbers or keeps statistics runs per
+seed, with the single run's code (`next_values`, GAE, the normalizers, `EpisodeStats`).
+
+Envs: those that step as one batch (MinAtar; `ppo_lightning.data.batched_rollout`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
+from ppo_lightning.core import faults
+from ppo_lightning.data import resume_state
+from ppo_lightning.data.batched_rollout import supports_batched_rollout
+from ppo_lightning.envs import make_env
+from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
+
+
+def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_seeds: list[int]) -> None:
+    """One-line errors for a seed group on a trainer it cannot run on."""
+    if trainer.world_size > 1:
+        raise ValueError(f"data.num_seeds={num_seeds} (vectorized seeds) runs on one device; got {trainer.world_size} "
+                         f"processes (use one device, or run the seeds as separate data-parallel jobs)")
+    if trainer.gradient_clip_val:
+        raise ValueError("data.num_seeds > 1 does not support trainer.gradient_clip_val yet (clipping would need a per-seed norm)")
+    if trainer.accumulate_grad_batches != 1:
+        raise ValueError("data.num_seeds > 1 does not support trainer.accumulate_grad_batches yet")
+    if list(model_seeds) != list(data_seeds):
+        raise ValueError(f"model.seeds {model_seeds} differ from the data's seeds {data_seeds} (data.seed, data.num_seeds)")
+
+
+class SeedState:
+    """What a single run keeps on its data side, for one seed of a group."""
+
+    def __init__(self, data, seed: int) -> None:
+        from ppo_lightning.data.datamodule import EpisodeStats
+
+        self.seed = seed
+        self.episodes = EpisodeStats()
+        self.advantage_moments = AdvantageMoments(data.advantage_norm_span)
+        self.reward_normalizer = RewardNormalizer(data.num_envs, data.gamma) if data.normalize_reward else None
+        self.shuffle_generator = torch.Generator().manual_seed(seed)
+        self.action_generator = torch.Generator()  # its state comes from the module (set_action_rng_states)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "episodes": self.episodes.state_dict(),
+                "advantage_moments": self.advantage_moments.state_dict(),
+                "reward_normalizer": None if self.reward_normalizer is None else self.reward_normalizer.state_dict(),
+                "shuffle_generator": self.shuffle_generator.get_state(),
+                "action_generator": self.action_generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["seed"] != self.seed:
+            raise faults.CheckpointError(f"the checkpoint's seed group has seed {state['seed']} where the config has {self.seed}")
+        self.episodes.load_state_dict(state["episodes"])
+        self.advantage_moments.load_state_dict(state["advantage_moments"])
+        if self.reward_normalizer is not None and state["reward_normalizer"] is not None:
+            self.reward_normalizer.load_state_dict(state["reward_normalizer"])
+        self.shuffle_generator.set_state(state["shuffle_generator"])
+        self.action_generator.set_state(state["action_generator"])
+
+
+class SeedGroupSource:
+    """`RolloutSource` for S seeds: every pass is one iteration of every seed."""
+
+    def __init__(self, data, network: torch.nn.Module, seeds: list[int], action_rng_states: list[torch.Tensor]) -> None:
+        self.data, self.network, self.seeds = data, network, list(seeds)
+        self.rank, self.world_size = 0, 1
+        self.device = torch.device("cpu")
+        self.envs = [make_env(data.env_id, data.num_envs, s, data.env_kwargs) for s in self.seeds]
+        if not supports_batched_rollout(self.envs[0], self.device):
+            raise ValueError(f"data.num_seeds > 1 needs envs that step as one batch (minatar:<game>), got {data.env_id!r}")
+        self.env = self.envs[0]
+        self.states = [SeedState(data, s) for s in self.seeds]
+        for st, rng in zip(self.states, action_rng_states):
+            st.action_generator.set_state(rng)
+        self.param_keys = dist_param_keys(data.action_space)
+        self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
+        self.steps = data.rollout_steps
+        # The carried step of every seed's envs (as BatchedRollout / the collector keep it).
+        self._carriers = []
+        for env in self.envs:
+            first = env.reset()
+            self._carriers.append({"obs": first.get(OBS_KEY).clone(),
+                                   "episode_reward": torch.zeros((data.num_envs, 1)),
+                                   "step_count": torch.zeros((data.num_envs, 1), dtype=torch.int64)})
+        self.last_timing: dict[str, float] = {}
+        self.stale = None
+        self.phases = None
+        self.collector = self  # the data module shuts the source's collector down
+        self.is_seed_group = True
+
+    def shutdown(self) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return self.data.update_epochs * self.data.num_minibatches
+
+    # ---------------------------------------------------------------- collection
+    @torch.no_grad()
+    def _rollouts(self) -> list[TensorDictBase]:
+        """One rollout per seed (the batched rollout's keys and values), the policy run for all at once."""
+        S, n, T = len(self.seeds), self.data.num_envs, self.steps
+        bases = [env.base_env for env in self.envs]
+        obs = torch.stack([c["obs"] for c in self._carriers])
+        ep = torch.stack([c["episode_reward"] for c in self._carriers])
+        sc = torch.stack([c["step_count"] for c in self._carriers])
+        obs_buf = torch.empty((S, n, T, *obs.shape[2:]), dtype=obs.dtype)
+        next_obs_buf = torch.empty_like(obs_buf)
+        action_buf = torch.empty((S, n, T), dtype=torch.int64)
+        logp_buf = torch.empty((S, n, T))
+        value_buf = torch.empty((S, n, T, 1))
+        reward_buf = torch.empty((S, n, T, 1))
+        term_buf = torch.empty((S, n, T, 1), dtype=torch.bool)
+        trunc_buf = torch.empty((S, n, T, 1), dtype=torch.bool)
+        ep_buf, next_ep_buf = torch.empty((S, n, T, 1)), torch.empty((S, n, T, 1))
+        sc_buf, next_sc_buf = torch.empty((S, n, T, 1), dtype=torch.int64), torch.empty((S, n, T, 1), dtype=torch.int64)
+        param_bufs = None
+        space = self.data.action_space
+        for t in range(T):
+            *params, value = self.network(obs)
+            if param_bufs is None:
+                param_bufs = [torch.empty((S, n, T, *p.shape[2:]), dtype=p.dtype) for p in params]
+            for buf, p in zip(param_bufs, params):
+                buf[:, :, t] = p
+            value_buf[:, :, t] = value
+            obs_buf[:, :, t] = obs
+            ep_buf[:, :, t], sc_buf[:, :, t] = ep, sc
+            dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
+            probs = dist.probs
+            # Categorical.sample, each seed on its own generator
+            action = torch.stack([torch.multinomial(probs[k], 1, True, generator=st.action_generator).T.reshape(n)
+                                  for k, st in enumerate(self.states)])
+            action_buf[:, :, t] = action
+            logp_buf[:, :, t] = dist.log_prob(action)
+            for k, (actions, base) in enumerate(zip(action.tolist(), bases)):
+                reward, terminal, truncated = base.step_games(actions)
+                next_obs_buf[k, :, t] = torch.from_numpy(base._obs)
+                reward_buf[k, :, t, 0] = torch.from_numpy(reward)
+                term_buf[k, :, t, 0] = torch.from_numpy(terminal)
+                trunc_buf[k, :, t, 0] = torch.from_numpy(truncated)
+                done = terminal | truncated
+                if done.any():
+                    base.reset_games(done)
+            ep = ep + reward_buf[:, :, t]
+            sc = sc + 1
+            next_ep_buf[:, :, t], next_sc_buf[:, :, t] = ep, sc
+            done_t = term_buf[:, :, t] | trunc_buf[:, :, t]
+            if done_t.any():
+                ep = ep.masked_fill(done_t, 0.0)
+                sc = sc.masked_fill(done_t, 0)
+            obs = torch.stack([torch.from_numpy(base._obs.copy()) for base in bases])
+        for k, c in enumerate(self._carriers):
+            c.update(obs=obs[k].clone(), episode_reward=ep[k].clone(), step_count=sc[k].clone())
+        done_buf = term_buf | trunc_buf
+        out = []
+        for k in range(S):
+            zeros = torch.zeros((n, T, 1), dtype=torch.bool)
+            out.append(TensorDict(
+                {OBS_KEY: obs_buf[k], "action": action_buf[k], "action_log_prob": logp_buf[k], VALUE_KEY: value_buf[k],
+                 **{key: b[k] for key, b in zip(self.param_keys, param_bufs)},
+                 "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
+                 "episode_reward": ep_buf[k], "step_count": sc_buf[k],
+                 "next": TensorDict({OBS_KEY: next_obs_buf[k], "reward": reward_buf[k], "done": done_buf[k],
+                                     "terminated": term_buf[k], "truncated": trunc_buf[k],
+                                     "episode_reward": next_ep_buf[k], "step_count": next_sc_buf[k]}, batch_size=[n, T])},
+                batch_size=[n, T]))
+        return out
+
+    @torch.no_grad()
+    def collect(self) -> list[TensorDictBase]:
+        """Every seed's rollout ``[envs, time]`` with advantages and value targets."""
+        data = self.data
+        t0 = time.perf_counter()
+        was_training = self.network.training
+        self.network.eval()
+        trainer = getattr(data, "trainer", None)  # the Trainer's precision (bf16-mixed: autocast), as a single run's
+        precision = trainer.precision_plugin.forward_context if trainer is not None else contextlib.nullcontext
+        with precision():
+            rollouts = self._rollouts()
+        self.network.train(was_training)
+        data.frames += rollouts[0].numel()  # per seed: each seed counts its own frames, as alone
+        t1 = time.perf_counter()
+        for k, (st, rollout) in enumerate(zip(self.states, rollouts)):
+            st.episodes.add_rollout(rollout)
+            if st.reward_normalizer is not None:
+                rollout.set(("next", "reward"), faults.normalize_rewards_finite(
+                    st.reward_normalizer, rollout.get(("next", "reward")), rollout.get(("next", "done"))))
+            with precision():
+                rollout.set(("next", VALUE_KEY), next_values(rollout, lambda x, k=k: self.network.value_of_seed(k, x)))
+            self.gae(rollout)
+        t2 = time.perf_counter()
+        self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
+        return rollouts
+
+    def prepare(self, rollout: TensorDictBase, st: SeedState) -> TensorDictBase:
+        from ppo_lightning.data.datamodule import BATCH_KEYS
+
+        flat = rollout.select(*BATCH_KEYS, *self.param_keys).reshape(-1)
+        adv = flat.get("advantage")
+        faults.update_moments_finite(st.advantage_moments, adv)
+        if self.data.normalize_advantage:
+            flat.set("advantage", st.advantage_moments.normalize(adv))
+        return flat
+
+    def __iter__(self):
+        self.data.iteration_started()
+        rollouts = self.collect()
+        flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
+        n = flats[0].shape[0]
+        size = n // self.data.num_minibatches
+        for _ in range(self.data.update_epochs):
+            shuffled = torch.stack([f[torch.randperm(n, generator=st.shuffle_generator)] for f, st in zip(flats, self.states)])
+            for i in range(self.data.num_minibatches):
+                yield shuffled[:, i * size:(i + 1) * size]
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        envs = [resume_state.env_state(env) for env in self.envs]
+        return {"seeds": [st.state_dict() for st in self.states], "envs": envs,
+                "carriers": [{k: v.clone() for k, v in c.items()} for c in self._carriers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["seeds"]) != len(self.states):
+            raise faults.CheckpointError(f"the checkpoint holds a group of {len(state['seeds'])} seeds; the config has "
+                                         f"data.num_seeds={len(self.states)}")
+        for st, s in zip(self.states, state["seeds"]):
+            st.load_state_dict(s)
+        if all(e["restorable"] for e in state["envs"]):
+            for env, e in zip(self.envs, state["envs"]):
+                resume_state.set_env_state(env, e)
+            for c, saved in zip(self._carriers, state["carriers"]):
+                c.update({k: v.clone() for k, v in saved.items()})
+
+    def iteration_metrics(self) -> list[dict[str, float]]:
+        return [{"episode/return_mean20": st.episodes.mean_return(20),
+                 "episode/length_mean20": st.episodes.mean_length(20),
+                 "episodes": float(st.episodes.count),
+                 "advantage/std_estimate": st.advantage_moments.std} for st in self.states]

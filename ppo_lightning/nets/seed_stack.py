@@ -1,0 +1,109 @@
+"""S independent copies of a network as one module: the seed is a leading dimension of every tensor.
+
+`SeedStack` holds one copy of the network's structure whose parameters and buffers are replaced by
+stacked tensors ``[S, *shape]`` (`torch.func.stack_module_state`); its ``forward``, ``policy``,
+``value`` and ``forward_aux`` take inputs ``[S, ...]`` and run seed k's slice of the weights on
+seed k's slice of the input with ``torch.vmap`` over ``torch.func.functional_call``. Parameter
+names are the single network's (``policy_body.conv.weight``), so seed k of a group's state dict is
+``{name: tensor[k]}`` (`seed_state_dict`), a plain single-seed state dict for export and evaluation.
+
+A network may provide ``stacked_call(params, method, *inputs)``, its own batched form for S seeds
+(`ppo_lightning.nets.minatar_cnn` does: batched matmuls are much faster there than vmap's
+grouped convolutions); otherwise ``torch.vmap`` runs the module.
+
+Elementwise code needs no change to act per seed: Adam over stacked parameters is S independent
+Adams, and the EWMA proximal update is S independent EWMAs.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state
+
+
+class SeedStack(nn.Module):
+    """``networks`` (same architecture, one per seed) stacked into one module."""
+
+    def __init__(self, networks: list[nn.Module]) -> None:
+        super().__init__()
+        if not networks:
+            raise ValueError("SeedStack needs at least one network")
+        self.num_seeds = len(networks)
+        params, buffers = stack_module_state(networks)
+        inner = copy.deepcopy(networks[0])
+        for name, value in {**params, **buffers}.items():
+            owner, _, leaf = name.rpartition(".")
+            mod = inner.get_submodule(owner) if owner else inner
+            if name in params:
+                setattr(mod, leaf, nn.Parameter(value.detach().clone()))
+            else:
+                mod.register_buffer(leaf, value.detach().clone())
+        self.inner = inner
+        for attr in ("action_space", "discrete", "arch", "shared_trunk"):
+            if hasattr(inner, attr):
+                setattr(self, attr, getattr(inner, attr))
+
+    def _call(self, method: str, *inputs: Tensor):
+        inner = self.inner
+        params = dict(inner.named_parameters())
+        buffers = dict(inner.named_buffers())
+        stacked = getattr(inner, "stacked_call", None)
+        if stacked is not None and not buffers:  # a network's own batched form (the MinAtar CNN)
+            return stacked(params, method, *inputs)
+
+        def one(p, b, *x):
+            with _swapped(inner, method):
+                return functional_call(inner, (p, b), x)
+
+        return torch.vmap(one, randomness="error")(params, buffers, *inputs)
+
+    def forward(self, obs: Tensor):
+        return self._call("forward", obs)
+
+    def policy(self, obs: Tensor):
+        return self._call("policy", obs)
+
+    def value(self, obs: Tensor) -> Tensor:
+        return self._call("value", obs)
+
+    def forward_aux(self, obs: Tensor):
+        return self._call("forward_aux", obs)
+
+    def value_of_seed(self, k: int, obs: Tensor) -> Tensor:
+        """Seed ``k``'s value of ``obs`` (no seed dimension): its network alone, same kernels as a single run."""
+        return self.call_seed(k, "value", obs)
+
+    def call_seed(self, k: int, method: str, *inputs: Tensor):
+        inner = self.inner
+        params = {n: p[k] for n, p in inner.named_parameters()}
+        buffers = {n: b[k] for n, b in inner.named_buffers()}
+        with _swapped(inner, method):
+            return functional_call(inner, (params, buffers), inputs)
+
+    def seed_state_dict(self, k: int) -> dict[str, Tensor]:
+        """Seed ``k``'s weights as the single network's state dict."""
+        return {name: t[k].detach().clone() for name, t in self.inner.state_dict().items()}
+
+
+class _swapped:
+    """Within ``functional_call``, make ``forward`` run ``method`` of the module."""
+
+    def __init__(self, module: nn.Module, method: str) -> None:
+        self.module, self.method = module, method
+
+    def __enter__(self):
+        if self.method != "forward":
+            self.module.forward = getattr(self.module, self.method)
+
+    def __exit__(self, *exc):
+        if self.method != "forward":
+            del self.module.forward
+
+
+def unstack_state_dict(state: dict[str, Tensor], k: int, prefix: str = "network.") -> dict[str, Tensor]:
+    """Seed ``k`` of a group checkpoint's ``state_dict``: ``network.inner.X[k]`` -> ``network.X``."""
+    inner = prefix + "inner."
+    return {prefix + name[len(inner):]: t[k].clone() for name, t in state.items() if name.startswith(inner)}

@@ -1,0 +1,263 @@
+"""Vectorized seeds (``data.num_seeds`` / ``fit --seeds S``): S independent runs in one process.
+
+The module's network becomes a `ppo_lightning.nets.seed_stack.SeedStack` of S networks, seed k's
+initialized exactly as a single run with seed ``seeds[k]`` initializes its own (the global
+generator seeded with it, then the network built); the generator's state right after is the state a
+single run samples its first actions from, handed to the data side as seed k's action generator
+(`ppo_lightning.data.seed_group`).
+
+Per seed, by construction rather than by bookkeeping:
+
+- the loss: the loss module runs once per seed under ``torch.vmap`` (each seed's weights on its
+  own minibatch); the optimized loss is the *sum* of the seeds' losses, so seed k's gradient is the
+  gradient of its own loss alone;
+- Adam: elementwise, so one Adam over the stacked parameters is S independent Adams (the step
+  count is shared: all seeds step together);
+- the EWMA proximal weights: elementwise too (`ppo_lightning.algos.proximal.ewma_update_`);
+- numerical faults: `SeedGroupGuard` checks each seed's loss and gradient slices; a bad seed's
+  step is undone (its parameter and Adam-moment slices restored) and counted for that seed, while
+  the other seeds' steps proceed untouched;
+- statistics: every per-step diagnostic is ``[S]``; each seed's metrics are logged under
+  ``seed<k>/`` (and its own MLflow run where MLflow is on, `ppo_lightning.training.tracking`).
+
+Not supported yet (one-line errors at configuration): PPG, the adaptive-KL objective (its beta
+would need a per-seed value), micro-batches, gradient clipping, staleness, ``model.compile``,
+``model.proximal_precision`` and more than one device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ppo_lightning.core.faults import NumericalFault, finite_mean
+from ppo_lightning.nets.models import OBS_KEY
+from ppo_lightning.nets.seed_stack import SeedStack
+
+
+def validate_seed_group(h, num_seeds: int) -> None:
+    """One-line errors for settings a seed group does not support (yet)."""
+    refused = {
+        "model.ppg": h.get("ppg") is not None,
+        "model.objective adaptive_kl": h.get("objective") == "adaptive_kl",
+        "model.micro_batch_size": h.get("micro_batch_size") is not None,
+        "model.compile": h.get("compile", False) is not False,
+        "model.proximal_precision": h.get("proximal_precision") is not None,
+        "model.init_from": h.get("init_from") is not None,
+    }
+    for name, bad in refused.items():
+        if bad:
+            raise ValueError(f"data.num_seeds={num_seeds} (vectorized seeds) does not support {name} yet; run the seeds one by one")
+
+
+class SeedGroup:
+    """The module-side state of a seed group."""
+
+    def __init__(self, module, seeds: list[int]) -> None:
+        self.seeds = list(seeds)
+        self.num_seeds = len(self.seeds)
+        saved = torch.get_rng_state()
+        nets, self.action_rng_states = [], []
+        for s in self.seeds:
+            torch.manual_seed(s)  # as seed_everything(s) before a single run builds its network
+            nets.append(module.make_network())
+            self.action_rng_states.append(torch.get_rng_state())
+        torch.set_rng_state(saved)
+        self.network = SeedStack(nets)
+        self._names: list[str] | None = None
+        self.runs = SeedRuns(self.seeds)
+        self.last_per_seed: list[dict[str, float]] = []
+
+    # ---------------------------------------------------------------- the loss
+    def loss_and_stats(self, module, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sum over seeds of each seed's loss, stats ``[K, S]``, per-seed losses ``[S]``)."""
+        lm = module.loss_module
+        if lm.decoupled:
+            batch = module.add_proximal(batch)
+        terms = ("loss_objective", "loss_critic", "loss_entropy")
+        # The network for all seeds at once (its stacked form), then the loss per seed under vmap,
+        # handed the seed's outputs in place of its network.
+        outputs = self.network(batch.get(OBS_KEY))
+
+        def one(outs, td):
+            lm.__dict__["network"] = lambda obs: outs
+            try:
+                out = lm(td)
+            finally:
+                lm.__dict__["network"] = self.network
+            return {k: out.get(k) for k in out.keys()}
+
+        out = torch.vmap(one, randomness="error")(tuple(outputs), batch)
+        if self._names is None:
+            self._names = list(out.keys())
+        per_seed = sum(out[k] for k in terms)
+        stats = torch.stack([out[k].detach().expand(self.num_seeds) for k in self._names]).float()
+        return per_seed.sum(), stats, per_seed.detach()
+
+    @property
+    def stat_names(self) -> list[str]:
+        return self._names or []
+
+    # ---------------------------------------------------------------- per-iteration metrics
+    def iteration_metrics(self, module, step_stats: list[torch.Tensor], shared: dict[str, float]) -> dict[str, float]:
+        """Every seed's metrics under ``seed<k>/``, and their mean over seeds unprefixed."""
+        per_seed: list[dict[str, float]] = [dict() for _ in self.seeds]
+        if step_stats:
+            stats = torch.stack(step_stats)  # [steps, K, S]
+            for k in range(self.num_seeds):
+                per_seed[k].update({f"train/{name}": finite_mean(stats[:, i, k]) for i, name in enumerate(self._names)})
+        source = getattr(module.trainer.datamodule, "source", None)
+        if source is not None:
+            for k, m in enumerate(source.iteration_metrics()):
+                per_seed[k].update(m)
+        guard = module.numerical_guard
+        for k in range(self.num_seeds):
+            per_seed[k]["train/skipped_steps"] = float(guard.skipped[k])
+        out = {}
+        for name, value in shared.items():  # "seed<k>/x" recorded by callbacks: seed k's own x
+            head, _, rest = name.partition("/")
+            if head.startswith("seed") and head[4:].isdigit() and int(head[4:]) < self.num_seeds and rest:
+                per_seed[int(head[4:])][rest] = value
+            else:
+                out[name] = value
+        shared = dict(out)
+        for k, m in enumerate(per_seed):
+            out.update({f"seed{k}/{name}": v for name, v in m.items()})
+        for name in per_seed[0]:
+            values = [m[name] for m in per_seed if name in m]
+            out[name] = sum(values) / len(values)
+        self.last_per_seed = [{**shared, **m} for m in per_seed]
+        return out
+
+
+class SeedRuns:
+    """One MLflow run per seed, children of the group's run (the trainer's logger): each gets the
+    seed's own metrics under the names a single run uses, stepped by frames, with the seed and the
+    group's run id as parameters. Their ids are kept in the checkpoint, so a resumed group
+    continues them. Nothing happens without an MLflow logger (or after it failed)."""
+
+    def __init__(self, seeds: list[int]) -> None:
+        self.seeds = seeds
+        self.run_ids: list[str] | None = None
+        self.loggers: list | None = None
+
+    def _start(self, module, parent) -> None:
+        from ppo_lightning.training.tracking import SafeMLFlowLogger
+
+        name = parent.experiment.get_run(parent.run_id).info.run_name
+        self.loggers = []
+        for k, seed in enumerate(self.seeds):
+            run_id = self.run_ids[k] if self.run_ids and k < len(self.run_ids) else None
+            logger = SafeMLFlowLogger(experiment_name=parent.experiment_name, tracking_uri=parent.tracking_uri,
+                                      run_name=f"{name}-seed{seed}", run_id=run_id,
+                                      tags={"mlflow.parentRunId": parent.run_id, "seed": str(seed)})
+            params = {k2: v for k2, v in dict(module.hparams).items() if k2 != "seeds"}
+            logger.log_hyperparams({**params, "seed": seed, "seed_index": k, "group_run_id": parent.run_id})
+            self.loggers.append(logger)
+        self.run_ids = [lg.run_id for lg in self.loggers]
+
+    def publish(self, module, per_seed: list[dict[str, float]]) -> None:
+        from ppo_lightning.training.tracking import SafeMLFlowLogger
+
+        parent = module.trainer.logger if module._trainer is not None else None
+        if not isinstance(parent, SafeMLFlowLogger) or parent.failed or not module.trainer.is_global_zero:
+            return
+        if self.loggers is None:
+            self._start(module, parent)
+        for logger, metrics in zip(self.loggers, per_seed):
+            logger.log_metrics(metrics, step=module.trainer.global_step)
+
+    def finalize(self, status: str = "success") -> None:
+        for logger in self.loggers or []:
+            logger.finalize(status)
+        self.loggers = None
+
+
+class SeedGroupGuard:
+    """`ppo_lightning.core.faults.NumericalGuard` per seed: a seed whose loss or gradient is
+    non-finite has its step undone (parameters and Adam moments of its slice restored after the
+    optimizer step) and counted; the other seeds step as usual. Training stops only when every
+    seed has had ``max_bad_steps`` bad steps in a row."""
+
+    def __init__(self, num_seeds: int, max_bad_steps: int | None = 100) -> None:
+        self.num_seeds, self.max_bad_steps = num_seeds, max_bad_steps
+        self.skipped = [0] * num_seeds
+        self.consecutive = [0] * num_seeds
+        self.first_bad: list[str | None] = [None] * num_seeds
+        self.seed_losses: torch.Tensor | None = None
+        self._restore: list = []
+        self._bad: list[int] = []
+
+    @property
+    def skipped_steps(self) -> int:
+        return sum(self.skipped)
+
+    def check_batch(self, batch) -> None:
+        pass
+
+    def guard_closure(self, module, optimizer, closure):
+        def guarded():
+            loss = closure()
+            self.after_backward(module, optimizer)
+            return loss
+
+        return guarded
+
+    @torch.no_grad()
+    def after_backward(self, module, optimizer) -> None:
+        S = self.num_seeds
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        # One reduction per parameter: a seed's gradient sum is finite iff its entries are (short of
+        # an overflow of the sum itself, which then counts as bad too).
+        sums = [p.grad.reshape(S, -1).sum(1) for p in params if p.grad is not None]
+        if self.seed_losses is not None:
+            sums.append(self.seed_losses)
+        ok = torch.isfinite(torch.stack(sums).sum(0))
+        bad = (~ok).nonzero().flatten().tolist()
+        self._restore, self._bad = [], bad
+        for k in range(S):
+            if k not in bad:
+                self.consecutive[k], self.first_bad[k] = 0, None
+        if not bad:
+            return
+        for p in params:
+            state = optimizer.state.get(p, {})
+            moments = {name: state[name][bad].clone() for name in ("exp_avg", "exp_avg_sq") if name in state}
+            self._restore.append((p, p.detach()[bad].clone(), moments, bool(state)))
+            if p.grad is not None:
+                p.grad[bad] = 0.0
+        step = module.trainer.global_step if module._trainer is not None else "?"
+        for k in bad:
+            self.skipped[k] += 1
+            self.consecutive[k] += 1
+            if self.first_bad[k] is None:
+                self.first_bad[k] = f"non-finite loss or gradient of seed {k} (step {step})"
+        if self.max_bad_steps is not None and all(c >= self.max_bad_steps for c in self.consecutive):
+            raise NumericalFault(f"every seed of the group had {self.max_bad_steps} consecutive bad steps "
+                                 f"(model.max_bad_steps); seed 0's first: {self.first_bad[0]}")
+
+    @torch.no_grad()
+    def check_parameters(self, module, optimizer) -> None:
+        """After the optimizer step: undo the bad seeds' slices."""
+        if not self._restore:
+            return
+        bad = self._bad
+        for p, saved, moments, had_state in self._restore:
+            p.detach()[bad] = saved
+            state = optimizer.state.get(p, {})
+            for name in ("exp_avg", "exp_avg_sq"):
+                if name in state:
+                    state[name][bad] = moments[name] if had_state else 0.0
+        self._restore = []
+
+    def metrics(self) -> dict[str, float]:
+        return {"train/skipped_steps": float(self.skipped_steps)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped": list(self.skipped), "consecutive": list(self.consecutive), "first_bad": list(self.first_bad)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "skipped" not in state:
+            return
+        self.skipped, self.consecutive = list(state["skipped"]), list(state["consecutive"])
+        self.first_bad = list(state["first_bad"])

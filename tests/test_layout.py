@@ -1,0 +1,125 @@
+"""The package layout stays what its folders say (issue 22): imports point one way, down the layers
+core < envs < nets < algos < data < interop < training < cli, with no import cycles, and the old
+flat paths of 0.1 still resolve, with one FutureWarning naming the new path."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "ppo_lightning"
+LAYERS = ("core", "envs", "nets", "algos", "data", "interop", "training", "cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(imported ppo_lightning module or name, at module level?, line) for every import in the file."""
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ppo_lightning"):
+            for alias in node.names:  # `from ppo_lightning.data import resume_state` names a module
+                found.append((f"{node.module}.{alias.name}", id(node) in top, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("ppo_lightning"):
+                    found.append((alias.name, id(node) in top, node.lineno))
+    return found
+
+
+def _layer(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def _sources() -> list[Path]:
+    return [p for p in PKG.rglob("*.py") if "remote" not in p.parts]  # hf/remote: templates, never imported
+
+
+def test_imports_point_down_the_layers():
+    wrong = []
+    for path in _sources():
+        here = _layer(_module_name(path))
+        if here is None:
+            continue  # ppo_lightning/__init__.py and _moved.py: the package's front door
+        for target, _, line in _imports(path):
+            there = _layer(target)
+            if there is not None and LAYERS.index(there) > LAYERS.index(here):
+                wrong.append(f"{path.relative_to(PKG.parent)}:{line} ({here}) imports {target} ({there})")
+    assert not wrong, "imports up the layers:\n" + "\n".join(wrong)
+
+
+def test_a_lower_layer_never_imports_training_or_cli():
+    # the examples of the issue, stated directly: nets never import training
+    for layer in ("core", "envs", "nets", "algos", "data"):
+        for path in (PKG / layer).rglob("*.py"):
+            targets = {_layer(t) for t, _, _ in _imports(path)}
+            assert not targets & {"training", "cli"}, path
+
+
+def test_no_import_cycles_at_module_level():
+    modules = {_module_name(p): p for p in _sources()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for target, top, _ in _imports(path):
+            if not top:
+                continue
+            # `from pkg import name`: the module pkg.name if it is one, else pkg
+            deps.add(target if target in modules else target.rsplit(".", 1)[0])
+        graph[name] = {d for d in deps if d in modules and d != name and not name.startswith(d + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+@pytest.mark.parametrize("old, name, new", [
+    ("ppo_lightning.module", "PPOLightningModule", "ppo_lightning.training.module"),
+    ("ppo_lightning.noise_scale", "GradientNoiseScale", "ppo_lightning.training.noise_scale"),
+    ("ppo_lightning.evaluation", "HeldOutEvaluation", "ppo_lightning.interop.evaluation"),
+    ("ppo_lightning.hf.loader", "load_pretrained", "ppo_lightning.interop.hf.loader"),
+    ("ppo_lightning.data", "RolloutDataModule", "ppo_lightning.data.datamodule"),
+])
+def test_old_flat_paths_resolve_with_one_warning(old, name, new):
+    code = (f"import importlib, warnings\nwarnings.simplefilter('always')\n"
+            f"with warnings.catch_warnings(record=True) as w:\n"
+            f"    obj = getattr(importlib.import_module({old!r}), {name!r})\n"
+            f"    getattr(importlib.import_module({old!r}), {name!r})\n"
+            f"assert obj is getattr(importlib.import_module({new!r}), {name!r})\n"
+            f"moved = [str(x.message) for x in w if issubclass(x.category, FutureWarning)]\n"
+            f"print(moved)\nassert len(moved) == 1 + ({old!r} == 'ppo_lightning.data'), moved\n"
+            f"assert {new!r} in moved[0]\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_every_subpackage_says_what_it_holds_and_may_import():
+    for layer in LAYERS:
+        doc = importlib.import_module(f"ppo_lightning.{layer}").__doc__ or ""
+        assert "May import" in doc or layer == "envs", layer

@@ -1,0 +1,173 @@
+"""Vectorized seeds (issue 18): seed k of a group is seed k alone; faults stay in their seed; resume."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from ppo_lightning.cli.fit import fit_main
+from ppo_lightning.data.datamodule import RolloutDataModule
+from ppo_lightning.training.module import PPOLightningModule
+
+NET = {"name": "minatar_cnn", "channels": 4, "hidden": 16}
+
+
+class KeepSource(pl.Callback):
+    def on_train_end(self, trainer, pl_module):
+        trainer.datamodule.kept = trainer.datamodule.source
+
+
+def run(seed, num_seeds, iterations=13, callbacks=(), **model_kwargs):
+    """MinAtar Breakout, 2 envs x 16 steps, 2 epochs x 2 minibatches: 4 gradient steps per iteration."""
+    pl.seed_everything(seed)
+    dm = RolloutDataModule(env_id="minatar:breakout", num_envs=2, rollout_steps=16, num_minibatches=2, update_epochs=2,
+                           total_frames=32 * iterations, seed=seed, normalize_reward=True, num_seeds=num_seeds,
+                           num_threads=1)
+    model = PPOLightningModule(dm.observation_space, dm.action_space, network=NET, lr=3e-3, seeds=dm.seeds, **model_kwargs)
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, callbacks=[KeepSource(), *callbacks])
+    trainer.fit(model, datamodule=dm)
+    return model, dm, trainer
+
+
+def test_seed_k_of_a_group_trains_as_seed_k_alone():
+    """52 gradient steps of PPO-EWMA: each seed of a group of 3 ends within float tolerance of the same
+    seed trained by a single run (the same episodes too: same actions, same games), and the seeds differ."""
+    group, gdm, gtr = run(0, 3, decoupled=True, proximal_com=4.0)
+    assert gtr.global_step == 52
+    finals = []
+    for k in range(3):
+        alone, dm, _ = run(k, 1, decoupled=True, proximal_com=4.0)
+        ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
+        assert ref.keys() == got.keys()
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-5)
+        assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+        assert dm.episodes.count > 10
+        finals.append(torch.nn.utils.parameters_to_vector(alone.network.parameters()))
+    assert (finals[0] - finals[1]).abs().max() > 1e-2  # independent seeds, not copies
+
+
+class PoisonSeed(pl.Callback):
+    """A NaN in seed ``seed``'s advantages at gradient step ``step`` of the run."""
+
+    def __init__(self, seed, step):
+        self.seed, self.step = seed, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            batch["advantage"][self.seed, 0] = float("nan")
+
+
+def test_nan_in_one_seed_is_skipped_for_that_seed_only():
+    """Seed 1's step 5 has a NaN advantage: that step is skipped for seed 1 alone (reported per
+    seed), and seeds 0 and 2 end bitwise as in the same group without the fault."""
+    clean, _, _ = run(0, 3, iterations=3)
+    poisoned, _, trainer = run(0, 3, iterations=3, callbacks=[PoisonSeed(1, 5)])
+    assert poisoned.numerical_guard.skipped == [0, 1, 0]
+    assert trainer.callback_metrics["seed1/train/skipped_steps"] == 1
+    assert trainer.callback_metrics["seed0/train/skipped_steps"] == 0
+    for k in (0, 2):
+        a, b = clean.network.seed_state_dict(k), poisoned.network.seed_state_dict(k)
+        assert all(torch.equal(a[n], b[n]) for n in a), k
+    a, b = clean.network.seed_state_dict(1), poisoned.network.seed_state_dict(1)
+    assert any(not torch.equal(a[n], b[n]) for n in a)
+    assert all(torch.isfinite(t).all() for t in b.values())
+
+
+def test_group_checkpoint_resumes_exactly(tmp_path):
+    """A group of 2 (PPO-EWMA) stopped after 2 iterations and resumed to 4 ends bitwise as the
+    uninterrupted group: weights, Adam moments, EWMA weights (envs, generators and normalizers too)."""
+    base = ["fit", "--config", "experiments/minatar/ppo_ewma.yaml", "--seeds", "2", "--data.num_envs", "2",
+            "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
+            "--model.network.hidden", "16", "--data.num_threads", "1", "--mlflow.enabled", "false",
+            "--video_every", "null", "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1"]
+    fit_main(base + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "ref")])
+    fit_main(base + ["--data.total_frames", "64", "--run_dir", str(tmp_path / "res")])
+    fit_main(base + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "res"),
+                     "--ckpt_path", str(tmp_path / "res/checkpoints/last.ckpt")])
+    a = torch.load(tmp_path / "ref/checkpoints/last.ckpt", weights_only=True)
+    b = torch.load(tmp_path / "res/checkpoints/last.ckpt", weights_only=True)
+    assert a["state_dict"]["network.inner.policy_body.conv.weight"].shape[0] == 2
+    assert all(torch.equal(v, b["state_dict"][k]) for k, v in a["state_dict"].items())
+    for i, state in a["optimizer_states"][0]["state"].items():
+        assert all(torch.equal(v, b["optimizer_states"][0]["state"][i][n]) for n, v in state.items())
+    assert all(torch.equal(v, b["proximal_ewma"]["proximal"][k]) for k, v in a["proximal_ewma"]["proximal"].items())
+    group = a["RolloutDataModule"]["per_rank"][0]["resume"]["seed_group"]
+    assert [s["seed"] for s in group["seeds"]] == [0, 1] and all(e["restorable"] for e in group["envs"])
+    # export-hf and evaluate take one seed of the group: its weights, as a single run's network
+    from ppo_lightning.interop.checkpoint_io import ExportError, load_network
+    from ppo_lightning.interop.hf.loader import load_pretrained
+    from ppo_lightning.interop.hf.writer import export_hf
+
+    ckpt = tmp_path / "ref/checkpoints/last.ckpt"
+    with pytest.raises(ExportError, match="group of 2 seeds .* --seed_index"):
+        load_network(ckpt)
+    out = export_hf(ckpt, tmp_path / "hf1", evaluate=0, seed_index=1)
+    exported = load_pretrained(out).state_dict()
+    net, _ = load_network(ckpt, seed_index=1)
+    for name, t in net.state_dict().items():
+        assert torch.equal(t, a["state_dict"]["network.inner." + name][1]) and torch.equal(exported[name], t)
+    # the model card's training figures are seed 1's own episodes
+    import json
+
+    episodes = group["seeds"][1]["episodes"]
+    training = json.loads((out / "config.json").read_text())["training"]
+    last = episodes["returns"][-20:]
+    assert training["episodes"] == episodes["count"]
+    assert training["final_train_return_mean20"] == (pytest.approx(sum(last) / len(last)) if last else None)
+
+
+@pytest.mark.parametrize("data_kwargs, model_kwargs, match", [
+    ({"env_id": "CartPole-v1"}, {}, "steps as one batch"),
+    ({}, {"objective": "adaptive_kl"}, "adaptive_kl"),
+    ({}, {"ppg": {}}, "model.ppg"),
+    ({"num_seeds": 0}, {}, "num_seeds must be a positive integer"),
+])
+def test_unsupported_group_settings_are_one_line_errors(data_kwargs, model_kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dm = RolloutDataModule(**{"env_id": "minatar:breakout", "num_seeds": 2, **data_kwargs})
+        PPOLightningModule(dm.observation_space, dm.action_space, network=NET, seeds=[0, 1], **model_kwargs)
+
+
+def test_each_seed_is_its_own_mlflow_run(tmp_path):
+    """A group of 2 logs a parent run (means and seed<k>/ metrics) and one child run per seed with that
+    seed's own metrics under the single-run names."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    fit_main(["fit", "--config", "experiments/minatar/ppo.yaml", "--seeds", "2", "--data.num_envs", "2",
+              "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "1",
+              "--data.total_frames", "64", "--model.network.hidden", "16", "--data.num_threads", "1",
+              "--mlflow.tracking_uri", uri, "--mlflow.experiment", "group", "--video_every", "null",
+              "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path / "run")])
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("group").experiment_id])
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {r.data.params["seed"]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
+    assert len(parent) == 1 and sorted(children) == ["0", "1"]
+    for k, child in children.items():
+        assert child.data.metrics["frames"] == 64
+        assert child.data.metrics["train/loss_objective"] == parent[0].data.metrics[f"seed{k}/train/loss_objective"]
+
+
+def test_figure_driver_runs_an_arms_seeds_as_one_group(tmp_path):
+    """minatar_figures' default sweep trains seeds 0 and 1 of an arm as one group and writes one row per
+    seed (its own MLflow run, learning curve, noise scale); seed 1's row matches seed 1 run alone."""
+    import csv
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import minatar_figures as mf
+
+    arms = {"ppo_ewma": mf.EWMA + ["--data.num_envs", "4", "--data.rollout_steps", "32", "--data.update_epochs", "1",
+                                   "--model.network.hidden", "16"]}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mf.sweep_grouped("ewma", arms, ["breakout"], [0, 1], 1024, tmp_path / "g", uri, tmp_path / "runs")
+    rows = list(csv.DictReader(open(tmp_path / "g/ewma_runs.csv")))
+    assert [r["seed"] for r in rows] == ["0", "1"] and rows[0]["mlflow_run_id"] != rows[1]["mlflow_run_id"]
+    assert all(r["B_simple"] and int(r["frames"]) == 1024 for r in rows)
+    mf.sweep("ewma", arms, ["breakout"], [1], 1024, tmp_path / "s", uri, tmp_path / "runs")
+    (alone,) = list(csv.DictReader(open(tmp_path / "s/ewma_runs.csv")))
+    for key in ("final_return", "auc_return", "iterations", "gradient_steps", "args"):
+        assert alone[key] == rows[1][key], key
