@@ -23,6 +23,7 @@ run did before (episodes in progress are lost). `env_state` reports such attribu
 
 from __future__ import annotations
 
+import copy
 import enum
 import io
 import random
@@ -320,8 +321,6 @@ def select_rank_state(states: list[dict[str, Any]], rank: int, elastic: dict[str
     statistics, shuffling, RNG streams) with new environments; a rank whose ``num_envs`` changed
     keeps its statistics with new environments; PPG's phase buffer is left out (a new phase starts)."""
     if elastic is not None:
-        import copy
-
         new_rank = rank >= len(states)
         state = copy.copy(states[0] if new_rank else states[rank])
         resume = dict(state.get("resume") or {})

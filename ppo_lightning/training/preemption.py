@@ -35,6 +35,7 @@ import threading
 from pathlib import Path
 
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -55,8 +56,6 @@ def signal_name(signum: int) -> str:
 def slurm_job_id() -> str | None:
     """The SLURM job id (``ARRAYID_TASKID`` for array jobs) of a batch job; None outside SLURM or in
     an interactive allocation (as Lightning's ``SLURMEnvironment.detect``)."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
     if not SLURMEnvironment.detect():
         return None
     array = os.environ.get("SLURM_ARRAY_JOB_ID")
@@ -82,8 +81,6 @@ def find_resume_checkpoint(run_dir: str | Path) -> Path | None:
 
 def requeue_signal(trainer) -> int:
     """The signal Lightning's ``SLURMEnvironment`` requeues on (SIGUSR1 by default)."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
     env = getattr(trainer.strategy, "cluster_environment", None)
     if isinstance(env, SLURMEnvironment) and env.requeue_signal is not None:
         return int(env.requeue_signal)
@@ -91,8 +88,6 @@ def requeue_signal(trainer) -> int:
 
 
 def auto_requeue(trainer) -> bool:
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
     env = getattr(trainer.strategy, "cluster_environment", None)
     if isinstance(env, SLURMEnvironment):
         return bool(env.auto_requeue)
