@@ -23,7 +23,8 @@ from tensordict import TensorDictBase
 from torchrl.collectors import Collector
 
 from ppo_lightning.core import faults
-from ppo_lightning.data import parallel, resume_state
+from ppo_lightning.data import resume_state
+from ppo_lightning.data.parallel import raise_together
 from ppo_lightning.data.batched_rollout import BatchedRollout, supports_batched_rollout
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device
@@ -147,7 +148,7 @@ class RolloutSource:
             err.iteration = data.iteration
             fault = err
         # before any other collective: a fault on one data-parallel rank stops all of them
-        parallel.raise_together(fault, self.rank, self.world_size)
+        raise_together(fault, self.rank, self.world_size)
         self._pending_observations = rollout.get(OBS_KEY) if self._normalizes_observations else None
         self.network.train(was_training)
         data.episodes.add_rollout(rollout)
