@@ -1,11 +1,11 @@
-# make train | make test | make bench   (each creates .venv on first use)
+# make train | make test | make bench | make docs   (each creates .venv on first use)
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= experiments/cartpole/ppo_ewma.yaml
 
-.PHONY: train test bench install clean
+.PHONY: train test bench docs install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found (Python 3.11 is required)"; exit 1; }
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	# torch first and pinned: the CPU wheel; a looser pin would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev,hf,mujoco]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,hf,mujoco,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,5 +27,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/cartpole.py
 
+# The documentation site into site/ (--strict: a broken link, anchor or API reference fails).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) runs mlflow.db mlruns MUJOCO_LOG.TXT
+	rm -rf $(VENV) runs mlflow.db mlruns MUJOCO_LOG.TXT site

@@ -2,7 +2,7 @@
 
 Phases, each in its own process (``--phase``), each a warm-up iteration plus ``--iterations`` timed ones:
   ppo        experiments/procgen/ppo_hard.yaml on one GPU
-  ppo_ewma   experiments/procgen/ppo_ewma_hard.yaml on one GPU (proximal_precision auto: bf16 on sm_80+)
+  ppo_ewma   experiments/procgen/ppo_ewma_hard.yaml on one GPU (trainer.precision auto: bf16-mixed on sm_80+)
   ddp        ppo_ewma_hard.yaml on all visible GPUs, strategy ddp
   fsdp2      ppo_ewma_hard.yaml on all visible GPUs, ModelParallelStrategy (FSDP2, tensor_parallel_size 1)
 Each phase reports frames/s of all ranks together (after the warm-up iteration), the peak GPU memory
@@ -97,7 +97,7 @@ def run_phase(name: str, iterations: int, num_envs: int, rollout_steps: int) -> 
                     "warmup_iteration_s": round(self.rows[0]["wall_s"], 2),
                     "peak_gpu_memory_gib": round(float(peaks.max()) / 2**30, 3),
                     "params_agree": agree, "rollout_device": rollout_device,
-                    "proximal_precision": getattr(pl_module.proximal_source, "precision", None),
+                    "precision": trainer.precision,
                     "gpu": torch.cuda.get_device_name(0),
                 }
                 print(MARK + json.dumps(out), flush=True)

@@ -4,7 +4,7 @@ For a 2048-sample minibatch (the paper config's), prints the seconds of:
 - a forward+backward pass over the minibatch in chunks of 32 ... 2048 (``model.micro_batch_size``),
 - the proximal forward (no autograd) of the minibatch, one call as in the module, by the network's
   ``inference_chunk`` (16 ... 256), fp32 and bf16 autocast, and with a bf16 copy of the weights
-  (what ``model.proximal_precision: bf16`` runs); next to the same forward with autograd on in
+  (what ``--trainer.precision bf16-mixed`` runs for the anchor); next to the same forward with autograd on in
   chunks of 64 (the training path: ``F.max_pool2d``, no in-place sums), to show what the
   no-autograd path gains,
 - the first stack's 3x3/2 max-pool alone: ``F.max_pool2d`` vs the separable ``max_pool_3x3_s2``,
@@ -64,7 +64,7 @@ def main() -> None:
     obs_space, act_space = {"shape": [64, 64, 3], "dtype": "uint8"}, {"type": "discrete", "n": 15}
     net = ImpalaActorCritic(obs_space, act_space)
     prox = copy.deepcopy(net).requires_grad_(False)
-    prox_bf16 = copy.deepcopy(prox).to(torch.bfloat16)  # precision "fp32": no autocast, bf16 weights
+    prox_bf16 = copy.deepcopy(prox).to(torch.bfloat16)  # bf16 weights, run without autocast
     obs = torch.randint(0, 256, (args.batch, 64, 64, 3), dtype=torch.uint8)
 
     def train(o):
@@ -72,9 +72,10 @@ def main() -> None:
         (logits.logsumexp(-1).mean() + value.mean()).mul(o.shape[0] / args.batch).backward()
 
     def proximal(module, precision, chunk, autograd=False):
+        # precision "bf16": under bf16 autocast (what --trainer.precision bf16-mixed runs)
         def run():
-            module.precision, module.inference_chunk = precision, chunk
-            with torch.set_grad_enabled(autograd):
+            module.inference_chunk = chunk
+            with torch.set_grad_enabled(autograd), torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
                 for o in obs.split(chunk) if autograd else [obs]:
                     module.policy(o)
         return run
@@ -105,7 +106,7 @@ def main() -> None:
 
         def prox_layout(o):
             def run():
-                prox.precision, prox.inference_chunk = "fp32", 64
+                prox.inference_chunk = 64
                 with torch.no_grad():
                     prox.policy(o)
             return run
@@ -115,8 +116,8 @@ def main() -> None:
 
     def ewma_step(module, precision):
         def run():
-            module.precision, module.inference_chunk = precision, 64
-            with torch.no_grad():
+            module.inference_chunk = 64
+            with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
                 module.policy(obs)
             for o in obs.split(64):
                 train(o)

@@ -1,4 +1,4 @@
-"""How much does a bf16 proximal forward change PPO-EWMA's update? (``model.proximal_precision``)
+"""How much does a bf16 proximal forward change PPO-EWMA's update? (``--trainer.precision bf16-mixed``)
 
 Trains PPO-EWMA with the exact (fp32) proximal policy on the short-budget Procgen config
 (`experiments/procgen/ppo_easy_short.yaml`, decoupled, COM 8) and, at every gradient step, also
@@ -11,7 +11,9 @@ exact anchor:
 - the cosine similarity and relative norm difference of the policy-loss gradients.
 
 The training itself always uses the exact anchor, so the numbers describe the error of one step,
-not an accumulated drift. Prints one line per iteration and, last, one JSON object.
+not an accumulated drift. The bf16 anchor is what ``--trainer.precision bf16-mixed`` computes: the
+float32 average under bf16 autocast (the same values as its bf16 weight copy). Prints the machine,
+one line per iteration and, last, one JSON object.
 
     python benchmarks/proximal_precision.py                  # 30 iterations (61k frames)
     python benchmarks/proximal_precision.py --iterations 5
@@ -41,10 +43,13 @@ def main() -> None:
     import yaml
 
     from ppo_lightning.algos import objectives as F
+    from ppo_lightning.core.hardware import machine_info, machine_line
     from ppo_lightning.data.datamodule import RolloutDataModule
     from ppo_lightning.nets.models import make_distribution
     from ppo_lightning.training.module import PPOLightningModule
 
+    machine = machine_info()
+    print(machine_line(machine), flush=True)
     cfg = yaml.safe_load((ROOT / "experiments/procgen/ppo_easy_short.yaml").read_text())
     data = {**cfg["data"], "seed": args.seed, "num_threads": args.threads}
     data["total_frames"] = data["num_envs"] * data["rollout_steps"] * args.iterations
@@ -68,10 +73,9 @@ def main() -> None:
             with torch.no_grad():
                 lp_anchor = {}
                 for precision in ("fp32", "bf16"):
-                    prox.precision = precision
-                    lp_anchor[precision] = make_distribution(pl_module.hparams.action_space,
-                                                             *prox.policy(obs)).log_prob(action)
-                prox.precision = "fp32"
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                        lp_anchor[precision] = make_distribution(pl_module.hparams.action_space,
+                                                                 *prox.policy(obs)).log_prob(action)
             params = [q for q in pl_module.network.parameters() if q.requires_grad]
             with torch.enable_grad():
                 lp = make_distribution(pl_module.hparams.action_space, *pl_module.network.policy(obs)).log_prob(action)
@@ -127,6 +131,7 @@ def main() -> None:
         "grad_cosine_min": round(min(x["grad_cosine"] for x in s), 6),
         "grad_rel_diff_mean": round(_mean([x["grad_rel_diff"] for x in s]), 5),
         "final_return_mean20": probe.iteration[-1]["return_mean20"],
+        "machine": machine,
     }
     print(json.dumps(result))
 

@@ -6,7 +6,8 @@
    proximal forward (the heads and GAE are negligible and left out).
 2. Sustained GFLOP/s, measured: every distinct conv shape of the network alone (channels_last fp32,
    a batch of ``--batch`` = the micro-batch), forward without autograd and forward+backward, and a
-   large fp32 matmul as the machine's practical peak.
+   large fp32 matmul as the machine's practical peak; with ``--dtypes fp32,bf16`` the same in bf16
+   (the kernels of ``--trainer.precision bf16-mixed``; AMX tiles where the CPU has them), keys ``*_bf16``.
 3. The limit: the seconds per frame if the convolutions ran at their measured rates and everything
    else (pool, ReLU, adds, Adam, env, data movement) were free; the frames/s figures of
    benchmarks/throughput.py are then compared against it (``--ppo-fps``/``--ewma-fps``).
@@ -26,6 +27,7 @@ the matmul peak and the linear layers).
 
     python benchmarks/roofline.py
     python benchmarks/roofline.py --clock cpu --threads 1        # on a loaded machine
+    python benchmarks/roofline.py --clock cpu --threads 1 --dtypes fp32,bf16 --no-profile   # + bf16 / AMX
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/roofline.py --clock cpu --threads 1
 """
 
@@ -129,6 +131,7 @@ def main() -> None:
     p.add_argument("--ppo-fps", type=float, default=None, help="measured PPO frames/s to place on the roofline")
     p.add_argument("--ewma-fps", type=float, default=None, help="measured PPO-EWMA frames/s")
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--dtypes", default="fp32", help="comma list: fp32, bf16 (the bf16/AMX rates and peak)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="see the module docstring")
     args = p.parse_args()
     global CLOCK
@@ -156,61 +159,79 @@ def main() -> None:
           f"{ppo / 1e6:.1f} M (rollout forward + {args.epochs} x forward+backward), PPO-EWMA {ewma / 1e6:.1f} M "
           f"(+{args.epochs} proximal forwards: +{ewma / ppo - 1:.1%})")
 
-    # Measured rates per distinct conv / linear shape, channels_last fp32, batch args.batch.
+    # Measured rates per distinct conv / linear shape, channels_last, batch args.batch, per dtype
+    # (bf16: module and input cast to bf16, the kernels Lightning's bf16-mixed autocast calls).
     shapes: dict = {}
     for name, mod, in_shape, flops in rows:
         key = (type(mod).__name__, in_shape, getattr(mod, "out_channels", getattr(mod, "out_features", None)))
         shapes.setdefault(key, {"layers": [], "flops": flops, "mod": mod, "in_shape": in_shape})["layers"].append(name)
-    rates = {}
-    for key, s in shapes.items():
-        mod = copy.deepcopy(s["mod"])
-        x = torch.randn(args.batch, *s["in_shape"])
-        if x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with torch.no_grad():
-            t_f = best_of(lambda: mod(x), args.repeats)
-        xg = x.clone().requires_grad_(True)
-
-        def fb():
-            mod.zero_grad(set_to_none=True)
-            mod(xg).sum().backward()
-
-        t_fb = best_of(fb, args.repeats)
-        n = args.batch * s["flops"]
-        label = f"{key[0]} {key[1]}->{key[2]}"
-        rates[label] = {"layers": len(s["layers"]), "mflops_per_sample": round(s["flops"] / 1e6, 2),
-                        "fwd_gflops": round(n / t_f / 1e9, 1), "fwd_bwd_gflops": round(3 * n / t_fb / 1e9, 1),
-                        "fwd_s": t_f, "fwd_bwd_s": t_fb}
-        print(f"{label:36s} x{len(s['layers'])}: {s['flops'] / 1e6:6.2f} MFLOP/sample; forward "
-              f"{rates[label]['fwd_gflops']:6.1f} GFLOP/s, forward+backward {rates[label]['fwd_bwd_gflops']:6.1f} GFLOP/s",
-              flush=True)
-    a = torch.randn(2048, 2048)
-    t_mm = best_of(lambda: a @ a, args.repeats)
-    peak = 2 * 2048**3 / t_mm / 1e9
-    print(f"fp32 matmul 2048^3: {peak:.1f} GFLOP/s (practical peak)")
-
-    # Conv-bound limit: seconds per frame if only the conv/linear kernels ran, at the rates above.
-    t_fwd = sum(r["fwd_s"] * r["layers"] for r in rates.values()) / args.batch
-    t_fb = sum(r["fwd_bwd_s"] * r["layers"] for r in rates.values()) / args.batch
-    t_ppo = t_fwd + args.epochs * t_fb
-    t_ewma = t_ppo + args.epochs * t_fwd
-    limit = {"ppo_fps": round(1 / t_ppo, 1), "ppo_ewma_fps": round(1 / t_ewma, 1),
-             "ewma_overhead_at_limit": round(t_ewma / t_ppo - 1, 3),
-             "ppo_fps_at_matmul_peak": round(peak * 1e9 / ppo, 1)}
-    print(f"limit (conv/linear kernels only, at their measured rates): PPO {limit['ppo_fps']} frames/s, "
-          f"PPO-EWMA {limit['ppo_ewma_fps']} (+{limit['ewma_overhead_at_limit']:.1%}); at the matmul peak "
-          f"PPO {limit['ppo_fps_at_matmul_peak']} frames/s")
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     result = {"flops_per_frame": {"forward": fwd, "backward": bwd, "ppo_iteration": ppo, "ppo_ewma_iteration": ewma},
-              "rates": {k: {kk: vv for kk, vv in v.items() if not kk.endswith("_s")} for k, v in rates.items()},
-              "matmul_peak_gflops": round(peak, 1), "limit": limit, "batch": args.batch,
-              "clock": args.clock, "threads": args.threads}
-    for name, fps, flops in (("ppo", args.ppo_fps, ppo), ("ppo_ewma", args.ewma_fps, ewma)):
-        if fps:
-            result[f"{name}_measured"] = {"fps": fps, "gflops": round(fps * flops / 1e9, 1),
-                                          "share_of_conv_limit": round(fps / limit[f"{name}_fps"], 3),
-                                          "share_of_matmul_peak": round(fps * flops / 1e9 / peak, 3)}
-            print(f"{name} measured {fps} frames/s = {fps * flops / 1e9:.1f} GFLOP/s: "
-                  f"{fps / limit[f'{name}_fps']:.0%} of the conv limit, {fps * flops / 1e9 / peak:.0%} of the matmul peak")
+              "batch": args.batch, "clock": args.clock, "threads": args.threads}
+    for dname in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+        if dname not in dtypes:
+            p.error(f"--dtypes: a comma list of {', '.join(dtypes)}; got {args.dtypes!r}")
+        dtype, tag = dtypes[dname], "" if dname == "fp32" else f"_{dname}"
+        rates = {}
+        for key, s in shapes.items():
+            mod = copy.deepcopy(s["mod"]).to(dtype)
+            x = torch.randn(args.batch, *s["in_shape"]).to(dtype)
+            if x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with torch.no_grad():
+                t_f = best_of(lambda: mod(x), args.repeats)
+            xg = x.clone().requires_grad_(True)
+
+            def fb():
+                mod.zero_grad(set_to_none=True)
+                mod(xg).sum().backward()
+
+            t_fb = best_of(fb, args.repeats)
+            n = args.batch * s["flops"]
+            label = f"{key[0]} {key[1]}->{key[2]}"
+            rates[label] = {"layers": len(s["layers"]), "mflops_per_sample": round(s["flops"] / 1e6, 2),
+                            "fwd_gflops": round(n / t_f / 1e9, 1), "fwd_bwd_gflops": round(3 * n / t_fb / 1e9, 1),
+                            "fwd_s": t_f, "fwd_bwd_s": t_fb}
+            print(f"{dname} {label:36s} x{len(s['layers'])}: {s['flops'] / 1e6:6.2f} MFLOP/sample; forward "
+                  f"{rates[label]['fwd_gflops']:6.1f} GFLOP/s, forward+backward {rates[label]['fwd_bwd_gflops']:6.1f} GFLOP/s",
+                  flush=True)
+        a = torch.randn(2048, 2048).to(dtype)
+        t_mm = best_of(lambda: a @ a, args.repeats)
+        mm = 2 * 2048**3 / t_mm / 1e9
+        # A large conv (256 -> 256 channels, 3x3, 32x32, batch 32) as a second probe of the peak:
+        # for bf16 on AMX, oneDNN reaches more with it than with the matmul.
+        big = nn.Conv2d(256, 256, 3, padding=1).to(dtype)
+        xb = torch.randn(32, 256, 32, 32).to(dtype).contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            t_big = best_of(lambda: big(xb), args.repeats)
+        conv_peak = 2 * 256 * 256 * 9 * 32 * 32 * 32 / t_big / 1e9
+        peak = max(mm, conv_peak)
+        print(f"{dname} matmul 2048^3: {mm:.1f} GFLOP/s, conv 256->256 3x3 @32x32: {conv_peak:.1f} GFLOP/s "
+              f"(practical peak: {peak:.1f})")
+
+        # Conv-bound limit: seconds per frame if only the conv/linear kernels ran, at the rates above.
+        t_fwd = sum(r["fwd_s"] * r["layers"] for r in rates.values()) / args.batch
+        t_fb = sum(r["fwd_bwd_s"] * r["layers"] for r in rates.values()) / args.batch
+        t_ppo = t_fwd + args.epochs * t_fb
+        t_ewma = t_ppo + args.epochs * t_fwd
+        limit = {"ppo_fps": round(1 / t_ppo, 1), "ppo_ewma_fps": round(1 / t_ewma, 1),
+                 "ewma_overhead_at_limit": round(t_ewma / t_ppo - 1, 3),
+                 "ppo_fps_at_peak": round(peak * 1e9 / ppo, 1)}
+        print(f"{dname} limit (conv/linear kernels only, at their measured rates): PPO {limit['ppo_fps']} frames/s, "
+              f"PPO-EWMA {limit['ppo_ewma_fps']} (+{limit['ewma_overhead_at_limit']:.1%}); at the peak "
+              f"PPO {limit['ppo_fps_at_peak']} frames/s")
+        result[f"rates{tag}"] = {k: {kk: vv for kk, vv in v.items() if not kk.endswith("_s")} for k, v in rates.items()}
+        result[f"matmul_gflops{tag}"], result[f"large_conv_gflops{tag}"] = round(mm, 1), round(conv_peak, 1)
+        result[f"peak_gflops{tag}"] = round(peak, 1)
+        result[f"limit{tag}"] = limit
+        for name, fps, flops in (("ppo", args.ppo_fps, ppo), ("ppo_ewma", args.ewma_fps, ewma)):
+            if fps:
+                result[f"{name}_measured{tag}"] = {"fps": fps, "gflops": round(fps * flops / 1e9, 1),
+                                                   "share_of_conv_limit": round(fps / limit[f"{name}_fps"], 3),
+                                                   "share_of_peak": round(fps * flops / 1e9 / peak, 3)}
+                print(f"{name} measured {fps} frames/s = {fps * flops / 1e9:.1f} GFLOP/s: "
+                      f"{fps / limit[f'{name}_fps']:.0%} of the {dname} conv limit, "
+                      f"{fps * flops / 1e9 / peak:.0%} of the {dname} peak")
 
     if not args.no_profile:
         obs = torch.randint(0, 256, (args.minibatch, *obs_shape), dtype=torch.uint8)

@@ -9,20 +9,20 @@ line is one JSON object:
 
 with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (and
 ``ewma_overhead_within_run`` = proximal-forward seconds / the rest of the EWMA iteration, which a
-shared machine's load changes between the two runs do not distort). By default PPO-EWMA runs twice:
-as ``experiments/procgen/ppo_ewma_hard.yaml`` has it (``model.proximal_precision: auto``: bf16 where
-native, else fp32; ``ppo_ewma_*``, ``ewma_overhead``, the choice in ``ppo_ewma_proximal_precision``),
-and with the exact one (``ppo_ewma_exact_proximal_*``, ``ewma_overhead_exact_proximal``); where
-``auto`` is the exact fp32 forward (CPUs without AMX) it runs once.
+shared machine's load changes between the two runs do not distort).
+Precision: ``--precision`` is the Trainer's (``--trainer.precision``), default ``auto`` as the shipped
+configs have it (bf16-mixed on AMX CPUs and CUDA sm_80+, 32-true elsewhere; the resolved value is
+printed and goes into the JSON line as ``"precision"``). A comma list (``--precision
+32-true,bf16-mixed``) runs every algorithm once per precision, interleaved (algorithm by algorithm),
+and suffixes the keys of all but the first with the precision (``ppo_bf16-mixed_fps``, ...).
 The machine (CPU model, cores, ISA flags, torch threads) is printed first and goes into the JSON
 line as ``"machine"`` (`ppo_lightning.core.hardware.machine_info`).
 Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen configs' setting).
 
-    python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, fp32
-    python benchmarks/throughput.py --precision bf16
+    python benchmarks/throughput.py                       # 64 envs x 256 steps, 8 minibatches, 3 epochs, precision auto
+    python benchmarks/throughput.py --precision 32-true,bf16-mixed --only ppo --iterations 1
     python benchmarks/throughput.py --micro-batch-size 0  # whole minibatches: slower, 4.6 GiB
     python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
-    python benchmarks/throughput.py --proximal-precision auto                          # PPO + the config's PPO-EWMA only
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/throughput.py  # AVX2-only, emulated
 
 PPG and PPG-EWMA (``experiments/procgen/ppg*_hard.yaml``: dual IMPALA, E_pi = E_V = 1, 6 auxiliary
@@ -65,7 +65,7 @@ def raw_env_fps(game: str, num_envs: int, steps: int, num_threads: int | None) -
     return steps * num_envs / dt
 
 
-def train_run(args, decoupled: bool, proximal_precision: str | None = None, ppg: bool = False) -> dict:
+def train_run(args, decoupled: bool, precision: str, ppg: bool = False) -> dict:
     import lightning.pytorch as pl
     import torch
 
@@ -140,12 +140,11 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None, ppg:
     model = PPOLightningModule(
         dm.observation_space,
         dm.action_space,
-        network={"name": "impala_cnn", "precision": args.precision},
+        network={"name": "impala_cnn"},
         lr=5e-4,
         decoupled=decoupled,
         proximal_com=args.ewma_com if decoupled else None,
         micro_batch_size=args.micro_batch_size or None,
-        proximal_precision=proximal_precision if decoupled else None,
         ppg={"n_pi": n_pi, "aux_mbsize": args.ppg_aux_mbsize} if ppg else None,
     )
     timer = Timer()
@@ -159,9 +158,9 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None, ppg:
         enable_model_summary=False,
         enable_progress_bar=False,
         callbacks=[timer],
+        precision=precision,
     )
     trainer.fit(model, dm)
-    resolved = model.proximal_source.precision if model.proximal_source is not None else None
     del trainer, model, dm
     import gc
 
@@ -176,7 +175,6 @@ def train_run(args, decoupled: bool, proximal_precision: str | None = None, ppg:
     mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
     mean["fps"] = mean["frames"] / mean["wall_s"]
     mean["warmup_wall_s"] = warm["wall_s"]
-    mean["proximal_precision"] = resolved
     return mean
 
 
@@ -187,18 +185,16 @@ def main() -> None:
     p.add_argument("--rollout-steps", type=int, default=256)
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--precision", choices=("bf16", "fp32", "auto"), default="fp32", help="model.network.precision")
-    p.add_argument("--proximal-precision", default="auto,exact",
-                   help="PPO-EWMA runs, one per listed proximal forward precision: exact (the network's), "
-                        "auto (the config's), bf16 or fp32; the first is reported as ppo_ewma, the others as "
-                        "ppo_ewma_<p>_proximal")
+    p.add_argument("--precision", default="auto",
+                   help="--trainer.precision: 32-true, bf16-mixed or auto (the configs'), or a comma list of them "
+                        "(every algorithm once per precision, interleaved)")
     p.add_argument("--micro-batch-size", type=int, default=128,
                    help="model.micro_batch_size (0: whole 2048-sample minibatches in one pass)")
     p.add_argument("--game", default="coinrun")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: ppo_lightning.core.threads)")
     p.add_argument("--procgen-threads", type=int, default=None, help="Procgen worker threads (default: auto)")
     p.add_argument("--only", default=None,
-                   help="comma list of algorithms to run: ppo, ppo_ewma (all its proximal precisions), ppg, ppg_ewma")
+                   help="comma list of algorithms to run: ppo, ppo_ewma, ppg, ppg_ewma")
     p.add_argument("--ppg-n-pi", type=int, default=32, help="PPG: policy iterations per phase (timed: one phase)")
     p.add_argument("--ppg-aux-mbsize", type=int, default=4, help="PPG: env trajectories per auxiliary minibatch")
     p.add_argument("--skip-ppg", action="store_true", help="PPO and PPO-EWMA only")
@@ -211,37 +207,41 @@ def main() -> None:
     from ppo_lightning.envs.procgen_env import auto_procgen_threads
     from ppo_lightning.core.threads import configure_threads
 
-    from ppo_lightning.core.hardware import machine_info, machine_line, resolve_precision
+    from ppo_lightning.core.hardware import machine_info, machine_line, resolve_trainer_precision
 
     threads = configure_threads(args.threads, f"procgen:{args.game}")
     machine = machine_info()
     print(machine_line(machine), flush=True)
+    precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
+    if not precisions or any(x not in ("32-true", "bf16-mixed", "auto") for x in precisions):
+        p.error(f"--precision: a comma list of 32-true, bf16-mixed, auto; got {args.precision!r}")
+    resolved = []
+    for x in precisions:
+        choice, reason = resolve_trainer_precision(x, "cpu")
+        if x == "auto":
+            print(f"precision auto: {choice} ({reason})", flush=True)
+        if choice not in resolved:
+            resolved.append(choice)
+    precisions = resolved
     pthreads = auto_procgen_threads(args.num_envs) if args.procgen_threads is None else args.procgen_threads
-    print(f"torch threads {threads}, procgen threads {pthreads}, precision {args.precision}, "
+    print(f"torch threads {threads}, procgen threads {pthreads}, precision {','.join(precisions)}, "
           f"micro-batch {args.micro_batch_size or 'none'}, "
           f"{args.num_envs} envs x {args.rollout_steps} steps, {args.epochs} epochs x {args.num_minibatches} minibatches")
     raw = raw_env_fps(args.game, args.num_envs, max(args.rollout_steps, 256), args.procgen_threads)
     print(f"raw env: {raw:,.0f} frames/s")
     result: dict = {"raw_env_fps": round(raw, 1)}
-    precisions = [x.strip() for x in args.proximal_precision.split(",") if x.strip()]
-    if not precisions or any(x not in ("exact", "auto", "bf16", "fp32") for x in precisions):
-        p.error(f"--proximal-precision: a list of exact, auto, bf16, fp32; got {args.proximal_precision!r}")
-    auto_choice, auto_reason = resolve_precision("auto", "cpu")
-    if "auto" in precisions and "exact" in precisions and auto_choice == args.precision == "fp32":
-        precisions.remove("exact")  # the same run twice: auto is the exact fp32 forward on this CPU
-        print(f"proximal_precision auto = fp32 here ({auto_reason}): one PPO-EWMA run", flush=True)
-    algos = [("ppo", False, None)] + [
-        ("ppo_ewma" if i == 0 else f"ppo_ewma_{x}_proximal", True, None if x == "exact" else x)
-        for i, x in enumerate(precisions)
-    ]
-    algos = [(n, d, p_, False) for n, d, p_ in algos]
-    if not args.skip_ppg:  # PPG-EWMA with the exact proximal forward (the PPG-EWMA config's null)
-        algos += [("ppg", False, None, True), ("ppg_ewma", True, None, True)]
+    algos = [("ppo", False, False), ("ppo_ewma", True, False)]
+    if not args.skip_ppg:
+        algos += [("ppg", False, True), ("ppg_ewma", True, True)]
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    # Interleaved: each algorithm at every precision before the next algorithm.
+    plan = [(base, decoupled, ppg, precision) for base, decoupled, ppg in algos if not only or base in only
+            for precision in precisions]
     runs = {}
-    for name, decoupled, precision, ppg in algos:
-        only = [x.strip() for x in args.only.split(",")] if args.only else None
-        if only and not any(name == o or (o == "ppo_ewma" and name.startswith("ppo_ewma")) for o in only):
-            continue
+    for base, decoupled, ppg, precision in plan:
+        name = base if precision == precisions[0] else f"{base}_{precision}"
+        ppo_ref = "ppo" if precision == precisions[0] else f"ppo_{precision}"
+        ppg_ref = "ppg" if precision == precisions[0] else f"ppg_{precision}"
         r = runs[name] = train_run(args, decoupled, precision, ppg)
         unit = f"phase of {args.ppg_n_pi} iterations" if ppg else "iteration"
         print(
@@ -257,9 +257,10 @@ def main() -> None:
             result[f"{name}_split_s"] = {k: round(r[k], 3) for k in
                                          ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s", "aux_phase_s")}
             if decoupled:
-                if "ppg" in runs:
-                    result["ppg_ewma_overhead"] = round(r["wall_s"] / runs["ppg"]["wall_s"] - 1.0, 4)
-                result["ppg_ewma_overhead_within_run"] = round(
+                suffix = name[len("ppg_ewma"):]
+                if ppg_ref in runs:
+                    result[f"ppg_ewma_overhead{suffix}"] = round(r["wall_s"] / runs[ppg_ref]["wall_s"] - 1.0, 4)
+                result[f"ppg_ewma_overhead_within_run{suffix}"] = round(
                     r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
             continue
         result[f"{name}_fps"] = round(r["fps"], 1)
@@ -267,16 +268,16 @@ def main() -> None:
         result[f"{name}_split_s"] = {k: round(r[k], 3) for k in ("wall_s", "rollout_s", "gae_s", "update_s", "proximal_forward_s")}
         if decoupled:
             suffix = name[len("ppo_ewma"):]
-            result[f"ppo_ewma{suffix}_proximal_precision"] = r["proximal_precision"] or "exact"
-            if "ppo" in runs:
-                result[f"ewma_overhead{suffix}"] = round(r["wall_s"] / runs["ppo"]["wall_s"] - 1.0, 4)
+            if ppo_ref in runs:
+                result[f"ewma_overhead{suffix}"] = round(r["wall_s"] / runs[ppo_ref]["wall_s"] - 1.0, 4)
             # The same ratio inside the EWMA run alone (proximal forward vs the rest of its
             # iteration): insensitive to load changes between runs on a shared machine.
             result[f"ewma_overhead_within_run{suffix}"] = round(
                 r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
-    result.update({"precision": args.precision, "micro_batch_size": args.micro_batch_size or None,
-                   "proximal_precisions": precisions, "torch_threads": threads, "procgen_threads": pthreads,
+    result.update({"precision": precisions if len(precisions) > 1 else precisions[0],
+                   "micro_batch_size": args.micro_batch_size or None,
+                   "torch_threads": threads, "procgen_threads": pthreads,
                    "num_envs": args.num_envs, "rollout_steps": args.rollout_steps,
                    "ppg_n_pi": None if args.skip_ppg else args.ppg_n_pi})
     result["machine"] = machine

@@ -1,7 +1,7 @@
 """Shared helpers for the paper-figure scripts: one in-process ``ppo-lightning fit`` per run, its
 learning curve read back from MLflow, CSV and plot writing.
 
-Normalized return (classic control, documented in experiments/README.md):
+Normalized return (classic control, documented in docs/experiments/cartpole.md):
     CartPole-v1: R / 500            (the maximum episode return; random play scores ~0.04)
     Acrobot-v1:  (R + 500) / 500    (-500 = never swings up, 0 = instant)
 """

@@ -88,7 +88,7 @@ def _bsi_arms() -> dict[str, list[str]]:
     # why c = 4 learns faster, c = 1 with twice the lr should match c = 4.
     for k in (2, 4, 8):  # and the lr sweep at c = 1 for this budget: where does a larger step stop helping?
         arms[f"c1_lr{k}x"] = EWMA + ["--model.lr", str(k * BASE_LR)]
-    # Diagnostic (a hypothesis, refuted in experiments/README.md): Adam's second-moment horizon
+    # Diagnostic (a hypothesis, refuted in docs/experiments/minatar.md): Adam's second-moment horizon
     # 1 / (1 - beta2) = 1000 steps is longer than a c = 1 run (600 steps), so its v keeps the large
     # early gradients all run long; at c = 4, 16 (2352, 9384 steps) it forgets them. The optional rule
     # betas ** (1/c) keeps the horizon in frames: with it c = 4 and 16 remember as c = 1 does; and

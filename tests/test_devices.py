@@ -102,14 +102,16 @@ def test_procgen_training_on_a_gpu_keeps_the_rollout_there(tmp_path):
                            update_epochs=1, total_frames=256, normalize_reward=True, num_threads=1)
     model = PPOLightningModule(dm.observation_space, dm.action_space,
                                network={"name": "impala_cnn", "channels": [8, 8, 8], "dense": 32},
-                               decoupled=True, proximal_com=4.0, proximal_precision="auto")
+                               decoupled=True, proximal_com=4.0)
     seen = []
 
     class Spy(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             seen.append(batch.get("observation").device.type)
 
-    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=-1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, callbacks=[Spy()], default_root_dir=tmp_path)
+    from ppo_lightning.training.precision import PPOTrainer
+
+    trainer = PPOTrainer(accelerator="gpu", devices=1, max_epochs=-1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, callbacks=[Spy()], default_root_dir=tmp_path, precision="auto")
     trainer.fit(model, dm)
     assert dm.frames == 256 and seen and set(seen) == {"cuda"}

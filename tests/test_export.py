@@ -115,6 +115,39 @@ def test_round_trip_automodel_and_load_pretrained(trained, exported):
     assert result.metric_value == f"{evaluation['mean_return']:.2f} +/- {evaluation['std_return']:.2f}"
 
 
+def test_card_has_the_runs_training_return(trained, exported):
+    """The card's "Training return" is the run's last ``episode/return_mean20`` (was "unknown":
+    the checkpoint keeps episodes per rank, under ``per_rank``)."""
+    model, _ = trained
+    dm = model.trainer.datamodule
+    expected = dm.episodes.mean_return(20)  # what the run logged as episode/return_mean20
+    assert dm.episodes.count > 0 and expected == expected
+    training = json.loads((exported / "config.json").read_text())["training"]
+    assert training["final_train_return_mean20"] == pytest.approx(expected)
+    assert training["episodes"] == dm.episodes.count and training["iterations"] == dm.iteration == 3
+    card = (exported / "README.md").read_text()
+    assert f"Training return (mean of the last 20 training episodes, sampled actions): {expected:.2f}." in card
+    assert "unknown" not in card
+
+
+def test_training_return_pools_the_ranks_as_the_run_logged():
+    from ppo_lightning.interop.hf.writer import _episode_count, _mean_return
+
+    def rank(returns, count):
+        return {"episodes": {"returns": returns, "lengths": [1] * len(returns), "count": count}}
+
+    # 2 ranks: the last 20 episodes of each, pooled (pool_episode_metrics): (20 * 1 + 5 * 3) / 25
+    two = {"frames": 10, "iteration": 1, "per_rank": [rank([0.0] * 10 + [1.0] * 20, 30), rank([3.0] * 5, 5)]}
+    assert _mean_return(two) == pytest.approx(35 / 25) and _episode_count(two) == 35
+    # a checkpoint written before the states were kept per rank
+    assert _mean_return(rank([2.0, 4.0], 2)) == 3.0 and _episode_count(rank([2.0, 4.0], 2)) == 2
+    # seed k of a vectorized group: select_seed puts that seed's episodes at the top level
+    assert _mean_return({**two, **rank([5.0], 1)}) == 5.0 and _episode_count({**two, **rank([5.0], 1)}) == 1
+    # no finished episode yet, or no data-module state: unknown
+    assert _mean_return({"per_rank": [rank([], 0)]}) is None and _mean_return(None) is None
+    assert _episode_count(None) is None
+
+
 def test_sharded_export_writes_index(trained, tmp_path):
     model, ckpt = trained
     out = export_hf(ckpt, tmp_path / "sharded", max_shard_size="10KB")

@@ -87,26 +87,6 @@ def test_choice_is_logged_once(monkeypatch):
     assert lines == ["model.proximal_precision auto on cpu: fp32 (CPU without avx512_bf16)"]
 
 
-def test_module_and_network_resolve_auto(cpu):
-    from ppo_lightning.nets.impala import ImpalaActorCritic
-    from ppo_lightning.training.module import PPOLightningModule
-
-    obs_space, act_space = {"shape": [16, 16, 3], "dtype": "uint8"}, {"type": "discrete", "n": 3}
-    net_cfg = {"name": "impala_cnn", "channels": [4, 4, 4], "dense": 8, "nblock": 1, "precision": "auto"}
-    obs = torch.randint(0, 256, (2, 16, 16, 3), dtype=torch.uint8)
-    for flags, capability, expected in ((AVX2_EPYC, "AVX2", "fp32"), (SPR, "AVX512", "fp32"), (AMX, "AVX512", "bf16")):
-        cpu(flags, capability)
-        model = PPOLightningModule(obs_space, act_space, network=net_cfg, decoupled=True, proximal_com=8.0,
-                                   proximal_precision="auto")
-        assert model.resolved_proximal_precision() == expected
-        model.on_fit_start()  # the module owns the EWMA copy and resolves its precision at fit start
-        assert model.proximal_source.precision == expected
-        assert (model.proximal_source._forward_net is not None) == (expected == "bf16")
-        net = ImpalaActorCritic(obs_space, act_space, channels=(4, 4, 4), dense=8, nblock=1, precision="auto")
-        with torch.no_grad():
-            assert net.features(obs).dtype == (torch.bfloat16 if expected == "bf16" else torch.float32)
-
-
 def test_a_benchmark_says_where_it_ran():
     """benchmarks/impala_step.py (tiny sizes): the machine line first, ``"machine"`` in the JSON line."""
     import subprocess

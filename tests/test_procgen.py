@@ -11,6 +11,7 @@ from ppo_lightning.envs import check_env_id, env_spaces, make_env
 from ppo_lightning.envs.procgen_env import auto_procgen_threads, check_procgen_game, make_procgen_env, procgen_spaces
 from ppo_lightning.envs.procgen_scores import mean_normalized_return, normalized_return, return_range
 from ppo_lightning.nets.impala import ImpalaActorCritic
+from ppo_lightning.core import hardware
 
 OBS, ACT = procgen_spaces()
 
@@ -89,16 +90,17 @@ def test_full_reset_restarts_running_episodes():
 # ------------------------------------------------------------------------------------------ network
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_impala_shapes(precision):
-    net = ImpalaActorCritic(OBS, ACT, precision=precision)
+    net = ImpalaActorCritic(OBS, ACT)
     obs = torch.randint(0, 256, (2, 3, 64, 64, 3), dtype=torch.uint8)
-    logits, value = net(obs)
-    assert logits.shape == (2, 3, 15) and value.shape == (2, 3, 1)
-    assert logits.dtype == torch.float32 and value.dtype == torch.float32
-    (p,) = net.policy(obs[0])
-    assert p.shape == (3, 15)
-    assert net.value(obs[0, 0]).shape == (1,)
-    torch.testing.assert_close(net.policy(obs)[0], logits)
-    torch.testing.assert_close(net.value(obs), value)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as Lightning's bf16-mixed
+        logits, value = net(obs)
+        assert logits.shape == (2, 3, 15) and value.shape == (2, 3, 1)
+        assert logits.dtype == torch.float32 and value.dtype == torch.float32  # float32 outputs under autocast
+        (p,) = net.policy(obs[0])
+        assert p.shape == (3, 15) and p.dtype == torch.float32
+        assert net.value(obs[0, 0]).shape == (1,)
+        torch.testing.assert_close(net.policy(obs)[0], logits)
+        torch.testing.assert_close(net.value(obs), value)
     if precision == "fp32":  # float input is taken as already scaled
         torch.testing.assert_close(net(obs.float() / 255.0)[0], logits, atol=1e-5, rtol=1e-5)
 
@@ -119,8 +121,6 @@ def test_impala_reference_init():
             for conv in (block.conv0, block.conv1):
                 torch.testing.assert_close(row(conv.weight), torch.full((conv.out_channels,), block_scale))
                 assert not conv.bias.any()
-    with pytest.raises(ValueError, match="precision"):
-        ImpalaActorCritic(OBS, ACT, precision="fp16")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -142,16 +142,17 @@ def test_no_grad_max_pool_is_max_pool2d_bit_for_bit(dtype, size):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_impala_no_grad_path_equals_training_path(precision):
     torch.manual_seed(0)
-    net = ImpalaActorCritic(OBS, ACT, channels=(8, 16, 16), dense=64, precision=precision)
+    net = ImpalaActorCritic(OBS, ACT, channels=(8, 16, 16), dense=64)
     obs = torch.randint(0, 256, (2, 5, 64, 64, 3), dtype=torch.uint8)
     obs[:, :, :20] = 7  # flat regions: tied maxima in the first pool
-    logits, value = net(obs)  # autograd: F.max_pool2d, out-of-place sums
-    with torch.no_grad():
-        fast_logits, fast_value = net(obs)  # separable pool, in-place sums: bit for bit
-        net.inference_chunk = 3
-        chunked_logits, chunked_value = net(obs)  # chunks of 3: only float rounding may differ
-    with torch.inference_mode():
-        inf_logits = net.policy(obs)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits, value = net(obs)  # autograd: F.max_pool2d, out-of-place sums
+        with torch.no_grad():
+            fast_logits, fast_value = net(obs)  # separable pool, in-place sums: bit for bit
+            net.inference_chunk = 3
+            chunked_logits, chunked_value = net(obs)  # chunks of 3: only float rounding may differ
+        with torch.inference_mode():
+            inf_logits = net.policy(obs)[0]
     assert logits.requires_grad and not fast_logits.requires_grad
     assert torch.equal(fast_logits, logits.detach()) and torch.equal(fast_value, value.detach())
     torch.testing.assert_close(chunked_logits, logits.detach(), rtol=1e-5, atol=1e-6)
@@ -212,8 +213,8 @@ def test_held_out_levels_are_disjoint():
 
 
 # ---------------------------------------------------------------------------------------- training
-@pytest.mark.parametrize("precision,proximal_precision,micro", [("bf16", None, None), ("fp32", "bf16", 12)])
-def test_procgen_training_smoke(precision, proximal_precision, micro):
+@pytest.mark.parametrize("precision,micro", [("bf16-mixed", 12), ("32-true", None)])
+def test_procgen_training_smoke(precision, micro):
     import lightning.pytorch as pl
 
     from ppo_lightning.data.datamodule import RolloutDataModule
@@ -224,14 +225,14 @@ def test_procgen_training_smoke(precision, proximal_precision, micro):
                            num_envs=4, rollout_steps=16, num_minibatches=2, update_epochs=2, total_frames=128,
                            gamma=0.999, normalize_reward=True, seed=0)
     model = PPOLightningModule(dm.observation_space, dm.action_space,
-                               network={"name": "impala_cnn", "channels": [8, 16, 16], "dense": 64, "precision": precision},
-                               decoupled=True, proximal_com=8.0, proximal_precision=proximal_precision,
-                               micro_batch_size=micro)
+                               network={"name": "impala_cnn", "channels": [8, 16, 16], "dense": 64},
+                               decoupled=True, proximal_com=8.0, micro_batch_size=micro)
     evaluation = HeldOutEvaluation(every_n_iterations=1, num_envs=2, num_steps=4)
     before = [p.detach().clone() for p in model.network.parameters()]
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_model_summary=False,
-                         enable_progress_bar=False, callbacks=[evaluation])
+                         enable_progress_bar=False, callbacks=[evaluation], precision=precision)
     trainer.fit(model, dm)
+    assert (model.proximal_source._forward_net is not None) == (precision == "bf16-mixed")  # bf16 weight copy
     m = trainer.callback_metrics
     assert dm.frames == 128 and dm.iteration == 2 and trainer.global_step == 8
     assert math.isfinite(float(m["train/loss_objective"])) and float(m["proximal/com"]) == 8.0
@@ -248,12 +249,12 @@ def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():
     with torch.no_grad():
         net.policy_head.weight.mul_(20)  # logits of a trained policy's magnitude, not the 0.1-scaled init
     obs = torch.randint(0, 256, (32, 64, 64, 3), dtype=torch.uint8)
-    exact, bf16 = ProximalPolicyEWMA(com=4.0), ProximalPolicyEWMA(com=4.0, precision="bf16")
+    exact, bf16 = ProximalPolicyEWMA(com=4.0), ProximalPolicyEWMA(com=4.0, bf16=True)
     exact.reset(net), bf16.reset(net)
     lp32 = exact.proximal_policy(obs)[0].log_softmax(-1)
     lp16 = bf16.proximal_policy(obs)[0].log_softmax(-1)
     assert lp16.dtype == torch.float32 and all(p.dtype == torch.float32 for p in bf16.proximal.parameters())
-    assert net.precision == "fp32"  # the policy itself is untouched
+    assert all(p.dtype == torch.float32 for p in net.parameters())  # the policy itself is untouched
     err = (lp32 - lp16).abs()
     assert 0 < err.max() < 0.1 and err.mean() < 0.02  # far inside the clip range (0.2)
     # The bf16 weight copy that runs the forward follows the float32 average through updates and a
@@ -263,20 +264,21 @@ def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():
             p.add_(torch.randn_like(p), alpha=0.05)
     for _ in range(3):
         bf16.update()
-    restored = ProximalPolicyEWMA(com=4.0, precision="bf16")
+    restored = ProximalPolicyEWMA(com=4.0, bf16=True)
     restored.load_state_dict(bf16.state_dict())  # before fit: applied at on_fit_start
     restored.start(net)
     for src in (bf16, restored):
-        with torch.no_grad():
-            autocast = src.proximal.policy(obs)[0]  # float32 weights, precision "bf16": autocast
-        assert src.proximal.precision == "bf16" and torch.equal(src.proximal_policy(obs)[0], autocast)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = src.proximal.policy(obs)[0]  # float32 weights under bf16 autocast (bf16-mixed)
+            assert torch.equal(src.proximal_policy(obs)[0], autocast)  # the copy, also inside autocast
+        assert torch.equal(src.proximal_policy(obs)[0], autocast)  # and outside it
     assert not torch.equal(restored.proximal_policy(obs)[0].log_softmax(-1), lp16)  # the updates moved it
 
 
 @pytest.mark.parametrize("config", ["ppo_hard.yaml", "ppo_ewma_hard.yaml", "ppo_easy_short.yaml"])
 def test_procgen_configs_parse_validate_and_train_one_small_iteration(config, tmp_path):
     """Every shipped Procgen config, its model settings intact (full-size IMPALA CNN, micro-batches,
-    EWMA and its proximal precision), on a small rollout: minibatches of 256 in two micro-batches."""
+    EWMA, precision auto), on a small rollout: minibatches of 256 in two micro-batches."""
     from pathlib import Path
 
     from ppo_lightning.cli.fit import fit_main
@@ -291,6 +293,6 @@ def test_procgen_configs_parse_validate_and_train_one_small_iteration(config, tm
     if "ewma" in config:
         src = cli.model.proximal_source
         assert h.decoupled and h.proximal_com == 8.0 and src.num_updates == cli.trainer.global_step
-        # "auto": the bf16 weight copy where bf16 is native (AVX512_BF16/AMX), the exact fp32 anchor elsewhere
-        assert h.proximal_precision == "auto" and src.precision == cli.model.resolved_proximal_precision()
-        assert (src._forward_net is not None) == (src.precision == "bf16")
+        # trainer.precision auto: bf16-mixed (and the bf16 weight copy of the anchor) only where bf16 is fast
+        auto = hardware.resolve_trainer_precision("auto", "cpu")[0]
+        assert cli.trainer.precision == auto and (src._forward_net is not None) == (auto == "bf16-mixed")

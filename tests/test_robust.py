@@ -196,6 +196,8 @@ ALGORITHMS = {
     "ppo_adaptive_kl": ["--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--model.objective", "adaptive_kl",
                         "--model.kl_target", "0.001"],
     "ppo_ewma": ["--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml")],
+    # Lightning's bf16 autocast around the rollout, the update and the EWMA proximal forward
+    "ppo_ewma_bf16": ["--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--trainer.precision", "bf16-mixed"],
     # n_pi 3 over 10 iterations: kills in the middle of a policy phase (its buffer is in the checkpoint)
     "ppg_ewma": ["--config", str(ROOT / "experiments/cartpole/ppg_ewma.yaml"), "--model.ppg.n_pi", "3"],
     # a vectorized group of 2 seeds (issue 18) on MinAtar, whose env state is in the checkpoint
@@ -207,6 +209,7 @@ ALGORITHMS = {
 KILLS = {
     "ppo_adaptive_kl": [("update", 5, {"step": 3})],
     "ppo_ewma": [("collect", 4, {}), ("update", 6, {"step": 2}), ("checkpoint", 8, {"write": 2})],
+    "ppo_ewma_bf16": [("collect", 4, {}), ("update", 6, {"step": 2})],
     "ppg_ewma": [("update", 5, {"step": 3}), ("checkpoint", 8, {"write": 2})],
     "ppo_ewma_seed_group": [("update", 5, {"step": 3}), ("checkpoint", 8, {"write": 2})],
 }
@@ -405,7 +408,7 @@ def test_ddp_two_ranks_pool_statistics_micro_batches_and_per_rank_resume(tmp_pat
         assert resumed[r]["reward"]["ret"].equal(whole[r]["reward"]["ret"])
 
 
-# ---------------------------------------------------------------------------- bad input (README table)
+# ------------------------------------------------------- bad input (docs/guides/reliability.md table)
 
 
 def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):

@@ -105,6 +105,9 @@ def test_cli_scale_invariance_smoke(tmp_path):
         assert cli.model.hparams.proximal_com == 8.0 * c and cli.model.proximal_source.com == 8.0 * c
         assert cli.datamodule.advantage_norm_span == float(c)
         assert cli.datamodule.frames == 512
+        # the small-batch diagnostics warm up over the same frames: c times the iterations
+        (diag,) = [cb for cb in cli.trainer.callbacks if type(cb).__name__ == "SmallBatchDiagnostics"]
+        assert diag.warmup == 10 * c
     # same frames, c times the iterations and gradient steps
     assert runs[4].trainer.global_step == 4 * runs[1].trainer.global_step == 4 * 2 * 2 * 4
     client = mlflow.MlflowClient(uri)

@@ -121,6 +121,14 @@ def test_group_checkpoint_resumes_exactly(tmp_path):
     net, _ = load_network(ckpt, seed_index=1)
     for name, t in net.state_dict().items():
         assert torch.equal(t, a["state_dict"]["network.inner." + name][1]) and torch.equal(exported[name], t)
+    # the model card's training figures are seed 1's own episodes
+    import json
+
+    episodes = group["seeds"][1]["episodes"]
+    training = json.loads((out / "config.json").read_text())["training"]
+    last = episodes["returns"][-20:]
+    assert training["episodes"] == episodes["count"]
+    assert training["final_train_return_mean20"] == (pytest.approx(sum(last) / len(last)) if last else None)
 
 
 @pytest.mark.parametrize("data_kwargs, model_kwargs, match", [

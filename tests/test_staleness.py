@@ -1,6 +1,7 @@
 """Artificial staleness: delay, start-up fill, the three choices of old policy, config errors, diagnostics."""
 
 import copy
+import math
 import warnings
 from pathlib import Path
 
@@ -167,6 +168,39 @@ def test_diagnostics_thresholds_and_warn_once():
     messages = [str(w.message) for w in caught]
     assert sum("clip fraction" in s for s in messages) == 1 and sum("advantage-std" in s for s in messages) == 1
     assert m.logged["diagnostics/adv_std_oscillation"] == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("scale", [1, 16, 0.5])
+def test_diagnostics_warm_up_over_frames_not_iterations(scale):
+    """At ``--scale 16`` an iteration has 1/16 of the frames: the clip-fraction warning waits 160
+    iterations (the frames of 10 unscaled ones), not 10 (it fired early in every c = 16 run)."""
+
+    class DM:
+        update_epochs, iteration = 3, 0
+        advantage_moments = None
+
+    class M:
+        hparams = {"objective": "clip"}
+        _stat_names = ["clip_fraction"]
+        _step_stats = [torch.tensor([0.0])]  # the clipping never acts
+
+        def log_dict(self, d, **kw):
+            pass
+
+    class T:
+        datamodule = DM()
+
+    cb, warned_at = SmallBatchDiagnostics(scale=scale), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(1, 200):
+            T.datamodule.iteration = i
+            cb.on_train_epoch_end(T(), M())
+            warned_at += [i] * len(caught)
+            caught.clear()
+    assert warned_at == [math.ceil(10 * scale) + 1]
+    with pytest.raises(ValueError, match="scale"):
+        SmallBatchDiagnostics(scale=0)
 
 
 def test_queue_survives_a_checkpoint(tmp_path):

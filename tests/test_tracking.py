@@ -33,6 +33,7 @@ def test_mlflow_frames_resume_same_run_uploads_last_only(tmp_path, capfd):
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert client.get_experiment_by_name("t").tags["mlflow.experimentKind"] == "custom_model_development"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "frames")]
     assert steps == [32, 64, 96]  # x-axis: environment frames
     # --video_every 2: iteration 2 and the end of fit, in the run folder and in MLflow
@@ -88,6 +89,27 @@ def test_print_config_shows_the_callbacks_and_logger_of_the_run(tmp_path, capsys
     assert cfg["trainer"]["logger"]["class_path"] == "ppo_lightning.training.tracking.SafeMLFlowLogger"
     assert cfg["data"]["seed"] == cfg["seed_everything"] == 1  # seed_everything seeds the envs
     assert list(tmp_path.iterdir()) == []  # nothing created: no store, no run folder
+
+
+def test_experiment_is_tagged_as_model_training(tmp_path):
+    """MLflow 3.x opens untagged experiments in its GenAI view: ours are tagged as model training
+    when created, an untagged existing one when used, and a kind the user chose is kept."""
+    import mlflow
+
+    from ppo_lightning.training.tracking import probe_tracking_store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    kind = "mlflow.experimentKind"
+    assert probe_tracking_store(uri, "new") is None
+    assert client.get_experiment_by_name("new").tags[kind] == "custom_model_development"
+    old = client.create_experiment("old")  # an experiment made before the tag (or by hand)
+    assert kind not in client.get_experiment(old).tags
+    assert probe_tracking_store(uri, "old") is None
+    assert client.get_experiment(old).tags[kind] == "custom_model_development"
+    mine = client.create_experiment("mine", tags={kind: "genai_development"})
+    assert probe_tracking_store(uri, "mine") is None
+    assert client.get_experiment(mine).tags[kind] == "genai_development"
 
 
 def _probe(args):

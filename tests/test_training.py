@@ -20,7 +20,7 @@ CLI = [sys.executable, "-m", "ppo_lightning.cli.main"]
 @pytest.mark.parametrize("config", ["ppo.yaml", "ppo_ewma.yaml"])
 def test_cartpole_reaches_475_within_150k_frames(config, tmp_path):
     # Seed 4: the configs were tuned on seeds 1-3 (benchmarks/README.md). Frames to 475 on seeds 4/5/6:
-    # PPO 24.1k/21.5k/24.8k, PPO-EWMA 40.7k/25.3k/19.2k (README, "Runs that survive").
+    # PPO 24.1k/21.5k/24.8k, PPO-EWMA 40.7k/25.3k/19.2k (docs/benchmarks/index.md).
     cli = fit_main(["fit", "--config", str(ROOT / "experiments/cartpole" / config), "--mlflow.enabled", "false",
                     "--run_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
                     "--seed_everything", "4", "--data.seed", "4"])
@@ -186,13 +186,14 @@ def test_micro_batch_size_is_validated():
         PPOLightningModule(dm.observation_space, dm.action_space, micro_batch_size=0)
 
 
-@pytest.mark.parametrize("kwargs", [{"proximal_precision": "fp16", "proximal_com": 4.0},
-                                    {"proximal_precision": "bf16", "proximal_com": 4.0},  # MLP: no switch
-                                    {"proximal_precision": "bf16"}])  # no EWMA
-def test_proximal_precision_is_validated(kwargs):
+def test_deprecated_proximal_precision_warns_once_and_bad_values_are_refused():
     dm = RolloutDataModule(num_envs=2, rollout_steps=8, total_frames=16)
-    with pytest.raises(ValueError, match="proximal_precision"):
-        PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, **kwargs)
+    with pytest.warns(FutureWarning, match=r"model.proximal_precision is deprecated.*--trainer.precision"):
+        model = PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, proximal_com=4.0,
+                                   proximal_precision="bf16")
+    assert "proximal_precision" not in model.hparams
+    with pytest.raises(ValueError, match="trainer.precision"):
+        PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, proximal_precision="fp16")
 
 
 FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",

@@ -6,10 +6,10 @@ plus CLI overrides; every run is an in-process ``ppo-lightning fit`` logged to M
 training-episode return, normalized with the game's constants; ``final_return`` is the same in raw
 return) and ``<out>/<name>.png`` (mean curves).
 
-    # PPO-EWMA with the exact proximal forward against a bf16 one (model.proximal_precision)
-    python experiments/procgen/compare.py --name proximal_precision --seeds 2 --frames 100000 \\
+    # PPO-EWMA in fp32 against bf16-mixed (--trainer.precision)
+    python experiments/procgen/compare.py --name precision --seeds 2 --frames 100000 \\
         --common "--model.decoupled true --model.proximal_com 8" \\
-        --variant "fp32 proximal=" --variant "bf16 proximal=--model.proximal_precision bf16"
+        --variant "fp32=--trainer.precision 32-true" --variant "bf16=--trainer.precision bf16-mixed"
 """
 
 from __future__ import annotations

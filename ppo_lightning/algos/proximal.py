@@ -99,11 +99,12 @@ class ProximalPolicyEWMA:
     current weights with W = 1 (PPG does so after each auxiliary phase, reference ``EwmaModel.reset``).
     """
 
-    def __init__(self, com: float = 8.0, precision: str | None = None) -> None:
+    def __init__(self, com: float = 8.0, bf16: bool = False) -> None:
         self.com = float(com)
-        # Precision of the proximal *forward* only (the averaged weights stay float32). None: the
-        # network's own. "bf16" needs a network with a ``precision`` switch (the IMPALA CNN).
-        self.precision = precision
+        # The Trainer's precision is bf16-mixed: the proximal forward (inside the training step's
+        # autocast) may then run on a bf16 copy of the averaged weights where that is exact (the
+        # network's ``BF16_WEIGHTS_EXACT``). The averaged weights themselves stay float32.
+        self.bf16 = bf16
         self.beta = beta_from_com(self.com)
         self.proximal: nn.Module | None = None
         self.weight = 1.0
@@ -114,8 +115,8 @@ class ProximalPolicyEWMA:
         self._ready = False  # True between start() and stop(): a restored state applies at once
         self._prox_params: list[Tensor] = []
         self._params: list[Tensor] = []
-        # With precision "bf16": a bf16 copy of the averaged weights, refreshed after every update,
-        # that runs the forward without autocast (which would cast every weight again per call).
+        # With bf16: a bf16 copy of the averaged weights, refreshed after every update, whose
+        # forward skips autocast's weight casts (Lightning's autocast casts every weight per call).
         self._forward_net: nn.Module | None = None
         self._forward_params: list[Tensor] = []
         self._make_network: Callable[[], nn.Module] | None = None
@@ -142,21 +143,15 @@ class ProximalPolicyEWMA:
         """Start again from a copy of the current weights with W = 1 (``make_network`` builds an
         unsharded network of the same shape; needed only when ``network`` is FSDP-sharded)."""
         self.proximal = _copy_network(network, make_network or self._make_network).requires_grad_(False)
-        if self.precision is not None:
-            if not hasattr(self.proximal, "precision"):
-                raise ValueError(f"proximal precision {self.precision!r} needs a network with a precision switch (impala_cnn)")
-            self.proximal.precision = self.precision
         self._prox_params = list(self.proximal.parameters())
         self._params = list(network.parameters())
         self.weight, self.age_sum = 1.0, 0.0
         self.num_resets += 1
         self._forward_net, self._forward_params = None, []
-        if self.precision == "bf16" and not is_sharded(self.proximal):
+        if self.bf16 and getattr(self.proximal, "BF16_WEIGHTS_EXACT", False) and not is_sharded(self.proximal):
             # Same values as the bf16-autocast forward of the float32 average (tested): autocast
-            # casts weights and conv inputs to bf16 with the same rounding. "fp32" here means no
-            # autocast; the module's own dtype (bf16) sets the computation's.
+            # casts weights and conv inputs to bf16 with the same rounding.
             self._forward_net = copy.deepcopy(self.proximal).to(torch.bfloat16)
-            self._forward_net.precision = "fp32"
             self._forward_params = list(self._forward_net.parameters())
 
     def _sync_forward_net(self) -> None:

@@ -31,6 +31,7 @@ from ppo_lightning.training.callbacks import (
 )
 from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
+from ppo_lightning.training.precision import PPOTrainer
 from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger
 
 
@@ -124,6 +125,7 @@ class PPOCLI(LightningCLI):
             self.scale_params = scaling.scale_params(cfg.scale, rules, report)
         staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
                                      decoupled=cfg.model.get("decoupled"), proximal_com=cfg.model.get("proximal_com"))
+        resolve_config_precision(cfg)
 
     def instantiate_trainer(self, **kwargs):
         cfg = self.config[self.subcommand]
@@ -235,7 +237,8 @@ class PPOCLI(LightningCLI):
         _TRAINING_STARTED = True
         from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 
-        self.trainer.callbacks.append(SmallBatchDiagnostics())  # clip fraction, advantage-std warnings
+        # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c
+        self.trainer.callbacks.append(SmallBatchDiagnostics(scale=self.config[self.subcommand].get("scale") or 1.0))
         wait_for_episodes(self.trainer.callbacks)  # episode/... monitors wait for the first episode
         if getattr(self, "scale_params", None) and self.trainer.logger is not None:
             self.trainer.logger.log_hyperparams(self.scale_params)
@@ -268,6 +271,18 @@ class PPOCLI(LightningCLI):
             print(f"  view with: mlflow ui --backend-store-uri {logger.tracking_uri}")
 
 
+def resolve_config_precision(cfg) -> None:
+    """``trainer.precision`` before the Trainer is built: the deprecated ``model.network.precision``
+    / ``model.proximal_precision`` set it where it is not given (and leave the model config), then
+    ``auto`` resolves for this machine, logged once (`ppo_lightning.training.precision`)."""
+    from ppo_lightning.training.precision import resolve, take_precision_aliases
+
+    alias = take_precision_aliases(cfg.model, trainer_precision=cfg.trainer.get("precision"))
+    if alias is not None and cfg.trainer.get("precision") is None:
+        cfg.trainer.precision = alias
+    cfg.trainer.precision = resolve(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"))
+
+
 def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
     if args is not None:  # called from Python (tests, benchmarks, experiments) on purpose
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
@@ -275,6 +290,7 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
     return PPOCLI(
         PPOLightningModule,
         RolloutDataModule,
+        trainer_class=PPOTrainer,  # Lightning's Trainer; its precision also takes "auto"
         trainer_defaults={
             "max_epochs": -1,
             "enable_model_summary": False,

@@ -128,6 +128,36 @@ def resolve_precision(requested: str | None, device: torch.device | str = "cpu")
     return ("bf16", why) if native else ("fp32", why)
 
 
+# Lightning's precision values this project documents, plus our "auto" (resolved per machine).
+TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "auto")
+
+
+def accelerator_device(accelerator: object = "auto") -> torch.device:
+    """The device type a Trainer with ``accelerator`` will train on, known before it is built:
+    "cpu" -> cpu; "gpu"/"cuda" -> cuda; "auto" (or None) -> cuda where available, else cpu. An
+    accelerator object (or another name, e.g. "mps") stands for its own device type."""
+    if accelerator is None or accelerator == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(accelerator, str):  # an Accelerator instance: CPUAccelerator, CUDAAccelerator, ...
+        accelerator = type(accelerator).__name__.lower().replace("accelerator", "")
+    name = accelerator.lower()
+    return torch.device("cuda" if name in ("gpu", "cuda") else name if name in ("cpu", "mps", "xla") else "cpu")
+
+
+def resolve_trainer_precision(precision: object, accelerator: object = "auto") -> tuple[object, str]:
+    """``(Lightning precision, reason)``: "auto" becomes "bf16-mixed" where bf16 is native and
+    known faster on the training device (`bf16_native`: AMX CPUs, CUDA sm_80+) and "32-true"
+    everywhere else (AVX2, AVX-512 without AMX, older GPUs); any other value is Lightning's and
+    is kept as set."""
+    if precision != "auto":
+        return precision, "set in the config"
+    device = accelerator_device(accelerator)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "32-true", "no CUDA device visible"
+    native, why = bf16_native(device)
+    return ("bf16-mixed" if native else "32-true"), why
+
+
 _logged: set[tuple[str, str | None, str]] = set()
 
 
@@ -160,7 +190,7 @@ def machine_info() -> dict:
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
         "bf16_native_cpu": native,
-        "bf16_auto_cpu": "bf16" if faster else "fp32",
+        "precision_auto_cpu": "bf16-mixed" if faster else "32-true",  # --trainer.precision auto here
         "bf16_reason": why,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -181,5 +211,5 @@ def machine_line(info: dict | None = None) -> str:
                f"{info['onednn_max_cpu_isa']}, MKL_ENABLE_INSTRUCTIONS={info.get('mkl_enable_instructions')}")
     gpus = f", GPUs: {', '.join(info['cuda_devices'])}" if info["cuda_devices"] else ""
     return (f"machine: {info['cpu_model']}, {info['cores']} cores, ISA {isa}, bf16 native: "
-            f"{info['bf16_native_cpu']}, precision auto: {info['bf16_auto_cpu']}{emu}, torch threads "
+            f"{info['bf16_native_cpu']}, trainer.precision auto: {info['precision_auto_cpu']}{emu}, torch threads "
             f"{info['torch_threads']}{gpus}")

@@ -12,6 +12,7 @@ The data side borrows the module's network for collection (a TorchRL `Probabilis
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import time
 from typing import Any
@@ -157,17 +158,25 @@ class RolloutSource:
             )
         return rollout
 
+    def precision_context(self):
+        """The Trainer's precision for the rollout forwards, as Lightning applies it to the training
+        step (``bf16-mixed``: bf16 autocast; ``32-true``: nothing); networks return float32, so GAE
+        and the normalizers stay float32."""
+        trainer = getattr(self.data, "trainer", None)
+        return trainer.precision_plugin.forward_context() if trainer is not None else contextlib.nullcontext()
+
     @torch.no_grad()
     def collect(self) -> TensorDictBase:
         """One rollout shaped [envs, time] with advantages and value targets."""
         data = self.data
         t0 = time.perf_counter()
-        rollout = self._next_rollout()
-        if self.stale is not None:  # delayed rollout: collection-time values, policy roles by mode
-            rollout = self.stale.delay(rollout, data.iteration - 1, lambda: self._next_rollout(count=False))
-            relabel(rollout, self.network, data.staleness_mode, data.action_space)
-        t1 = time.perf_counter()
-        rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
+        with self.precision_context():  # the network's forwards; GAE below runs in float32
+            rollout = self._next_rollout()
+            if self.stale is not None:  # delayed rollout: collection-time values, policy roles by mode
+                rollout = self.stale.delay(rollout, data.iteration - 1, lambda: self._next_rollout(count=False))
+                relabel(rollout, self.network, data.staleness_mode, data.action_space)
+            t1 = time.perf_counter()
+            rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
         self.gae(rollout)
         t2 = time.perf_counter()
         self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}

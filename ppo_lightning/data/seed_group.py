@@ -17,6 +17,7 @@ Envs: those that step as one batch (MinAtar; `ppo_lightning.data.batched_rollout
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -189,7 +190,10 @@ class SeedGroupSource:
         t0 = time.perf_counter()
         was_training = self.network.training
         self.network.eval()
-        rollouts = self._rollouts()
+        trainer = getattr(data, "trainer", None)  # the Trainer's precision (bf16-mixed: autocast), as a single run's
+        precision = trainer.precision_plugin.forward_context if trainer is not None else contextlib.nullcontext
+        with precision():
+            rollouts = self._rollouts()
         self.network.train(was_training)
         data.frames += rollouts[0].numel()  # per seed: each seed counts its own frames, as alone
         t1 = time.perf_counter()
@@ -198,7 +202,8 @@ class SeedGroupSource:
             if st.reward_normalizer is not None:
                 rollout.set(("next", "reward"), faults.normalize_rewards_finite(
                     st.reward_normalizer, rollout.get(("next", "reward")), rollout.get(("next", "done"))))
-            rollout.set(("next", VALUE_KEY), next_values(rollout, lambda x, k=k: self.network.value_of_seed(k, x)))
+            with precision():
+                rollout.set(("next", VALUE_KEY), next_values(rollout, lambda x, k=k: self.network.value_of_seed(k, x)))
             self.gae(rollout)
         t2 = time.perf_counter()
         self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}

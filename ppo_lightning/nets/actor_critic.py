@@ -126,7 +126,7 @@ class ActorCritic(nn.Module):
         return obs if self.obs_norm is None else self.obs_norm(obs)
 
     def _dist_params(self, features: Tensor) -> tuple[Tensor, ...]:
-        out = self.policy_head(features)
+        out = self.policy_head(features).float()  # float32 under any autocast (the loss's ratios)
         if self.discrete:
             return (out,)
         return (out, self.log_std.exp().expand_as(out))
@@ -143,13 +143,13 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         """State value, shape ``[..., 1]``."""
-        return self.value_head(self._value_features(self._flat(obs)))
+        return self.value_head(self._value_features(self._flat(obs))).float()
 
     def forward(self, obs: Tensor) -> tuple[Tensor, ...]:
         """Distribution parameters and value, computing a shared trunk once."""
         obs = self._flat(obs)
         features = self.policy_body(obs)
-        return (*self._dist_params(features), self.value_head(self._value_features(obs, features)))
+        return (*self._dist_params(features), self.value_head(self._value_features(obs, features)).float())
 
     def forward_aux(self, obs: Tensor) -> tuple[Tensor, ...]:
         """Distribution parameters, value and the auxiliary value (PPG's auxiliary phase)."""
@@ -157,8 +157,8 @@ class ActorCritic(nn.Module):
             raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
         obs = self._flat(obs)
         features = self.policy_body(obs)
-        value = self.value_head(self._value_features(obs, features))
-        return (*self._dist_params(features), value, self.aux_value_head(features))
+        value = self.value_head(self._value_features(obs, features)).float()
+        return (*self._dist_params(features), value, self.aux_value_head(features).float())
 
 
 def is_sharded(network: nn.Module) -> bool:

@@ -9,11 +9,11 @@ dense 1.4, policy and value heads 0.1; biases zero.
 
 Speed on CPU: observations arrive as uint8 NHWC; ``permute`` gives an NCHW view that is already
 channels_last in memory, so every convolution runs in oneDNN's channels_last kernels without a copy.
-``precision="bf16"`` runs the trunk under bf16 autocast (outputs are float32): faster where bf16 is
-fast (AMX CPUs, Ampere+ GPUs), slower on AVX512_BF16 without AMX and much slower where it is
-emulated (AVX2-only CPUs); ``precision="auto"`` picks bf16 only where it is known faster
-(`ppo_lightning.core.hardware`), per device type, and logs the choice once (figures per CPU in
-benchmarks/README.md).
+Precision is the Trainer's (``--trainer.precision``, `ppo_lightning.training.precision`): under
+``bf16-mixed`` Lightning's autocast runs the convolutions and dense layers in bf16; the heads'
+outputs are cast back, so the network always returns float32. A copy of the network cast to bf16
+(``.to(torch.bfloat16)``) computes the same values as the float32 network under bf16 autocast
+(``BF16_WEIGHTS_EXACT``: the EWMA proximal forward uses it to skip autocast's per-call weight casts).
 
 Without autograd (rollouts, the PPO-EWMA proximal forward, evaluation) the trunk takes a faster
 path. The 3x3/2 max-pool is two separable passes of ``torch.maximum`` over strided views (in a
@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-PRECISIONS = ("fp32", "bf16", "auto")
 
 
 def normed_linear(in_features: int, out_features: int, scale: float = 1.0) -> nn.Linear:
@@ -106,11 +105,13 @@ class ImpalaActorCritic(nn.Module):
         action_space: ``{"type": "discrete", "n": k}``.
         channels: output channels of the stacks. dense: width of the dense layer.
         nblock: residual blocks per stack.
-        precision: "fp32", "bf16" (CPU/GPU bf16 autocast of the trunk; outputs stay float32) or
-            "auto" (bf16 where the device computes it faster, else fp32; `ppo_lightning.core.hardware`).
         inference_chunk: without autograd, run the trunk on at most this many samples at a time.
     Accepts any leading batch dimensions: ``obs`` of shape ``[..., H, W, C]``.
     """
+
+    # A bf16 copy (``.to(torch.bfloat16)``) computes what the float32 network computes under bf16
+    # autocast, bit for bit (no normalization layers; tested in tests/test_procgen.py).
+    BF16_WEIGHTS_EXACT = True
 
     def __init__(
         self,
@@ -119,7 +120,6 @@ class ImpalaActorCritic(nn.Module):
         channels: tuple[int, ...] = (16, 32, 32),
         dense: int = 256,
         nblock: int = 2,
-        precision: str = "fp32",
         inference_chunk: int = 64,
     ) -> None:
         super().__init__()
@@ -128,14 +128,10 @@ class ImpalaActorCritic(nn.Module):
         shape = list(observation_space["shape"])
         if len(shape) != 3:
             raise ValueError(f"model.network: impala_cnn needs [H, W, C] observations, got shape {shape}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"model.network.precision must be one of {PRECISIONS}, got {precision!r}")
         if not (isinstance(inference_chunk, int) and inference_chunk > 0):
             raise ValueError(f"model.network.inference_chunk must be a positive integer, got {inference_chunk!r}")
         self.action_space = action_space
-        self.precision = precision
         self.inference_chunk = inference_chunk
-        self._auto_bf16: dict[str, bool] = {}  # precision "auto": the choice per device type
         self.discrete = True
         self.shared_trunk = True
         h, w, c = shape
@@ -150,29 +146,15 @@ class ImpalaActorCritic(nn.Module):
         self.value_head = normed_linear(dense, 1, scale=0.1)
 
     def features(self, obs: Tensor) -> Tensor:
-        """Trunk output ``[..., dense]`` (float32, or bf16 under ``precision="bf16"``)."""
+        """Trunk output ``[..., dense]`` (float32; bf16 under bf16 autocast or with bf16 weights)."""
         lead = obs.shape[:-3]
         x = obs.reshape(-1, *obs.shape[-3:]).permute(0, 3, 1, 2)  # NHWC memory = NCHW channels_last
         scale = obs.dtype == torch.uint8
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self._bf16(x.device)):
-            if torch.is_grad_enabled() or x.shape[0] <= self.inference_chunk:
-                x = self._trunk(x, scale)
-            else:
-                x = torch.cat([self._trunk(c, scale) for c in x.split(self.inference_chunk)])
+        if torch.is_grad_enabled() or x.shape[0] <= self.inference_chunk:
+            x = self._trunk(x, scale)
+        else:
+            x = torch.cat([self._trunk(c, scale) for c in x.split(self.inference_chunk)])
         return x.reshape(*lead, x.shape[-1])
-
-    def _bf16(self, device: torch.device) -> bool:
-        """Whether the trunk runs under bf16 autocast on ``device``."""
-        if self.precision != "auto":
-            return self.precision == "bf16"
-        choice = self._auto_bf16.get(device.type)
-        if choice is None:
-            from ppo_lightning.core.hardware import log_choice, resolve_precision
-
-            precision, reason = resolve_precision("auto", device)
-            log_choice(f"model.network.precision auto on {device.type}", precision, reason)
-            choice = self._auto_bf16[device.type] = precision == "bf16"
-        return choice
 
     def _trunk(self, x: Tensor, scale: bool) -> Tensor:
         x = x.to(self.dense.weight.dtype)  # float32, or bf16 when the module itself was cast
@@ -183,9 +165,9 @@ class ImpalaActorCritic(nn.Module):
         return F.relu(self.dense(x), inplace=True)
 
     def _heads(self, x: Tensor, value: bool = True, policy: bool = True):
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self._bf16(x.device)):
-            logits = self.policy_head(x).float() if policy else None
-            v = self.value_head(x).float() if value else None
+        """Float32 logits and value (the loss, GAE and the ratios are computed in float32)."""
+        logits = self.policy_head(x).float() if policy else None
+        v = self.value_head(x).float() if value else None
         return logits, v
 
     def policy(self, obs: Tensor) -> tuple[Tensor]:

@@ -1,7 +1,7 @@
 """The IMPALA CNN actor-critic in Phasic Policy Gradient's layouts (Cobbe et al. 2021).
 
 `PhasicImpalaActorCritic` is `ppo_lightning.nets.impala.ImpalaActorCritic` (its trunk is the policy
-encoder; same init, precision and no-autograd fast paths) plus, as in the reference code's
+encoder; same init and no-autograd fast paths) plus, as in the reference code's
 ``PhasicValueModel`` (openai/ppo-ewma ``ppg.py``):
 
 - ``arch="dual"`` (PPG's default): a second IMPALA trunk, same shape, feeds the value head;
@@ -13,7 +13,6 @@ encoder; same init, precision and no-autograd fast paths) plus, as in the refere
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from ppo_lightning.nets.impala import ImpalaActorCritic, normed_linear
@@ -30,26 +29,24 @@ class PhasicImpalaActorCritic(ImpalaActorCritic):
         channels: tuple[int, ...] = (16, 32, 32),
         dense: int = 256,
         nblock: int = 2,
-        precision: str = "fp32",
         inference_chunk: int = 64,
         arch: str = "dual",
         aux_value_head: bool = True,
     ) -> None:
-        super().__init__(observation_space, action_space, channels, dense, nblock, precision, inference_chunk)
+        super().__init__(observation_space, action_space, channels, dense, nblock, inference_chunk)
         self.arch = resolve_arch(arch)
         self.shared_trunk = self.arch != "dual"
         self.value_encoder = None
         if self.arch == "dual":
             # Only its trunk (stacks + dense) is used: drop its heads so every parameter gets a gradient.
             self.value_encoder = ImpalaActorCritic(observation_space, action_space, channels, dense, nblock,
-                                                   precision, inference_chunk)
+                                                   inference_chunk)
             self.value_encoder.policy_head = None
             self.value_encoder.value_head = None
         self.aux_value_head = normed_linear(dense, 1, scale=0.1) if aux_value_head else None
 
     def _value_features(self, obs: Tensor, policy_features: Tensor | None = None) -> Tensor:
         if self.value_encoder is not None:
-            self.value_encoder.precision = self.precision
             return self.value_encoder.features(obs)
         features = self.features(obs) if policy_features is None else policy_features
         return features.detach() if self.arch == "detach" else features
@@ -74,6 +71,5 @@ class PhasicImpalaActorCritic(ImpalaActorCritic):
         features = self.features(obs)
         logits = self._heads(features, value=False)[0]
         value = self._value_head(self._value_features(obs, features))
-        with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-            aux = self.aux_value_head(features).float()
+        aux = self.aux_value_head(features).float()
         return logits, value, aux

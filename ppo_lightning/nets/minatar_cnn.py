@@ -80,7 +80,7 @@ class MinAtarActorCritic(nn.Module):
 
     def policy(self, obs: Tensor) -> tuple[Tensor]:
         x, lead = self._nchw(obs)
-        return (self.policy_head(self.policy_body(x)).reshape(*lead, -1),)
+        return (self.policy_head(self.policy_body(x)).float().reshape(*lead, -1),)
 
     # The value head's input by layout (own trunk; shared; shared through a stop-gradient): the MLP's
     # rule, on the same attributes (value_body, policy_body, arch).
@@ -88,12 +88,14 @@ class MinAtarActorCritic(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         x, lead = self._nchw(obs)
-        return self.value_head(self._value_features(x)).reshape(*lead, 1)
+        return self.value_head(self._value_features(x)).float().reshape(*lead, 1)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         x, lead = self._nchw(obs)
         f = self.policy_body(x)
-        return self.policy_head(f).reshape(*lead, -1), self.value_head(self._value_features(x, f)).reshape(*lead, 1)
+        # float32 outputs under any autocast (the loss's ratios, GAE)
+        return (self.policy_head(f).float().reshape(*lead, -1),
+                self.value_head(self._value_features(x, f)).float().reshape(*lead, 1))
 
     def forward_aux(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Logits, value and the auxiliary value on the policy trunk (PPG's auxiliary phase)."""
@@ -101,6 +103,6 @@ class MinAtarActorCritic(nn.Module):
             raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
         x, lead = self._nchw(obs)
         f = self.policy_body(x)
-        return (self.policy_head(f).reshape(*lead, -1), self.value_head(self._value_features(x, f)).reshape(*lead, 1),
-                self.aux_value_head(f).reshape(*lead, 1))
-
+        return (self.policy_head(f).float().reshape(*lead, -1),
+                self.value_head(self._value_features(x, f)).float().reshape(*lead, 1),
+                self.aux_value_head(f).float().reshape(*lead, 1))

@@ -49,7 +49,7 @@ def stacked_call(net: MinAtarActorCritic, p: dict[str, Tensor], method: str, obs
         return _stacked_linear(f, p[name + ".weight"], p[name + ".bias"])
 
     def out(t):
-        return t.reshape(S, *lead, t.shape[-1])
+        return t.float().reshape(S, *lead, t.shape[-1])  # float32 under any autocast
 
     f = None if method == "value" and net.value_body is not None else _stacked_trunk(p, "policy_body.", x, k)
     if method == "policy":

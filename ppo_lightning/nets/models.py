@@ -31,6 +31,8 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
     """Build the actor-critic named by ``network["name"]`` ("mlp", "impala_cnn" or "minatar_cnn")."""
     network = dict(network)
     name = network.pop("name", "mlp")
+    if "precision" in network:  # deprecated (0.1): the Trainer's precision applies to every network
+        network.pop("precision")
     if name == "mlp":
         return ActorCritic(observation_space, action_space, **network)
     if name == "impala_cnn":

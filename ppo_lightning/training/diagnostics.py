@@ -54,15 +54,22 @@ class SmallBatchDiagnostics(Callback):
 
     Args:
         window: iterations averaged (clip fraction) or spanned (std oscillation).
-        warmup: iterations before any warning (the first iterations are atypical).
+        warmup: iterations of the unscaled configuration before any warning (the first iterations
+            are atypical: the EWMA anchor and the advantage moments start from scratch).
         clip_low, clip_high_one_epoch, clip_high_many_epochs: the clip-fraction range.
         max_std_ratio: the advantage-std oscillation threshold (max/min over the window).
+        scale: the batch-size factor c of ``--scale c``: an iteration then has 1/c of the frames
+            (and the proximal COM and advantage span are c times longer in iterations), so the
+            warm-up lasts ``ceil(warmup * c)`` iterations, the same frames as at c = 1.
     """
 
     def __init__(self, window: int = 10, warmup: int = 10, clip_low: float = 1e-3,
                  clip_high_one_epoch: float = 0.10, clip_high_many_epochs: float = 0.20,
-                 max_std_ratio: float = 10.0) -> None:
-        self.window, self.warmup = window, warmup
+                 max_std_ratio: float = 10.0, scale: float = 1.0) -> None:
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be a positive number, got {scale!r}")
+        self.window, self.scale = window, float(scale)
+        self.warmup = math.ceil(warmup * self.scale - 1e-9)  # in iterations of this (scaled) run
         self.clip_low, self.clip_high_one, self.clip_high_many = clip_low, clip_high_one_epoch, clip_high_many_epochs
         self.max_std_ratio = max_std_ratio
         self.clip_history: list[float] = []

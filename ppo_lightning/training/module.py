@@ -38,17 +38,14 @@ class PPOLightningModule(pl.LightningModule):
         proximal_com: with ``decoupled``, keep the proximal policy as an EWMA of the weights with
             this center of mass in gradient steps (PPO-EWMA; the paper's default is 8). None: the
             proximal policy comes with the batch (staleness experiments) or equals the behavior one.
-        clip_eps, kl_beta, kl_target, max_importance_ratio, value_coef, entropy_coef,
-            value_clip_eps, kl_form: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
+        clip_eps, kl_beta, kl_target, max_importance_ratio: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
+        value_coef, entropy_coef, value_clip_eps, kl_form: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
         lr, adam_eps, adam_betas, optimizer: Adam (default) or SGD.
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
-        proximal_precision: PPO-EWMA only: run the proximal policy's forward in "bf16" (or "fp32")
-            whatever the network's precision; the averaged weights stay float32. bf16 makes the
-            proximal forward cheaper where bf16 is fast (AMX CPUs, Ampere+ GPUs) at the price of a
-            small error in the anchor (|d log pi_prox| <= 0.008 on Procgen, against a clip range of
-            0.2; benchmarks/README.md), and slower elsewhere (much slower where it is emulated, AVX2).
-            "auto": bf16 where known faster on the training device, else fp32 (`ppo_lightning.core.hardware`;
-            the choice and its reason are logged at start). None: the network's precision (exact).
+        proximal_precision: deprecated, as is ``network.precision``: the precision of every forward
+            (rollout, update, EWMA proximal) is the Trainer's, ``--trainer.precision`` 32-true,
+            bf16-mixed or auto (`ppo_lightning.training.precision`). The CLI maps these aliases onto
+            it; here they only warn.
         ppg: Phasic Policy Gradient (``ppo_lightning.algos.ppg``): null (PPO) or a mapping of PPG
             settings (``n_pi``, ``epochs_value``, ``n_aux_epochs``, ``aux_mbsize``, ``beta_clone``,
             ``vf_true_weight``, ``aux_lr``, ``aux_betas``, ``max_grad_norm``; defaults: the paper's,
@@ -105,6 +102,9 @@ class PPOLightningModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
+        from ppo_lightning.training.precision import take_precision_aliases
+
+        take_precision_aliases({"network": network, "proximal_precision": proximal_precision})
         from ppo_lightning.algos import ppg as ppg_lib
 
         ppg = ppg_lib.resolve_ppg_config(ppg)
@@ -131,7 +131,6 @@ class PPOLightningModule(pl.LightningModule):
                 "adam_betas": adam_betas,
                 "optimizer": optimizer,
                 "init_from": init_from,
-                "proximal_precision": proximal_precision,
                 "micro_batch_size": micro_batch_size,
                 "ppg": ppg,
                 "kl_form": kl_form,
@@ -174,7 +173,7 @@ class PPOLightningModule(pl.LightningModule):
         if decoupled and proximal_com is not None:
             from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
-            self.proximal_source = ProximalPolicyEWMA(com=proximal_com, precision=proximal_precision)
+            self.proximal_source = ProximalPolicyEWMA(com=proximal_com)
         # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
         self.ppg_phases = None if ppg is None else ppg_lib.PPGPhases(ppg, action_space)
         self.automatic_optimization = ppg is None
@@ -218,13 +217,6 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.value_clip_eps must be > 0, got {h.value_clip_eps}")
         if h.optimizer not in ("adam", "sgd"):
             raise ValueError(f"model.optimizer must be 'adam' or 'sgd', got {h.optimizer!r}")
-        if h.proximal_precision is not None:
-            if h.proximal_precision not in ("fp32", "bf16", "auto"):
-                raise ValueError(f"model.proximal_precision must be 'fp32', 'bf16', 'auto' or null, got {h.proximal_precision!r}")
-            if h.proximal_com is None:
-                raise ValueError("model.proximal_precision applies to the EWMA proximal policy: set model.proximal_com")
-            if (h.network or {}).get("name", "mlp") != "impala_cnn":
-                raise ValueError("model.proximal_precision needs model.network.name impala_cnn (the MLP has no precision switch)")
         if h.micro_batch_size is not None and not (isinstance(h.micro_batch_size, int) and h.micro_batch_size > 0):
             raise ValueError(f"model.micro_batch_size must be a positive integer or null, got {h.micro_batch_size!r}")
         from ppo_lightning.algos.schedules import LR_SCHEDULES
@@ -276,19 +268,6 @@ class PPOLightningModule(pl.LightningModule):
             return [ProximalEWMAStep()]
         return []
 
-    def resolved_proximal_precision(self) -> str | None:
-        """``model.proximal_precision`` with "auto" resolved for the training device (logged once)."""
-        from ppo_lightning.core.hardware import log_choice, resolve_precision
-
-        try:
-            device = self.trainer.strategy.root_device
-        except RuntimeError:  # not attached to a Trainer
-            device = self.device
-        choice, reason = resolve_precision(self.hparams.proximal_precision, device)
-        if self.hparams.proximal_precision == "auto":
-            log_choice(f"model.proximal_precision auto on {device.type}", choice, reason)
-        return choice
-
     def step_proximal(self) -> None:
         """After an optimizer step (``ProximalEWMAStep``): move the EWMA if the step changed the policy."""
         if self.proximal_source is not None and self._policy_step:
@@ -306,7 +285,8 @@ class PPOLightningModule(pl.LightningModule):
 
             self.compiled = CompiledLoss(self.loss_module, self.network, self.hparams.compile)
         if self.proximal_source is not None:
-            self.proximal_source.precision = self.resolved_proximal_precision()
+            # Under bf16-mixed the proximal forward (in the training step's autocast) may use bf16 weights.
+            self.proximal_source.bf16 = self.trainer.precision == "bf16-mixed"
             self.proximal_source.start(self.network, self.make_network)
 
     def teardown(self, stage: str) -> None:
@@ -359,6 +339,9 @@ class PPOLightningModule(pl.LightningModule):
         # The fused kernel: one call per step instead of a Python loop over tensors (4x faster
         # for the small CartPole MLP). Sharded (DTensor) parameters take the default path.
         fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
+        trainer = self._trainer
+        if fused and trainer is not None and trainer.precision != "32-true" and trainer.gradient_clip_val:
+            fused = None  # Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients
         return torch.optim.Adam(params, lr=h.lr, eps=h.adam_eps, betas=h.adam_betas, fused=fused)
 
     # ------------------------------------------------------------------ training

@@ -29,6 +29,10 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+# MLflow 3.x's UI picks an experiment's view from this tag: untagged experiments open in the GenAI
+# view ("Evaluation runs"); this kind opens on the training runs and their charts.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 def _warn(message: str) -> None:
@@ -205,15 +209,19 @@ def _sqlite_store_lock(tracking_uri: str):
 
 
 def probe_tracking_store(tracking_uri: str, experiment_name: str) -> str | None:
-    """Create or find the experiment; returns an error message if the store cannot be written."""
+    """Create or find the experiment, tagged as model training (`EXPERIMENT_KIND_TAG`: a kind the
+    user set is kept); returns an error message if the store cannot be written."""
     quiet_mlflow()
     try:
         import mlflow
 
         with _sqlite_store_lock(tracking_uri):
             client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-            if client.get_experiment_by_name(experiment_name) is None:
-                client.create_experiment(experiment_name)
+            experiment = client.get_experiment_by_name(experiment_name)
+            if experiment is None:
+                client.create_experiment(experiment_name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            elif EXPERIMENT_KIND_TAG not in experiment.tags:  # made by an older version, or by hand
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     except Exception as err:  # noqa: BLE001
         return f"{type(err).__name__}: {err}".splitlines()[0][:300]
     return None

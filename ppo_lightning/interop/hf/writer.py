@@ -103,12 +103,30 @@ def _resolved_network(net: torch.nn.Module, network_cfg: dict[str, Any]) -> dict
     return _plain(out)
 
 
+def _rank_episodes(data_state: dict | None) -> list[dict]:
+    """Each data-parallel rank's episode record (``returns``, ``lengths``, ``count``) in the data
+    module's checkpoint state: under ``per_rank`` (every rank's own state); at the top level for one
+    seed of a vectorized group (`ppo_lightning.interop.checkpoint_io.select_seed` puts it there) and
+    in checkpoints written before the states were gathered per rank."""
+    if not data_state:
+        return []
+    if isinstance(data_state.get("episodes"), dict):
+        return [data_state["episodes"]]
+    states = data_state.get("per_rank")
+    states = states if isinstance(states, list) else [data_state]
+    return [s["episodes"] for s in states if isinstance(s, dict) and isinstance(s.get("episodes"), dict)]
+
+
+def _episode_count(data_state: dict | None) -> int | None:
+    episodes = _rank_episodes(data_state)
+    return sum(int(e.get("count", 0)) for e in episodes) if episodes else None
+
+
 def _mean_return(data_state: dict | None, last: int = 20) -> float | None:
-    try:
-        returns = list(data_state["episodes"]["returns"])[-last:]
-    except (KeyError, TypeError):
-        return None
-    return float(sum(returns) / len(returns)) if returns else None
+    """The run's last ``episode/return_mean20``: each rank's last ``last`` episodes, pooled
+    (`ppo_lightning.data.parallel.pool_episode_metrics`); None without a finished episode."""
+    returns = [float(r) for e in _rank_episodes(data_state) for r in list(e.get("returns") or [])[-last:]]
+    return sum(returns) / len(returns) if returns else None
 
 
 def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -> dict[str, Any]:
@@ -139,7 +157,7 @@ def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -
                 "frames": None if frames is None else int(frames),
                 "iterations": data_state.get("iteration") if data_state else None,
                 "global_step": checkpoint.get("global_step"),
-                "episodes": (data_state.get("episodes") or {}).get("count") if data_state else None,
+                "episodes": _episode_count(data_state),
                 "final_train_return_mean20": _mean_return(data_state),
             },
             "training_frames": None if frames is None else int(frames),

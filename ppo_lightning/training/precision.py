@@ -1,0 +1,94 @@
+"""One precision switch, Lightning's: ``--trainer.precision`` (``Trainer(precision=...)``).
+
+``32-true`` and ``bf16-mixed`` are Lightning's own values, applied by its precision plugin (on CPU
+and GPU: ``torch.autocast`` to bf16 around every training step; weights, gradients, Adam state stay
+float32). ``auto`` is ours: it resolves once per machine, before the Trainer is built, to
+``bf16-mixed`` where bf16 is native and faster (AMX CPUs, CUDA sm_80+) and ``32-true`` elsewhere
+(`ppo_lightning.core.hardware.resolve_trainer_precision`), and the choice is logged once with its
+reason.
+
+Besides the training step, the rollout forward (the data side, `RolloutSource.collect`) and the
+EWMA proximal forward (inside the training step) run under the same plugin's ``forward_context``.
+The networks return float32 distribution parameters and values, so losses, GAE and normalizers are
+computed in float32 under any precision.
+
+``model.network.precision`` and ``model.proximal_precision`` were the project's own switches; they
+are deprecated aliases now (`take_precision_aliases`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal, Optional, Union
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+
+from ppo_lightning.core.hardware import TRAINER_PRECISIONS, log_choice, resolve_trainer_precision
+
+_ALIAS_TO_TRAINER = {"fp32": "32-true", "bf16": "bf16-mixed", "auto": "auto"}
+DEPRECATION = ("{name} is deprecated: the precision is Lightning's --trainer.precision "
+               "(32-true, bf16-mixed, auto){effect}")
+
+
+def resolve(precision: Any, accelerator: Any = "auto") -> Any:
+    """``precision`` with ``"auto"`` resolved for the device ``accelerator`` trains on (logged once)."""
+    choice, reason = resolve_trainer_precision(precision, accelerator)
+    if precision == "auto":
+        log_choice("trainer.precision auto", choice, reason)
+    return choice
+
+
+class PPOTrainer(pl.Trainer):
+    """``lightning.pytorch.Trainer`` whose ``precision`` also takes ``"auto"`` (see the module);
+    everything else is Lightning's. The CLI resolves ``auto`` in its config before building it."""
+
+    def __init__(self, *args: Any, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, precision=resolve(precision, kwargs.get("accelerator", "auto")), **kwargs)
+
+
+def take_precision_aliases(model: Any, trainer_precision: Any = "module", warn: bool = True) -> Optional[str]:
+    """Remove the deprecated ``network.precision`` and ``proximal_precision`` from a model config
+    (a dict or a jsonargparse namespace) and return the trainer precision they ask for: "bf16"
+    anywhere -> "bf16-mixed", else "auto" anywhere -> "auto", else "fp32" -> "32-true"; None if
+    neither was set. Warns once per alias, one line naming ``--trainer.precision`` and what happens:
+    ``trainer_precision`` None (the CLI, not set): the alias sets it; a value (the CLI, set): the
+    alias is ignored; "module" (a module built in Python): ignored, the Trainer's applies."""
+    values = {}
+    network = model.get("network") if hasattr(model, "get") else None
+    if isinstance(network, dict) and "precision" in network:
+        values["model.network.precision"] = network.pop("precision")
+    if model.get("proximal_precision") is not None:
+        values["model.proximal_precision"] = model["proximal_precision"]
+    if "proximal_precision" in model:
+        model["proximal_precision"] = None
+    values = {k: v for k, v in values.items() if v is not None}
+    for name, value in values.items():
+        if value not in _ALIAS_TO_TRAINER:
+            raise ValueError(f"{name} must be one of {tuple(_ALIAS_TO_TRAINER)} (deprecated: use --trainer.precision "
+                             f"{'/'.join(TRAINER_PRECISIONS)}), got {value!r}")
+    if not values:
+        return None
+    asked = set(values.values())
+    mapped = _ALIAS_TO_TRAINER["bf16" if "bf16" in asked else "auto" if "auto" in asked else "fp32"]
+    if warn:
+        for name, value in values.items():
+            if trainer_precision is None:
+                effect = f"; {name}={value} sets --trainer.precision {mapped}"
+            elif trainer_precision == "module":
+                effect = f"; {name}={value} is ignored here, Trainer(precision=...) applies"
+            else:
+                effect = f"; {name}={value} is ignored, --trainer.precision {trainer_precision} is set"
+            _warn_once(DEPRECATION.format(name=name, effect=effect))
+    return mapped
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, FutureWarning, stacklevel=3)
+

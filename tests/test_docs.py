@@ -1,0 +1,149 @@
+"""Issue 22: the documentation site builds strictly, stays light, and renders in a real browser.
+
+The build runs the real ``mkdocs build --strict`` (as ``make docs``) into a temporary folder; the
+browser test serves that folder on 127.0.0.1 and renders the landing page and an API page in headless
+Chromium (no network beyond the loopback). Without a Chromium binary it skips and says why; CI
+installs one (``.ci/run``). ``PPO_DOCS_SCREENSHOTS=DIR`` keeps the screenshots for a look by eye.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "lightning", "torchrl", "tensordict", "mlflow", "gymnasium")
+API_PAGES = ("core", "envs", "nets", "algos", "data", "interop", "training", "cli")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """``mkdocs build --strict`` of the repository's docs into a temporary folder, with the imports
+    it made (``python -X importtime``)."""
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    log = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{log[-4000:]}"
+    return out, imported
+
+
+def test_site_builds_strict_without_importing_the_training_stack(site):
+    out, imported = site
+    assert not [m for m in HEAVY if m in imported], "the API pages come from static analysis (allow_inspection: false)"
+    home = _text((out / "index.html").read_text())
+    assert "make train" in home and "make test" in home
+    for page in API_PAGES:  # one page per subpackage, generated from the docstrings
+        assert (out / "api" / page / "index.html").is_file()
+    algos = (out / "api" / "algos" / "index.html").read_text()
+    for name in ("PPOFamilyLoss", "clipped_surrogate", "beta_from_com", "apply_scale"):
+        assert f'id="ppo_lightning.algos.' in algos and name in algos
+    assert "ceil(warmup * c)" in _text((out / "api" / "training" / "index.html").read_text())  # a docstring's Args
+    # every figure of experiments/results/ is in the site (build hook), and the pages show them
+    figures = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "experiments" / "results").rglob("*.png"))
+    assert figures and all((out / f).is_file() for f in figures)
+    shown = {(page.parent / src).resolve().relative_to(out.resolve()).as_posix()
+             for page in (out / "experiments").rglob("*.html")
+             for src in re.findall(r'<img[^>]+src="([^"]+)"', page.read_text())}
+    assert {"experiments/results/minatar/bsi.png", "experiments/results/ewma_full.png"} <= shown
+    # the config folders' READMEs are pages, with their own figures
+    assert "easy_short_starpilot.png" in (out / "experiments" / "procgen" / "index.html").read_text()
+
+
+def test_strict_build_fails_on_a_broken_link(tmp_path):
+    """Negative control of --strict: a copy of the docs with one dead link does not build."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    config = (ROOT / "mkdocs.yml").read_text().replace("  - docs/hooks/", f"  - {ROOT}/docs/hooks/")
+    config = re.sub(r"\nwatch:\n(?:  - .*\n)+", "\n", config).replace("paths: [.]", f"paths: [{ROOT}]")
+    (tmp_path / "mkdocs.yml").write_text(config)
+    page = tmp_path / "docs" / "guides" / "mlflow.md"
+    page.write_text(page.read_text() + "\n[gone](no-such-page.md)\n")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode != 0 and "no-such-page.md" in proc.stderr
+
+
+def test_readme_links_into_the_site_resolve():
+    """The README is the landing page's short form: its relative links name files that exist."""
+    links = re.findall(r"\]\((?!https?://|#)([^)#\s]+)", (ROOT / "README.md").read_text())
+    assert any(link.startswith("docs/") for link in links)
+    assert [link for link in links if not (ROOT / link).exists()] == []
+
+
+def _text(page: str) -> str:
+    """The text of an HTML page (code highlighting splits ``make test`` into spans)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or (
+        "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
+
+
+class _Log(http.server.SimpleHTTPRequestHandler):
+    requests: list[tuple[str, int]]
+
+    def log_request(self, code="-", size="-"):
+        self.requests.append((self.path, int(code) if str(code).isdigit() else 0))
+
+    def log_message(self, *args):
+        pass
+
+
+def test_browser_renders_landing_and_api_page(site, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no Chromium binary (chromium) on this machine: install it with "
+                    "`apt-get install -y chromium` (.ci/run does) to render the site in a browser")
+    out, _ = site
+    requests: list[tuple[str, int]] = []
+    handler = type("Handler", (_Log,), {"requests": requests})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(out)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    shots = Path(os.environ.get("PPO_DOCS_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    expected = {
+        "": ("make train", "make test", "API reference", "Batch-size invariance"),
+        "api/algos/": ("ppo_lightning.algos", "PPOFamilyLoss", "clipped_surrogate", "May import"),
+    }
+    try:
+        for path, texts in expected.items():
+            name = path.strip("/").replace("/", "_") or "home"
+            requests.clear()
+            proc = subprocess.run(
+                [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
+                 f"--user-data-dir={tmp_path / ('profile_' + name)}", "--window-size=1280,1000",
+                 "--enable-logging=stderr", "--v=0", f"--screenshot={shots / (name + '.png')}", "--dump-dom",
+                 f"http://127.0.0.1:{server.server_address[1]}/{path}"],
+                capture_output=True, text=True, timeout=120,
+            )
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            dom = _text(proc.stdout)
+            missing = [t for t in texts if t not in dom]
+            assert not missing, f"{path or '/'}: not rendered: {missing}"
+            errors = [line for line in proc.stderr.splitlines() if "CONSOLE" in line and re.search(r"Uncaught|Error", line)]
+            assert not errors, f"{path or '/'}: JavaScript errors: {errors}"
+            failed = [(p, code) for p, code in requests if code >= 400]
+            assert not failed, f"{path or '/'}: requests that failed: {failed}"
+            # the theme's script ran: its search worker fetched the index
+            assert any(p.startswith("/search/search_index.json") for p, _ in requests), requests
+            png = (shots / (name + ".png")).read_bytes()
+            assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a rendered page, not a blank one
+    finally:
+        server.shutdown()

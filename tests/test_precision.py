@@ -1,0 +1,177 @@
+"""One precision switch, Lightning's (`ppo_lightning.training.precision`): ``auto`` resolves per
+machine; under ``bf16-mixed`` the rollout, update and EWMA proximal forwards run under bf16 autocast
+while weights, Adam state, normalizers and the networks' outputs stay float32."""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from ppo_lightning.core import hardware
+from ppo_lightning.training import precision as prec
+
+AVX2 = frozenset({"avx", "avx2", "fma"})
+AVX512_NO_AMX = AVX2 | {"avx512f", "avx512_vnni", "avx512_bf16"}
+AMX = AVX512_NO_AMX | {"amx_bf16", "amx_tile"}
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """Pretend to be a CPU with the given flags (no emulation variables, no CUDA)."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def set_cpu(flags, capability="AVX512"):
+        monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+        monkeypatch.setattr(hardware, "cpu_capability", lambda: capability)
+
+    return set_cpu
+
+
+@pytest.mark.parametrize("flags,capability,expected,why", [
+    (AMX, "AVX512", "bf16-mixed", "amx_bf16"),
+    (AVX512_NO_AMX, "AVX512", "32-true", "no AMX"),
+    (AVX2, "AVX2", "32-true", "emulated"),
+])
+def test_auto_resolves_per_cpu(cpu, flags, capability, expected, why):
+    cpu(flags, capability)
+    for accelerator in ("auto", "cpu", None):
+        choice, reason = hardware.resolve_trainer_precision("auto", accelerator)
+        assert choice == expected and why in reason
+    assert hardware.resolve_trainer_precision("bf16-mixed", "cpu") == ("bf16-mixed", "set in the config")
+    assert hardware.resolve_trainer_precision(None, "cpu")[0] is None  # Lightning's default (32-true)
+
+
+def test_auto_on_an_amx_cpu_with_amx_hidden_is_32_true(cpu, monkeypatch):
+    cpu(AMX)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # the no-AMX emulation of the benchmarks
+    choice, reason = hardware.resolve_trainer_precision("auto", "cpu")
+    assert choice == "32-true" and "ONEDNN_MAX_CPU_ISA" in reason
+
+
+@pytest.mark.parametrize("capability,expected", [((8, 0), "bf16-mixed"), ((9, 0), "bf16-mixed"), ((7, 5), "32-true")])
+def test_auto_on_cuda_by_compute_capability(cpu, monkeypatch, capability, expected):
+    cpu(AVX2, "AVX2")  # the host CPU does not matter for a GPU run
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capability)
+    for accelerator in ("auto", "gpu", "cuda"):
+        assert hardware.resolve_trainer_precision("auto", accelerator)[0] == expected
+    assert hardware.resolve_trainer_precision("auto", "cpu")[0] == "32-true"  # accelerator cpu: the CPU's
+
+
+def test_aliases_map_onto_the_trainer_switch_with_one_warning_line():
+    model = {"network": {"name": "impala_cnn", "precision": "fp32"}, "proximal_precision": "auto"}
+    with pytest.warns(FutureWarning, match=r"--trainer.precision") as record:
+        assert prec.take_precision_aliases(model) == "auto"
+    assert all("\n" not in str(w.message) for w in record)
+    assert "precision" not in model["network"] and model["proximal_precision"] is None  # they leave the config
+    assert prec.take_precision_aliases({"network": {"precision": "bf16"}}, warn=False) == "bf16-mixed"
+    assert prec.take_precision_aliases({"network": {"name": "mlp"}, "proximal_precision": None}) is None
+    with pytest.raises(ValueError, match="trainer.precision"):
+        prec.take_precision_aliases({"network": {"precision": "fp16"}}, warn=False)
+
+
+# ------------------------------------------------------------------------------------ training
+def _ewma_run(precision: str, normalize_observation: bool = True):
+    """A tiny CartPole PPO-EWMA fit; records the dtype and autocast state seen by the first layer
+    of the live network (rollout: no autograd; update: autograd) and of the EWMA proximal copy."""
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
+
+    seen: dict[str, set] = {"rollout": set(), "update": set(), "proximal": set()}
+
+    def hook(kind):
+        def record(module, inputs, output):
+            where = kind if kind == "proximal" else ("update" if torch.is_grad_enabled() else "rollout")
+            seen[where].add((output.dtype, torch.is_autocast_enabled("cpu")))
+        return record
+
+    class Hooks(pl.Callback):
+        def on_train_start(self, trainer, pl_module):  # the proximal copy exists from on_fit_start
+            pl_module.network.policy_body[0].register_forward_hook(hook("live"))
+            pl_module.proximal_source.proximal.policy_body[0].register_forward_hook(hook("proximal"))
+
+    pl.seed_everything(0)
+    dm = RolloutDataModule(env_id="CartPole-v1", num_envs=4, rollout_steps=16, num_minibatches=2, update_epochs=2,
+                           total_frames=128, normalize_reward=True, num_threads=1)
+    model = PPOLightningModule(dm.observation_space, dm.action_space,
+                               network={"name": "mlp", "normalize_observation": normalize_observation},
+                               decoupled=True, proximal_com=4.0, lr=1e-3)
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                         enable_progress_bar=False, precision=precision, callbacks=[Hooks()])
+    trainer.fit(model, dm)
+    return seen, model, trainer, dm
+
+
+@pytest.mark.parametrize("precision,dtype", [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])
+def test_rollout_update_and_proximal_forwards_follow_the_trainer_precision(precision, dtype):
+    seen, model, trainer, dm = _ewma_run(precision)
+    autocast = precision == "bf16-mixed"
+    for where in ("rollout", "update", "proximal"):
+        assert seen[where] == {(dtype, autocast)}, (where, seen[where])
+    # What stays float32: weights, the EWMA average, Adam's state, the normalizers, and
+    # the networks' outputs (so the ratios, GAE and the losses are float32).
+    assert all(p.dtype == torch.float32 for p in model.network.parameters())
+    assert all(p.dtype == torch.float32 for p in model.proximal_source.proximal.parameters())
+    state = trainer.optimizers[0].state
+    assert state and all(v.dtype == torch.float32 for s in state.values() for v in s.values() if v.is_floating_point())
+    assert all(b.dtype == torch.float64 for b in model.network.obs_norm.buffers())  # its own float64 moments
+    assert model.network.obs_norm.count > 0
+    with trainer.precision_plugin.forward_context():
+        out = model.network(torch.zeros(3, 4))
+    assert all(t.dtype == torch.float32 for t in out)
+    assert model.proximal_source.num_updates == trainer.global_step == 8
+
+
+def test_bf16_proximal_forward_of_the_impala_net_uses_its_bf16_weight_copy():
+    """IMPALA (``BF16_WEIGHTS_EXACT``): under bf16-mixed the proximal forward runs on a bf16 copy of
+    the float32 average; under 32-true on the average itself."""
+    from ppo_lightning.algos.proximal import ProximalPolicyEWMA
+    from ppo_lightning.nets.impala import ImpalaActorCritic
+
+    net = ImpalaActorCritic({"shape": [64, 64, 3], "dtype": "uint8"}, {"type": "discrete", "n": 15},
+                            channels=(4, 8), dense=16)
+    for bf16 in (False, True):
+        src = ProximalPolicyEWMA(com=4.0, bf16=bf16)
+        src.start(net)
+        assert (src._forward_net is not None) == bf16
+        assert all(p.dtype == torch.float32 for p in src.proximal.parameters())
+    mlp_src = ProximalPolicyEWMA(com=4.0, bf16=True)  # the MLP may hold a normalizer: plain autocast
+    from ppo_lightning.nets.models import ActorCritic
+
+    mlp_src.start(ActorCritic({"shape": [4]}, {"type": "discrete", "n": 2}, normalize_observation=True))
+    assert mlp_src._forward_net is None
+
+
+def test_cli_resolves_auto_before_the_trainer_and_maps_the_deprecated_aliases(tmp_path, cpu, caplog):
+    from pathlib import Path
+
+    from ppo_lightning.cli.fit import fit_main
+
+    cfg = Path(__file__).resolve().parents[1] / "experiments/cartpole/ppo_ewma.yaml"
+    tiny = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--data.total_frames", "256",
+            "--data.num_threads", "1"]
+    hardware._logged.clear()
+    cpu(AVX512_NO_AMX)
+    cli = fit_main(["fit", "--config", str(cfg), *tiny, "--run_dir", str(tmp_path / "a"), "--trainer.precision", "auto"])
+    assert cli.trainer.precision == "32-true"
+    cpu(AMX)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        cli = fit_main(["fit", "--config", str(cfg), *tiny, "--run_dir", str(tmp_path / "b"),
+                        "--model.proximal_precision", "bf16"])  # the old switch, trainer.precision unset
+    assert cli.trainer.precision == "bf16-mixed" and cli.model.proximal_source.bf16
+    assert any("model.proximal_precision is deprecated" in str(w.message) and "--trainer.precision" in str(w.message)
+               for w in record)
+    assert "proximal_precision" not in cli.model.hparams or cli.model.hparams.get("proximal_precision") is None
+    cli = fit_main(["fit", "--config", str(cfg), *tiny, "--run_dir", str(tmp_path / "c"), "--trainer.precision",
+                    "32-true", "--model.network.precision", "bf16"])  # the explicit Lightning switch wins
+    assert cli.trainer.precision == "32-true"
+    saved = (tmp_path / "b" / "config.yaml").read_text()
+    assert "precision: bf16-mixed" in saved  # what ran is what the run folder records
