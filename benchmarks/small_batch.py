@@ -1,6 +1,6 @@
 """Small batches at full speed (issue 18): this project vs a plain-PyTorch PPO loop, MinAtar Breakout.
 
-    python benchmarks/small_batch.py                       # c = 1, 16, 64; 2 interleaved rounds
+    python benchmarks/small_batch.py                       # c = 1, 16, 64; S = 1 and 8; 2 interleaved rounds
     python benchmarks/small_batch.py --scales 16 --rounds 3 --iterations 20
 
 For each batch-size factor c (`experiments/minatar/ppo.yaml --scale c`: 64/c envs x 64 steps,
@@ -212,7 +212,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scales", default="1,16,64", help="comma list of c")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--iterations", type=int, default=0, help="timed iterations per run (0: about 8k frames, at least 6)")
+    p.add_argument("--iterations", type=int, default=0, help="timed iterations per run (0: --frames per seed, at least 3)")
+    p.add_argument("--frames", type=int, default=4096, help="timed frames per seed and run (with --iterations 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=8, help="S of the vectorized-seed runs (also run: S = 1); 1: single runs only")
     a = p.parse_args()
@@ -234,7 +235,7 @@ def main() -> None:
     res: dict[int, dict[str, list]] = {c: {"project": [], "plain": [], "group": []} for c in scales}
     for r in range(a.rounds):
         for c in scales:
-            iters = a.iterations or max(6, 8192 // (BASE_ENVS // c * STEPS))
+            iters = a.iterations or max(3, a.frames // (BASE_ENVS // c * STEPS))
             proj = project_run(c, iters, a.seed)
             plain = plain_run(c, iters, a.seed)
             res[c]["project"].append(proj)

@@ -16,8 +16,11 @@ importance-ratio cap 100 (``model.max_importance_ratio``) in every arm, as the r
 
 Resumable: every finished run appends one row to ``<out>/<figure>_runs.csv`` (with its exact CLI
 arguments as JSON) and its learning curve to ``<out>/<figure>_curves.csv``; a rerun skips the runs
-already there, so the sweep can be stopped at any time and continued by running it again. Runs go
-seed by seed (all games and arms of seed 0, then seed 1, ...), so a stopped sweep is balanced.
+already there, so the sweep can be stopped at any time and continued by running it again. By
+default an arm's consecutive seeds train as one vectorized group (``fit --seeds S``, issue 18;
+`sweep_grouped`: one row per seed all the same, from each seed's own MLflow run); arms that cannot be
+grouped (PPG, staleness) and ``--one-by-one`` go seed by seed (all games and arms of seed 0, then
+seed 1, ...), so a stopped sweep is balanced.
 
 Analysis (``--analyze``, also run at the end of a sweep): normalized return per game
 ``(R - R_random) / (R_ref - R_random)`` (`ppo_lightning.envs.minatar_scores`); per run the

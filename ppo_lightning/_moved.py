@@ -11,6 +11,7 @@ the names the old modules had (`forward_attribute`).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 import warnings
@@ -87,9 +88,13 @@ def install() -> None:
 
 def forward_attribute(package: str, name: str):
     """``ppo_lightning.data.RolloutDataModule`` (0.1's flat module) -> its new home, with a warning."""
+    if name.startswith("_") or importlib.util.find_spec(f"{package}.{name}") is not None:
+        # a submodule of the package (`from ppo_lightning.data import parallel`): the import system
+        # loads it once this says no; never forward it to the old module's namesake
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
     target = PACKAGE_FORWARDS[package]
     module = importlib.import_module(target)
-    if name.startswith("_") or not hasattr(module, name):
+    if not hasattr(module, name):
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
     _warn(f"{package}.{name}", f"{target}.{name}")
     return getattr(module, name)

@@ -119,6 +119,18 @@ def test_old_flat_paths_resolve_with_one_warning(old, name, new):
     assert out.returncode == 0, out.stderr[-2000:]
 
 
+def test_a_submodule_import_is_not_forwarded():
+    # `from ppo_lightning.data import parallel` (a submodule) must import it, silently, even though
+    # the package forwards 0.1's names of ppo_lightning.data (the flat module) with a warning
+    code = ("import warnings\nwarnings.simplefilter('error')\n"
+            "from ppo_lightning.data import parallel, resume_state\n"
+            "from ppo_lightning.cli import evaluate\n"
+            "assert parallel.__name__ == 'ppo_lightning.data.parallel', parallel\n"
+            "assert evaluate.__name__ == 'ppo_lightning.cli.evaluate'\n")
+    out = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_every_subpackage_says_what_it_holds_and_may_import():
     for layer in LAYERS:
         doc = importlib.import_module(f"ppo_lightning.{layer}").__doc__ or ""

@@ -200,6 +200,9 @@ ALGORITHMS = {
     "ppo_ewma_bf16": ["--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--trainer.precision", "bf16-mixed"],
     # n_pi 3 over 10 iterations: kills in the middle of a policy phase (its buffer is in the checkpoint)
     "ppg_ewma": ["--config", str(ROOT / "experiments/cartpole/ppg_ewma.yaml"), "--model.ppg.n_pi", "3"],
+    # a vectorized group of 2 seeds (issue 18) on MinAtar, whose env state is in the checkpoint
+    "ppo_ewma_seed_group": ["--config", str(ROOT / "experiments/minatar/ppo_ewma.yaml"), "--seeds", "2",
+                            "--model.network.hidden", "16", "--data.num_threads", "1"],
 }
 # (phase, iteration, extra): SIGKILL inside an env step of the collection, after an optimizer step,
 # while writing last.ckpt. Every resume continues from <run>/checkpoints/last.ckpt, in the same folder.
@@ -208,6 +211,7 @@ KILLS = {
     "ppo_ewma": [("collect", 4, {}), ("update", 6, {"step": 2}), ("checkpoint", 8, {"write": 2})],
     "ppo_ewma_bf16": [("collect", 4, {}), ("update", 6, {"step": 2})],
     "ppg_ewma": [("update", 5, {"step": 3}), ("checkpoint", 8, {"write": 2})],
+    "ppo_ewma_seed_group": [("update", 5, {"step": 3}), ("checkpoint", 8, {"write": 2})],
 }
 
 

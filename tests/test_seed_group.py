@@ -16,7 +16,7 @@ class KeepSource(pl.Callback):
         trainer.datamodule.kept = trainer.datamodule.source
 
 
-def run(seed, num_seeds, iterations=13, callbacks=(), **model_kwargs):
+def run(seed, num_seeds, iterations=13, callbacks=(), clip=None, **model_kwargs):
     """MinAtar Breakout, 2 envs x 16 steps, 2 epochs x 2 minibatches: 4 gradient steps per iteration."""
     pl.seed_everything(seed)
     dm = RolloutDataModule(env_id="minatar:breakout", num_envs=2, rollout_steps=16, num_minibatches=2, update_epochs=2,
@@ -24,7 +24,7 @@ def run(seed, num_seeds, iterations=13, callbacks=(), **model_kwargs):
                            num_threads=1)
     model = PPOLightningModule(dm.observation_space, dm.action_space, network=NET, lr=3e-3, seeds=dm.seeds, **model_kwargs)
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=False, callbacks=[KeepSource(), *callbacks])
+                         enable_checkpointing=False, callbacks=[KeepSource(), *callbacks], gradient_clip_val=clip)
     trainer.fit(model, datamodule=dm)
     return model, dm, trainer
 
@@ -45,6 +45,20 @@ def test_seed_k_of_a_group_trains_as_seed_k_alone():
         assert dm.episodes.count > 10
         finals.append(torch.nn.utils.parameters_to_vector(alone.network.parameters()))
     assert (finals[0] - finals[1]).abs().max() > 1e-2  # independent seeds, not copies
+
+
+def test_gradient_clipping_clips_each_seed_by_its_own_norm():
+    """With trainer.gradient_clip_val (small enough to clip every step), each seed of a group of 2 ends
+    as the same seed trained alone with clipping (within float tolerance): the norm is per seed."""
+    group, _, _ = run(0, 2, iterations=5, clip=0.05)
+    for k in range(2):
+        alone, _, _ = run(k, 1, iterations=5, clip=0.05)
+        ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-5)
+    unclipped, _, _ = run(0, 1, iterations=5)
+    a, b = unclipped.network.state_dict(), group.network.seed_state_dict(0)
+    assert any((a[n] - b[n]).abs().max() > 1e-3 for n in a)  # the clipping acted
 
 
 class PoisonSeed(pl.Callback):

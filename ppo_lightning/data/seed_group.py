@@ -37,8 +37,8 @@ def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_se
     if trainer.world_size > 1:
         raise ValueError(f"data.num_seeds={num_seeds} (vectorized seeds) runs on one device; got {trainer.world_size} "
                          f"processes (use one device, or run the seeds as separate data-parallel jobs)")
-    if trainer.gradient_clip_val:
-        raise ValueError("data.num_seeds > 1 does not support trainer.gradient_clip_val yet (clipping would need a per-seed norm)")
+    if trainer.strategy.root_device.type != "cpu":
+        raise ValueError(f"data.num_seeds > 1 (vectorized seeds) runs on the CPU for now, got {trainer.strategy.root_device}")
     if trainer.accumulate_grad_batches != 1:
         raise ValueError("data.num_seeds > 1 does not support trainer.accumulate_grad_batches yet")
     if list(model_seeds) != list(data_seeds):

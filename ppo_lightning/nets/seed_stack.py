@@ -7,9 +7,9 @@ seed k's slice of the input with ``torch.vmap`` over ``torch.func.functional_cal
 names are the single network's (``policy_body.conv.weight``), so seed k of a group's state dict is
 ``{name: tensor[k]}`` (`seed_state_dict`), a plain single-seed state dict for export and evaluation.
 
-A network may provide ``stacked_call(params, method, *inputs)``, its own batched form for S seeds
-(`ppo_lightning.nets.minatar_cnn` does: batched matmuls are much faster there than vmap's
-grouped convolutions); otherwise ``torch.vmap`` runs the module.
+A network class may have its own batched form for S seeds in `STACKED_FORMS`
+(`ppo_lightning.nets.minatar_stacked`: batched matmuls are much faster there than vmap's grouped
+convolutions); otherwise ``torch.vmap`` runs the module.
 
 Elementwise code needs no change to act per seed: Adam over stacked parameters is S independent
 Adams, and the EWMA proximal update is S independent EWMAs.
@@ -22,6 +22,11 @@ import copy
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state
+
+from ppo_lightning.nets import minatar_cnn, minatar_stacked
+
+# network class -> fn(network, stacked params, method, *inputs): its own form for S seeds at once
+STACKED_FORMS = {minatar_cnn.MinAtarActorCritic: minatar_stacked.stacked_call}
 
 
 class SeedStack(nn.Module):
@@ -50,9 +55,9 @@ class SeedStack(nn.Module):
         inner = self.inner
         params = dict(inner.named_parameters())
         buffers = dict(inner.named_buffers())
-        stacked = getattr(inner, "stacked_call", None)
+        stacked = STACKED_FORMS.get(type(inner))
         if stacked is not None and not buffers:  # a network's own batched form (the MinAtar CNN)
-            return stacked(params, method, *inputs)
+            return stacked(inner, params, method, *inputs)
 
         def one(p, b, *x):
             with _swapped(inner, method):

@@ -409,6 +409,12 @@ class PPOLightningModule(pl.LightningModule):
         optimizer.step(closure=self.numerical_guard.guard_closure(self, optimizer, optimizer_closure))
         self.numerical_guard.check_parameters(self, optimizer)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        if self.seed_group is not None and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            self.seed_group.clip_grad_norm_(self.network.parameters(), gradient_clip_val)  # per seed
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
         if not self._micro_batched:  # else training_step has zeroed them before the first chunk
             optimizer.zero_grad()

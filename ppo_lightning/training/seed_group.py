@@ -14,6 +14,7 @@ Per seed, by construction rather than by bookkeeping:
 - Adam: elementwise, so one Adam over the stacked parameters is S independent Adams (the step
   count is shared: all seeds step together);
 - the EWMA proximal weights: elementwise too (`ppo_lightning.algos.proximal.ewma_update_`);
+- gradient-norm clipping (``trainer.gradient_clip_val``): each seed's gradient by its own norm;
 - numerical faults: `SeedGroupGuard` checks each seed's loss and gradient slices; a bad seed's
   step is undone (its parameter and Adam-moment slices restored) and counted for that seed, while
   the other seeds' steps proceed untouched;
@@ -21,7 +22,7 @@ Per seed, by construction rather than by bookkeeping:
   ``seed<k>/`` (and its own MLflow run where MLflow is on, `ppo_lightning.training.tracking`).
 
 Not supported yet (one-line errors at configuration): PPG, the adaptive-KL objective (its beta
-would need a per-seed value), micro-batches, gradient clipping, staleness, ``model.compile``,
+would need a per-seed value), micro-batches, gradient accumulation, staleness, ``model.compile``,
 ``model.proximal_precision`` and more than one device.
 """
 
@@ -93,6 +94,21 @@ class SeedGroup:
         per_seed = sum(out[k] for k in terms)
         stats = torch.stack([out[k].detach().expand(self.num_seeds) for k in self._names]).float()
         return per_seed.sum(), stats, per_seed.detach()
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` per seed: each seed's gradient scaled by
+        ``min(1, max_norm / (its norm + 1e-6))``; returns the seeds' norms ``[S]``."""
+        S = self.num_seeds
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return torch.zeros(S)
+        norms = torch.stack([torch.linalg.vector_norm(g.reshape(S, -1), 2, dim=1) for g in grads])
+        total = torch.linalg.vector_norm(norms, 2, dim=0)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.reshape(S, *([1] * (g.dim() - 1))))
+        return total
 
     @property
     def stat_names(self) -> list[str]:

@@ -1,0 +1,70 @@
+"""The MinAtar CNN (`ppo_lightning.nets.minatar_cnn`) for S seeds at once, parameters stacked ``[S, *shape]``.
+
+Used by `ppo_lightning.nets.seed_stack.SeedStack` for vectorized seeds. Written with batched matmuls
+(the 3x3 convolution as stacked windows @ kernel) instead of ``torch.vmap`` over the module: vmap
+turns the convolution into a grouped one and transposes the dense weights into copies on every
+call, which made a step of 8 seeds cost about 5 single steps. Kept apart from the network's own
+file, which `export-hf` copies into self-contained model code.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ppo_lightning.nets.minatar_cnn import MinAtarActorCritic
+
+def _stacked_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x [S, B, in] @ weight[S, out, in]^T + bias [S, out]`` -> ``[S, B, out]``, computed as
+    ``(weight @ x^T)^T`` so that the weight's gradient comes out in the weight's own layout (the other
+    order makes autograd transpose-copy every weight gradient, the largest cost of a step)."""
+    return torch.baddbmm(bias.unsqueeze(-1), weight, x.transpose(1, 2)).transpose(1, 2)
+
+
+def _stacked_trunk(p: dict[str, Tensor], prefix: str, x: Tensor, kernel: int) -> Tensor:
+    """``x [S, B, H, W, C]`` floats -> ``[S, B, hidden]``: conv (valid, stride 1), ReLU, dense, ReLU.
+
+    The convolution is ``kernel [S, out, C*k*k] @ patches^T``; the patches are the k*k shifted
+    windows stacked (one contiguous copy each, much faster than ``unfold``'s strided gather), in the
+    kernel's (C, kh, kw) order. Its output ``[S, out, B*H'*W']`` is contiguous for the ReLU and goes
+    to the dense layer in NCHW flatten order (c, h, w)."""
+    S, B, H, W, C = x.shape
+    ho, wo = H - kernel + 1, W - kernel + 1
+    windows = [x[:, :, i:i + ho, j:j + wo, :] for i in range(kernel) for j in range(kernel)]
+    patches = torch.stack(windows, dim=-1).reshape(S, B * ho * wo, C * kernel * kernel)
+    w = p[prefix + "conv.weight"]
+    h = torch.baddbmm(p[prefix + "conv.bias"].unsqueeze(-1), w.reshape(S, w.shape[1], -1), patches.transpose(1, 2))
+    h = torch.relu(h).view(S, -1, B, ho * wo).transpose(1, 2).reshape(S, B, -1)
+    return torch.relu(_stacked_linear(h, p[prefix + "dense.weight"], p[prefix + "dense.bias"]))
+
+
+def stacked_call(net: MinAtarActorCritic, p: dict[str, Tensor], method: str, obs: Tensor):
+    """``net``'s ``method`` ("forward", "policy", "value", "forward_aux") for S seeds at once:
+    ``p`` maps ``net``'s parameter names to stacked tensors, ``obs`` is ``[S, ..., H, W, C]``."""
+    S, lead = obs.shape[0], obs.shape[1:-3]
+    x = obs.reshape(S, -1, *obs.shape[-3:]).float()
+    k = net.policy_body.conv.kernel_size[0]
+
+    def head(name, f):
+        return _stacked_linear(f, p[name + ".weight"], p[name + ".bias"])
+
+    def out(t):
+        return t.float().reshape(S, *lead, t.shape[-1])  # float32 under any autocast
+
+    f = None if method == "value" and net.value_body is not None else _stacked_trunk(p, "policy_body.", x, k)
+    if method == "policy":
+        return (out(head("policy_head", f)),)
+
+    if net.value_body is not None:
+        vf = _stacked_trunk(p, "value_body.", x, k)
+    else:
+        vf = f.detach() if net.arch == "detach" else f
+    value = out(head("value_head", vf))
+    if method == "value":
+        return value
+    if method == "forward":
+        return out(head("policy_head", f)), value
+    if method == "forward_aux":
+        return out(head("policy_head", f)), value, out(head("aux_value_head", f))
+    raise ValueError(f"unknown method {method!r}")
+
