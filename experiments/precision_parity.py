@@ -97,8 +97,9 @@ def analyze(out: Path, games: list[str]) -> list[dict]:
             d, lo, hi = bootstrap_diff_ci(list(a.values()), list(b.values()))
             resolved = (hi - lo) / 2 <= TARGET
             same = -TARGET <= lo and hi <= TARGET
-            verdict = ("no difference beyond +-0.05" if same else
-                       "bf16 worse" if hi < 0 else "bf16 better" if lo > 0 else "not resolved")
+            verdict = ("no difference beyond +-0.05 (the CI lies inside)" if same else
+                       "bf16 worse" if hi < 0 else "bf16 better" if lo > 0 else
+                       "no significant difference (the CI contains 0) but the CI reaches beyond +-0.05")
             verdict += f"; half-width {(hi - lo) / 2:.3f} ({'<=' if resolved else '>'} {TARGET})"
             summary.append({"row": "bf16-mixed - 32-true", "stat": stat, "n_seeds": min(len(a), len(b)), "mean": d,
                             "ci_low": lo, "ci_high": hi, "verdict": verdict})
