@@ -99,6 +99,21 @@ def test_no_import_cycles_at_module_level():
             visit(node)
 
 
+def test_imports_inside_functions_say_why():
+    """An import of our own package inside a function is for an optional dependency or a measured
+    start-up cost, and a comment (on the line, or within the three lines above it) says which."""
+    silent = []
+    for path in _sources():
+        lines = path.read_text().splitlines()
+        for target, top, line in _imports(path):
+            if top or path.name == "__init__.py" and path.parent == PKG:
+                continue
+            window = lines[max(0, line - 4):line]
+            if not any("#" in text for text in window) and '"""' not in "".join(window):
+                silent.append(f"{path.relative_to(PKG.parent)}:{line} {target}")
+    assert not silent, "imports inside functions without a reason:\n" + "\n".join(silent)
+
+
 @pytest.mark.parametrize("old, name, new", [
     ("ppo_lightning.module", "PPOLightningModule", "ppo_lightning.training.module"),
     ("ppo_lightning.noise_scale", "GradientNoiseScale", "ppo_lightning.training.noise_scale"),

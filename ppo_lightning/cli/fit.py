@@ -34,6 +34,14 @@ from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
 from ppo_lightning.training.precision import PPOTrainer
 from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger
+from ppo_lightning.core.faults import TrainingFault
+from ppo_lightning.algos import scaling
+from ppo_lightning.algos import staleness
+from ppo_lightning.training.preemption import Preemption, SignalStop
+from ppo_lightning.algos.ppg import check_phase_buffer_memory
+from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
+from ppo_lightning.training import preemption
+from ppo_lightning.training.checkpointing import check_checkpoint_file
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -118,9 +126,6 @@ class PPOCLI(LightningCLI):
             cfg.data.num_seeds = cfg.seeds
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
-        from ppo_lightning.algos import scaling
-        from ppo_lightning.algos import staleness
-
         self.scale_params = None
         if cfg.get("scale") is not None:
             rules = scaling.parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
@@ -173,10 +178,10 @@ class PPOCLI(LightningCLI):
         callbacks = self.managed_callbacks(cfg, run_dir, user_has_progress_bar=has_bar)
         self.checkpoint_callback = next((c for c in callbacks if isinstance(c, IterationCheckpoint)), None) \
             or self.managed_checkpoint(cfg, run_dir)
-        from ppo_lightning.training.preemption import Preemption
 
         # SIGTERM / SIGINT / SLURM's requeue signal: checkpoint at the iteration's end, exit 128 + signal
-        callbacks = callbacks + [Preemption(str(run_dir / "checkpoints"))] + self.extra_callbacks
+        stopper = Preemption if cfg.trainer.get("enable_checkpointing") is not False else SignalStop
+        callbacks = callbacks + [stopper(str(run_dir / "checkpoints"))] + self.extra_callbacks
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
         final_logger = kwargs.get("logger", logger)
         record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
@@ -223,8 +228,6 @@ class PPOCLI(LightningCLI):
                 self.config[sub].ckpt_path = self._slurm_resume_checkpoint(self.config[sub])
             ckpt_path = self.config[sub].get("ckpt_path") if sub else None
             if ckpt_path:
-                from ppo_lightning.training.checkpointing import check_checkpoint_file
-
                 check_checkpoint_file(ckpt_path)
             return
         super().parse_arguments(parser, [a for a in argv if a not in flags])
@@ -264,7 +267,6 @@ class PPOCLI(LightningCLI):
 
     def before_fit(self) -> None:
         global _TRAINING_STARTED
-        from ppo_lightning.algos.ppg import check_phase_buffer_memory
 
         # PPG's phase buffer must fit in this host's memory (one buffer per data-parallel rank here).
         check_phase_buffer_memory(self.model.hparams, self.datamodule,
@@ -280,7 +282,6 @@ class PPOCLI(LightningCLI):
         elif cfg.get("rescale"):
             raise ValueError("--rescale applies to a resumed run: give --ckpt_path")
         _TRAINING_STARTED = True
-        from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 
         # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c
         self.trainer.callbacks.append(SmallBatchDiagnostics(scale=self.config[self.subcommand].get("scale") or 1.0))
@@ -290,7 +291,6 @@ class PPOCLI(LightningCLI):
 
     def after_fit(self) -> None:
         trainer, dm = self.trainer, self.datamodule
-        from ppo_lightning.training import preemption
 
         self.exit_code = preemption.finish(trainer, trainer.logger)  # stopped by a signal: its line, 128 + n
         if self.exit_code is not None or not trainer.is_global_zero:
@@ -358,8 +358,6 @@ def main(argv: list[str] | None = None) -> int:
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
     from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    from ppo_lightning.core.faults import TrainingFault
 
     try:
         cli = fit_main(argv)

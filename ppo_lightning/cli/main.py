@@ -27,10 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         from ppo_lightning.interop.hf.writer import export_main
 
         return export_main(args[1:])
-    if args[0] == "evaluate":
+    if args[0] == "evaluate":  # start-up cost, as above
         from ppo_lightning.cli.evaluate import evaluate_main
 
         return evaluate_main(args[1:])
+    # start-up cost, as above: Lightning's CLI and TorchRL load only for fit
     from ppo_lightning.cli.fit import main as fit_cli_main
 
     return fit_cli_main(args)

@@ -11,7 +11,6 @@ The data side borrows the module's network for collection (a TorchRL `Probabilis
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import math
 import time
@@ -32,49 +31,10 @@ from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_proc
 from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_observation_norm
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
 from ppo_lightning.algos.staleness import StalenessQueue, relabel, validate_staleness
-
-# Keys a minibatch carries to the loss (besides the distribution parameters).
-BATCH_KEYS = (OBS_KEY, "action", "action_log_prob", VALUE_KEY, "advantage", "value_target")
-
-
-class EpisodeStats:
-    """Returns and lengths of the episodes that ended, most recent last."""
-
-    def __init__(self, window: int = 100) -> None:
-        self.returns: collections.deque[float] = collections.deque(maxlen=window)
-        self.lengths: collections.deque[int] = collections.deque(maxlen=window)
-        self.count = 0
-
-    def add_rollout(self, rollout: TensorDictBase) -> None:
-        done = rollout.get(("next", "done")).squeeze(-1)
-        if not done.any():
-            return
-        # Time-major order, so that "most recent" means most recent across envs.
-        order = done.T
-        self.returns.extend(rollout.get(("next", "episode_reward")).squeeze(-1).T[order].tolist())
-        self.lengths.extend(rollout.get(("next", "step_count")).squeeze(-1).T[order].tolist())
-        self.count += int(done.sum())
-
-    def mean_return(self, last: int = 20) -> float:
-        if not self.returns:
-            return float("nan")
-        recent = list(self.returns)[-last:]
-        return sum(recent) / len(recent)
-
-    def mean_length(self, last: int = 20) -> float:
-        if not self.lengths:
-            return float("nan")
-        recent = list(self.lengths)[-last:]
-        return sum(recent) / len(recent)
-
-    def state_dict(self) -> dict:
-        return {"returns": list(self.returns), "lengths": list(self.lengths), "count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.returns.clear(), self.lengths.clear()
-        self.returns.extend(state["returns"]), self.lengths.extend(state["lengths"])
-        self.count = state["count"]
-
+from ppo_lightning.core.threads import configure_threads
+from ppo_lightning.envs import is_minatar
+from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats  # noqa: F401  (EpisodeStats: also read from here)
+from ppo_lightning.data.seed_group import SeedGroupSource, check_group_trainer
 
 RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for up to 1M envs
 
@@ -347,8 +307,6 @@ class RolloutDataModule(pl.LightningDataModule):
         if not isinstance(self.num_seeds, int) or isinstance(self.num_seeds, bool) or self.num_seeds < 1:
             raise ValueError(f"data.num_seeds must be a positive integer, got {self.num_seeds!r}")
         if self.num_seeds > 1:
-            from ppo_lightning.envs import is_minatar
-
             if not is_minatar(self.env_id):
                 raise ValueError(f"data.num_seeds > 1 (vectorized seeds) needs an env that steps as one batch "
                                  f"(minatar:<game>), got {self.env_id!r}")
@@ -358,8 +316,6 @@ class RolloutDataModule(pl.LightningDataModule):
             raise ValueError(f"data.env_timeout_s must be a number of seconds >= 0 (0: no limit), got {self.env_timeout_s!r}")
 
     def setup(self, stage: str) -> None:
-        from ppo_lightning.core.threads import configure_threads
-
         configure_threads(self.num_threads, self.env_id)
 
     def train_dataloader(self) -> RolloutSource:
@@ -370,8 +326,6 @@ class RolloutDataModule(pl.LightningDataModule):
             module = self.trainer.lightning_module
             group = getattr(module, "seed_group", None)
             if group is not None:  # vectorized seeds (ppo_lightning.data.seed_group)
-                from ppo_lightning.data.seed_group import check_group_trainer, SeedGroupSource
-
                 check_group_trainer(self.trainer, self.num_seeds, group.seeds, self.seeds)
                 self.source = SeedGroupSource(self, module.network, group.seeds, group.action_rng_states)
                 self.group_states = self.source.states  # kept after teardown (results, after_fit)

@@ -31,6 +31,7 @@ import torch
 
 from ppo_lightning.envs import PROCGEN_PREFIX
 from ppo_lightning.envs.procgen_scores import normalized_return
+from ppo_lightning.core.faults import TrainingFault
 
 
 def _dist_world() -> int:
@@ -131,7 +132,6 @@ def raise_together(fault: BaseException | None, rank: int, world_size: int) -> N
         if fault is not None:
             raise fault
         return
-    from ppo_lightning.core.faults import TrainingFault
 
     flag = torch.tensor([0.0 if fault is None else 1.0], dtype=torch.float64, device=_device())
     torch.distributed.all_reduce(flag)

@@ -227,8 +227,6 @@ def set_env_state(env: Any, state: dict[str, Any]) -> None:
         try:
             base.set_raw_state(decode(state["state"]))
         except ValueError as err:
-            from ppo_lightning.core.faults import CheckpointError
-
             raise CheckpointError(str(err)) from None
     elif state["kind"] == "procgen":
         base.set_state(state["state"])

@@ -28,6 +28,7 @@ from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, m
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import supports_batched_rollout
+from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
 
@@ -49,8 +50,6 @@ class SeedState:
     """What a single run keeps on its data side, for one seed of a group."""
 
     def __init__(self, data, seed: int) -> None:
-        from ppo_lightning.data.datamodule import EpisodeStats
-
         self.seed = seed
         self.episodes = EpisodeStats()
         self.advantage_moments = AdvantageMoments(data.advantage_norm_span)
@@ -210,8 +209,6 @@ class SeedGroupSource:
         return rollouts
 
     def prepare(self, rollout: TensorDictBase, st: SeedState) -> TensorDictBase:
-        from ppo_lightning.data.datamodule import BATCH_KEYS
-
         flat = rollout.select(*BATCH_KEYS, *self.param_keys).reshape(-1)
         adv = flat.get("advantage")
         faults.update_moments_finite(st.advantage_moments, adv)

@@ -208,6 +208,7 @@ def select_seed(checkpoint: dict[str, Any], seed_index: int | None, where: str =
                           f"--seed_index K (0..{len(seeds) - 1})")
     if not (isinstance(seed_index, int) and 0 <= seed_index < len(seeds)):
         raise ExportError(f"--seed_index must lie in 0..{len(seeds) - 1} for {where} (seeds {seeds}), got {seed_index!r}")
+    # start-up cost: `import ppo_lightning` imports this module; the seed stack pulls the networks
     from ppo_lightning.nets.seed_stack import unstack_state_dict
 
     out = dict(checkpoint)

@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from ppo_lightning.interop.evaluation import evaluate_policy
 from ppo_lightning.nets.models import is_sharded
 from ppo_lightning.training.tracking import quiet_mlflow
+from ppo_lightning.training.preemption import preempted
 
 
 class FramesProgressBar(ProgressBar):
@@ -203,8 +204,6 @@ class TrainingVideo(Callback):
             self.record(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        from ppo_lightning.training.preemption import preempted
-
         if preempted(trainer) is None:  # a preempted job has no time for a video
             self.record(trainer, pl_module)
 

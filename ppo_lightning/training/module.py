@@ -19,6 +19,16 @@ from ppo_lightning.data import parallel
 from ppo_lightning.core.faults import NumericalGuard, finite_mean
 from ppo_lightning.algos.loss import OBJECTIVES, PPOFamilyLoss
 from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
+from ppo_lightning.training.precision import take_precision_aliases
+from ppo_lightning.algos import ppg as ppg_lib
+from ppo_lightning.algos.schedules import LR_SCHEDULES
+from ppo_lightning.algos.schedules import make_lr_scheduler
+from ppo_lightning.interop.export import load_pretrained_weights
+from ppo_lightning.training.compiled import validate_compile
+from ppo_lightning.training.seed_group import validate_seed_group
+from ppo_lightning.algos.ppg import validate_ppg_config
+from ppo_lightning.algos.proximal import ProximalEWMAStep
+from ppo_lightning.algos.ppg import training_step
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
@@ -102,10 +112,8 @@ class PPOLightningModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
-        from ppo_lightning.training.precision import take_precision_aliases
 
         take_precision_aliases({"network": network, "proximal_precision": proximal_precision})
-        from ppo_lightning.algos import ppg as ppg_lib
 
         ppg = ppg_lib.resolve_ppg_config(ppg)
         if ppg is not None:
@@ -149,8 +157,6 @@ class PPOLightningModule(pl.LightningModule):
             self.seed_group = SeedGroup(self, seeds)
             self.network = self.seed_group.network
         if init_from is not None:
-            from ppo_lightning.interop.export import load_pretrained_weights
-
             load_pretrained_weights(self.network, init_from)
         self.loss_module = PPOFamilyLoss(
             self.network,
@@ -219,25 +225,18 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.optimizer must be 'adam' or 'sgd', got {h.optimizer!r}")
         if h.micro_batch_size is not None and not (isinstance(h.micro_batch_size, int) and h.micro_batch_size > 0):
             raise ValueError(f"model.micro_batch_size must be a positive integer or null, got {h.micro_batch_size!r}")
-        from ppo_lightning.algos.schedules import LR_SCHEDULES
 
         if h.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
         if h.get("compile", False) is not False:
-            from ppo_lightning.training.compiled import validate_compile
-
             validate_compile(h.compile, ppg=h.get("ppg") is not None)
         if h.get("seeds") is not None and len(h.seeds) > 1:
-            from ppo_lightning.training.seed_group import validate_seed_group
-
             validate_seed_group(h, len(h.seeds))
         if h.max_bad_steps is not None and not (isinstance(h.max_bad_steps, int) and h.max_bad_steps > 0):
             raise ValueError(f"model.max_bad_steps must be a positive integer or null, got {h.max_bad_steps!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
         if h.get("ppg") is not None:
-            from ppo_lightning.algos.ppg import validate_ppg_config
-
             validate_ppg_config(h.ppg, h)
             if h.lr_schedule != "constant":
                 raise ValueError("model.lr_schedule must be 'constant' with model.ppg (PPG steps its optimizers manually)")
@@ -263,8 +262,6 @@ class PPOLightningModule(pl.LightningModule):
 
     def configure_callbacks(self):
         if self.proximal_source is not None:
-            from ppo_lightning.algos.proximal import ProximalEWMAStep
-
             return [ProximalEWMAStep()]
         return []
 
@@ -326,7 +323,6 @@ class PPOLightningModule(pl.LightningModule):
         dm = self.trainer.datamodule if self._trainer is not None else None
         if self.hparams.lr_schedule == "constant" or dm is None:
             return optimizer
-        from ppo_lightning.algos.schedules import make_lr_scheduler
 
         scheduler = make_lr_scheduler(self.hparams.lr_schedule, optimizer, dm.total_frames, dm.frames_per_iteration)
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
@@ -365,8 +361,6 @@ class PPOLightningModule(pl.LightningModule):
 
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         if self.ppg_phases is not None:
-            from ppo_lightning.algos.ppg import training_step
-
             return training_step(self, batch, batch_idx)
         if self.seed_group is not None:
             loss, stats, self.numerical_guard.seed_losses = self.seed_group.loss_and_stats(self, batch)

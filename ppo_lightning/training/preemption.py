@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -108,11 +108,11 @@ def requeue_job(job_id: str) -> str:
 # ---------------------------------------------------------------------------- the callback
 
 
-class Preemption(Checkpoint):
-    """Stops fit at the end of the iteration in which a handled signal arrived, after saving
-    ``<dirpath>/last.ckpt`` (see the module docstring). A `Checkpoint` so that Lightning calls it
-    after the module's ``on_train_epoch_end`` (the iteration's last state change) and after the
-    periodic checkpoint, whose ``last.ckpt`` it then does not write again."""
+class _SignalStop:
+    """Stops fit at the end of the iteration in which a handled signal arrived (see the module
+    docstring); `Preemption` saves ``last.ckpt`` first, `SignalStop` (checkpointing disabled) not."""
+
+    save = True
 
     def __init__(self, dirpath: str) -> None:
         self.dirpath = os.path.realpath(dirpath)  # as ModelCheckpoint keeps its own (compared below)
@@ -176,6 +176,11 @@ class Preemption(Checkpoint):
         dm = trainer.datamodule
         self.stopped_by = signum
         self.iteration = getattr(dm, "iteration", trainer.current_epoch + 1)
+        if not self.save:  # trainer.enable_checkpointing false: nothing to save, still not exit 0
+            self.checkpoint_path = None
+            self.requeue = False
+            trainer.should_stop = True
+            return
         path = str(Path(self.dirpath) / "last.ckpt")
         if not (self._saved_step == trainer.global_step and self._last_written_by_checkpointing(trainer, path)):
             # The periodic checkpoint's `last.ckpt` from now on (recorded in this checkpoint): else,
@@ -212,14 +217,29 @@ class Preemption(Checkpoint):
         frames = getattr(dm, "frames", None)
         line = (f"preempted: {signal_name(self.stopped_by)} received; stopped at the end of iteration {self.iteration}"
                 + (f" ({frames} frames)" if frames is not None else "")
-                + f", checkpoint {self.checkpoint_path}; exit code {exit_code(self.stopped_by)}")
+                + (f", checkpoint {self.checkpoint_path}" if self.checkpoint_path else
+                   ", no checkpoint (trainer.enable_checkpointing is false)")
+                + f"; exit code {exit_code(self.stopped_by)}")
         return line
 
 
-def preempted(trainer) -> Preemption | None:
-    """The trainer's `Preemption` callback if a signal stopped its fit, else None."""
+class Preemption(_SignalStop, Checkpoint):
+    """`_SignalStop` that saves ``<dirpath>/last.ckpt`` first. A `Checkpoint` so that Lightning calls
+    it after the module's ``on_train_epoch_end`` (the iteration's last state change) and after the
+    periodic checkpoint, whose ``last.ckpt`` it then does not write again."""
+
+
+class SignalStop(_SignalStop, Callback):
+    """`_SignalStop` for runs with ``trainer.enable_checkpointing: false`` (Lightning refuses any
+    `Checkpoint` callback there): the same line and exit code 128 + n, no checkpoint."""
+
+    save = False
+
+
+def preempted(trainer) -> _SignalStop | None:
+    """The trainer's `Preemption` / `SignalStop` callback if a signal stopped its fit, else None."""
     for cb in getattr(trainer, "callbacks", []):
-        if isinstance(cb, Preemption) and cb.stopped_by is not None:
+        if isinstance(cb, _SignalStop) and cb.stopped_by is not None:
             return cb
     return None
 

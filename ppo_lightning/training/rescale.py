@@ -20,12 +20,13 @@ are per rank and per batch shape). Runs with artificial staleness are refused.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback
+
+from ppo_lightning.algos.scaling import format_scale_table
 
 
 def read_checkpoint_meta(ckpt_path: str | Path) -> dict[str, Any]:
@@ -155,8 +156,6 @@ class ElasticResume(Callback):
         self.settings = {k: _plain(v) for k, v in settings.items()}
         apply_settings(trainer, pl_module, settings, restart_ppg_phase=c is not None)
         if c is not None:
-            from ppo_lightning.algos.scaling import format_scale_table
-
             old, new = self.plan["old"], self.plan["new"]
             self.table = (format_scale_table(c, self.plan["rules"], self.report)
                           + f"\n  from {_describe(old)}\n  to   {_describe(new)}")

@@ -34,6 +34,7 @@ import torch
 from ppo_lightning.core.faults import NumericalFault, finite_mean
 from ppo_lightning.nets.models import OBS_KEY
 from ppo_lightning.nets.seed_stack import SeedStack
+from ppo_lightning.training.tracking import SafeMLFlowLogger
 
 
 def validate_seed_group(h, num_seeds: int) -> None:
@@ -158,8 +159,6 @@ class SeedRuns:
         self.loggers: list | None = None
 
     def _start(self, module, parent) -> None:
-        from ppo_lightning.training.tracking import SafeMLFlowLogger
-
         name = parent.experiment.get_run(parent.run_id).info.run_name
         self.loggers = []
         for k, seed in enumerate(self.seeds):
@@ -173,8 +172,6 @@ class SeedRuns:
         self.run_ids = [lg.run_id for lg in self.loggers]
 
     def publish(self, module, per_seed: list[dict[str, float]]) -> None:
-        from ppo_lightning.training.tracking import SafeMLFlowLogger
-
         parent = module.trainer.logger if module._trainer is not None else None
         if not isinstance(parent, SafeMLFlowLogger) or parent.failed or not module.trainer.is_global_zero:
             return
