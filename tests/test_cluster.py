@@ -117,6 +117,18 @@ def test_signals_checkpoint_at_the_iteration_end_exit_128_plus_n_and_resume_bitw
     assert_same_state(state(tmp_path / "reference/checkpoints/last.ckpt"), state(ckpt))
 
 
+def test_a_signal_without_checkpointing_still_exits_128_plus_n(tmp_path):
+    """trainer.enable_checkpointing false (the figure driver's runs): Lightning refuses a Checkpoint
+    callback there, so SignalStop stops the run with the same line and exit code, and no checkpoint."""
+    out = run([*PPO_EWMA, *TINY, "--data.total_frames", str(4 * 64), "--run_dir", str(tmp_path / "r"),
+               "--trainer.enable_checkpointing", "false",
+               callback("cluster_helpers.SignalAt", signum="SIGTERM", phase="collect", iteration=2)])
+    assert out.returncode == 128 + signal.SIGTERM, out.stderr[-3000:]
+    assert ("preempted: SIGTERM received; stopped at the end of iteration 2 (128 frames), no checkpoint "
+            "(trainer.enable_checkpointing is false); exit code 143") in out.stderr, out.stderr[-3000:]
+    assert not (tmp_path / "r/checkpoints/last.ckpt").exists()
+
+
 # ---------------------------------------------------------------------------- 2. a fault on one rank
 
 DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
