@@ -6,6 +6,7 @@
     python experiments/minatar_figures.py bsi        [opts]      # Fig. 2/3 + Table 5: batch-size invariance, ablations
     python experiments/minatar_figures.py staleness  [opts]      # Fig. 1: staleness k x {behavior, proximal, decoupled}
     python experiments/minatar_figures.py klcom      [opts]      # Fig. 18: KL beta x proximal COM
+    python experiments/minatar_figures.py lr500k     [opts]      # issue 19: lr sweep at c = 1 for 500k-frame runs
     python experiments/minatar_figures.py <figure> --analyze     # tables and plots from the CSVs only
     options: --games breakout,space_invaders --seeds 4 [--first-seed 0] --frames 250000 --arms a,b --quick
 
@@ -147,9 +148,14 @@ FIGURES = {
               "compare": [(f"beta{b:g}_com64", f"beta{b:g}_com1") for b in (0.1, 1.0, 10.0)]
               + [(f"beta10_com{c}", f"beta0.1_com{c}") for c in (1, 8, 64)]},
     "reference": {"arms": {"ppo": []}, "compare": []},
+    # issue 19, item 4: the c = 1 base (PPO-EWMA, all rules = bsi's c1_all) tuned for 500k-frame runs:
+    # lr 1e-3 .. 8e-3 (the 100k sweep, bsi's c1_lr{2,4,8}x, found no optimum up to 4e-3)
+    "lr500k": {"arms": {f"c1_lr{k}x": EWMA + ["--model.lr", str(k * BASE_LR)] for k in (2, 4, 8, 16)},
+               "compare": [("c1_lr4x", "c1_lr2x"), ("c1_lr8x", "c1_lr4x"), ("c1_lr16x", "c1_lr8x"),
+                           ("c1_lr16x", "c1_lr4x")]},
 }
 QUICK_ARMS = {"ewma": "ppo,ppo_ewma", "bsi": "c1_all,c4_all,c4_no_lr", "staleness": "k0,k2_behavior,k2_decoupled",
-              "klcom": "beta1_com8", "reference": "ppo"}
+              "klcom": "beta1_com8", "reference": "ppo", "lr500k": "c1_lr4x"}
 
 
 def base_args(game: str, frames: int, seed: int) -> list[str]:
