@@ -196,6 +196,35 @@ def along(a, sizes: dict) -> list[dict]:
     return [r for r in rows if r.get("lr", "") != "" and float(r["lr"]) == float(lr or 5e-4)]
 
 
+def plot_along(rows: list[dict], path: Path) -> None:
+    """B_simple (policy, value, total) against frames trained, one panel per game, with the
+    minibatch of each c (512 / c) as horizontal lines: below a line, that c's minibatch is above B_simple."""
+    from common import plt
+    from minatar_figures import save_labelled
+
+    games = list(dict.fromkeys(r["game"] for r in rows))
+    if not games:
+        return
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, len(games), figsize=(3.6 * len(games), 3.6), sharey=True, squeeze=False)
+    for ax, game in zip(axes[0], games):
+        for loss in ("policy", "value", "total"):
+            for seed in sorted({r["seed"] for r in rows if r["game"] == game}):
+                pts = sorted((int(r["frames_trained"]), float(r["B_simple"])) for r in rows
+                             if r["game"] == game and r["loss"] == loss and r["seed"] == seed)
+                x = [f for f, b in pts if np.isfinite(b)]
+                y = [b for f, b in pts if np.isfinite(b)]
+                ax.plot(x, y, marker="o", label=f"{loss} s{seed}")
+        for c in (1, 4, 16, 64):
+            ax.axhline(512 / c, color="grey", lw=0.6, ls="--")
+            ax.text(0, 512 / c, f" c={c}: {512 // c}", fontsize=6, va="bottom", color="grey")
+        ax.set(yscale="log", xlabel="frames trained", title=f"{game} (lr {rows[0].get('lr', '')})")
+        ax.xaxis.set_major_formatter(pyplot.FuncFormatter(lambda x, _: f"{x / 1e3:.0f}k"))
+    axes[0][0].set_ylabel("B_simple at fixed parameters")
+    axes[0][-1].legend(fontsize=6)
+    save_labelled(fig, path)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--games", default="breakout,space_invaders")
@@ -220,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = along(a, sizes)
         for r in rows:
             r["frames_trained"], r["B_simple"] = int(r["frames_trained"]), float(r["B_simple"])
+        plot_along(rows, a.out.with_suffix(".png"))
     else:
         rows = []
         extra = tuple(sizes.pop("extra", ())) + (() if a.lr is None else ("--model.lr", str(a.lr)))
