@@ -6,6 +6,7 @@
     python experiments/minatar_figures.py bsi        [opts]      # Fig. 2/3 + Table 5: batch-size invariance, ablations
     python experiments/minatar_figures.py staleness  [opts]      # Fig. 1: staleness k x {behavior, proximal, decoupled}
     python experiments/minatar_figures.py klcom      [opts]      # Fig. 18: KL beta x proximal COM
+    python experiments/minatar_figures.py lr500k     [opts]      # issue 19: lr sweep at c = 1 for 500k-frame runs
     python experiments/minatar_figures.py <figure> --analyze     # tables and plots from the CSVs only
     options: --games breakout,space_invaders --seeds 4 [--first-seed 0] --frames 250000 --arms a,b --quick
 
@@ -56,6 +57,7 @@ EWMA = ["--model.decoupled", "true", "--model.proximal_com", "8"]
 PPG = ["--config", str(ROOT / "experiments" / "minatar" / "ppg.yaml")]
 PPG_EWMA = PPG + ["--config", str(ROOT / "experiments" / "minatar" / "ppg_ewma.yaml")]
 BASE_LR = 5e-4
+LR500K = 8 * BASE_LR  # the c = 1 lr picked by the lr500k sweep for 500k-frame runs (issue 19; experiments/README.md)
 MIN_SEEDS_FOR_CI = 5
 
 # ----------------------------------------------------------------------------------- figures
@@ -149,10 +151,26 @@ FIGURES = {
     "klcom": {"arms": _klcom_arms(),
               "compare": [(f"beta{b:g}_com64", f"beta{b:g}_com1") for b in (0.1, 1.0, 10.0)]
               + [(f"beta10_com{c}", f"beta0.1_com{c}") for c in (1, 8, 64)]},
-    "reference": {"arms": {"ppo": []}, "compare": []},
+    # R_ref: "ppo" is the 303k-frame PPO reference of issue 11 (used by minatar_scores); issue 19 adds
+    # longer runs of the 500k base (PPO-EWMA at LR500K) for the games PPO barely learned in 300k frames
+    "reference": {"arms": {"ppo": [], f"ppo_ewma_lr{LR500K / BASE_LR:g}x": EWMA + ["--model.lr", str(LR500K)]},
+                  "compare": []},
+    # issue 19, item 4: the c = 1 base (PPO-EWMA, all rules = bsi's c1_all) tuned for 500k-frame runs:
+    # lr 1e-3 .. 8e-3 (the 100k sweep, bsi's c1_lr{2,4,8}x, found no optimum up to 4e-3)
+    "lr500k": {"arms": {f"c1_lr{k}x": EWMA + ["--model.lr", str(k * BASE_LR)] for k in (2, 4, 8, 16)},
+               "compare": [("c1_lr4x", "c1_lr2x"), ("c1_lr8x", "c1_lr4x"), ("c1_lr16x", "c1_lr8x"),
+                           ("c1_lr16x", "c1_lr4x")]},
+    # issue 19, items 2 and 4: Fig. 2/3 at 500k frames from the tuned base (LR500K at c = 1; c = 1 is the
+    # lr500k figure's arm, borrowed): PPO-EWMA, all rules, c = 4, 16 (and 64: 1 env, minibatch 8)
+    "bsi500k": {"arms": {f"c{c}_all_lr{LR500K / BASE_LR:g}x": args for c in (1, 4, 16, 64)
+                         for args in _scaled_arms(c, LR500K, kinds=("all",)).values()},
+                "borrow": {f"c1_all_lr{LR500K / BASE_LR:g}x": ("lr500k", f"c1_lr{LR500K / BASE_LR:g}x")},
+                "compare": [(f"c{a}_all_lr{LR500K / BASE_LR:g}x", f"c{b}_all_lr{LR500K / BASE_LR:g}x")
+                            for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]},
 }
 QUICK_ARMS = {"ewma": "ppo,ppo_ewma", "bsi": "c1_all,c4_all,c4_no_lr", "staleness": "k0,k2_behavior,k2_decoupled",
-              "klcom": "beta1_com8", "reference": "ppo"}
+              "klcom": "beta1_com8", "reference": "ppo", "lr500k": "c1_lr4x",
+              "bsi500k": f"c4_all_lr{LR500K / BASE_LR:g}x"}
 
 
 def base_args(game: str, frames: int, seed: int) -> list[str]:
@@ -609,10 +627,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def summarize_reference(out: Path) -> None:
     rows = read_rows(out / "reference_runs.csv")
-    for game in sorted({r["game"] for r in rows}):
-        fin = [float(r["final_return"]) for r in rows if r["game"] == game]
-        print(f"  {game:15s} R_ref {np.mean(fin):.3f} ({len(fin)} seeds: {', '.join(f'{x:.2f}' for x in fin)}; "
-              f"{rows[0]['frames']} frames)")
+    for arm, frames, game in sorted({(r["arm"], int(r["frames"]), r["game"]) for r in rows}):
+        fin = [float(r["final_return"]) for r in rows if (r["arm"], int(r["frames"]), r["game"]) == (arm, frames, game)]
+        print(f"  {arm:16s} {game:15s} R_ref {np.mean(fin):.3f} ({len(fin)} seeds: {', '.join(f'{x:.2f}' for x in fin)}; "
+              f"{frames} frames)")
 
 
 if __name__ == "__main__":

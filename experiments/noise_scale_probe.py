@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_csv  # noqa: E402
@@ -48,22 +49,68 @@ def _fit(args: list[str]):
                      "--trainer.enable_progress_bar", "false", *args])
 
 
+def _run_args(game: str, seed: int, frames: int, work: Path, extra: tuple[str, ...]) -> list[str]:
+    return ["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", f"minatar:{game}",
+            "--data.total_frames", str(frames), "--trainer.enable_checkpointing", "false",
+            "--checkpoint_every", "1000000", "--run_dir", str(work / f"{game}-s{seed}-f{frames}"), *extra]
+
+
 def probe(game: str, seed: int, frames: int, rollouts: int, work: Path, steps: int = PROBE_STEPS,
           extra: tuple[str, ...] = ()) -> list[dict]:
+    cli = _fit(_run_args(game, seed, frames, work, extra))
+    return probe_now(cli.model, cli.datamodule, game, seed, rollouts, steps)
+
+
+class AlongProbe(Callback):
+    """Lightning callback (issue 19): probe B_simple at fixed parameters at several points of ONE
+    training run (after the iteration that reaches each of ``at`` frames) instead of one run per
+    point. The probe's rollouts must not touch the run: the data module's frame count, episode
+    statistics, reward normalizer (per-env running returns) and advantage moments are copied before
+    and restored after each probe, so the run trains on as if unprobed (except the global RNG stream)."""
+
+    def __init__(self, at: list[int], game: str, seed: int, rollouts: int, steps: int, sink) -> None:
+        self.todo, self.game, self.seed, self.rollouts, self.steps, self.sink = sorted(at), game, seed, rollouts, steps, sink
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        import copy
+
+        import torch
+
+        dm = trainer.datamodule
+        if not self.todo or dm.frames < self.todo[0]:
+            return
+        while self.todo and dm.frames >= self.todo[0]:
+            self.todo.pop(0)
+        keep = {k: copy.deepcopy(getattr(dm, k)) for k in ("frames", "episodes", "reward_normalizer", "advantage_moments")}
+        was_training = pl_module.training
+        try:
+            with torch.enable_grad():
+                self.sink(probe_now(pl_module, dm, self.game, self.seed, self.rollouts, self.steps))
+        finally:
+            for k, v in keep.items():
+                setattr(dm, k, v)
+            pl_module.train(was_training)
+
+
+def probe_now(module, dm, game: str, seed: int, rollouts: int, steps: int = PROBE_STEPS) -> list[dict]:
+    """B_simple of the module's current parameters from ``rollouts`` fresh rollouts of
+    ``dm.num_envs x steps`` frames (new envs seeded as the run's; the run's normalizers)."""
+    import time
+
     import torch
 
     from ppo_lightning.data.datamodule import RolloutSource
     from ppo_lightning.training.noise_scale import noise_scale_terms
 
-    cli = _fit(["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", f"minatar:{game}",
-                "--data.total_frames", str(frames), "--trainer.enable_checkpointing", "false",
-                "--checkpoint_every", "1000000", "--run_dir", str(work / f"{game}-s{seed}-f{frames}"), *extra])
-    module, dm = cli.model, cli.datamodule
+    t0 = time.perf_counter()
     frames_trained = dm.frames
-    # longer rollouts from the same envs (the reward normalizer keeps a running return per env)
-    dm.rollout_steps = steps
+    # longer rollouts: the probe's own collector takes dm.num_envs x steps frames per rollout
+    train_steps, dm.rollout_steps = dm.rollout_steps, steps
     envs = dm.num_envs
-    source = RolloutSource(dm, module.network)
+    try:
+        source = RolloutSource(dm, module.network)
+    finally:
+        dm.rollout_steps = train_steps
     named = [(n, p) for n, p in module.network.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     # Adam normalizes each coordinate by its own gradient scale: also the policy terms' B_simple per
@@ -99,8 +146,83 @@ def probe(game: str, seed: int, frames: int, rollouts: int, work: Path, steps: i
         g2, tr = g2 / rollouts, tr / rollouts
         rows.append({"game": game, "seed": seed, "frames_trained": frames_trained, "loss": g, "rollouts": rollouts,
                      "b_small": PROBE_MINIBATCH, "b_big": envs * steps, "grad_sq": g2, "trace_cov": tr,
-                     "B_simple": tr / g2 if g2 > 0 else float("inf")})
+                     "B_simple": tr / g2 if g2 > 0 else float("inf"), "lr": module.hparams.get("lr", ""),
+                     "probe_s": round(time.perf_counter() - t0, 1)})
     return rows
+
+
+def along(a, sizes: dict) -> list[dict]:
+    """``--along``: one training run per (game, seed) to the largest of ``--at`` frames, probed after
+    the iterations that reach each of them; rows are appended to ``--out`` as each run finishes, and
+    a rerun skips the (game, seed, lr) already there (resumable)."""
+    import csv
+
+    from ppo_lightning.cli import fit_main
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    at = sorted(int(f) for f in a.at.split(","))
+    lr = "" if a.lr is None else float(a.lr)
+    old = list(csv.DictReader(open(a.out))) if a.out.exists() else []
+    done = {(r["game"], int(r["seed"])) for r in old if r.get("lr", "") != "" and float(r["lr"]) == float(lr or 5e-4)}
+    extra = (*sizes.get("extra", ()), *(() if a.lr is None else ("--model.lr", str(a.lr))))
+    rows = list(old)
+    with tempfile.TemporaryDirectory() as tmp:
+        for game in a.games.split(","):
+            for seed in range(a.first_seed, a.first_seed + a.seeds):
+                if (game, seed) in done:
+                    print(f"  {game} seed {seed}: in {a.out}, skipped", flush=True)
+                    continue
+                got: list[dict] = []
+
+                def sink(rs, game=game, seed=seed):
+                    got.extend(rs)
+                    for r in rs:
+                        if ":" not in r["loss"]:
+                            print(f"  {game:15s} seed {seed} after {r['frames_trained']:>7d} frames, {r['loss']:6s}: "
+                                  f"B_simple {r['B_simple']:10.1f} ({r['probe_s']} s)", flush=True)
+
+                cb = AlongProbe(at, game, seed, a.probe_rollouts, sizes.get("steps", PROBE_STEPS), sink)
+                cli = fit_main(["fit", "--config", str(CONFIG), *EWMA, "--mlflow.enabled", "false", "--video_every", "null",
+                                "--trainer.enable_progress_bar", "false", *_run_args(game, seed, at[-1], Path(tmp), extra)],
+                               extra_callbacks=[cb])
+                if cb.todo:  # the last point: training ended before on_train_epoch_end saw it
+                    sink(probe_now(cli.model, cli.datamodule, game, seed, a.probe_rollouts, sizes.get("steps", PROBE_STEPS)))
+                ret = cli.datamodule.episodes.mean_return(20)
+                for r in got:
+                    r["final_return_mean20"] = round(float(ret), 4)
+                rows += got
+                write_csv(a.out, [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
+    return [r for r in rows if r.get("lr", "") != "" and float(r["lr"]) == float(lr or 5e-4)]
+
+
+def plot_along(rows: list[dict], path: Path) -> None:
+    """B_simple (policy, value, total) against frames trained, one panel per game, with the
+    minibatch of each c (512 / c) as horizontal lines: below a line, that c's minibatch is above B_simple."""
+    from common import plt
+    from minatar_figures import save_labelled
+
+    games = list(dict.fromkeys(r["game"] for r in rows))
+    if not games:
+        return
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, len(games), figsize=(3.6 * len(games), 3.6), sharey=True, squeeze=False)
+    for ax, game in zip(axes[0], games):
+        for loss in ("policy", "value", "total"):
+            for seed in sorted({r["seed"] for r in rows if r["game"] == game}):
+                pts = sorted((int(r["frames_trained"]), float(r["B_simple"])) for r in rows
+                             if r["game"] == game and r["loss"] == loss and r["seed"] == seed)
+                x = [f for f, b in pts if np.isfinite(b)]
+                y = [b for f, b in pts if np.isfinite(b)]
+                ax.plot(x, y, marker="o", label=f"{loss} s{seed}")
+        for c in (1, 4, 16, 64):
+            ax.axhline(512 / c, color="grey", lw=0.6, ls="--")
+            ax.text(0, 512 / c, f" c={c}: {512 // c}", fontsize=6, va="bottom", color="grey")
+        ax.set(yscale="log", xlabel="frames trained", title=f"{game} (lr {rows[0].get('lr', '')})")
+        ax.xaxis.set_major_formatter(pyplot.FuncFormatter(lambda x, _: f"{x / 1e3:.0f}k"))
+    axes[0][0].set_ylabel("B_simple at fixed parameters")
+    axes[0][-1].legend(fontsize=6)
+    save_labelled(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,34 +230,49 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--games", default="breakout,space_invaders")
     p.add_argument("--at", default="4096,50000,100000", help="frames of training before each probe")
     p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--probe-rollouts", type=int, default=2)
-    p.add_argument("--out", type=Path, default=RESULTS / "minatar" / "noise_scale_fixed.csv")
+    p.add_argument("--along", action="store_true",
+                   help="one run per game and seed, probed at each --at point (issue 19); resumable")
+    p.add_argument("--lr", type=float, default=None, help="Adam lr of the base (default: the config's 5e-4)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default results/minatar/noise_scale_fixed.csv (--along: noise_scale_along.csv)")
     p.add_argument("--quick", action="store_true", help="seconds-long pipeline check (tiny batches)")
     a = p.parse_args(argv)
+    a.out = a.out or RESULTS / "minatar" / ("noise_scale_along.csv" if a.along else "noise_scale_fixed.csv")
     sizes: dict = {}
     if a.quick:
-        a.games, a.at, a.seeds, a.probe_rollouts = a.games.split(",")[0], "1024", 1, 1
+        a.games, a.seeds, a.probe_rollouts = a.games.split(",")[0], 1, 1
+        a.at = "1024,2048" if a.along else "1024"
         sizes = {"steps": 16, "extra": ("--data.num_envs", "16", "--data.rollout_steps", "32")}
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for game in a.games.split(","):
-            for seed in range(a.seeds):
-                for frames in (int(f) for f in a.at.split(",")):
-                    for r in probe(game, seed, frames, a.probe_rollouts, Path(tmp), **sizes):
-                        rows.append(r)
-                        if ":" in r["loss"]:
-                            continue
-                        print(f"  {game:15s} seed {seed} after {r['frames_trained']:>7d} frames, {r['loss']:6s}: "
-                              f"B_simple {r['B_simple']:8.1f} (|G|^2 {r['grad_sq']:.4g}, tr(Sigma) {r['trace_cov']:.4g})",
-                              flush=True)
-    write_csv(a.out, [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
-    print("\nB_simple at fixed parameters (median over games and seeds) vs the sweep's minibatches "
-          "(c = 1: 512, c = 4: 128, c = 16: 32):")
+    if a.along:
+        rows = along(a, sizes)
+        for r in rows:
+            r["frames_trained"], r["B_simple"] = int(r["frames_trained"]), float(r["B_simple"])
+        plot_along(rows, a.out.with_suffix(".png"))
+    else:
+        rows = []
+        extra = tuple(sizes.pop("extra", ())) + (() if a.lr is None else ("--model.lr", str(a.lr)))
+        with tempfile.TemporaryDirectory() as tmp:
+            for game in a.games.split(","):
+                for seed in range(a.first_seed, a.first_seed + a.seeds):
+                    for frames in (int(f) for f in a.at.split(",")):
+                        for r in probe(game, seed, frames, a.probe_rollouts, Path(tmp), extra=extra, **sizes):
+                            rows.append(r)
+                            if ":" in r["loss"]:
+                                continue
+                            print(f"  {game:15s} seed {seed} after {r['frames_trained']:>7d} frames, {r['loss']:6s}: "
+                                  f"B_simple {r['B_simple']:8.1f} (|G|^2 {r['grad_sq']:.4g}, tr(Sigma) {r['trace_cov']:.4g})",
+                                  flush=True)
+        write_csv(a.out, [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
+    print("\nB_simple at fixed parameters (median over games and seeds) vs the minibatches "
+          "(c = 1: 512, c = 4: 128, c = 16: 32, c = 64: 8):")
     for loss in ("policy", "value", "total", *sorted({r["loss"] for r in rows if ":" in r["loss"]})):
         for frames in sorted({r["frames_trained"] for r in rows}):
             vals = [r["B_simple"] for r in rows if r["frames_trained"] == frames and r["loss"] == loss]
-            print(f"  {loss:32s} after {frames:>7d} frames: median {np.median(vals):8.1f}  "
-                  f"(runs: {', '.join(f'{v:.0f}' for v in vals)})")
+            if vals:
+                print(f"  {loss:32s} after {frames:>7d} frames: median {np.median(vals):8.1f}  "
+                      f"(runs: {', '.join(f'{v:.0f}' for v in vals)})")
     print(f"wrote {a.out}")
 
 
