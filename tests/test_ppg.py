@@ -200,7 +200,7 @@ def test_small_phase_buffer_is_checkpointed_and_mid_phase_resume_is_exact(tmp_pa
                                             filename="it{epoch}", auto_insert_metric_name=False)
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # no "middle of a PPG policy phase" restart
-            warnings.filterwarnings("ignore", message=".*(transfer_batch_to_device|ckpt_path|Checkpoint directory|dirpath has changed).*")
+            warnings.filterwarnings("ignore", message=".*(transfer_batch_to_device|ckpt_path|Checkpoint directory|dirpath has changed|The `srun` command is available).*")
             trainer(tmp_path / name, [ckpt], enable_checkpointing=True).fit(model, dm, ckpt_path=ckpt_path)
         runs[name] = model
     saved = torch.load(tmp_path / "b/it2.ckpt", weights_only=True)
@@ -264,6 +264,7 @@ def test_bad_ppg_config_fails_before_training():
 
 
 def test_ppg_ewma_learns_cartpole_quickly(tmp_path):
+    torch.manual_seed(0)  # the network's initialization too: the outcome must not depend on earlier tests
     dm, model = make(24, ppg={"n_pi": 4, "n_aux_epochs": 3, "aux_mbsize": 4, "aux_lr": 2e-3},
                      num_envs=8, rollout_steps=32, num_minibatches=4, update_epochs=3)
     torch.manual_seed(0)
