@@ -192,6 +192,8 @@ def test_gymnasium_continuous_env_batched():
 def test_data_parallel_ranks_collect_different_data_and_count_all_frames():
     from types import SimpleNamespace
 
+    from lightning.pytorch.plugins.precision import Precision
+
     from ppo_lightning.data.datamodule import RolloutSource, rank_seed
     from ppo_lightning.nets.models import ActorCritic
 
@@ -199,7 +201,7 @@ def test_data_parallel_ranks_collect_different_data_and_count_all_frames():
     firsts = []
     for rank in (0, 1):
         dm = RolloutDataModule(num_envs=2, rollout_steps=8, num_minibatches=2, update_epochs=1, seed=0)
-        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, precision_plugin=Precision())  # 32-true
         torch.manual_seed(0)
         source = RolloutSource(dm, ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,)))
         firsts.append(source.collect().get("observation")[:, 0])
