@@ -119,8 +119,9 @@ def test_score_table_matches_the_measurements():
         random = {r["game"]: float(r["mean_return"]) for r in csv.DictReader(f)}
     with open(out / "reference_runs.csv") as f:
         ref: dict[str, list[float]] = {}
-        for r in csv.DictReader(f):
-            ref.setdefault(r["game"], []).append(float(r["final_return"]))
+        for r in csv.DictReader(f):  # the table's R_ref: issue 11's PPO runs (arm "ppo"); issue 19's
+            if r.get("arm", "ppo") == "ppo":  # 500k-base references (other arms) are not adopted yet
+                ref.setdefault(r["game"], []).append(float(r["final_return"]))
     assert set(RETURN_RANGES) == set(GAMES) == set(random) and set(ref) <= set(GAMES) and ref
     for g in set(GAMES) - set(ref):  # no reference run at this budget: a clear error, not a number
         assert RETURN_RANGES[g][0] == pytest.approx(random[g], abs=1e-4)
