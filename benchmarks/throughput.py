@@ -210,6 +210,9 @@ def main() -> None:
     p.add_argument("--ppg-aux-mbsize", type=int, default=4, help="PPG: env trajectories per auxiliary minibatch")
     p.add_argument("--skip-ppg", action="store_true", help="PPO and PPO-EWMA only")
     p.add_argument("--ewma-com", type=float, default=8.0)
+    p.add_argument("--proximal-path", choices=("default", "dense"), default="default",
+                   help="dense: the bf16 anchor's forward on dense tensors, not oneDNN tensors (the path before; "
+                        "for comparison, see benchmarks/proximal_cost.py)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: time by this process's CPU seconds (robust to other jobs' load; see above)")
     args = p.parse_args()
@@ -223,6 +226,10 @@ def main() -> None:
     from ppo_lightning.core.hardware import machine_info, machine_line, resolve_trainer_precision
 
     threads = configure_threads(args.threads, f"procgen:{args.game}")
+    if args.proximal_path == "dense":
+        import ppo_lightning.nets.impala as impala
+
+        impala._ONEDNN_BF16 = False
     machine = machine_info()
     print(machine_line(machine), flush=True)
     precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
@@ -291,6 +298,7 @@ def main() -> None:
     result.update({"precision": precisions if len(precisions) > 1 else precisions[0],
                    "micro_batch_size": args.micro_batch_size or None,
                    "torch_threads": threads, "procgen_threads": pthreads, "clock": args.clock,
+                   "proximal_path": args.proximal_path,
                    "num_envs": args.num_envs, "rollout_steps": args.rollout_steps,
                    "ppg_n_pi": None if args.skip_ppg else args.ppg_n_pi})
     result["machine"] = machine
