@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, RESULTS, cpu_label, plt, run, save_figure, write_csv  # noqa: E402
+from common import ROOT, RESULTS, cpu_label, finished, plt, run, save_figure, write_csv  # noqa: E402
 from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, seeds_needed  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
@@ -305,9 +305,9 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
                 args = base_args(game, frames, group[0]) + extra + ["--seeds", str(len(group))]
                 name = f"{arm}-{game}-s{group[0]}-{group[-1]}"
                 t0 = time.perf_counter()
-                cli = fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment",
-                                f"minatar-{figure}", "--mlflow.run_name", name,
-                                "--run_dir", str(run_root / f"minatar-{figure}" / name)])
+                cli = finished(fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment",
+                                         f"minatar-{figure}", "--mlflow.run_name", name,
+                                         "--run_dir", str(run_root / f"minatar-{figure}" / name)]))
                 wall = time.perf_counter() - t0
                 client, dm = cli.trainer.logger.experiment, cli.datamodule
                 parent = cli.trainer.logger.run_id

@@ -306,3 +306,23 @@ def test_500k_figures_are_normalized_by_the_500k_base_reference(tmp_path, monkey
     assert summary[(ppo, "final")]["mean"] == pytest.approx(0.3)  # ((2.5 - 0.5) / 10 + (4.5 - 0.5) / 10) / 2
     assert summary[(f"{ewma} - {ppo}", "final")]["mean"] == pytest.approx(0.4)
     assert (tmp_path / "ewma500k.png").exists()
+
+
+def test_a_run_stopped_by_a_signal_is_not_recorded(tmp_path, monkeypatch):
+    """A fit stopped by SIGTERM returns normally (exit_code 128 + n, fewer frames): the figure driver
+    stops with that code and writes no row, so a rerun trains the run again (a stopped group was
+    once recorded as five finished 4k-frame runs)."""
+    import types
+
+    import minatar_figures as mf
+
+    from ppo_lightning.cli import fit as fit_module
+
+    stopped = types.SimpleNamespace(exit_code=143, datamodule=types.SimpleNamespace(frames=4096))
+    monkeypatch.setattr(fit_module, "fit_main", lambda *a, **k: stopped)
+    args = ["--games", "breakout", "--seeds", "2", "--frames", "500000", "--out", str(tmp_path), "--run-root",
+            str(tmp_path / "runs"), "--arms", "c1_lr4x"]
+    for extra in ([], ["--one-by-one"]):  # a vectorized group, and one run per seed
+        with pytest.raises(SystemExit) as stop:
+            mf.main(["lr500k", *args, *extra])
+        assert stop.value.code == 143 and not (tmp_path / "lr500k_runs.csv").exists()
