@@ -59,7 +59,7 @@ EWMA = ["--model.decoupled", "true", "--model.proximal_com", "8"]
 PPG = ["--config", str(ROOT / "experiments" / "minatar" / "ppg.yaml")]
 PPG_EWMA = PPG + ["--config", str(ROOT / "experiments" / "minatar" / "ppg_ewma.yaml")]
 BASE_LR = 5e-4
-LR500K = 8 * BASE_LR  # the c = 1 lr picked by the lr500k sweep for 500k-frame runs (issue 19; experiments/README.md)
+LR500K = 8 * BASE_LR  # the c = 1 lr picked by the lr500k sweep for 500k-frame runs (issue 19; docs/experiments/minatar-500k.md)
 MIN_SEEDS_FOR_CI = 5
 # issue 19: the 500k figures' R_ref is the 500k base (PPO-EWMA, c = 1, LR500K) run 4x as long
 LR = f"lr{LR500K / BASE_LR:g}x"  # the 500k arms' name suffix
