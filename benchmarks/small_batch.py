@@ -82,7 +82,7 @@ def matmul_peak_gflops(n: int = 1024, reps: int = 6) -> float:
 # ---------------------------------------------------------------------------- this project
 
 
-def project_run(c: int, iterations: int, seed: int, seeds: int = 1) -> dict:
+def project_run(c: int, iterations: int, seed: int, seeds: int = 1, precision: str = "32-true") -> dict:
     import lightning.pytorch as pl
 
     from ppo_lightning.cli.fit import fit_main
@@ -106,7 +106,8 @@ def project_run(c: int, iterations: int, seed: int, seeds: int = 1) -> dict:
     fit_main(["fit", "--config", str(ROOT / "experiments/minatar/ppo.yaml"), "--scale", str(c),
               "--data.total_frames", str(frames), "--data.num_threads", "1", "--seed_everything", str(seed),
               "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
-              "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench", "--seeds", str(seeds)],
+              "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench", "--seeds", str(seeds),
+              "--trainer.precision", precision],
              extra_callbacks=[clock])
     rows = clock.rows[1:]
     collect, update = sum(r[0] for r in rows), sum(r[1] for r in rows)
