@@ -68,6 +68,16 @@ def base_args(env_id: str = "CartPole-v1", frames: int = 100_000, seed: int = 0,
     return args
 
 
+def finished(cli):
+    """``cli`` of a fit that ran to its end; a fit stopped by a signal (SIGTERM, SIGINT, SLURM's requeue
+    signal: it returns normally with ``exit_code`` 128 + n) stops the whole sweep with that code, so
+    that the stopped run is never recorded as a finished one (a sweep rerun trains it again)."""
+    code = getattr(cli, "exit_code", None)
+    if code:
+        raise SystemExit(code)
+    return cli
+
+
 def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, env_id: str,
         run_root: Path, normalize=None, last_metrics: tuple[str, ...] = ()) -> dict:
     """One fit in this process; returns its curve (frames, normalized return) and summary.
@@ -80,8 +90,8 @@ def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, e
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     t0 = time.perf_counter()
-    cli = fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", experiment,
-                    "--mlflow.run_name", run_name, "--run_dir", str(run_root / experiment / run_name)])
+    cli = finished(fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", experiment,
+                             "--mlflow.run_name", run_name, "--run_dir", str(run_root / experiment / run_name)]))
     wall = time.perf_counter() - t0
     logger = cli.trainer.logger
     run_id = getattr(logger, "run_id", None)

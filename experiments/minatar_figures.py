@@ -7,6 +7,8 @@
     python experiments/minatar_figures.py staleness  [opts]      # Fig. 1: staleness k x {behavior, proximal, decoupled}
     python experiments/minatar_figures.py klcom      [opts]      # Fig. 18: KL beta x proximal COM
     python experiments/minatar_figures.py lr500k     [opts]      # issue 19: lr sweep at c = 1 for 500k-frame runs
+    python experiments/minatar_figures.py ewma500k   [opts]      # issue 19: Fig. 4 at the 500k base
+    python experiments/minatar_figures.py bsi500k    [opts]      # issue 19: Fig. 2/3 at the 500k base, c = 1..64
     python experiments/minatar_figures.py <figure> --analyze     # tables and plots from the CSVs only
     options: --games breakout,space_invaders --seeds 4 [--first-seed 0] --frames 250000 --arms a,b --quick
 
@@ -46,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, RESULTS, cpu_label, plt, run, save_figure, write_csv  # noqa: E402
+from common import ROOT, RESULTS, cpu_label, finished, plt, run, save_figure, write_csv  # noqa: E402
 from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, seeds_needed  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
@@ -57,8 +59,12 @@ EWMA = ["--model.decoupled", "true", "--model.proximal_com", "8"]
 PPG = ["--config", str(ROOT / "experiments" / "minatar" / "ppg.yaml")]
 PPG_EWMA = PPG + ["--config", str(ROOT / "experiments" / "minatar" / "ppg_ewma.yaml")]
 BASE_LR = 5e-4
-LR500K = 8 * BASE_LR  # the c = 1 lr picked by the lr500k sweep for 500k-frame runs (issue 19; experiments/README.md)
+LR500K = 8 * BASE_LR  # the c = 1 lr picked by the lr500k sweep for 500k-frame runs (issue 19; docs/experiments/minatar-500k.md)
 MIN_SEEDS_FOR_CI = 5
+# issue 19: the 500k figures' R_ref is the 500k base (PPO-EWMA, c = 1, LR500K) run 4x as long
+LR = f"lr{LR500K / BASE_LR:g}x"  # the 500k arms' name suffix
+REF500K_ARM = f"ppo_ewma_{LR}"
+REF500K_FRAMES, REF500K_MIN_FRAMES = 2_000_000, 1_000_000
 
 # ----------------------------------------------------------------------------------- figures
 # figure -> {arm: extra CLI args}; "reference" arm names the comparison's baseline.
@@ -162,7 +168,14 @@ FIGURES = {
                            ("c1_lr16x", "c1_lr4x")]},
     # issue 19, items 2 and 4: Fig. 2/3 at 500k frames from the tuned base (LR500K at c = 1; c = 1 is the
     # lr500k figure's arm, borrowed): PPO-EWMA, all rules, c = 4, 16 (and 64: 1 env, minibatch 8)
-    "bsi500k": {"arms": {f"c{c}_all_lr{LR500K / BASE_LR:g}x": args for c in (1, 4, 16, 64)
+    # issue 19, item 4: Fig. 4 at the 500k base (c = 1, LR500K): PPO vs PPO-EWMA (borrowed from lr500k's
+    # arm of LR500K, the same CLI) and PPG vs PPG-EWMA at the same lr
+    "ewma500k": {"arms": {f"ppo_{LR}": ["--model.lr", str(LR500K)], f"ppo_ewma_{LR}": EWMA + ["--model.lr", str(LR500K)],
+                          f"ppg_{LR}": PPG + ["--model.lr", str(LR500K)],
+                          f"ppg_ewma_{LR}": PPG_EWMA + ["--model.lr", str(LR500K)]},
+                 "borrow": {f"ppo_ewma_{LR}": ("lr500k", f"c1_{LR}")}, "normalize": "500k",
+                 "compare": [(f"ppo_ewma_{LR}", f"ppo_{LR}"), (f"ppg_ewma_{LR}", f"ppg_{LR}")]},
+    "bsi500k": {"normalize": "500k", "arms": {f"c{c}_all_lr{LR500K / BASE_LR:g}x": args for c in (1, 4, 16, 64)
                          for args in _scaled_arms(c, LR500K, kinds=("all",)).values()},
                 "borrow": {f"c1_all_lr{LR500K / BASE_LR:g}x": ("lr500k", f"c1_lr{LR500K / BASE_LR:g}x")},
                 "compare": [(f"c{a}_all_lr{LR500K / BASE_LR:g}x", f"c{b}_all_lr{LR500K / BASE_LR:g}x")
@@ -170,7 +183,7 @@ FIGURES = {
 }
 QUICK_ARMS = {"ewma": "ppo,ppo_ewma", "bsi": "c1_all,c4_all,c4_no_lr", "staleness": "k0,k2_behavior,k2_decoupled",
               "klcom": "beta1_com8", "reference": "ppo", "lr500k": "c1_lr4x",
-              "bsi500k": f"c4_all_lr{LR500K / BASE_LR:g}x"}
+              "bsi500k": f"c4_all_lr{LR500K / BASE_LR:g}x", "ewma500k": f"ppo_{LR}"}
 
 
 def base_args(game: str, frames: int, seed: int) -> list[str]:
@@ -215,6 +228,18 @@ def append_row(path: Path, row: dict, fields: list[str]) -> None:
         w.writerow({k: row.get(k, "") for k in fields})
 
 
+def record_run(runs_csv: Path, curves_csv: Path, row: dict, curve: list[tuple[float, float]],
+               fields: list[str] | None = None) -> None:
+    """Append a finished run: its learning curve to ``curves_csv``, then its row to ``runs_csv``.
+    The row goes last, so a row means the run and its curve are complete: a sweep stopped between
+    the two reruns the run and appends its curve again; `plot` reads only curves of runs that have a
+    row, one point per frame count (the last written)."""
+    for f, v in curve:
+        append_row(curves_csv, {"arm": row["arm"], "game": row["game"], "seed": row["seed"], "frames": int(f),
+                                "return": round(v, 4)}, ["arm", "game", "seed", "frames", "return"])
+    append_row(runs_csv, row, fields or RUN_FIELDS)
+
+
 def run_key(arm: str, game: str, seed: int | str) -> tuple[str, str, int]:
     return arm, game, int(seed)
 
@@ -243,10 +268,7 @@ def sweep(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list
                "minibatch_size": r["minibatch_size"],
                "clip_fraction": round(r.get("clip_fraction_mean", float("nan")), 4),
                "mlflow_run_id": r["run_id"], "args": json.dumps(args)}
-        for f, v in r["curve"]:
-            append_row(curves_csv, {"arm": arm, "game": game, "seed": seed, "frames": int(f), "return": round(v, 4)},
-                       ["arm", "game", "seed", "frames", "return"])
-        append_row(runs_csv, row, RUN_FIELDS)  # last: a row means the run (and its curve) is complete
+        record_run(runs_csv, curves_csv, row, r["curve"])
         print(f"[{figure}] {i + 1}/{len(todo)} {arm} {game} s{seed}: final {row['final_return']} "
               f"auc {row['auc_return']} ({time.time() - t0:.0f} s)", flush=True)
 
@@ -283,9 +305,9 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
                 args = base_args(game, frames, group[0]) + extra + ["--seeds", str(len(group))]
                 name = f"{arm}-{game}-s{group[0]}-{group[-1]}"
                 t0 = time.perf_counter()
-                cli = fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment",
-                                f"minatar-{figure}", "--mlflow.run_name", name,
-                                "--run_dir", str(run_root / f"minatar-{figure}" / name)])
+                cli = finished(fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment",
+                                         f"minatar-{figure}", "--mlflow.run_name", name,
+                                         "--run_dir", str(run_root / f"minatar-{figure}" / name)]))
                 wall = time.perf_counter() - t0
                 client, dm = cli.trainer.logger.experiment, cli.datamodule
                 parent = cli.trainer.logger.run_id
@@ -312,20 +334,40 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
                            "clip_fraction": round(sum(clip) / len(clip), 4) if clip else "",
                            "mlflow_run_id": run_id,
                            "args": json.dumps(base_args(game, frames, seed) + extra)}  # seed's single-run equivalent
-                    for f, v in curve:
-                        append_row(curves_csv, {"arm": arm, "game": game, "seed": seed, "frames": int(f), "return": round(v, 4)},
-                                   ["arm", "game", "seed", "frames", "return"])
-                    append_row(runs_csv, row, RUN_FIELDS)
+                    record_run(runs_csv, curves_csv, row, curve)
                     print(f"[{figure}] {arm} {game} s{seed} (group of {len(group)}): final {row['final_return']} "
                           f"auc {row['auc_return']}", flush=True)
     sweep(figure, arms, games, seeds, frames, out, tracking_uri, run_root)  # the rest, one run per seed
 
 
 # ----------------------------------------------------------------------------------- analysis
-def normalizer(game: str):
-    from ppo_lightning.envs.minatar_scores import normalized_return
+def reference_return(game: str, out: Path) -> tuple[float, int, int]:
+    """R_ref of the 500k base for ``game``: the final return of its reference runs (arm `REF500K_ARM`,
+    at least `REF500K_MIN_FRAMES` frames; the longest such runs, mean over their seeds), with the frame
+    count and the number of seeds. A missing reference stops the analysis with the command that makes it."""
+    rows = [r for r in read_rows(out / "reference_runs.csv")
+            if r["arm"] == REF500K_ARM and r["game"] == game and int(r["frames"]) >= REF500K_MIN_FRAMES]
+    if not rows:
+        raise SystemExit(f"no R_ref of the 500k base for {game} (arm {REF500K_ARM}, >= {REF500K_MIN_FRAMES} frames) in "
+                         f"{out / 'reference_runs.csv'}: python experiments/minatar_figures.py reference --arms "
+                         f"{REF500K_ARM} --games {game} --seeds 2 --frames {REF500K_FRAMES}")
+    longest = max(int(r["frames"]) for r in rows)
+    finals = [float(r["final_return"]) for r in rows if int(r["frames"]) == longest]
+    return float(np.mean(finals)), longest, len(finals)
 
-    return lambda r: normalized_return(game, r)
+
+def normalizer(game: str, figure: str | None = None, out: Path = OUT):
+    """``R -> (R - R_random) / (R_ref - R_random)``: issue 11's constants (`minatar_scores`, R_ref = PPO
+    at lr 5e-4 after 303k frames), or for the 500k figures (``FIGURES[figure]["normalize"] == "500k"``)
+    R_ref of the tuned 500k base's own reference runs (`reference_return`), so that 1 is what the
+    figures' base reaches in a run 2-4x as long, and the issue's +-0.05 is in those units."""
+    from ppo_lightning.envs.minatar_scores import RETURN_RANGES, normalized_return
+
+    if FIGURES.get(figure, {}).get("normalize") != "500k":
+        return lambda r: normalized_return(game, r)
+    r_random = RETURN_RANGES[game][0]
+    r_ref = reference_return(game, out)[0]
+    return lambda r: (r - r_random) / (r_ref - r_random)
 
 
 def figure_rows(figure: str, out: Path, kind: str = "runs") -> list[dict]:
@@ -351,7 +393,7 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
     # per (arm, seed): {game: (auc, final)} normalized
     table: dict[str, dict[int, dict[str, tuple[float, float]]]] = {}
     for r in rows:
-        norm = normalizer(r["game"])
+        norm = normalizer(r["game"], figure, out)
         table.setdefault(r["arm"], {}).setdefault(int(r["seed"]), {})[r["game"]] = (
             norm(float(r["auc_return"])), norm(float(r["final_return"])))
 
@@ -363,6 +405,10 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
     summary = []
     frames = max(int(r["frames"]) for r in rows)
     print(f"\n[{figure}] games pooled: {', '.join(games)}; {frames} frames per run; 95% bootstrap CIs over seeds")
+    if FIGURES.get(figure, {}).get("normalize") == "500k":
+        for g in games:
+            r_ref, n_frames, n = reference_return(g, out)
+            print(f"[{figure}] {g}: R_ref {r_ref:.3f} ({REF500K_ARM}, {n_frames} frames, {n} seed(s))")
     own = [r for r in read_rows(out / f"{figure}_runs.csv") if r["game"] in games]  # budget: not borrowed runs
     print(f"[{figure}] budget: {len(own)} runs of this figure ({len(rows) - len(own)} borrowed), "
           f"{sum(float(r['wall_s']) for r in own) / 3600:.2f} h summed run wall time (1 thread per run)")
@@ -496,10 +542,13 @@ def plot_grid(summary: list[dict], path: Path) -> None:
 
 def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int, points: int = 40,
          name: str | None = None) -> None:
-    curves = figure_rows(figure, out, "curves")
-    by: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
-    for c in curves:
-        by.setdefault((c["arm"], c["game"], int(c["seed"])), []).append((float(c["frames"]), float(c["return"])))
+    finished = {run_key(r["arm"], r["game"], r["seed"]) for r in figure_rows(figure, out)}
+    points_of: dict[tuple[str, str, int], dict[float, float]] = {}
+    for c in figure_rows(figure, out, "curves"):
+        key = run_key(c["arm"], c["game"], c["seed"])
+        if key in finished:  # a curve without a run row is an interrupted run's (see record_run)
+            points_of.setdefault(key, {})[float(c["frames"])] = float(c["return"])
+    by = {k: list(v.items()) for k, v in points_of.items()}
     grid = np.linspace(frames / points, frames, points)
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(7, 4.8))
@@ -513,7 +562,7 @@ def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int,
             vals = []
             for g in games:
                 pts = sorted(by[(arm, g, s)])
-                norm = normalizer(g)
+                norm = normalizer(g, figure, out)
                 vals.append([norm(_step_value(pts, x)) for x in grid])
             per_seed.append(np.mean(vals, axis=0))
         if not per_seed:

@@ -34,7 +34,7 @@ import numpy as np
 from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, write_csv  # noqa: E402
+from common import RESULTS, finished, write_csv  # noqa: E402
 from minatar_figures import CONFIG, EWMA  # noqa: E402
 
 PROBE_STEPS, PROBE_MINIBATCH = 256, 32  # x the config's 64 envs: 16,384 frames per probe rollout
@@ -45,8 +45,8 @@ def _fit(args: list[str]):
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    return fit_main(["fit", "--config", str(CONFIG), *EWMA, "--mlflow.enabled", "false", "--video_every", "null",
-                     "--trainer.enable_progress_bar", "false", *args])
+    return finished(fit_main(["fit", "--config", str(CONFIG), *EWMA, "--mlflow.enabled", "false", "--video_every", "null",
+                              "--trainer.enable_progress_bar", "false", *args]))
 
 
 def _run_args(game: str, seed: int, frames: int, work: Path, extra: tuple[str, ...]) -> list[str]:
@@ -183,9 +183,9 @@ def along(a, sizes: dict) -> list[dict]:
                                   f"B_simple {r['B_simple']:10.1f} ({r['probe_s']} s)", flush=True)
 
                 cb = AlongProbe(at, game, seed, a.probe_rollouts, sizes.get("steps", PROBE_STEPS), sink)
-                cli = fit_main(["fit", "--config", str(CONFIG), *EWMA, "--mlflow.enabled", "false", "--video_every", "null",
-                                "--trainer.enable_progress_bar", "false", *_run_args(game, seed, at[-1], Path(tmp), extra)],
-                               extra_callbacks=[cb])
+                cli = finished(fit_main(["fit", "--config", str(CONFIG), *EWMA, "--mlflow.enabled", "false", "--video_every",
+                                         "null", "--trainer.enable_progress_bar", "false",
+                                         *_run_args(game, seed, at[-1], Path(tmp), extra)], extra_callbacks=[cb]))
                 if cb.todo:  # the last point: training ended before on_train_epoch_end saw it
                     sink(probe_now(cli.model, cli.datamodule, game, seed, a.probe_rollouts, sizes.get("steps", PROBE_STEPS)))
                 ret = cli.datamodule.episodes.mean_return(20)

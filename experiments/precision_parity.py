@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, RESULTS, cpu_label, run  # noqa: E402
-from minatar_figures import append_row, read_rows  # noqa: E402
+from minatar_figures import read_rows, record_run  # noqa: E402
 from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
@@ -63,10 +63,7 @@ def sweep(games: list[str], seeds: list[int], frames: int, out: Path, tracking_u
                "auc_return": round(curve_auc(r["curve"], r["frames"]), 4), "iterations": r["iterations"],
                "wall_s": round(r["wall_s"], 1), "train_s": round(r["train_s"], 1), "cpu": label,
                "args": json.dumps(args)}
-        for f, v in r["curve"]:
-            append_row(curves_csv, {"arm": arm, "game": game, "seed": seed, "frames": int(f), "return": round(v, 4)},
-                       ["arm", "game", "seed", "frames", "return"])
-        append_row(runs_csv, row, RUN_FIELDS)  # last: a row means the run (and its curve) is complete
+        record_run(runs_csv, curves_csv, row, r["curve"], RUN_FIELDS)
         print(f"[parity] {i + 1}/{len(todo)} {arm} {game} s{seed}: final {row['final_return']} auc {row['auc_return']} "
               f"({row['wall_s']} s)", flush=True)
 

@@ -279,3 +279,50 @@ def test_quick_run_of_the_noise_scale_probe(tmp_path):
     assert {"policy", "value", "total", "policy:policy_head.weight"} <= losses
     assert all(int(r["b_big"]) == 256 and int(r["b_small"]) == 32 for r in rows)
     assert all(float(r["trace_cov"]) > 0 for r in rows if ":" not in r["loss"])
+
+
+def test_500k_figures_are_normalized_by_the_500k_base_reference(tmp_path, monkeypatch):
+    """Issue 19's figures pool games by R_ref of the tuned 500k base (its reference runs), not issue 11's
+    table; without such a run the analysis stops with the command that makes it."""
+    import minatar_figures as mf
+
+    from ppo_lightning.envs import minatar_scores
+
+    monkeypatch.setitem(minatar_scores.RETURN_RANGES, "breakout", (0.5, 4.0))  # issue 11's R_ref: must not be used
+    ppo, ewma = f"ppo_{mf.LR}", f"ppo_ewma_{mf.LR}"
+    for arm, finals in ((ppo, (2.5, 4.5)), (ewma, (6.5, 8.5))):
+        for seed, final in enumerate(finals):
+            mf.record_run(tmp_path / "ewma500k_runs.csv", tmp_path / "ewma500k_curves.csv",
+                          {"figure": "ewma500k", "arm": arm, "game": "breakout", "seed": seed, "frames": 500_000,
+                           "final_return": final, "auc_return": final / 2, "wall_s": 1.0},
+                          [(250_000.0, final / 2), (500_000.0, final)])
+    with pytest.raises(SystemExit, match=f"reference --arms {mf.REF500K_ARM} --games breakout"):
+        mf.analyze("ewma500k", tmp_path, [(ewma, ppo)])
+    for frames, final in ((mf.REF500K_MIN_FRAMES // 2, 99.0), (mf.REF500K_FRAMES, 10.5)):  # too short: ignored
+        mf.append_row(tmp_path / "reference_runs.csv", {"figure": "reference", "arm": mf.REF500K_ARM, "game": "breakout",
+                                                        "seed": 1000, "frames": frames, "final_return": final},
+                      mf.RUN_FIELDS)
+    summary = {(r["row"], r["stat"]): r for r in mf.analyze("ewma500k", tmp_path, [(ewma, ppo)])}
+    assert summary[(ppo, "final")]["mean"] == pytest.approx(0.3)  # ((2.5 - 0.5) / 10 + (4.5 - 0.5) / 10) / 2
+    assert summary[(f"{ewma} - {ppo}", "final")]["mean"] == pytest.approx(0.4)
+    assert (tmp_path / "ewma500k.png").exists()
+
+
+def test_a_run_stopped_by_a_signal_is_not_recorded(tmp_path, monkeypatch):
+    """A fit stopped by SIGTERM returns normally (exit_code 128 + n, fewer frames): the figure driver
+    stops with that code and writes no row, so a rerun trains the run again (a stopped group was
+    once recorded as five finished 4k-frame runs)."""
+    import types
+
+    import minatar_figures as mf
+
+    from ppo_lightning.cli import fit as fit_module
+
+    stopped = types.SimpleNamespace(exit_code=143, datamodule=types.SimpleNamespace(frames=4096))
+    monkeypatch.setattr(fit_module, "fit_main", lambda *a, **k: stopped)
+    args = ["--games", "breakout", "--seeds", "2", "--frames", "500000", "--out", str(tmp_path), "--run-root",
+            str(tmp_path / "runs"), "--arms", "c1_lr4x"]
+    for extra in ([], ["--one-by-one"]):  # a vectorized group, and one run per seed
+        with pytest.raises(SystemExit) as stop:
+            mf.main(["lr500k", *args, *extra])
+        assert stop.value.code == 143 and not (tmp_path / "lr500k_runs.csv").exists()

@@ -19,7 +19,7 @@ CLI = [sys.executable, "-m", "ppo_lightning.cli.main"]
 
 @pytest.mark.parametrize("config", ["ppo.yaml", "ppo_ewma.yaml"])
 def test_cartpole_reaches_475_within_150k_frames(config, tmp_path):
-    # Seed 4: the configs were tuned on seeds 1-3 (benchmarks/README.md). Frames to 475 on seeds 4/5/6:
+    # Seed 4: the configs were tuned on seeds 1-3 (docs/benchmarks/index.md). Frames to 475 on seeds 4/5/6:
     # PPO 24.1k/21.5k/24.8k, PPO-EWMA 40.7k/25.3k/19.2k (docs/benchmarks/index.md).
     cli = fit_main(["fit", "--config", str(ROOT / "experiments/cartpole" / config), "--mlflow.enabled", "false",
                     "--run_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",

@@ -79,7 +79,7 @@ def _local(tensors) -> list[Tensor]:
 def _all_finite(tensors) -> bool:
     """True if every value of every tensor is finite: per (device, dtype) group one fused check, the
     one `torch.amp.GradScaler` runs on every step (multiplying by 1 in place leaves values unchanged);
-    cost in benchmarks/README.md."""
+    cost in docs/benchmarks/index.md, "Fault guards"."""
     tensors = _local(tensors)
     first = tensors[0] if tensors else None
     if first is not None and all(t.dtype == first.dtype and t.device == first.device for t in tensors):

@@ -6,7 +6,7 @@ A speed-up measured on one CPU can be a slow-down on another. For the IMPALA CNN
 - 1.3x *slower* than fp32 on this project's Xeon with AVX512_BF16 but no AMX (oneDNN's
   avx512_core_bf16 kernels: 83 vs 121 GFLOP/s per core for a 16->16 conv),
 - much faster with AMX tiles (amx_bf16), which oneDNN uses for bf16 convolutions,
-(benchmarks/README.md, "Per CPU type"). So ``"auto"`` precisions pick bf16 only with AMX on the CPU
+(docs/benchmarks/procgen.md, "Per CPU type"). So ``"auto"`` precisions pick bf16 only with AMX on the CPU
 or bf16 tensor cores on a GPU (sm_80+), and the benchmarks record the machine (`machine_info`).
 
 The effective instruction set is what the CPU reports *and* what torch is allowed to use. An

@@ -8,7 +8,7 @@ graph per shape. Minibatches all have the same shape, so the graph is compiled o
 first gradient step (forward at the call, backward at the first backward), and never again: the
 number of compiled graphs is logged (``train/compiled_graphs``) and tested constant.
 
-Measured on MinAtar at c = 16 (benchmarks/README.md, "Small batches"): inductor gives no gain on
+Measured on MinAtar at c = 16 (docs/benchmarks/small-batch.md): inductor gives no gain on
 CPU there, because a step of 32 samples is bound by per-call overhead, not by kernels; the switch
 is for larger networks and GPUs.
 """
