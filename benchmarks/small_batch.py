@@ -14,6 +14,9 @@ rounds (project, plain, project, plain, ...: a load change hits both alike), one
   per-batch advantage normalization, on the same MinAtar games stepped in one Python loop (no
   reward normalization: its cost is negligible).
 
+Precision: the project runs ``--precision`` (default ``32-true``, the plain loop's fp32; ``auto``
+resolves to bf16-mixed on CPUs with AMX, so say which one a figure used).
+
 Clock: CPU seconds of this process (one thread, so frames/s *per core*); on the shared machine the
 wall clock measures the other jobs. The first iteration of every run (warm-up) is left out. The
 project's iteration is split into collection (rollout + GAE + minibatch preparation, up to the
@@ -82,7 +85,7 @@ def matmul_peak_gflops(n: int = 1024, reps: int = 6) -> float:
 # ---------------------------------------------------------------------------- this project
 
 
-def project_run(c: int, iterations: int, seed: int, seeds: int = 1) -> dict:
+def project_run(c: int, iterations: int, seed: int, seeds: int = 1, precision: str = "32-true") -> dict:
     import lightning.pytorch as pl
 
     from ppo_lightning.cli.fit import fit_main
@@ -106,7 +109,8 @@ def project_run(c: int, iterations: int, seed: int, seeds: int = 1) -> dict:
     fit_main(["fit", "--config", str(ROOT / "experiments/minatar/ppo.yaml"), "--scale", str(c),
               "--data.total_frames", str(frames), "--data.num_threads", "1", "--seed_everything", str(seed),
               "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
-              "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench", "--seeds", str(seeds)],
+              "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench", "--seeds", str(seeds),
+              "--trainer.precision", precision],
              extra_callbacks=[clock])
     rows = clock.rows[1:]
     collect, update = sum(r[0] for r in rows), sum(r[1] for r in rows)
@@ -216,6 +220,8 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=4096, help="timed frames per seed and run (with --iterations 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=8, help="S of the vectorized-seed runs (also run: S = 1); 1: single runs only")
+    p.add_argument("--precision", default="32-true", help="the project's trainer.precision (32-true, bf16-mixed, auto); "
+                   "the plain loop is fp32")
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -226,7 +232,7 @@ def main() -> None:
 
     info = machine_info()
     info["load_avg_1min_at_start"] = os.getloadavg()[0]
-    print(machine_line(info) + f"; load average {info['load_avg_1min_at_start']:.1f}", flush=True)
+    print(machine_line(info) + f"; load average {info['load_avg_1min_at_start']:.1f}; project precision {a.precision}", flush=True)
     peak = matmul_peak_gflops()
     fpf = flops_per_frame()
     print(f"FLOPs per frame {fpf / 1e6:.2f} M (rollout forward + {EPOCHS} x (forward + backward)); "
@@ -236,14 +242,14 @@ def main() -> None:
     for r in range(a.rounds):
         for c in scales:
             iters = a.iterations or max(3, a.frames // (BASE_ENVS // c * STEPS))
-            proj = project_run(c, iters, a.seed)
+            proj = project_run(c, iters, a.seed, precision=a.precision)
             plain = plain_run(c, iters, a.seed)
             res[c]["project"].append(proj)
             res[c]["plain"].append(plain)
             line = (f"round {r + 1} c = {c:2d}: project {proj['fps']:8,.0f} frames/s (collect {proj['env_step_ms']:.2f} ms per "
                     f"env step, update {proj['step_ms']:.2f} ms per gradient step), plain loop {plain['fps']:8,.0f}")
             if a.seeds > 1:
-                group = project_run(c, iters, a.seed, a.seeds)
+                group = project_run(c, iters, a.seed, a.seeds, a.precision)
                 res[c]["group"].append(group)
                 line += f", project S = {a.seeds}: {group['fps']:8,.0f} (all seeds' frames)"
             print(line, flush=True)
@@ -268,7 +274,7 @@ def main() -> None:
         out[f"c{c}_env_step_ms"], out[f"c{c}_step_ms"] = round(env_ms, 3), round(step_ms, 3)
     summary = {k: out.get(k) for k in ("c1_fps", "c16_fps", "c64_fps", "c16_vs_plain", "c1_vs_plain")}
     summary.update({"seeds": a.seeds, "step_ms": out.get("c16_step_ms"), "env_step_ms": out.get("c16_env_step_ms"),
-                    "clock": "cpu, 1 thread (per core)", "rounds": a.rounds, "flops_per_frame": fpf,
+                    "clock": "cpu, 1 thread (per core)", "rounds": a.rounds, "precision": a.precision, "flops_per_frame": fpf,
                     "matmul_peak_gflops": round(peak, 1), **out, "machine": info})
     print(json.dumps(summary))
 

@@ -129,9 +129,11 @@ def test_new_sqlite_store_opened_by_concurrent_runs(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
     barrier = tmp_path / "go"
-    import mlflow  # noqa: F401 - imported once, before the fork
+    import mlflow
 
-    with mp.get_context("fork").Pool(4) as pool:
+    # spawn, not fork: a fork of the test process (torch's and other threads running) once left a
+    # worker waiting forever on a lock held by a thread that the fork did not copy
+    with mp.get_context("spawn").Pool(4) as pool:
         pending = pool.map_async(_probe, [(uri, str(barrier), i) for i in range(4)], chunksize=1)
         deadline = time.time() + 60
         while len(list(tmp_path.glob("go.ready*"))) < 4 and time.time() < deadline:

@@ -46,6 +46,9 @@ class PPOFamilyLoss(LossModule):
         kl_form: the KL term of the "kl" objectives: "analytic" (exact KL between the anchor's and
             the current distribution) or "sq_logratio" (the PPO-EWMA reference code's
             ``0.5 (log pi(a) - log pi_anchor(a))^2`` on the taken action).
+        stacked_seeds: the inputs carry a leading seed dimension, ``[S, B]`` (vectorized seeds,
+            `ppo_lightning.training.seed_group`): every reduction is over the samples of each seed,
+            so each entry of the output is ``[S]``, seed k's own loss or diagnostic.
     """
 
     @dataclass
@@ -76,6 +79,7 @@ class PPOFamilyLoss(LossModule):
         entropy_coef: float = 0.01,
         value_clip_eps: float | None = None,
         kl_form: str = "analytic",
+        stacked_seeds: bool = False,
     ) -> None:
         super().__init__()
         if kl_form not in KL_FORMS:
@@ -96,6 +100,7 @@ class PPOFamilyLoss(LossModule):
         self.value_coef = value_coef
         self.entropy_coef = entropy_coef
         self.value_clip_eps = value_clip_eps
+        self.stacked_seeds = stacked_seeds
         # A buffer, so that the adapted beta is saved in (and restored from) the checkpoint.
         self.register_buffer("kl_beta", torch.tensor(float(kl_beta), dtype=torch.float64))
 
@@ -113,8 +118,13 @@ class PPOFamilyLoss(LossModule):
             self.kl_beta.fill_(F.adaptive_kl_beta(float(self.kl_beta), mean_kl, self.kl_target))
         return float(self.kl_beta)
 
+    def _mean(self, x: torch.Tensor) -> torch.Tensor:
+        """The mean over the samples (per seed with ``stacked_seeds``)."""
+        return x.mean(-1) if self.stacked_seeds else x.mean()
+
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         keys = self.tensor_keys
+        mean, dim = self._mean, (-1 if self.stacked_seeds else None)
         action = tensordict.get(keys.action)
         *params, value = self.network(tensordict.get(keys.observation))
         dist = make_distribution(self.action_space, *params)
@@ -151,10 +161,10 @@ class PPOFamilyLoss(LossModule):
 
         out = TensorDict(
             {
-                "loss_objective": -surrogate.mean(),
+                "loss_objective": -mean(surrogate),
                 "loss_critic": self.value_coef
-                * F.value_loss(value, value_target, behavior_value, self.value_clip_eps).mean(),
-                "loss_entropy": -self.entropy_coef * entropy.mean(),
+                * mean(F.value_loss(value, value_target, behavior_value, self.value_clip_eps)),
+                "loss_entropy": -self.entropy_coef * mean(entropy),
             },
             batch_size=[],
         )
@@ -166,14 +176,14 @@ class PPOFamilyLoss(LossModule):
             ratio_behav = torch.exp(lp - behavior_log_prob)
             out.update(
                 {
-                    "entropy": entropy.detach().mean(),
-                    "kl_anchor": kl_anchor.detach().mean(),
-                    "approx_kl_behavior": F.approx_kl(lp, behavior_log_prob).mean(),
-                    "approx_kl_proximal": F.approx_kl(lp, anchor_log_prob).mean(),
-                    "clip_fraction": F.clip_fraction(lp, anchor_log_prob, self.clip_eps),
-                    "importance_ratio_max": ratio_behav.max(),
-                    "importance_ratio_capped_fraction": (capped != behavior_log_prob).float().mean(),
-                    "explained_variance": F.explained_variance(value.detach(), value_target),
+                    "entropy": mean(entropy.detach()),
+                    "kl_anchor": mean(kl_anchor.detach()),
+                    "approx_kl_behavior": mean(F.approx_kl(lp, behavior_log_prob)),
+                    "approx_kl_proximal": mean(F.approx_kl(lp, anchor_log_prob)),
+                    "clip_fraction": F.clip_fraction(lp, anchor_log_prob, self.clip_eps, dim),
+                    "importance_ratio_max": ratio_behav.max() if dim is None else ratio_behav.amax(dim),
+                    "importance_ratio_capped_fraction": mean((capped != behavior_log_prob).float()),
+                    "explained_variance": F.explained_variance(value.detach(), value_target, dim),
                     "kl_beta": self.kl_beta.float(),
                 }
             )

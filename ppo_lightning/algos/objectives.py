@@ -148,10 +148,12 @@ def squared_log_ratio_kl(log_prob: Tensor, anchor_log_prob: Tensor) -> Tensor:
     return 0.5 * (log_prob - anchor_log_prob).pow(2)
 
 
-def clip_fraction(log_prob: Tensor, anchor_log_prob: Tensor, clip_eps: float) -> Tensor:
-    """Fraction of samples whose ratio pi / pi_anchor lies outside [1 - eps, 1 + eps] (a scalar)."""
+def clip_fraction(log_prob: Tensor, anchor_log_prob: Tensor, clip_eps: float, dim: int | None = None) -> Tensor:
+    """Fraction of samples whose ratio pi / pi_anchor lies outside [1 - eps, 1 + eps] (a scalar;
+    with ``dim``, the fraction along that dimension)."""
     ratio = torch.exp(log_prob - anchor_log_prob)
-    return ((ratio - 1.0).abs() > clip_eps).float().mean()
+    outside = ((ratio - 1.0).abs() > clip_eps).float()
+    return outside.mean() if dim is None else outside.mean(dim)
 
 
 def value_loss(
@@ -170,10 +172,12 @@ def value_loss(
     return err
 
 
-def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
-    """``1 - Var[target - prediction] / Var[target]`` (a scalar; nan when the target is constant)."""
-    var_target = target.var(unbiased=False)
-    return 1.0 - (target - prediction).var(unbiased=False) / var_target
+def explained_variance(prediction: Tensor, target: Tensor, dim: int | None = None) -> Tensor:
+    """``1 - Var[target - prediction] / Var[target]`` (a scalar; nan when the target is constant;
+    with ``dim``, the variances along that dimension)."""
+    if dim is None:
+        return 1.0 - (target - prediction).var(unbiased=False) / target.var(unbiased=False)
+    return 1.0 - (target - prediction).var(dim, unbiased=False) / target.var(dim, unbiased=False)
 
 
 def ppg_auxiliary_loss(

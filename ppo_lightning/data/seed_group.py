@@ -21,6 +21,7 @@ import contextlib
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -114,71 +115,83 @@ class SeedGroupSource:
     # ---------------------------------------------------------------- collection
     @torch.no_grad()
     def _rollouts(self) -> list[TensorDictBase]:
-        """One rollout per seed (the batched rollout's keys and values), the policy run for all at once."""
+        """One rollout per seed (the batched rollout's keys and values), the policy run for all at once.
+
+        Per time step: one policy forward for all S x n envs, one sample per seed (on its own
+        generator, as `Categorical.sample` draws), the games stepped seed after seed, and the step's records
+        written into preallocated time-major buffers (numpy where the data comes from the games);
+        episode sums and counters in numpy (the same float32 and int64 arithmetic as the single
+        run's torch ops)."""
         S, n, T = len(self.seeds), self.data.num_envs, self.steps
         bases = [env.base_env for env in self.envs]
-        obs = torch.stack([c["obs"] for c in self._carriers])
-        ep = torch.stack([c["episode_reward"] for c in self._carriers])
-        sc = torch.stack([c["step_count"] for c in self._carriers])
-        obs_buf = torch.empty((S, n, T, *obs.shape[2:]), dtype=obs.dtype)
-        next_obs_buf = torch.empty_like(obs_buf)
-        action_buf = torch.empty((S, n, T), dtype=torch.int64)
-        logp_buf = torch.empty((S, n, T))
-        value_buf = torch.empty((S, n, T, 1))
-        reward_buf = torch.empty((S, n, T, 1))
-        term_buf = torch.empty((S, n, T, 1), dtype=torch.bool)
-        trunc_buf = torch.empty((S, n, T, 1), dtype=torch.bool)
-        ep_buf, next_ep_buf = torch.empty((S, n, T, 1)), torch.empty((S, n, T, 1))
-        sc_buf, next_sc_buf = torch.empty((S, n, T, 1), dtype=torch.int64), torch.empty((S, n, T, 1), dtype=torch.int64)
+        obs_np = np.empty((T + 1, S, n, *bases[0].obs_shape), dtype=bool)  # obs_np[t + 1]: after step t's resets
+        next_np = np.empty((T, S, n, *bases[0].obs_shape), dtype=bool)  # before them
+        reward_np = np.empty((T, S, n), dtype=np.float32)
+        term_np, trunc_np = np.empty((T, S, n), dtype=bool), np.empty((T, S, n), dtype=bool)
+        ep_np, sc_np = np.empty((T + 1, S, n), dtype=np.float32), np.empty((T + 1, S, n), dtype=np.int64)
+        next_ep_np, next_sc_np = np.empty((T, S, n), dtype=np.float32), np.empty((T, S, n), dtype=np.int64)
+        obs_np[0] = np.stack([c["obs"].numpy() for c in self._carriers])
+        ep_np[0] = np.stack([c["episode_reward"].numpy()[:, 0] for c in self._carriers])
+        sc_np[0] = np.stack([c["step_count"].numpy()[:, 0] for c in self._carriers])
+        obs_t = torch.from_numpy(obs_np)
+        action_buf = torch.empty((T, S, n), dtype=torch.int64)
+        logp_buf, value_buf = torch.empty((T, S, n)), torch.empty((T, S, n, 1))
         param_bufs = None
-        space = self.data.action_space
+        space, gens = self.data.action_space, [st.action_generator for st in self.states]
         for t in range(T):
-            *params, value = self.network(obs)
+            *params, value = self.network(obs_t[t])
             if param_bufs is None:
-                param_bufs = [torch.empty((S, n, T, *p.shape[2:]), dtype=p.dtype) for p in params]
+                param_bufs = [torch.empty((T, S, n, *p.shape[2:]), dtype=p.dtype) for p in params]
             for buf, p in zip(param_bufs, params):
-                buf[:, :, t] = p
-            value_buf[:, :, t] = value
-            obs_buf[:, :, t] = obs
-            ep_buf[:, :, t], sc_buf[:, :, t] = ep, sc
+                buf[t] = p
+            value_buf[t] = value
             dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
             probs = dist.probs
             # Categorical.sample, each seed on its own generator
-            action = torch.stack([torch.multinomial(probs[k], 1, True, generator=st.action_generator).T.reshape(n)
-                                  for k, st in enumerate(self.states)])
-            action_buf[:, :, t] = action
-            logp_buf[:, :, t] = dist.log_prob(action)
+            action = torch.stack([torch.multinomial(probs[k], 1, True, generator=g).T.reshape(n) for k, g in enumerate(gens)])
+            action_buf[t] = action
+            logp_buf[t] = dist.log_prob(action)
             for k, (actions, base) in enumerate(zip(action.tolist(), bases)):
-                reward, terminal, truncated = base.step_games(actions)
-                next_obs_buf[k, :, t] = torch.from_numpy(base._obs)
-                reward_buf[k, :, t, 0] = torch.from_numpy(reward)
-                term_buf[k, :, t, 0] = torch.from_numpy(terminal)
-                trunc_buf[k, :, t, 0] = torch.from_numpy(truncated)
-                done = terminal | truncated
-                if done.any():
-                    base.reset_games(done)
-            ep = ep + reward_buf[:, :, t]
-            sc = sc + 1
-            next_ep_buf[:, :, t], next_sc_buf[:, :, t] = ep, sc
-            done_t = term_buf[:, :, t] | trunc_buf[:, :, t]
-            if done_t.any():
-                ep = ep.masked_fill(done_t, 0.0)
-                sc = sc.masked_fill(done_t, 0)
-            obs = torch.stack([torch.from_numpy(base._obs.copy()) for base in bases])
+                reward_np[t, k], term_np[t, k], trunc_np[t, k] = base.step_games(actions)
+                next_np[t, k] = base._obs
+            done = term_np[t] | trunc_np[t]
+            ep, sc = ep_np[t] + reward_np[t], sc_np[t] + 1  # RewardSum, StepCounter
+            next_ep_np[t], next_sc_np[t] = ep, sc
+            if done.any():  # partial resets, as the collector asks for them
+                for k in np.flatnonzero(done.any(1)):
+                    bases[k].reset_games(done[k])
+                ep[done], sc[done] = 0.0, 0
+                obs_np[t + 1] = np.stack([base._obs for base in bases])
+            else:
+                obs_np[t + 1] = next_np[t]
+            ep_np[t + 1], sc_np[t + 1] = ep, sc
         for k, c in enumerate(self._carriers):
-            c.update(obs=obs[k].clone(), episode_reward=ep[k].clone(), step_count=sc[k].clone())
-        done_buf = term_buf | trunc_buf
+            c.update(obs=torch.from_numpy(obs_np[T, k].copy()), episode_reward=torch.from_numpy(ep_np[T, k, :, None].copy()),
+                     step_count=torch.from_numpy(sc_np[T, k, :, None].copy()))
+
+        def seed_major(x, trailing_one=False):  # [T, S, n, ...] -> [S, n, T, ...] contiguous
+            x = torch.as_tensor(x)
+            x = x.movedim(0, 2).contiguous()
+            return x.unsqueeze(-1) if trailing_one else x
+
+        obs_b, next_b = seed_major(obs_np[:T]), seed_major(next_np)
+        action_b, logp_b, value_b = seed_major(action_buf), seed_major(logp_buf), seed_major(value_buf)
+        params_b = [seed_major(b) for b in param_bufs]
+        reward_b, term_b, trunc_b = (seed_major(x, True) for x in (reward_np, term_np, trunc_np))
+        ep_b, sc_b = seed_major(ep_np[:T], True), seed_major(sc_np[:T], True)
+        next_ep_b, next_sc_b = seed_major(next_ep_np, True), seed_major(next_sc_np, True)
+        done_b = term_b | trunc_b
         out = []
         for k in range(S):
             zeros = torch.zeros((n, T, 1), dtype=torch.bool)
             out.append(TensorDict(
-                {OBS_KEY: obs_buf[k], "action": action_buf[k], "action_log_prob": logp_buf[k], VALUE_KEY: value_buf[k],
-                 **{key: b[k] for key, b in zip(self.param_keys, param_bufs)},
+                {OBS_KEY: obs_b[k], "action": action_b[k], "action_log_prob": logp_b[k], VALUE_KEY: value_b[k],
+                 **{key: b[k] for key, b in zip(self.param_keys, params_b)},
                  "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
-                 "episode_reward": ep_buf[k], "step_count": sc_buf[k],
-                 "next": TensorDict({OBS_KEY: next_obs_buf[k], "reward": reward_buf[k], "done": done_buf[k],
-                                     "terminated": term_buf[k], "truncated": trunc_buf[k],
-                                     "episode_reward": next_ep_buf[k], "step_count": next_sc_buf[k]}, batch_size=[n, T])},
+                 "episode_reward": ep_b[k], "step_count": sc_b[k],
+                 "next": TensorDict({OBS_KEY: next_b[k], "reward": reward_b[k], "done": done_b[k],
+                                     "terminated": term_b[k], "truncated": trunc_b[k],
+                                     "episode_reward": next_ep_b[k], "step_count": next_sc_b[k]}, batch_size=[n, T])},
                 batch_size=[n, T]))
         return out
 

@@ -22,18 +22,18 @@ def _stacked_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 
 
 def _stacked_trunk(p: dict[str, Tensor], prefix: str, x: Tensor, kernel: int) -> Tensor:
-    """``x [S, B, H, W, C]`` floats -> ``[S, B, hidden]``: conv (valid, stride 1), ReLU, dense, ReLU.
+    """``x [S, C, B, H, W]`` floats -> ``[S, B, hidden]``: conv (valid, stride 1), ReLU, dense, ReLU.
 
-    The convolution is ``kernel [S, out, C*k*k] @ patches^T``; the patches are the k*k shifted
-    windows stacked (one contiguous copy each, much faster than ``unfold``'s strided gather), in the
-    kernel's (C, kh, kw) order. Its output ``[S, out, B*H'*W']`` is contiguous for the ReLU and goes
-    to the dense layer in NCHW flatten order (c, h, w)."""
-    S, B, H, W, C = x.shape
+    The convolution is ``kernel [S, out, C*k*k] @ patches [S, C*k*k, B*H'*W']``; the patches are
+    the k*k shifted windows stacked on a dimension after C (runs of W' contiguous values per copy,
+    in the kernel's (C, kh, kw) order, no transpose for the matmul). Its output
+    ``[S, out, B*H'*W']`` goes to the dense layer in NCHW flatten order (c, h, w)."""
+    S, C, B, H, W = x.shape
     ho, wo = H - kernel + 1, W - kernel + 1
-    windows = [x[:, :, i:i + ho, j:j + wo, :] for i in range(kernel) for j in range(kernel)]
-    patches = torch.stack(windows, dim=-1).reshape(S, B * ho * wo, C * kernel * kernel)
+    windows = [x[..., i:i + ho, j:j + wo] for i in range(kernel) for j in range(kernel)]
+    patches = torch.stack(windows, dim=2).view(S, C * kernel * kernel, B * ho * wo)
     w = p[prefix + "conv.weight"]
-    h = torch.baddbmm(p[prefix + "conv.bias"].unsqueeze(-1), w.reshape(S, w.shape[1], -1), patches.transpose(1, 2))
+    h = torch.baddbmm(p[prefix + "conv.bias"].unsqueeze(-1), w.reshape(S, w.shape[1], -1), patches)
     h = torch.relu(h).view(S, -1, B, ho * wo).transpose(1, 2).reshape(S, B, -1)
     return torch.relu(_stacked_linear(h, p[prefix + "dense.weight"], p[prefix + "dense.bias"]))
 
@@ -42,7 +42,9 @@ def stacked_call(net: MinAtarActorCritic, p: dict[str, Tensor], method: str, obs
     """``net``'s ``method`` ("forward", "policy", "value", "forward_aux") for S seeds at once:
     ``p`` maps ``net``'s parameter names to stacked tensors, ``obs`` is ``[S, ..., H, W, C]``."""
     S, lead = obs.shape[0], obs.shape[1:-3]
-    x = obs.reshape(S, -1, *obs.shape[-3:]).float()
+    H, W, C = obs.shape[-3:]
+    # [S, B, H, W, C] -> floats [S, C, B, H, W]: one copy that converts and transposes
+    x = torch.empty((S, C, obs[0].numel() // (H * W * C), H, W)).copy_(obs.reshape(S, -1, H, W, C).permute(0, 4, 1, 2, 3))
     k = net.policy_body.conv.kernel_size[0]
 
     def head(name, f):

@@ -171,6 +171,7 @@ class PPOLightningModule(pl.LightningModule):
             entropy_coef=entropy_coef,
             value_clip_eps=value_clip_eps,
             kl_form=kl_form,
+            stacked_seeds=self.seed_group is not None,
         )
         self.param_keys = dist_param_keys(action_space)
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;

@@ -8,9 +8,9 @@ single run samples its first actions from, handed to the data side as seed k's a
 
 Per seed, by construction rather than by bookkeeping:
 
-- the loss: the loss module runs once per seed under ``torch.vmap`` (each seed's weights on its
-  own minibatch); the optimized loss is the *sum* of the seeds' losses, so seed k's gradient is the
-  gradient of its own loss alone;
+- the loss: the loss module runs once on ``[S, B]`` minibatches with per-seed reductions
+  (``PPOFamilyLoss(stacked_seeds=True)``: each loss term and diagnostic is ``[S]``); the optimized
+  loss is the *sum* of the seeds' losses, so seed k's gradient is the gradient of its own loss alone;
 - Adam: elementwise, so one Adam over the stacked parameters is S independent Adams (the step
   count is shared: all seeds step together);
 - the EWMA proximal weights: elementwise too (`ppo_lightning.algos.proximal.ewma_update_`);
@@ -77,19 +77,9 @@ class SeedGroup:
         if lm.decoupled:
             batch = module.add_proximal(batch)
         terms = ("loss_objective", "loss_critic", "loss_entropy")
-        # The network for all seeds at once (its stacked form), then the loss per seed under vmap,
-        # handed the seed's outputs in place of its network.
-        outputs = self.network(batch.get(OBS_KEY))
-
-        def one(outs, td):
-            lm.__dict__["network"] = lambda obs: outs
-            try:
-                out = lm(td)
-            finally:
-                lm.__dict__["network"] = self.network
-            return {k: out.get(k) for k in out.keys()}
-
-        out = torch.vmap(one, randomness="error")(tuple(outputs), batch)
+        # One pass over all seeds: the stacked network, and the loss on [S, B] tensors with
+        # per-seed reductions (``stacked_seeds``): every loss term and diagnostic is [S].
+        out = lm(batch)
         if self._names is None:
             self._names = list(out.keys())
         per_seed = sum(out[k] for k in terms)
