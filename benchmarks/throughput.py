@@ -33,6 +33,12 @@ PPG-EWMA wall per phase / PPG wall per phase - 1, ``ppg_ewma_overhead_within_run
 seconds / the rest of the PPG-EWMA phase). The per-frame cost hardly depends on n_pi (both phases
 scale with it), so a small ``--ppg-n-pi`` measures the paper's configuration in less time.
 ``--skip-ppg`` leaves them out.
+
+``--clock cpu`` times by this process's CPU seconds (``time.process_time``: torch's and Procgen's
+threads) instead of the wall clock: on a machine other jobs load, the iteration and its parts then
+count only this run's work (use it with ``--threads 1``). The rollout is then reported together with
+GAE and the rest (``rollout_s`` = the iteration less update, proximal forward and auxiliary phase;
+``gae_s`` 0), and frames/s are per CPU second.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ def train_run(args, decoupled: bool, precision: str, ppg: bool = False) -> dict:
     import lightning.pytorch as pl
     import torch
 
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
     from ppo_lightning.data.datamodule import RolloutDataModule
     from ppo_lightning.training.module import PPOLightningModule
 
@@ -85,32 +93,35 @@ def train_run(args, decoupled: bool, precision: str, ppg: bool = False) -> dict:
                 inner = src.proximal_policy
 
                 def timed(obs):
-                    t = time.perf_counter()
+                    t = clock()
                     out = inner(obs)
-                    self.prox_s += time.perf_counter() - t
+                    self.prox_s += clock() - t
                     return out
 
                 src.proximal_policy = timed
 
         def on_train_epoch_start(self, trainer, pl_module) -> None:
-            self.t0 = time.perf_counter()
+            self.t0 = clock()
             self.prox_s = self.update_s = self.aux_s = 0.0
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            self.tb = time.perf_counter()
+            self.tb = clock()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if isinstance(outputs, dict) and outputs.get("ppg_phase") == "aux":
-                self.aux_s += time.perf_counter() - self.tb
+                self.aux_s += clock() - self.tb
             else:
-                self.update_s += time.perf_counter() - self.tb
+                self.update_s += clock() - self.tb
 
         def on_train_epoch_end(self, trainer, pl_module) -> None:
             dm = trainer.datamodule
             timing = dm.source.last_timing
+            wall = clock() - self.t0
+            if args.clock == "cpu":  # the source times the rollout by the wall clock: take the rest instead
+                timing = {"time/rollout_s": wall - self.update_s - self.aux_s, "time/gae_s": 0.0}
             self.rows.append(
                 {
-                    "wall_s": time.perf_counter() - self.t0,
+                    "wall_s": wall,
                     "rollout_s": timing["time/rollout_s"],
                     "gae_s": timing["time/gae_s"],
                     "update_s": self.update_s - self.prox_s,
@@ -199,6 +210,11 @@ def main() -> None:
     p.add_argument("--ppg-aux-mbsize", type=int, default=4, help="PPG: env trajectories per auxiliary minibatch")
     p.add_argument("--skip-ppg", action="store_true", help="PPO and PPO-EWMA only")
     p.add_argument("--ewma-com", type=float, default=8.0)
+    p.add_argument("--proximal-path", choices=("default", "dense"), default="default",
+                   help="dense: the bf16 anchor's forward on dense tensors, not oneDNN tensors (the path before; "
+                        "for comparison, see benchmarks/proximal_cost.py)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: time by this process's CPU seconds (robust to other jobs' load; see above)")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
 
@@ -210,6 +226,10 @@ def main() -> None:
     from ppo_lightning.core.hardware import machine_info, machine_line, resolve_trainer_precision
 
     threads = configure_threads(args.threads, f"procgen:{args.game}")
+    if args.proximal_path == "dense":
+        import ppo_lightning.nets.impala as impala
+
+        impala._ONEDNN_BF16 = False
     machine = machine_info()
     print(machine_line(machine), flush=True)
     precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
@@ -277,7 +297,8 @@ def main() -> None:
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     result.update({"precision": precisions if len(precisions) > 1 else precisions[0],
                    "micro_batch_size": args.micro_batch_size or None,
-                   "torch_threads": threads, "procgen_threads": pthreads,
+                   "torch_threads": threads, "procgen_threads": pthreads, "clock": args.clock,
+                   "proximal_path": args.proximal_path,
                    "num_envs": args.num_envs, "rollout_steps": args.rollout_steps,
                    "ppg_n_pi": None if args.skip_ppg else args.ppg_n_pi})
     result["machine"] = machine

@@ -229,16 +229,70 @@ def test_procgen_training_smoke(precision, micro):
                                decoupled=True, proximal_com=8.0, micro_batch_size=micro)
     evaluation = HeldOutEvaluation(every_n_iterations=1, num_envs=2, num_steps=4)
     before = [p.detach().clone() for p in model.network.parameters()]
+    # The anchor at every micro-batch: the float32 EWMA average's own forward under the Trainer's
+    # precision (whatever copy or kernel path computes it), which moves away from the policy.
+    src, anchors = model.proximal_source, []
+    fast_policy = src.proximal_policy
+
+    def checked_policy(obs):
+        out = fast_policy(obs)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            anchors.append((torch.equal(out[0], src.proximal.policy(obs)[0]),
+                            torch.equal(out[0], model.network.policy(obs)[0])))
+        return out
+
+    src.proximal_policy = checked_policy
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_model_summary=False,
                          enable_progress_bar=False, callbacks=[evaluation], precision=precision)
     trainer.fit(model, dm)
     assert (model.proximal_source._forward_net is not None) == (precision == "bf16-mixed")  # bf16 weight copy
+    assert len(anchors) == trainer.global_step and all(a for a, _ in anchors)  # one per minibatch
+    assert not all(same_as_policy for _, same_as_policy in anchors)
     m = trainer.callback_metrics
     assert dm.frames == 128 and dm.iteration == 2 and trainer.global_step == 8
     assert math.isfinite(float(m["train/loss_objective"])) and float(m["proximal/com"]) == 8.0
     assert "eval/test/episodes" in m and "eval/train/episodes" in m
     assert [h["iteration"] for h in evaluation.history] == [1.0, 2.0]
     assert any(not torch.equal(a, b) for a, b in zip(before, model.network.parameters()))
+
+
+@pytest.mark.parametrize("shape,chunk", [((64, 64, 3), 64), ((21, 17, 3), 2)])
+def test_bf16_copy_no_grad_forward_on_onednn_tensors_is_bit_for_bit(monkeypatch, shape, chunk):
+    """The bf16 copy's no-grad forward (the EWMA anchor under bf16-mixed) on oneDNN tensors gives the
+    values of the dense path and of the float32 network under bf16 autocast, bit for bit."""
+    import ppo_lightning.nets.impala as impala
+
+    one = torch.ones(1, 1, 3, 3, dtype=torch.bfloat16)
+    try:
+        torch.mkldnn_convolution(one.to_mkldnn(), one, None, [1, 1], [1, 1], [1, 1], 1)
+    except RuntimeError as e:  # a torch/CPU without oneDNN bf16 kernels: the path is off there anyway
+        pytest.skip(f"no oneDNN bf16 convolution here: {e}")
+    torch.manual_seed(0)
+    net = ImpalaActorCritic({"shape": list(shape), "dtype": "uint8"}, ACT, channels=(8, 16, 16), dense=64,
+                            inference_chunk=chunk)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)  # non-zero biases, trained-size logits
+    copy16 = __import__("copy").deepcopy(net).to(torch.bfloat16)
+    obs = torch.randint(0, 256, (5, *shape), dtype=torch.uint8)
+    obs[:, :10] = 7  # flat regions: tied maxima
+    calls = []
+    real = ImpalaActorCritic._trunk_onednn
+    monkeypatch.setattr(ImpalaActorCritic, "_trunk_onednn", lambda *a: calls.append(1) or real(*a))
+    outputs = {}
+    for path in (True, False):
+        monkeypatch.setattr(impala, "_ONEDNN_BF16", path)
+        calls.clear()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            outputs[path] = copy16.policy(obs)[0]
+        assert bool(calls) == path
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = net.policy(obs)[0]
+        with_value = copy16(obs)  # forward and value() take the same path
+    assert outputs[True].dtype == torch.float32 and torch.equal(outputs[True], outputs[False])
+    assert torch.equal(outputs[True], autocast) and torch.equal(with_value[0], autocast)
+    assert with_value[1].dtype == torch.float32
+    assert copy16.policy(obs)[0].abs().max() > 0.1  # positive control: non-trivial logits
 
 
 def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():

@@ -23,6 +23,12 @@ bit the same values. And batches run in chunks of ``inference_chunk`` samples (t
 activations of 64 samples stay near the 2 MiB per-core L2; 256 at once were 1.3x slower in fp32),
 which changes only float rounding (~1e-8). Training keeps ``F.max_pool2d`` (its backward sends a tie's gradient to one input).
 See benchmarks/impala_step.py.
+
+A bf16 copy's forward without autograd (the EWMA proximal forward under bf16-mixed) runs, on CPUs
+with native bf16, on oneDNN tensors (``Tensor.to_mkldnn``, as ``torch.utils.mkldnn`` does): the
+convolutions are the same oneDNN kernels, but the max-pool is one oneDNN pass instead of four
+elementwise passes over strided views, and no layout checks run between layers. Bit for bit the
+same values (max, ReLU and bf16 sums round the same way; tested); see benchmarks/proximal_cost.py.
 """
 
 from __future__ import annotations
@@ -32,6 +38,19 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ppo_lightning.core.hardware import bf16_native_cpu
+
+_ONEDNN_BF16: bool | None = None
+
+
+def onednn_bf16_inference() -> bool:
+    """Whether bf16 no-grad forwards take the oneDNN-tensor path: oneDNN is built in and the CPU has
+    native bf16 (``avx512_bf16``/``amx_bf16``, not hidden by ``ONEDNN_MAX_CPU_ISA``). Read once."""
+    global _ONEDNN_BF16
+    if _ONEDNN_BF16 is None:
+        _ONEDNN_BF16 = torch.backends.mkldnn.is_available() and bf16_native_cpu()[0]
+    return _ONEDNN_BF16
 
 
 
@@ -68,6 +87,11 @@ def max_pool_3x3_s2(x: Tensor) -> Tensor:
     out = torch.maximum(even, odd)
     torch.maximum(out[..., 1:], odd[..., :-1], out=out[..., 1:])
     return out
+
+
+def _onednn_conv(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """``conv(x)`` for a oneDNN tensor ``x`` (the module's dense bf16 weights; a oneDNN tensor out)."""
+    return torch.mkldnn_convolution(x, conv.weight, conv.bias, conv.padding, conv.stride, conv.dilation, conv.groups)
 
 
 class ResidualBlock(nn.Module):
@@ -157,12 +181,28 @@ class ImpalaActorCritic(nn.Module):
         return x.reshape(*lead, x.shape[-1])
 
     def _trunk(self, x: Tensor, scale: bool) -> Tensor:
+        if (self.dense.weight.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled()
+                and onednn_bf16_inference()):
+            return self._trunk_onednn(x, scale)
         x = x.to(self.dense.weight.dtype)  # float32, or bf16 when the module itself was cast
         x = x * (1.0 / 255.0) if scale else x
         for stack in self.stacks:
             x = stack(x)
         x = F.relu(x).flatten(1)
         return F.relu(self.dense(x), inplace=True)
+
+    def _trunk_onednn(self, x: Tensor, scale: bool) -> Tensor:
+        """`_trunk` of a bf16 copy without autograd, on oneDNN tensors (see the module): same values."""
+        x = x.to(torch.bfloat16)
+        x = (x * (1.0 / 255.0) if scale else x).contiguous(memory_format=torch.channels_last).to_mkldnn()
+        with torch.autocast("cpu", enabled=False):  # weights and inputs are bf16 already
+            for stack in self.stacks:
+                x = torch.mkldnn_max_pool2d(_onednn_conv(x, stack.firstconv), [3, 3], [2, 2], [1, 1])
+                for block in stack.blocks:
+                    h = _onednn_conv(torch.relu(x), block.conv0)
+                    x = _onednn_conv(h.relu_(), block.conv1).add_(x)
+            x = torch.relu(x).to_dense().flatten(1)
+            return F.relu(self.dense(x), inplace=True)
 
     def _heads(self, x: Tensor, value: bool = True, policy: bool = True):
         """Float32 logits and value (the loss, GAE and the ratios are computed in float32)."""
