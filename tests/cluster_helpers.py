@@ -11,40 +11,23 @@ import gymnasium as gym
 import lightning.pytorch as pl
 from gymnasium.envs.classic_control import CartPoleEnv
 
+from robust_helpers import KillAt  # SignalAt is KillAt's moments with a signal (tests/ is on the path)
 
-class SignalAt(pl.Callback):
+
+class SignalAt(KillAt):
     """Send ``signum`` (a name: "SIGTERM", ...) to this process at a moment of iteration
     ``iteration`` (1-based), on global rank ``rank``: ``collect``: inside the 5th env step of that
-    iteration's collection; ``update``: after its ``step``-th optimizer step."""
+    iteration's collection; ``update``: after its ``step``-th optimizer step (`KillAt`'s moments,
+    another action)."""
 
     def __init__(self, signum: str, phase: str, iteration: int, step: int = 1, rank: int = 0) -> None:
-        self.signum, self.phase, self.iteration, self.step, self.rank = signum, phase, iteration, step, rank
-        self._steps = 0
+        if phase not in ("collect", "update"):
+            raise ValueError(f"SignalAt phase must be 'collect' or 'update', got {phase!r}")
+        super().__init__(phase, iteration, step)
+        self.signum, self.rank = signum, rank
 
-    def _send(self) -> None:
+    def _act(self) -> None:
         os.kill(os.getpid(), getattr(signal, self.signum))
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        dm = trainer.datamodule
-        if self.phase != "collect" or dm.iteration + 1 != self.iteration or trainer.global_rank != self.rank:
-            return
-        sub = dm.source.env.base_env._env.envs[0]
-        step, calls = sub.step, [0]
-
-        def signalling_step(action):
-            calls[0] += 1
-            if calls[0] == 5:
-                self._send()
-            return step(action)
-
-        sub.step = signalling_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if (self.phase == "update" and trainer.datamodule.iteration == self.iteration
-                and trainer.global_rank == self.rank):
-            self._steps += 1
-            if self._steps == self.step:
-                self._send()
 
 
 class RankFaultyCartPole(CartPoleEnv):

@@ -34,30 +34,39 @@ class KillAt(pl.Callback):
     checkpoint file of that iteration (ModelCheckpoint writes iteration-N.ckpt, then last.ckpt).
     """
 
+    rank: int | None = None  # the global rank it acts on (None: every rank)
+
     def __init__(self, phase: str, iteration: int, step: int = 1, write: int = 2) -> None:
         self.phase, self.iteration, self.step, self.write = phase, iteration, step, write
         self._steps = self._writes = 0
 
+    def _act(self) -> None:
+        """What happens at the chosen moment (`SignalAt` sends a signal instead)."""
+        _die()
+
+    def _here(self, trainer) -> bool:
+        return self.rank is None or trainer.global_rank == self.rank
+
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
-        if self.phase != "collect" or dm.iteration + 1 != self.iteration:
+        if self.phase != "collect" or dm.iteration + 1 != self.iteration or not self._here(trainer):
             return
         sub = dm.source.env.base_env._env.envs[0]
         step, calls = sub.step, [0]
 
-        def dying_step(action):
+        def acting_step(action):
             calls[0] += 1
             if calls[0] == 5:
-                _die()
+                self._act()
             return step(action)
 
-        sub.step = dying_step
+        sub.step = acting_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.phase == "update" and trainer.datamodule.iteration == self.iteration:
+        if self.phase == "update" and trainer.datamodule.iteration == self.iteration and self._here(trainer):
             self._steps += 1
             if self._steps == self.step:
-                _die()
+                self._act()
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         if self.phase == "checkpoint" and trainer.datamodule.iteration == self.iteration:
