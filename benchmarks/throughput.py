@@ -204,7 +204,8 @@ def train_run(args, decoupled: bool, precision: str, ppg: bool = False, after_ti
 
 def start_cleanrl(args, threads: int, procgen_threads: int, iterations: int):
     """CleanRL's script at this run's sizes, after its start-up and warm-up iteration."""
-    from cleanrl_lockstep import CleanRLLockstep
+    from cleanrl_lockstep import CleanRLLockstep  # benchmarks/ is on the path when run as a script
+
     print(f"cleanrl: {args.cleanrl} at the same sizes (game {args.game}, hard, {args.num_envs} envs x "
           f"{args.rollout_steps} steps, {args.epochs} epochs x {args.num_minibatches} minibatches, fp32, "
           f"{threads} torch thread(s), {procgen_threads} procgen thread(s)); warm-up ...", flush=True)
