@@ -61,6 +61,38 @@ def test_gradient_clipping_clips_each_seed_by_its_own_norm():
     assert any((a[n] - b[n]).abs().max() > 1e-3 for n in a)  # the clipping acted
 
 
+@pytest.mark.parametrize("rows", [1, 8, 9, 32])
+def test_stacked_minatar_cnn_matches_each_seeds_network_with_gradients(rows):
+    """The stacked MinAtar CNN (`nets.minatar_stacked`: its own linear backward, two matmul orders
+    around ``SMALL_ROWS``) gives each seed's outputs and parameter gradients of its own network."""
+    from ppo_lightning.nets.models import build_network
+    from ppo_lightning.nets.seed_stack import SeedStack
+
+    nets = []
+    for s in range(3):
+        torch.manual_seed(s)
+        nets.append(build_network({"shape": [10, 10, 4], "dtype": "bool"}, {"type": "discrete", "n": 6}, NET))
+    stack = SeedStack(nets)
+    obs = torch.rand(3, rows, 10, 10, 4) < 0.3
+    weights = torch.randn(3, rows, 7)
+
+    def loss(logits, value, w):
+        return (torch.cat([logits, value], -1) * w).sum()
+
+    loss(*stack(obs), weights).backward()
+    with torch.no_grad():
+        inference = stack(obs)
+    for k, net in enumerate(nets):
+        logits, value = net(obs[k])
+        loss(logits, value, weights[k]).backward()  # seed k's terms of the summed loss
+        torch.testing.assert_close(inference[0][k], logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(inference[1][k], value, rtol=1e-5, atol=1e-5)
+        for name, p in net.named_parameters():
+            got = stack.inner.get_parameter(name).grad[k]
+            torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+            assert p.grad.abs().max() > 0
+
+
 def test_batched_sampling_draws_each_seeds_multinomial():
     """`sample_per_seed` (all seeds at once) gives the actions of one ``torch.multinomial`` per seed on
     that seed's generator, and leaves every generator in the same state; bad probabilities raise."""
