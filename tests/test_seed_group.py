@@ -61,7 +61,7 @@ def test_gradient_clipping_clips_each_seed_by_its_own_norm():
     assert any((a[n] - b[n]).abs().max() > 1e-3 for n in a)  # the clipping acted
 
 
-@pytest.mark.parametrize("rows", [1, 8, 9, 32])
+@pytest.mark.parametrize("rows", [1, 8, 9, 32, 64])
 def test_stacked_minatar_cnn_matches_each_seeds_network_with_gradients(rows):
     """The stacked MinAtar CNN (`nets.minatar_stacked`: its own linear backward, two matmul orders
     around ``SMALL_ROWS``) gives each seed's outputs and parameter gradients of its own network."""
