@@ -8,9 +8,12 @@ states over, `ppo_lightning.training.seed_group`), and it has its own reward nor
 moments, minibatch shuffling generator and episode window. Rollouts, GAE and minibatches are
 per seed, stacked on a leading seed dimension: a minibatch is ``[S, minibatch_size]``.
 
-Only the policy forward of the collection runs for all seeds at once (the stacked network,
-`ppo_lightning.nets.seed_stack`); everything that draws random numbers or keeps statistics runs per
-seed, with the single run's code (`next_values`, GAE, the normalizers, `EpisodeStats`).
+The policy forward of the collection runs for all seeds at once (the stacked network,
+`ppo_lightning.nets.seed_stack`). Random numbers are drawn per seed, on the seed's own generators;
+statistics are kept per seed with the single run's code (`next_values`, `EpisodeStats`, the
+normalizers' moments). What is elementwise over envs runs once on the seed-major tensors with
+each seed's values those of its own call: the sampling's division and argmax (`sample_per_seed`),
+the reward normalizers' running returns (`RewardNormalizer.normalize_stacked`) and GAE.
 
 Envs: those that step as one batch (MinAtar; `ppo_lightning.data.batched_rollout`).
 """
@@ -136,8 +139,9 @@ class SeedGroupSource:
     def _rollouts(self) -> list[TensorDictBase]:
         """One rollout per seed (the batched rollout's keys and values), the policy run for all at once.
 
-        Per time step: one policy forward for all S x n envs, one sample per seed (on its own
-        generator, as `Categorical.sample` draws), the games stepped seed after seed, and the step's records
+        Per time step: one policy forward for all S x n envs, the actions of all seeds at once with
+        each seed's noise drawn on its own generator (`sample_per_seed`: as `Categorical.sample` draws),
+        the games stepped seed after seed, and the step's records
         written into preallocated time-major buffers (numpy where the data comes from the games);
         episode sums and counters in numpy (the same float32 and int64 arithmetic as the single
         run's torch ops)."""

@@ -17,8 +17,8 @@ from ppo_lightning.nets.minatar_cnn import MinAtarActorCritic
 def _linear_forward(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """``x [S, B, in] @ weight[S, out, in]^T + bias [S, out]`` -> ``[S, B, out]``. With few rows per seed
     (a rollout's forward, c = 64 minibatches: up to 8) ``x @ weight^T`` directly, a matrix-vector-like
-    product over each weight, about twice as fast there; with more rows ``(weight @ x^T)^T``, which
-    is the faster order from ~16 rows on (Xeon-AMX, 1 thread; docs/benchmarks/small-batch.md)."""
+    product over each weight, the faster order there; with more rows ``(weight @ x^T)^T``, the faster
+    one from ~16 rows on (measured: docs/benchmarks/small-batch.md)."""
     if x.shape[1] <= SMALL_ROWS:
         return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
     return torch.baddbmm(bias.unsqueeze(-1), weight, x.transpose(1, 2)).transpose(1, 2)
@@ -31,8 +31,7 @@ class _StackedLinear(torch.autograd.Function):
     """`_linear_forward` with the backward written out: ``grad_x = g @ weight`` and ``grad_weight = g^T @ x``,
     both batched matmuls over contiguous operands that produce the gradients in their tensors' own
     layouts (autograd's backward of either forward order transposes one of them: a copy of every
-    weight gradient, or a transposed input gradient that the layers below copy). 25-35% less time
-    for the dense layer's forward + backward from 64 rows per seed on (c <= 8)."""
+    weight gradient, or a transposed input gradient that the layers below copy)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
