@@ -61,6 +61,76 @@ def test_gradient_clipping_clips_each_seed_by_its_own_norm():
     assert any((a[n] - b[n]).abs().max() > 1e-3 for n in a)  # the clipping acted
 
 
+@pytest.mark.parametrize("rows", [1, 8, 9, 32, 64])
+def test_stacked_minatar_cnn_matches_each_seeds_network_with_gradients(rows):
+    """The stacked MinAtar CNN (`nets.minatar_stacked`: its own linear backward, two matmul orders
+    around ``SMALL_ROWS``) gives each seed's outputs and parameter gradients of its own network."""
+    from ppo_lightning.nets.models import build_network
+    from ppo_lightning.nets.seed_stack import SeedStack
+
+    nets = []
+    for s in range(3):
+        torch.manual_seed(s)
+        nets.append(build_network({"shape": [10, 10, 4], "dtype": "bool"}, {"type": "discrete", "n": 6}, NET))
+    stack = SeedStack(nets)
+    obs = torch.rand(3, rows, 10, 10, 4) < 0.3
+    weights = torch.randn(3, rows, 7)
+
+    def loss(logits, value, w):
+        return (torch.cat([logits, value], -1) * w).sum()
+
+    loss(*stack(obs), weights).backward()
+    with torch.no_grad():
+        inference = stack(obs)
+    for k, net in enumerate(nets):
+        logits, value = net(obs[k])
+        loss(logits, value, weights[k]).backward()  # seed k's terms of the summed loss
+        torch.testing.assert_close(inference[0][k], logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(inference[1][k], value, rtol=1e-5, atol=1e-5)
+        for name, p in net.named_parameters():
+            got = stack.inner.get_parameter(name).grad[k]
+            torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+            assert p.grad.abs().max() > 0
+
+
+def test_batched_sampling_draws_each_seeds_multinomial():
+    """`sample_per_seed` (all seeds at once) gives the actions of one ``torch.multinomial`` per seed on
+    that seed's generator, and leaves every generator in the same state; bad probabilities raise."""
+    from ppo_lightning.data.seed_group import sample_per_seed
+
+    for S, n, A in [(8, 1, 6), (3, 5, 4), (2, 64, 18)]:
+        for trial in range(50):
+            probs = torch.distributions.Categorical(logits=3 * torch.randn(S, n, A)).probs
+            g1 = [torch.Generator().manual_seed(97 * trial + k) for k in range(S)]
+            g2 = [torch.Generator().manual_seed(97 * trial + k) for k in range(S)]
+            ref = torch.stack([torch.multinomial(probs[k], 1, True, generator=g).T.reshape(n) for k, g in enumerate(g1)])
+            assert torch.equal(sample_per_seed(probs, g2, torch.empty(S, n, A)), ref)
+            assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(g1, g2))
+    probs[1, 0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="nan"):
+        sample_per_seed(probs, g2, torch.empty(S, n, A))
+
+
+def test_stacked_reward_normalization_is_each_seeds_own():
+    """`RewardNormalizer.normalize_stacked` (one time loop for S seeds) returns, and leaves in each
+    normalizer, bitwise what S separate calls do, over two rollouts with episode ends."""
+    from ppo_lightning.algos.advantages import RewardNormalizer
+
+    torch.manual_seed(0)
+    S, n, T = 3, 4, 16
+    alone = [RewardNormalizer(n, 0.99) for _ in range(S)]
+    stacked = [RewardNormalizer(n, 0.99) for _ in range(S)]
+    for _ in range(2):
+        reward = torch.randn(S, n, T, 1) * torch.arange(1, S + 1).reshape(S, 1, 1, 1)
+        done = torch.rand(S, n, T, 1) < 0.1
+        ref = torch.stack([nm(reward[k], done[k]) for k, nm in enumerate(alone)])
+        got = RewardNormalizer.normalize_stacked(stacked, reward, done)
+        assert torch.equal(got, ref)
+        for a, b in zip(alone, stacked):
+            assert torch.equal(a.ret, b.ret) and (a.count, a.mean, a.m2) == (b.count, b.mean, b.m2)
+    assert len({nm.m2 for nm in stacked}) == S  # the seeds' statistics differ
+
+
 class PoisonSeed(pl.Callback):
     """A NaN in seed ``seed``'s advantages at gradient step ``step`` of the run."""
 

@@ -112,6 +112,18 @@ class AdvantageMoments:
         self.w, self.s, self.q, self.history = state["w"], state["s"], state["q"], list(state["history"])
 
 
+def running_returns(ret: Tensor, reward: Tensor, done: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+    """The discounted return of every env along a rollout: ``ret = gamma ret + r_t``, restarting
+    after each episode end. ``reward``/``done`` are ``[..., envs, time]``, ``ret`` the returns carried
+    in, ``[..., envs]``; returns (the returns at every step, the returns carried out)."""
+    returns = torch.empty_like(reward)
+    for t in range(reward.shape[-1]):
+        ret = ret * gamma + reward[..., t]
+        returns[..., t] = ret
+        ret = torch.where(done[..., t], torch.zeros_like(ret), ret)
+    return returns, ret
+
+
 class RewardNormalizer:
     """Divide rewards by the running std of the per-env discounted return, then clip.
 
@@ -145,17 +157,30 @@ class RewardNormalizer:
     def __call__(self, reward: Tensor, done: Tensor) -> Tensor:
         """Normalize a rollout's rewards shaped [envs, time, 1] (done likewise); returns a new tensor."""
         r = reward.squeeze(-1).double()
-        d = done.squeeze(-1)
         if self.ret.device != r.device:  # rollouts on a GPU: keep the running return there
             self.ret = self.ret.to(r.device)
-        returns = torch.empty_like(r)
-        for t in range(r.shape[1]):
-            self.ret = self.ret * self.gamma + r[:, t]
-            returns[:, t] = self.ret
-            self.ret = torch.where(d[:, t], torch.zeros_like(self.ret), self.ret)
+        returns, self.ret = running_returns(self.ret, r, done.squeeze(-1), self.gamma)
         self._update_stats(returns)
-        scaled = (r / math.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
-        return scaled.to(reward.dtype).unsqueeze(-1)
+        return self._scale(r).to(reward.dtype).unsqueeze(-1)
+
+    def _scale(self, r: Tensor) -> Tensor:
+        return (r / math.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+    @staticmethod
+    @torch.no_grad()
+    def normalize_stacked(normalizers: list["RewardNormalizer"], reward: Tensor, done: Tensor) -> Tensor:
+        """``normalizers[k](reward[k], done[k])`` for every k (the seeds of a vectorized group,
+        rewards ``[S, envs, time, 1]``), with one time loop for all: the running returns are
+        elementwise, so each seed's values, statistics and output are those of its own call."""
+        r = reward.squeeze(-1).double()
+        ret0 = torch.stack([nm.ret.to(r.device) for nm in normalizers])
+        returns, ret = running_returns(ret0, r, done.squeeze(-1), normalizers[0].gamma)
+        out = torch.empty_like(r)
+        for k, nm in enumerate(normalizers):
+            nm.ret = ret[k].clone()
+            nm._update_stats(returns[k])
+            out[k] = nm._scale(r[k])
+        return out.to(reward.dtype).unsqueeze(-1)
 
     def state_dict(self) -> dict:
         return {"ret": self.ret.cpu().clone(), "count": self.count, "mean": self.mean, "m2": self.m2}

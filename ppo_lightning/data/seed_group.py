@@ -8,9 +8,12 @@ states over, `ppo_lightning.training.seed_group`), and it has its own reward nor
 moments, minibatch shuffling generator and episode window. Rollouts, GAE and minibatches are
 per seed, stacked on a leading seed dimension: a minibatch is ``[S, minibatch_size]``.
 
-Only the policy forward of the collection runs for all seeds at once (the stacked network,
-`ppo_lightning.nets.seed_stack`); everything that draws random numbers or keeps statistics runs per
-seed, with the single run's code (`next_values`, GAE, the normalizers, `EpisodeStats`).
+The policy forward of the collection runs for all seeds at once (the stacked network,
+`ppo_lightning.nets.seed_stack`). Random numbers are drawn per seed, on the seed's own generators;
+statistics are kept per seed with the single run's code (`next_values`, `EpisodeStats`, the
+normalizers' moments). What is elementwise over envs runs once on the seed-major tensors with
+each seed's values those of its own call: the sampling's division and argmax (`sample_per_seed`),
+the reward normalizers' running returns (`RewardNormalizer.normalize_stacked`) and GAE.
 
 Envs: those that step as one batch (MinAtar; `ppo_lightning.data.batched_rollout`).
 """
@@ -45,6 +48,25 @@ def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_se
         raise ValueError("data.num_seeds > 1 does not support trainer.accumulate_grad_batches yet")
     if list(model_seeds) != list(data_seeds):
         raise ValueError(f"model.seeds {model_seeds} differ from the data's seeds {data_seeds} (data.seed, data.num_seeds)")
+
+
+def sample_per_seed(probs: torch.Tensor, generators: list[torch.Generator], noise: torch.Tensor) -> torch.Tensor:
+    """``torch.multinomial(probs[k], 1, True, generator=generators[k])`` (what ``Categorical.sample``
+    draws) for every seed k at once: actions ``[S, n]`` from probabilities ``[S, n, A]``.
+
+    For one sample, ATen's ``multinomial`` draws ``q ~ Exp(1)`` shaped like the probabilities with
+    ``exponential_`` on the generator and takes ``argmax(p / q)`` (Gumbel-max; ``Distributions.cpp``).
+    Drawing each seed's ``q`` on its own generator into ``noise`` and dividing and taking the argmax
+    once gives the same actions and leaves every generator where the per-seed call leaves it
+    (`tests/test_seed_group.py`), at one kernel per seed instead of one multinomial's validation,
+    allocation and reductions per seed. Invalid probabilities raise as ``multinomial`` does."""
+    if not bool(((probs.max() < float("inf")) & (probs.min() >= 0)).item()):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if bool((probs.sum(-1) == 0).any()):
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    for q, g in zip(noise, generators):
+        q.exponential_(1, generator=g)
+    return torch.div(probs, noise, out=noise).argmax(-1)
 
 
 class SeedState:
@@ -117,8 +139,9 @@ class SeedGroupSource:
     def _rollouts(self) -> list[TensorDictBase]:
         """One rollout per seed (the batched rollout's keys and values), the policy run for all at once.
 
-        Per time step: one policy forward for all S x n envs, one sample per seed (on its own
-        generator, as `Categorical.sample` draws), the games stepped seed after seed, and the step's records
+        Per time step: one policy forward for all S x n envs, the actions of all seeds at once with
+        each seed's noise drawn on its own generator (`sample_per_seed`: as `Categorical.sample` draws),
+        the games stepped seed after seed, and the step's records
         written into preallocated time-major buffers (numpy where the data comes from the games);
         episode sums and counters in numpy (the same float32 and int64 arithmetic as the single
         run's torch ops)."""
@@ -138,6 +161,7 @@ class SeedGroupSource:
         logp_buf, value_buf = torch.empty((T, S, n)), torch.empty((T, S, n, 1))
         param_bufs = None
         space, gens = self.data.action_space, [st.action_generator for st in self.states]
+        noise = torch.empty((S, n, space["n"])) if space["type"] == "discrete" else None
         for t in range(T):
             *params, value = self.network(obs_t[t])
             if param_bufs is None:
@@ -146,9 +170,7 @@ class SeedGroupSource:
                 buf[t] = p
             value_buf[t] = value
             dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
-            probs = dist.probs
-            # Categorical.sample, each seed on its own generator
-            action = torch.stack([torch.multinomial(probs[k], 1, True, generator=g).T.reshape(n) for k, g in enumerate(gens)])
+            action = sample_per_seed(dist.probs, gens, noise)  # Categorical.sample, each seed on its own generator
             action_buf[t] = action
             logp_buf[t] = dist.log_prob(action)
             for k, (actions, base) in enumerate(zip(action.tolist(), bases)):
@@ -181,6 +203,7 @@ class SeedGroupSource:
         ep_b, sc_b = seed_major(ep_np[:T], True), seed_major(sc_np[:T], True)
         next_ep_b, next_sc_b = seed_major(next_ep_np, True), seed_major(next_sc_np, True)
         done_b = term_b | trunc_b
+        self._stacked = {"reward": reward_b, "done": done_b, "terminated": term_b, VALUE_KEY: value_b}
         out = []
         for k in range(S):
             zeros = torch.zeros((n, T, 1), dtype=torch.bool)
@@ -209,14 +232,34 @@ class SeedGroupSource:
         self.network.train(was_training)
         data.frames += rollouts[0].numel()  # per seed: each seed counts its own frames, as alone
         t1 = time.perf_counter()
-        for k, (st, rollout) in enumerate(zip(self.states, rollouts)):
+        # Per seed as a single run does it: episodes, then reward normalization, then V(next obs), then
+        # GAE. The normalizers' time loop and GAE are elementwise over envs, so they run once for all
+        # seeds on the seed-major tensors (each seed's values are those of its own call).
+        stacked = self._stacked
+        for st, rollout in zip(self.states, rollouts):
             st.episodes.add_rollout(rollout)
-            if st.reward_normalizer is not None:
-                rollout.set(("next", "reward"), faults.normalize_rewards_finite(
-                    st.reward_normalizer, rollout.get(("next", "reward")), rollout.get(("next", "done"))))
+        if self.states[0].reward_normalizer is not None:
+            normalizers = [st.reward_normalizer for st in self.states]
+            stacked["reward"] = faults.normalize_rewards_finite(
+                lambda r, d: RewardNormalizer.normalize_stacked(normalizers, r, d), stacked["reward"], stacked["done"])
+            for k, rollout in enumerate(rollouts):
+                rollout.set(("next", "reward"), stacked["reward"][k])
+        nxt = []
+        for k, rollout in enumerate(rollouts):
             with precision():
-                rollout.set(("next", VALUE_KEY), next_values(rollout, lambda x, k=k: self.network.value_of_seed(k, x)))
-            self.gae(rollout)
+                nxt.append(next_values(rollout, lambda x, k=k: self.network.value_of_seed(k, x)))
+            rollout.set(("next", VALUE_KEY), nxt[k])
+        n, T = rollouts[0].shape
+        group = TensorDict({VALUE_KEY: stacked[VALUE_KEY],
+                            "next": TensorDict({"reward": stacked["reward"], "done": stacked["done"],
+                                                "terminated": stacked["terminated"], VALUE_KEY: torch.stack(nxt)},
+                                               batch_size=[len(rollouts), n, T])},
+                           batch_size=[len(rollouts), n, T])
+        self.gae(group)
+        for key in (self.gae.tensor_keys.advantage, self.gae.tensor_keys.value_target):
+            values = group.get(key)
+            for k, rollout in enumerate(rollouts):
+                rollout.set(key, values[k])
         t2 = time.perf_counter()
         self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
         return rollouts

@@ -14,11 +14,45 @@ from torch import Tensor
 
 from ppo_lightning.nets.minatar_cnn import MinAtarActorCritic
 
-def _stacked_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """``x [S, B, in] @ weight[S, out, in]^T + bias [S, out]`` -> ``[S, B, out]``, computed as
-    ``(weight @ x^T)^T`` so that the weight's gradient comes out in the weight's own layout (the other
-    order makes autograd transpose-copy every weight gradient, the largest cost of a step)."""
+def _linear_forward(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x [S, B, in] @ weight[S, out, in]^T + bias [S, out]`` -> ``[S, B, out]``. With few rows per seed
+    (a rollout's forward, c = 64 minibatches: up to 8) ``x @ weight^T`` directly, a matrix-vector-like
+    product over each weight, the faster order there; with more rows ``(weight @ x^T)^T``, the faster
+    one from ~16 rows on (measured: docs/benchmarks/small-batch.md)."""
+    if x.shape[1] <= SMALL_ROWS:
+        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
     return torch.baddbmm(bias.unsqueeze(-1), weight, x.transpose(1, 2)).transpose(1, 2)
+
+
+SMALL_ROWS = 8
+
+
+class _StackedLinear(torch.autograd.Function):
+    """`_linear_forward` with the backward written out: ``grad_x = g @ weight`` and ``grad_weight = g^T @ x``,
+    both batched matmuls over contiguous operands that produce the gradients in their tensors' own
+    layouts (autograd's backward of either forward order transposes one of them: a copy of every
+    weight gradient, or a transposed input gradient that the layers below copy)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return _linear_forward(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
+def _stacked_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x [S, B, in] @ weight[S, out, in]^T + bias [S, out]`` -> ``[S, B, out]``: `_StackedLinear` when
+    gradients are needed (autocast keeps autograd's own backward: its casts belong to it)."""
+    if torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type):
+        return _StackedLinear.apply(x, weight, bias)
+    return _linear_forward(x, weight, bias)
 
 
 def _stacked_trunk(p: dict[str, Tensor], prefix: str, x: Tensor, kernel: int) -> Tensor:
