@@ -10,15 +10,18 @@ Lightning's bf16-mixed, fused Adam), timed as:
   (``ProximalPolicyEWMA.proximal_policy``, one call as in the module) and the EWMA update after the
   optimizer step (``ProximalPolicyEWMA.update``, with the refresh of its bf16 copy). The proximal
   forward's path:
-  ``onednn`` (the bf16 copy on oneDNN tensors, the default where the CPU has native bf16),
+  ``onednn`` (the bf16 copy on oneDNN tensors, the default where the CPU has native bf16; the
+  ReLU after each residual block's first conv fused into that conv as a oneDNN post-op),
+  ``onednn_unfused`` (the same with a separate ReLU pass),
   ``dense`` (the bf16 copy on dense channels_last tensors, the path before),
   ``autocast`` (the float32 average under autocast, no bf16 copy).
 
 Every variant runs once per round, ``--rounds`` rounds after one warm-up round (interleaved, so a
-shared machine's load hits all alike), one thread, CPU seconds of this process
+shared machine's load hits all alike; the order reverses every round), one thread, CPU seconds of this process
 (``time.process_time``). Printed per variant: the median step and the median of its proximal
 forward and EWMA update; and the ratio that matters, ``(ewma - ppo) / ppo`` from the medians of
-the step times, next to ``proximal forward / ppo``. The last line is one JSON object.
+the step times, next to ``proximal forward / ppo``, and each path's proximal forward against the
+first path's (median of the per-round ratios). The last line is one JSON object.
 
     python benchmarks/proximal_cost.py                      # 2048 samples, micro-batches of 128
     python benchmarks/proximal_cost.py --minibatch 512 --rounds 4
@@ -40,9 +43,9 @@ def main() -> None:
     p.add_argument("--paths", default="onednn,dense,autocast", help="proximal forward paths (see above)")
     args = p.parse_args()
     paths = [s for s in args.paths.split(",") if s]
-    unknown = set(paths) - {"onednn", "dense", "autocast"}
+    unknown = set(paths) - {"onednn", "onednn_unfused", "dense", "autocast"}
     if unknown:
-        p.error(f"--paths: unknown {sorted(unknown)}; choose from onednn, dense, autocast")
+        p.error(f"--paths: unknown {sorted(unknown)}; choose from onednn, onednn_unfused, dense, autocast")
     if args.minibatch % args.micro_batch:
         p.error(f"--minibatch {args.minibatch} is not a multiple of --micro-batch {args.micro_batch}")
 
@@ -54,7 +57,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print(machine_line(), flush=True)
-    if "onednn" in paths and not impala.onednn_bf16_inference():
+    if any(x.startswith("onednn") for x in paths) and not impala.onednn_bf16_inference():
         p.error("--paths onednn: this CPU has no native bf16 (or oneDNN is missing); the path is off here")
     clock = time.process_time
     torch.manual_seed(0)
@@ -81,7 +84,8 @@ def main() -> None:
 
     def ewma_step(path: str) -> tuple[float, float]:
         src = sources[path]
-        impala._ONEDNN_BF16 = path == "onednn"
+        impala._ONEDNN_BF16 = path.startswith("onednn")
+        impala._FUSE_CONV_RELU = path == "onednn"
         t = clock()
         with torch.autocast("cpu", dtype=torch.bfloat16):  # the training step's context under bf16-mixed
             src.proximal_policy(obs)
@@ -95,7 +99,7 @@ def main() -> None:
     times = {v: [] for v in variants}
     parts = {v: ([], []) for v in variants[1:]}
     for r in range(args.rounds + 1):
-        for v in variants:
+        for v in variants if r % 2 else variants[::-1]:  # the order alternates: none always runs first
             t = clock()
             if v == "ppo":
                 train_step()
@@ -108,7 +112,8 @@ def main() -> None:
                     parts[v][0].append(prox)
                     parts[v][1].append(upd)
         if r:
-            print(f"round {r}: " + ", ".join(f"{v} {times[v][-1]:.2f}s" for v in variants), flush=True)
+            print(f"round {r}: " + ", ".join(f"{v} {times[v][-1]:.2f}s" + (f" (forward {parts[v][0][-1]:.3f}s)"
+                                                if v != "ppo" else "") for v in variants), flush=True)
 
     med = {v: statistics.median(t) for v, t in times.items()}
     result: dict = {"machine": machine_info(), "clock": "cpu", "threads": 1, "minibatch": args.minibatch,
@@ -122,6 +127,10 @@ def main() -> None:
               f"({100 * prox / med['ppo']:.1f}% of a PPO step)   EWMA update {1e3 * upd:.1f} ms")
         result[v] = {"step_s": round(med[v], 3), "overhead": round(extra, 4), "proximal_forward_s": round(prox, 3),
                      "proximal_over_ppo_step": round(prox / med["ppo"], 4), "ewma_update_s": round(upd, 4)}
+        if v != variants[1]:  # against the first path, round by round (robust to load that drifts)
+            ratio = statistics.median(a / b for a, b in zip(parts[v][0], parts[variants[1]][0]))
+            print(f"{'':15s} proximal forward / {variants[1]}'s, median of the rounds' ratios: {ratio:.3f}")
+            result[v][f"forward_over_{variants[1]}"] = round(ratio, 4)
     print(json.dumps(result))
 
 

@@ -39,12 +39,23 @@ threads) instead of the wall clock: on a machine other jobs load, the iteration 
 count only this run's work (use it with ``--threads 1``). The rollout is then reported together with
 GAE and the rest (``rollout_s`` = the iteration less update, proximal forward and auxiliary phase;
 ``gae_s`` 0), and frames/s are per CPU second.
+
+``--cleanrl PATH`` runs CleanRL's ``ppo_procgen.py`` (not shipped: how to fetch it and what it needs are in
+``benchmarks/cleanrl_lockstep.py``) in a subprocess at this run's sizes (game, hard mode, envs, steps,
+epochs, minibatches; ``--threads`` torch threads, the same Procgen threads), one CleanRL iteration after
+each timed PPO iteration (its start-up and first iteration are its warm-up), timed by the same clock
+(``--clock cpu``: the child's CPU seconds). It prints CleanRL's frames/s next to each PPO run and puts
+``cleanrl_fps`` and ``ppo_vs_cleanrl`` (``ppo_<precision>_vs_cleanrl``) into the JSON line:
+
+    python benchmarks/throughput.py --only ppo --precision auto,32-true --iterations 1 --threads 1 --clock cpu \
+        --cleanrl ppo_procgen.py --cleanrl-pythonpath gym-0.23.1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -71,7 +82,7 @@ def raw_env_fps(game: str, num_envs: int, steps: int, num_threads: int | None) -
     return steps * num_envs / dt
 
 
-def train_run(args, decoupled: bool, precision: str, ppg: bool = False) -> dict:
+def train_run(args, decoupled: bool, precision: str, ppg: bool = False, after_timed_iteration=None) -> dict:
     import lightning.pytorch as pl
     import torch
 
@@ -130,6 +141,8 @@ def train_run(args, decoupled: bool, precision: str, ppg: bool = False) -> dict:
                     "frames": dm.frames_per_iteration,
                 }
             )
+            if after_timed_iteration is not None and len(self.rows) > 1:  # not after the warm-up
+                after_timed_iteration()  # outside this run's clock: the next iteration starts its own
 
     fpi = args.num_envs * args.rollout_steps
     n_pi = args.ppg_n_pi if ppg else 1  # PPG: a warm-up phase and a timed phase of n_pi iterations
@@ -189,6 +202,21 @@ def train_run(args, decoupled: bool, precision: str, ppg: bool = False) -> dict:
     return mean
 
 
+def start_cleanrl(args, threads: int, procgen_threads: int, iterations: int):
+    """CleanRL's script at this run's sizes, after its start-up and warm-up iteration."""
+    from cleanrl_lockstep import CleanRLLockstep  # benchmarks/ is on the path when run as a script
+
+    print(f"cleanrl: {args.cleanrl} at the same sizes (game {args.game}, hard, {args.num_envs} envs x "
+          f"{args.rollout_steps} steps, {args.epochs} epochs x {args.num_minibatches} minibatches, fp32, "
+          f"{threads} torch thread(s), {procgen_threads} procgen thread(s)); warm-up ...", flush=True)
+    c = CleanRLLockstep(args.cleanrl, game=args.game, num_envs=args.num_envs, num_steps=args.rollout_steps,
+                        num_minibatches=args.num_minibatches, update_epochs=args.epochs, max_iterations=iterations,
+                        threads=threads, procgen_threads=procgen_threads, pythonpath=args.cleanrl_pythonpath)
+    key = "cpu_s" if args.clock == "cpu" else "wall_s"
+    print(f"cleanrl warm-up (start-up + 1 iteration) {c.warmup[key]:.1f} s", flush=True)
+    return c
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=2, help="timed iterations per algorithm (after 1 warm-up)")
@@ -215,8 +243,20 @@ def main() -> None:
                         "for comparison, see benchmarks/proximal_cost.py)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: time by this process's CPU seconds (robust to other jobs' load; see above)")
+    p.add_argument("--cleanrl", metavar="PATH", default=None,
+                   help="CleanRL's ppo_procgen.py (not shipped; see benchmarks/cleanrl_lockstep.py): run it at the "
+                        "same sizes in a subprocess, one iteration after each timed PPO iteration, and report the ratio")
+    p.add_argument("--cleanrl-pythonpath", metavar="DIR", default=None,
+                   help="a folder put first on the CleanRL process's path (gym 0.23.1, which the script needs)")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
+    if args.cleanrl:  # before anything runs: a missing script or dependency is a one-line error
+        from cleanrl_lockstep import requirements_error
+
+        error = requirements_error(args.cleanrl_pythonpath) if os.path.isfile(args.cleanrl) \
+            else f"--cleanrl: no such file {args.cleanrl!r}"
+        if error:
+            p.exit(2, error + "\n")
 
     import torch
 
@@ -257,12 +297,27 @@ def main() -> None:
     # Interleaved: each algorithm at every precision before the next algorithm.
     plan = [(base, decoupled, ppg, precision) for base, decoupled, ppg in algos if not only or base in only
             for precision in precisions]
+    cleanrl = None
+    if args.cleanrl:
+        if not any(base == "ppo" for base, *_ in plan):
+            p.error("--cleanrl compares CleanRL's PPO with ours: include ppo in --only")
+        cleanrl = start_cleanrl(args, threads, pthreads, len(precisions) * args.iterations)
     runs = {}
     for base, decoupled, ppg, precision in plan:
         name = base if precision == precisions[0] else f"{base}_{precision}"
         ppo_ref = "ppo" if precision == precisions[0] else f"ppo_{precision}"
         ppg_ref = "ppg" if precision == precisions[0] else f"ppg_{precision}"
-        r = runs[name] = train_run(args, decoupled, precision, ppg)
+        step = cleanrl.step if cleanrl is not None and base == "ppo" else None
+        first_row = len(cleanrl.rows) if cleanrl is not None else 0
+        r = runs[name] = train_run(args, decoupled, precision, ppg, after_timed_iteration=step)
+        if step is not None:  # the CleanRL iterations that ran between this run's timed iterations
+            rows = cleanrl.rows[first_row:]
+            c_s = statistics.fmean(x["cpu_s" if args.clock == "cpu" else "wall_s"] for x in rows)
+            r["cleanrl_fps"] = cleanrl.frames_per_iteration / c_s
+            r["cleanrl_line"] = (f"{'cleanrl (interleaved)':24s} {r['cleanrl_fps']:7.1f} frames/s  iteration {c_s:.2f} s "
+                                 f"({len(rows)} iteration(s) after this run's timed ones)  ->  {name} / cleanrl = "
+                                 f"{r['fps'] / r['cleanrl_fps']:.2f}x")
+            result[f"{name}_vs_cleanrl"] = round(r["fps"] / r["cleanrl_fps"], 3)
         unit = f"phase of {args.ppg_n_pi} iterations" if ppg else "iteration"
         print(
             f"{name:24s} {r['fps']:7.1f} frames/s  {unit} {r['wall_s']:.2f} s = rollout {r['rollout_s']:.2f} + "
@@ -272,6 +327,8 @@ def main() -> None:
             f"  (warm-up {r['warmup_wall_s']:.1f} s)",
             flush=True,
         )
+        if "cleanrl_line" in r:
+            print(r["cleanrl_line"], flush=True)
         if ppg:
             result[f"{name}_fps"] = round(r["fps"], 1)
             result[f"{name}_split_s"] = {k: round(r[k], 3) for k in
@@ -294,6 +351,14 @@ def main() -> None:
             # iteration): insensitive to load changes between runs on a shared machine.
             result[f"ewma_overhead_within_run{suffix}"] = round(
                 r["proximal_forward_s"] / (r["wall_s"] - r["proximal_forward_s"]), 4)
+    if cleanrl is not None:
+        cleanrl.close()
+        key = "cpu_s" if args.clock == "cpu" else "wall_s"
+        c_s = statistics.fmean(x[key] for x in cleanrl.rows)
+        result["cleanrl_fps"] = round(cleanrl.frames_per_iteration / c_s, 1)
+        result["cleanrl_iterations_s"] = [round(x[key], 3) for x in cleanrl.rows]
+        result["cleanrl_warmup_s"] = round(cleanrl.warmup[key], 3)
+        result["cleanrl_script"] = args.cleanrl
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     result.update({"precision": precisions if len(precisions) > 1 else precisions[0],
                    "micro_batch_size": args.micro_batch_size or None,

@@ -256,10 +256,12 @@ def test_procgen_training_smoke(precision, micro):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.network.parameters()))
 
 
+@pytest.mark.parametrize("fuse_relu", [True, False])
 @pytest.mark.parametrize("shape,chunk", [((64, 64, 3), 64), ((21, 17, 3), 2)])
-def test_bf16_copy_no_grad_forward_on_onednn_tensors_is_bit_for_bit(monkeypatch, shape, chunk):
+def test_bf16_copy_no_grad_forward_on_onednn_tensors_is_bit_for_bit(monkeypatch, shape, chunk, fuse_relu):
     """The bf16 copy's no-grad forward (the EWMA anchor under bf16-mixed) on oneDNN tensors gives the
-    values of the dense path and of the float32 network under bf16 autocast, bit for bit."""
+    values of the dense path and of the float32 network under bf16 autocast, bit for bit; with the
+    residual blocks' conv + ReLU fused into one oneDNN op or not."""
     import ppo_lightning.nets.impala as impala
 
     one = torch.ones(1, 1, 3, 3, dtype=torch.bfloat16)
@@ -276,9 +278,15 @@ def test_bf16_copy_no_grad_forward_on_onednn_tensors_is_bit_for_bit(monkeypatch,
     copy16 = __import__("copy").deepcopy(net).to(torch.bfloat16)
     obs = torch.randint(0, 256, (5, *shape), dtype=torch.uint8)
     obs[:, :10] = 7  # flat regions: tied maxima
-    calls = []
+    calls, fused = [], []
     real = ImpalaActorCritic._trunk_onednn
     monkeypatch.setattr(ImpalaActorCritic, "_trunk_onednn", lambda *a: calls.append(1) or real(*a))
+    if fuse_relu:
+        if not hasattr(torch.ops.mkldnn, "_convolution_pointwise"):
+            pytest.skip("this torch has no torch.ops.mkldnn._convolution_pointwise")
+        real_op = torch.ops.mkldnn._convolution_pointwise
+        monkeypatch.setattr(torch.ops.mkldnn, "_convolution_pointwise", lambda *a: fused.append(a[7]) or real_op(*a))
+    monkeypatch.setattr(impala, "_FUSE_CONV_RELU", fuse_relu)
     outputs = {}
     for path in (True, False):
         monkeypatch.setattr(impala, "_ONEDNN_BF16", path)
@@ -286,6 +294,8 @@ def test_bf16_copy_no_grad_forward_on_onednn_tensors_is_bit_for_bit(monkeypatch,
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             outputs[path] = copy16.policy(obs)[0]
         assert bool(calls) == path
+    # the fused op ran once per residual block and chunk (3 stacks x 2 blocks), only on oneDNN tensors
+    assert fused == (["relu"] * 6 * -(-5 // chunk) if fuse_relu else [])
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         autocast = net.policy(obs)[0]
         with_value = copy16(obs)  # forward and value() take the same path

@@ -17,3 +17,4 @@ python benchmarks/results/probes/conv_postop_fusion.py
 python benchmarks/results/probes/first_conv_layouts.py
 python benchmarks/results/probes/first_conv_im2col.py
 python benchmarks/results/probes/mkl_avx2_matmul.py
+python benchmarks/results/probes/onednn_fusion_bf16.py 512 11   # issue 21, bf16 on AMX only

@@ -27,8 +27,9 @@ See benchmarks/impala_step.py.
 A bf16 copy's forward without autograd (the EWMA proximal forward under bf16-mixed) runs, on CPUs
 with native bf16, on oneDNN tensors (``Tensor.to_mkldnn``, as ``torch.utils.mkldnn`` does): the
 convolutions are the same oneDNN kernels, but the max-pool is one oneDNN pass instead of four
-elementwise passes over strided views, and no layout checks run between layers. Bit for bit the
-same values (max, ReLU and bf16 sums round the same way; tested); see benchmarks/proximal_cost.py.
+elementwise passes over strided views, and no layout checks run between layers; the ReLU after a
+residual block's first conv is that conv's oneDNN post-op. Bit for bit the same values (max, ReLU
+and bf16 sums round the same way; tested); see benchmarks/proximal_cost.py.
 """
 
 from __future__ import annotations
@@ -89,9 +90,20 @@ def max_pool_3x3_s2(x: Tensor) -> Tensor:
     return out
 
 
-def _onednn_conv(x: Tensor, conv: nn.Conv2d) -> Tensor:
-    """``conv(x)`` for a oneDNN tensor ``x`` (the module's dense bf16 weights; a oneDNN tensor out)."""
-    return torch.mkldnn_convolution(x, conv.weight, conv.bias, conv.padding, conv.stride, conv.dilation, conv.groups)
+# The ReLU after a residual block's first conv as a oneDNN post-op of that conv (the op inductor
+# emits for conv + relu; private to torch, pinned in pyproject). Same values bit for bit (tested).
+# False: a separate in-place ReLU (benchmarks/proximal_cost.py --paths onednn,onednn_unfused).
+_FUSE_CONV_RELU: bool = hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+
+
+def _onednn_conv(x: Tensor, conv: nn.Conv2d, relu: bool = False) -> Tensor:
+    """``conv(x)`` (``relu(conv(x))`` if ``relu``) for a oneDNN tensor ``x`` (the module's dense bf16
+    weights; a oneDNN tensor out)."""
+    if relu and _FUSE_CONV_RELU:
+        return torch.ops.mkldnn._convolution_pointwise(
+            x, conv.weight, conv.bias, conv.padding, conv.stride, conv.dilation, conv.groups, "relu", [], "")
+    y = torch.mkldnn_convolution(x, conv.weight, conv.bias, conv.padding, conv.stride, conv.dilation, conv.groups)
+    return y.relu_() if relu else y
 
 
 class ResidualBlock(nn.Module):
@@ -199,8 +211,8 @@ class ImpalaActorCritic(nn.Module):
             for stack in self.stacks:
                 x = torch.mkldnn_max_pool2d(_onednn_conv(x, stack.firstconv), [3, 3], [2, 2], [1, 1])
                 for block in stack.blocks:
-                    h = _onednn_conv(torch.relu(x), block.conv0)
-                    x = _onednn_conv(h.relu_(), block.conv1).add_(x)
+                    h = _onednn_conv(torch.relu(x), block.conv0, relu=True)
+                    x = _onednn_conv(h, block.conv1).add_(x)
             x = torch.relu(x).to_dense().flatten(1)
             return F.relu(self.dense(x), inplace=True)
 
