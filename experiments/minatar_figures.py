@@ -177,7 +177,9 @@ FIGURES = {
                  "compare": [(f"ppo_ewma_{LR}", f"ppo_{LR}"), (f"ppg_ewma_{LR}", f"ppg_{LR}")]},
     "bsi500k": {"normalize": "500k", "arms": {f"c{c}_all_lr{LR500K / BASE_LR:g}x": args for c in (1, 4, 16, 64)
                          for args in _scaled_arms(c, LR500K, kinds=("all",)).values()},
-                "borrow": {f"c1_all_lr{LR500K / BASE_LR:g}x": ("lr500k", f"c1_lr{LR500K / BASE_LR:g}x")},
+                # c = 1 of Breakout/SpaceInvaders from lr500k, of Asterix/Seaquest from ewma500k (same CLI)
+                "borrow": {f"c1_all_lr{LR500K / BASE_LR:g}x": [("lr500k", f"c1_lr{LR500K / BASE_LR:g}x"),
+                                                                ("ewma500k", f"ppo_ewma_{LR}")]},
                 "compare": [(f"c{a}_all_lr{LR500K / BASE_LR:g}x", f"c{b}_all_lr{LR500K / BASE_LR:g}x")
                             for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]},
 }
@@ -374,10 +376,17 @@ def figure_rows(figure: str, out: Path, kind: str = "runs") -> list[dict]:
     """The figure's CSV rows plus borrowed runs: an arm whose configuration is another figure's arm
     (``FIGURES[figure]["borrow"]``) takes that figure's runs for the seeds it has not run itself."""
     rows = read_rows(out / f"{figure}_{kind}.csv")
-    for arm, (other, other_arm) in FIGURES.get(figure, {}).get("borrow", {}).items():
+    for arm, sources in FIGURES.get(figure, {}).get("borrow", {}).items():
         have = {(r["game"], r["seed"]) for r in read_rows(out / f"{figure}_runs.csv") if r["arm"] == arm}
-        rows += [{**r, "arm": arm} for r in read_rows(out / f"{other}_{kind}.csv")
-                 if r["arm"] == other_arm and (r["game"], r["seed"]) not in have]
+        # one source (figure, arm) or a list of them, tried in order: a later source fills only the
+        # (game, seed) pairs the earlier ones lack
+        for other, other_arm in [sources] if isinstance(sources[0], str) else sources:
+            theirs = [r for r in read_rows(out / f"{other}_runs.csv")
+                      if r["arm"] == other_arm and (r["game"], r["seed"]) not in have]
+            take = {(r["game"], r["seed"]) for r in theirs}
+            rows += [{**r, "arm": arm} for r in read_rows(out / f"{other}_{kind}.csv")
+                     if r["arm"] == other_arm and (r["game"], r["seed"]) in take]
+            have |= take
     return rows
 
 

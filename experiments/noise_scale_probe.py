@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = along(a, sizes)
         for r in rows:
             r["frames_trained"], r["B_simple"] = int(r["frames_trained"]), float(r["B_simple"])
-        plot_along(rows, a.out.with_suffix(".png"))
+        # one plot per lr (the CSV keeps every lr's rows): noise_scale_along_lr0.004.png
+        plot_along(rows, a.out.with_suffix(".png") if a.lr is None else a.out.with_name(f"{a.out.stem}_lr{a.lr:g}.png"))
     else:
         rows = []
         extra = tuple(sizes.pop("extra", ())) + (() if a.lr is None else ("--model.lr", str(a.lr)))
