@@ -381,11 +381,11 @@ def figure_rows(figure: str, out: Path, kind: str = "runs") -> list[dict]:
         # one source (figure, arm) or a list of them, tried in order: a later source fills only the
         # (game, seed) pairs the earlier ones lack
         for other, other_arm in [sources] if isinstance(sources[0], str) else sources:
-            theirs = [r for r in read_rows(out / f"{other}_runs.csv")
-                      if r["arm"] == other_arm and (r["game"], r["seed"]) not in have]
-            take = {(r["game"], r["seed"]) for r in theirs}
-            rows += [{**r, "arm": arm} for r in read_rows(out / f"{other}_{kind}.csv")
-                     if r["arm"] == other_arm and (r["game"], r["seed"]) in take]
+            their_runs = read_rows(out / f"{other}_runs.csv")
+            take = {(r["game"], r["seed"]) for r in their_runs
+                    if r["arm"] == other_arm and (r["game"], r["seed"]) not in have}
+            theirs = their_runs if kind == "runs" else read_rows(out / f"{other}_{kind}.csv")
+            rows += [{**r, "arm": arm} for r in theirs if r["arm"] == other_arm and (r["game"], r["seed"]) in take]
             have |= take
     return rows
 
