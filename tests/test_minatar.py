@@ -207,7 +207,7 @@ def test_streamed_noise_scale_norms_equal_the_stacked_ones():
         stacked = torch.stack([torch.cat([piece[r] for piece in g]) for g in grads])  # [k, P]
         expect = noise_scale_terms(stacked, b)
         got = noise_scale_from_norms(float(small[r]), float(big[r]), k, b)
-        assert got == pytest.approx(expect, rel=1e-9)
+        assert got == pytest.approx(expect, rel=1e-5)  # float32 sums and norms
     with pytest.raises(ValueError, match="at least 2"):
         noise_scale_from_norms(1.0, 1.0, 1, b)
 
