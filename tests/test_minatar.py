@@ -190,6 +190,28 @@ def test_noise_scale_recovers_a_known_gradient_noise():
     assert sums_tr / sums_g2 == pytest.approx(P * s * s / float(G.pow(2).sum()), rel=0.08)
 
 
+def test_streamed_noise_scale_norms_equal_the_stacked_ones():
+    """The callback's running sums give the terms `noise_scale_terms` computes from the stacked
+    minibatch gradients, per row (seed), with gradients split into parameter pieces."""
+    from ppo_lightning.training.noise_scale import NormAccumulator, noise_scale_from_norms, noise_scale_terms
+
+    rng = torch.Generator().manual_seed(1)
+    rows, k, b = 3, 5, 16
+    grads = [[torch.randn(rows, n, generator=rng) + 0.3 for n in (7, 40, 1)] for _ in range(k)]
+    acc = NormAccumulator()
+    for g in grads:
+        acc.add(g)
+    assert all(g[0].dtype == torch.float32 for g in grads) and acc.k == k
+    small, big = acc.norms()
+    for r in range(rows):
+        stacked = torch.stack([torch.cat([piece[r] for piece in g]) for g in grads])  # [k, P]
+        expect = noise_scale_terms(stacked, b)
+        got = noise_scale_from_norms(float(small[r]), float(big[r]), k, b)
+        assert got == pytest.approx(expect, rel=1e-5)  # float32 sums and norms
+    with pytest.raises(ValueError, match="at least 2"):
+        noise_scale_from_norms(1.0, 1.0, 1, b)
+
+
 # ------------------------------------------------------------------ the figure driver
 def test_quick_runs_of_the_figure_driver(tmp_path, monkeypatch):
     """Each figure's --quick sweep runs, writes its CSVs (with the run's exact config), analyzes, plots,

@@ -93,6 +93,39 @@ def test_stacked_minatar_cnn_matches_each_seeds_network_with_gradients(rows):
             assert p.grad.abs().max() > 0
 
 
+def test_stacked_minatar_cnn_under_bf16_autocast_casts_each_weight_once_per_region():
+    """Under bf16 autocast (``bf16-mixed``) a rollout's forwards cast each stacked weight once (autocast's
+    cache of leaf parameters), not once per env step, and give each seed's bf16 outputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ppo_lightning.nets.models import build_network
+    from ppo_lightning.nets.seed_stack import SeedStack
+
+    nets = []
+    for s in range(3):
+        torch.manual_seed(s)
+        nets.append(build_network({"shape": [10, 10, 4], "dtype": "bool"}, {"type": "discrete", "n": 6}, NET))
+    stack = SeedStack(nets)
+    dense = stack.inner.get_parameter("policy_body.dense.weight")
+
+    class CountCasts(TorchDispatchMode):
+        casts = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].numel() == dense.numel():  # or a view of it
+                CountCasts.casts += 1
+            return func(*args, **(kwargs or {}))
+
+    obs = torch.rand(3, 5, 1, 10, 10, 4) < 0.3  # 5 env steps of 1 env per seed
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), CountCasts():
+        outs = [stack.policy(obs[:, t])[0] for t in range(5)]
+    assert CountCasts.casts == 1
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for k, net in enumerate(nets):
+            for t in range(5):
+                torch.testing.assert_close(outs[t][k], net.policy(obs[k, t])[0].float(), rtol=0.02, atol=0.02)
+
+
 def test_batched_sampling_draws_each_seeds_multinomial():
     """`sample_per_seed` (all seeds at once) gives the actions of one ``torch.multinomial`` per seed on
     that seed's generator, and leaves every generator in the same state; bad probabilities raise."""

@@ -11,7 +11,6 @@ The data side borrows the module's network for collection (a TorchRL `Probabilis
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from typing import Any
@@ -26,7 +25,7 @@ from ppo_lightning.data import resume_state
 from ppo_lightning.data.parallel import raise_together
 from ppo_lightning.data.batched_rollout import BatchedRollout, supports_batched_rollout
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
-from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device
+from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device, rollout_precision
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
 from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_observation_norm
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
@@ -125,9 +124,8 @@ class RolloutSource:
     def precision_context(self):
         """The Trainer's precision for the rollout forwards, as Lightning applies it to the training
         step (``bf16-mixed``: bf16 autocast; ``32-true``: nothing); networks return float32, so GAE
-        and the normalizers stay float32."""
-        trainer = getattr(self.data, "trainer", None)
-        return trainer.precision_plugin.forward_context() if trainer is not None else contextlib.nullcontext()
+        and the normalizers stay float32. Autocast's weight cache is on (`rollout_precision`)."""
+        return rollout_precision(getattr(self.data, "trainer", None))
 
     @torch.no_grad()
     def collect(self) -> TensorDictBase:

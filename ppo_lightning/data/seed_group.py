@@ -20,7 +20,6 @@ Envs: those that step as one batch (MinAtar; `ppo_lightning.data.batched_rollout
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
@@ -32,6 +31,7 @@ from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, m
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import supports_batched_rollout
+from ppo_lightning.data.devices import rollout_precision
 from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
@@ -226,7 +226,9 @@ class SeedGroupSource:
         was_training = self.network.training
         self.network.eval()
         trainer = getattr(data, "trainer", None)  # the Trainer's precision (bf16-mixed: autocast), as a single run's
-        precision = trainer.precision_plugin.forward_context if trainer is not None else contextlib.nullcontext
+
+        def precision():
+            return rollout_precision(trainer)
         with precision():
             rollouts = self._rollouts()
         self.network.train(was_training)
