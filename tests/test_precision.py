@@ -46,6 +46,34 @@ def test_auto_resolves_per_cpu(cpu, flags, capability, expected, why):
     assert hardware.resolve_trainer_precision(None, "cpu")[0] is None  # Lightning's default (32-true)
 
 
+def test_auto_on_an_amx_cpu_is_32_true_for_small_minibatches(cpu, monkeypatch):
+    """bf16's per-step weight casts outweigh its faster matmuls below 128 samples per step on a CPU
+    (measured, docs/benchmarks/small-batch.md); GPUs are not affected."""
+    cpu(AMX)
+    for size, expected in ((8, "32-true"), (127, "32-true"), (128, "bf16-mixed"), (2048, "bf16-mixed"), (None, "bf16-mixed")):
+        choice, reason = hardware.resolve_trainer_precision("auto", "cpu", size)
+        assert choice == expected, size
+        assert ("minibatches of" in reason) == (expected == "32-true")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    assert hardware.resolve_trainer_precision("auto", "gpu", 8)[0] == "bf16-mixed"
+
+
+def test_fit_resolves_auto_from_the_scaled_minibatch(cpu, tmp_path):
+    """``--scale 16`` on MinAtar: minibatches of 32, so auto is 32-true on an AMX CPU; c = 1 (512) bf16."""
+    from ppo_lightning.cli.fit import fit_main
+
+    cpu(AMX)
+    for scale, expected in ((16, "32-true"), (1, "bf16-mixed")):
+        cli = fit_main(["fit", "--config", "experiments/minatar/ppo.yaml", "--scale", str(scale),
+                        "--data.total_frames", "1", "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
+                        "--trainer.enable_checkpointing", "false", "--video_every", "null",
+                        "--trainer.max_epochs", "0", "--trainer.enable_progress_bar", "false"])
+        assert cli.config.fit.trainer.precision == expected
+
+
 def test_auto_on_an_amx_cpu_with_amx_hidden_is_32_true(cpu, monkeypatch):
     cpu(AMX)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # the no-AMX emulation of the benchmarks

@@ -328,7 +328,12 @@ def resolve_config_precision(cfg) -> None:
     alias = take_precision_aliases(cfg.model, trainer_precision=cfg.trainer.get("precision"))
     if alias is not None and cfg.trainer.get("precision") is None:
         cfg.trainer.precision = alias
-    cfg.trainer.precision = resolve(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"))
+    data = cfg.data
+    try:  # samples per optimizer step (an invalid data config is reported by the datamodule itself)
+        minibatch = int(data.num_envs) * int(data.rollout_steps) // int(data.num_minibatches)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        minibatch = None
+    cfg.trainer.precision = resolve(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"), minibatch)
 
 
 def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:

@@ -144,17 +144,30 @@ def accelerator_device(accelerator: object = "auto") -> torch.device:
     return torch.device("cuda" if name in ("gpu", "cuda") else name if name in ("cpu", "mps", "xla") else "cpu")
 
 
-def resolve_trainer_precision(precision: object, accelerator: object = "auto") -> tuple[object, str]:
+# Below this many samples per optimizer step a bf16-mixed step on a CPU is slower than a float32 one
+# even with AMX: autocast casts every weight to bf16 on each step (forward, EWMA anchor, weight
+# gradients back to float32) and at a few rows the matmuls it speeds up are a small part of the
+# step. MinAtar CNN, Xeon-AMX, in one process (docs/benchmarks/small-batch.md): bf16 / fp32
+# frames/s 0.87-0.98 at 8 samples (8 seeds), 0.89-0.91 at 32, ~1.0 at 128, 1.35-1.75 at 512.
+BF16_CPU_MIN_MINIBATCH = 128
+
+
+def resolve_trainer_precision(precision: object, accelerator: object = "auto",
+                              minibatch_size: int | None = None) -> tuple[object, str]:
     """``(Lightning precision, reason)``: "auto" becomes "bf16-mixed" where bf16 is native and
     known faster on the training device (`bf16_native`: AMX CPUs, CUDA sm_80+) and "32-true"
-    everywhere else (AVX2, AVX-512 without AMX, older GPUs); any other value is Lightning's and
-    is kept as set."""
+    everywhere else (AVX2, AVX-512 without AMX, older GPUs); on a CPU also "32-true" when
+    ``minibatch_size`` (samples per optimizer step) is below `BF16_CPU_MIN_MINIBATCH`. Any other
+    value is Lightning's and is kept as set."""
     if precision != "auto":
         return precision, "set in the config"
     device = accelerator_device(accelerator)
     if device.type == "cuda" and not torch.cuda.is_available():
         return "32-true", "no CUDA device visible"
     native, why = bf16_native(device)
+    if native and device.type == "cpu" and minibatch_size is not None and minibatch_size < BF16_CPU_MIN_MINIBATCH:
+        return "32-true", (f"{why}, but minibatches of {minibatch_size} < {BF16_CPU_MIN_MINIBATCH} samples: "
+                           "bf16's per-step weight casts cost more than its faster matmuls there")
     return ("bf16-mixed" if native else "32-true"), why
 
 

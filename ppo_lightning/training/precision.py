@@ -3,9 +3,9 @@
 ``32-true`` and ``bf16-mixed`` are Lightning's own values, applied by its precision plugin (on CPU
 and GPU: ``torch.autocast`` to bf16 around every training step; weights, gradients, Adam state stay
 float32). ``auto`` is ours: it resolves once per machine, before the Trainer is built, to
-``bf16-mixed`` where bf16 is native and faster (AMX CPUs, CUDA sm_80+) and ``32-true`` elsewhere
-(`ppo_lightning.core.hardware.resolve_trainer_precision`), and the choice is logged once with its
-reason.
+``bf16-mixed`` where bf16 is native and faster (AMX CPUs, CUDA sm_80+; on a CPU only for minibatches
+of at least 128 samples) and ``32-true`` elsewhere (`ppo_lightning.core.hardware.resolve_trainer_precision`),
+and the choice is logged once with its reason.
 
 Besides the training step, the rollout forward (the data side, `RolloutSource.collect`) and the
 EWMA proximal forward (inside the training step) run under the same plugin's ``forward_context``.
@@ -31,9 +31,10 @@ DEPRECATION = ("{name} is deprecated: the precision is Lightning's --trainer.pre
                "(32-true, bf16-mixed, auto){effect}")
 
 
-def resolve(precision: Any, accelerator: Any = "auto") -> Any:
-    """``precision`` with ``"auto"`` resolved for the device ``accelerator`` trains on (logged once)."""
-    choice, reason = resolve_trainer_precision(precision, accelerator)
+def resolve(precision: Any, accelerator: Any = "auto", minibatch_size: Optional[int] = None) -> Any:
+    """``precision`` with ``"auto"`` resolved for the device ``accelerator`` trains on and, on a CPU,
+    the minibatch size (logged once)."""
+    choice, reason = resolve_trainer_precision(precision, accelerator, minibatch_size)
     if precision == "auto":
         log_choice("trainer.precision auto", choice, reason)
     return choice
