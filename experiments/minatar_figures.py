@@ -59,6 +59,7 @@ EWMA = ["--model.decoupled", "true", "--model.proximal_com", "8"]
 PPG = ["--config", str(ROOT / "experiments" / "minatar" / "ppg.yaml")]
 PPG_EWMA = PPG + ["--config", str(ROOT / "experiments" / "minatar" / "ppg_ewma.yaml")]
 BASE_LR = 5e-4
+BF16 = ["--trainer.precision", "bf16-mixed"]  # pinned where `auto` would now pick 32-true (minibatch < 128)
 LR500K = 8 * BASE_LR  # the c = 1 lr picked by the lr500k sweep for 500k-frame runs (issue 19; docs/experiments/minatar-500k.md)
 MIN_SEEDS_FOR_CI = 5
 # issue 19: the 500k figures' R_ref is the 500k base (PPO-EWMA, c = 1, LR500K) run 4x as long
@@ -175,8 +176,11 @@ FIGURES = {
                           f"ppg_ewma_{LR}": PPG_EWMA + ["--model.lr", str(LR500K)]},
                  "borrow": {f"ppo_ewma_{LR}": ("lr500k", f"c1_{LR}")}, "normalize": "500k",
                  "compare": [(f"ppo_ewma_{LR}", f"ppo_{LR}"), (f"ppg_ewma_{LR}", f"ppg_{LR}")]},
-    "bsi500k": {"normalize": "500k", "arms": {f"c{c}_all_lr{LR500K / BASE_LR:g}x": args for c in (1, 4, 16, 64)
-                         for args in _scaled_arms(c, LR500K, kinds=("all",)).values()},
+    # c = 16 and 64 pin bf16-mixed: their first runs (and every other arm here) ran with `auto` when it
+    # meant bf16-mixed on this AMX CPU at any minibatch; auto is 32-true below 128 samples since
+    "bsi500k": {"normalize": "500k", "arms": {f"c{c}_all_lr{LR500K / BASE_LR:g}x": args + (BF16 if c >= 16 else [])
+                                             for c in (1, 4, 16, 64)
+                                             for args in _scaled_arms(c, LR500K, kinds=("all",)).values()},
                 # c = 1 of Breakout/SpaceInvaders from lr500k, of Asterix/Seaquest from ewma500k (same CLI)
                 "borrow": {f"c1_all_lr{LR500K / BASE_LR:g}x": [("lr500k", f"c1_lr{LR500K / BASE_LR:g}x"),
                                                                 ("ewma500k", f"ppo_ewma_{LR}")]},
