@@ -267,6 +267,29 @@ def test_each_seed_is_its_own_mlflow_run(tmp_path):
         assert child.data.metrics["train/loss_objective"] == parent[0].data.metrics[f"seed{k}/train/loss_objective"]
 
 
+def test_log_every_frames_thins_what_the_loggers_get(tmp_path):
+    """--log_every_frames 64 with iterations of 32 frames per seed: the first iteration, then every 64
+    frames, and the last one reach MLflow (parent and seed runs); 0 (default): every iteration."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    common = ["fit", "--config", "experiments/minatar/ppo.yaml", "--seeds", "2", "--data.num_envs", "2",
+              "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "1",
+              "--data.total_frames", "160", "--model.network.hidden", "16", "--data.num_threads", "1",
+              "--mlflow.tracking_uri", uri, "--video_every", "null", "--trainer.enable_progress_bar", "false",
+              "--trainer.enable_checkpointing", "false"]
+    for every, expected in ((64, [32, 96, 160]), (0, [32, 64, 96, 128, 160])):
+        fit_main(common + ["--log_every_frames", str(every), "--mlflow.experiment", f"every{every}",
+                           "--run_dir", str(tmp_path / f"run{every}")])
+        client = mlflow.MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name(f"every{every}").experiment_id])
+        assert len(runs) == 3  # the group's run and one per seed
+        for run in runs:
+            assert [m.step for m in client.get_metric_history(run.info.run_id, "frames")] == expected
+    with pytest.raises(ValueError, match="log_every_frames must be >= 0"):
+        fit_main(common + ["--log_every_frames", "-1", "--run_dir", str(tmp_path / "bad")])
+
+
 def test_figure_driver_runs_an_arms_seeds_as_one_group(tmp_path):
     """minatar_figures' default sweep trains seeds 0 and 1 of an arm as one group and writes one row per
     seed (its own MLflow run, learning curve, noise scale); seed 1's row matches seed 1 run alone."""

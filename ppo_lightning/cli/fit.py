@@ -107,6 +107,9 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--mlflow.experiment", type=str, default="ppo-lightning")
         parser.add_argument("--mlflow.run_name", type=str | None, default=None)
         parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
+        parser.add_argument("--log_every_frames", type=int, default=0,
+                            help="send metrics to the loggers at most once per N frames (per seed) and at the last "
+                                 "iteration; 0: every iteration. For small batches (an iteration of a few frames)")
         parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
         parser.add_argument("--video_every", type=int | None, default=0,
                             help="record an MP4 every N iterations and at the end, into run_dir/videos and MLflow "
@@ -126,6 +129,8 @@ class PPOCLI(LightningCLI):
             cfg.data.num_seeds = cfg.seeds
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
+        if cfg.log_every_frames < 0:
+            raise ValueError(f"log_every_frames must be >= 0 (0: every iteration), got {cfg.log_every_frames}")
         self.scale_params = None
         if cfg.get("scale") is not None:
             rules = scaling.parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
@@ -282,6 +287,7 @@ class PPOCLI(LightningCLI):
         elif cfg.get("rescale"):
             raise ValueError("--rescale applies to a resumed run: give --ckpt_path")
         _TRAINING_STARTED = True
+        self.model.log_every_frames = cfg.get("log_every_frames") or 0
 
         # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c
         self.trainer.callbacks.append(SmallBatchDiagnostics(scale=self.config[self.subcommand].get("scale") or 1.0))
