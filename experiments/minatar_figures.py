@@ -114,6 +114,21 @@ def _bsi_arms() -> dict[str, list[str]]:
     return arms
 
 
+def _bsi500k_arms() -> dict[str, list[str]]:
+    """Fig. 2/3 at the 500k base (all rules, c = 1..64), Table 5 at c = 16 and 64 (issue 19, item 3),
+    and c = 4, 16 from half the base lr (`LR500K` / 2): at the full lr the clip fraction rose with c
+    (0.11-0.13 at c = 1, 0.18-0.20 at c = 16), so does a smaller step close the gap to c = 1?
+    c >= 16 pin bf16-mixed: the first runs there (and every arm here) ran with ``auto`` when it meant
+    bf16-mixed on this AMX CPU at any minibatch; ``auto`` is 32-true below 128 samples since."""
+    arms = {}
+    for c in (1, 4, 16, 64):
+        kinds = ("all", *ABLATIONS) if c >= 16 else ("all",)
+        arms |= {name: args + (BF16 if c >= 16 else []) for name, args in _scaled_arms(c, LR500K, kinds=kinds).items()}
+    for c in (4, 16):
+        arms |= {name: args + (BF16 if c >= 16 else []) for name, args in _scaled_arms(c, LR500K / 2, kinds=("all",)).items()}
+    return arms
+
+
 def _staleness_arms() -> dict[str, list[str]]:
     arms = {"k0": []}
     for k in (1, 2, 4, 8):
@@ -176,16 +191,15 @@ FIGURES = {
                           f"ppg_ewma_{LR}": PPG_EWMA + ["--model.lr", str(LR500K)]},
                  "borrow": {f"ppo_ewma_{LR}": ("lr500k", f"c1_{LR}")}, "normalize": "500k",
                  "compare": [(f"ppo_ewma_{LR}", f"ppo_{LR}"), (f"ppg_ewma_{LR}", f"ppg_{LR}")]},
-    # c = 16 and 64 pin bf16-mixed: their first runs (and every other arm here) ran with `auto` when it
-    # meant bf16-mixed on this AMX CPU at any minibatch; auto is 32-true below 128 samples since
-    "bsi500k": {"normalize": "500k", "arms": {f"c{c}_all_lr{LR500K / BASE_LR:g}x": args + (BF16 if c >= 16 else [])
-                                             for c in (1, 4, 16, 64)
-                                             for args in _scaled_arms(c, LR500K, kinds=("all",)).values()},
+    "bsi500k": {"normalize": "500k", "arms": _bsi500k_arms(),
                 # c = 1 of Breakout/SpaceInvaders from lr500k, of Asterix/Seaquest from ewma500k (same CLI)
                 "borrow": {f"c1_all_lr{LR500K / BASE_LR:g}x": [("lr500k", f"c1_lr{LR500K / BASE_LR:g}x"),
                                                                 ("ewma500k", f"ppo_ewma_{LR}")]},
-                "compare": [(f"c{a}_all_lr{LR500K / BASE_LR:g}x", f"c{b}_all_lr{LR500K / BASE_LR:g}x")
-                            for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]},
+                "compare": [(f"c{a}_all_{LR}", f"c{b}_all_{LR}") for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]
+                # Table 5 at small batch: each rule removed, and PPO without EWMA, against all rules
+                + [(f"c{c}_{k}_{LR}", f"c{c}_all_{LR}") for c in (16, 64) for k in ABLATIONS]
+                # half the base lr at c = 4, 16 against c = 1 (the clip fraction rose with c at the full lr)
+                + [(f"c{c}_all_lr{LR500K / 2 / BASE_LR:g}x", f"c1_all_{LR}") for c in (4, 16)]},
 }
 QUICK_ARMS = {"ewma": "ppo,ppo_ewma", "bsi": "c1_all,c4_all,c4_no_lr", "staleness": "k0,k2_behavior,k2_decoupled",
               "klcom": "beta1_com8", "reference": "ppo", "lr500k": "c1_lr4x",
