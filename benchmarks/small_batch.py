@@ -190,6 +190,7 @@ def plain_run(c: int, iterations: int, seed: int) -> dict:
                 last = delta + gamma * lam * nonterm * last
                 adv[t] = last
             ret = adv + val_b
+        t_mid = cpu()
         b_obs, b_act, b_logp = obs_b.reshape(-1, 10, 10, CHANNELS), act_b.reshape(-1), logp_b.reshape(-1)
         b_adv, b_ret = adv.reshape(-1), ret.reshape(-1)
         for _ in range(EPOCHS):
@@ -207,8 +208,10 @@ def plain_run(c: int, iterations: int, seed: int) -> dict:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-        times.append(cpu() - t0)
-    return {"fps": n * STEPS * iterations / sum(times[1:])}
+        times.append((t_mid - t0, cpu() - t_mid))
+    collect, update = sum(t[0] for t in times[1:]), sum(t[1] for t in times[1:])
+    return {"fps": n * STEPS * iterations / (collect + update), "env_step_ms": 1e3 * collect / (iterations * STEPS),
+            "step_ms": 1e3 * update / (iterations * EPOCHS * MINIBATCHES)}
 
 
 # ---------------------------------------------------------------------------- main
@@ -249,7 +252,8 @@ def main() -> None:
             res[c]["project"].append(proj)
             res[c]["plain"].append(plain)
             line = (f"round {r + 1} c = {c:2d}: project ({proj['precision']}) {proj['fps']:8,.0f} frames/s (collect {proj['env_step_ms']:.2f} ms per "
-                    f"env step, update {proj['step_ms']:.2f} ms per gradient step), plain loop {plain['fps']:8,.0f}")
+                    f"env step, update {proj['step_ms']:.2f} ms per gradient step), plain loop {plain['fps']:8,.0f} "
+                    f"({plain['env_step_ms']:.2f} / {plain['step_ms']:.2f} ms)")
             if a.seeds > 1:
                 group = project_run(c, iters, a.seed, a.seeds, a.precision)
                 res[c]["group"].append(group)
