@@ -14,8 +14,9 @@ rounds (project, plain, project, plain, ...: a load change hits both alike), one
   per-batch advantage normalization, on the same MinAtar games stepped in one Python loop (no
   reward normalization: its cost is negligible).
 
-Precision: the project runs ``--precision`` (default ``32-true``, the plain loop's fp32; ``auto``
-resolves to bf16-mixed on CPUs with AMX, so say which one a figure used).
+Precision: the project runs ``--precision`` (default ``auto``, what the shipped config runs: on a
+CPU with AMX bf16-mixed from minibatches of 128 samples, i.e. at c = 1, and 32-true below; elsewhere
+32-true); the printed line and the JSON say which it resolved to. The plain loop is fp32.
 
 Clock: CPU seconds of this process (one thread, so frames/s *per core*); on the shared machine the
 wall clock measures the other jobs. The first iteration of every run (warm-up) is left out. The
@@ -106,7 +107,7 @@ def project_run(c: int, iterations: int, seed: int, seeds: int = 1, precision: s
 
     clock = Clock()
     frames = BASE_ENVS // c * STEPS * (iterations + 1)
-    fit_main(["fit", "--config", str(ROOT / "experiments/minatar/ppo.yaml"), "--scale", str(c),
+    cli = fit_main(["fit", "--config", str(ROOT / "experiments/minatar/ppo.yaml"), "--scale", str(c),
               "--data.total_frames", str(frames), "--data.num_threads", "1", "--seed_everything", str(seed),
               "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
               "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench", "--seeds", str(seeds),
@@ -117,7 +118,8 @@ def project_run(c: int, iterations: int, seed: int, seeds: int = 1, precision: s
     n = len(rows)
     frames_per_iter = BASE_ENVS // c * STEPS * seeds  # all seeds' frames
     return {"fps": n * frames_per_iter / (collect + update), "env_step_ms": 1e3 * collect / (n * STEPS),
-            "step_ms": 1e3 * update / (n * EPOCHS * MINIBATCHES), "collect_s": collect / n, "update_s": update / n}
+            "step_ms": 1e3 * update / (n * EPOCHS * MINIBATCHES), "collect_s": collect / n, "update_s": update / n,
+            "precision": str(cli.trainer.precision)}  # what auto resolved to
 
 
 # ---------------------------------------------------------------------------- the plain loop
@@ -188,6 +190,7 @@ def plain_run(c: int, iterations: int, seed: int) -> dict:
                 last = delta + gamma * lam * nonterm * last
                 adv[t] = last
             ret = adv + val_b
+        t_mid = cpu()
         b_obs, b_act, b_logp = obs_b.reshape(-1, 10, 10, CHANNELS), act_b.reshape(-1), logp_b.reshape(-1)
         b_adv, b_ret = adv.reshape(-1), ret.reshape(-1)
         for _ in range(EPOCHS):
@@ -205,8 +208,10 @@ def plain_run(c: int, iterations: int, seed: int) -> dict:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-        times.append(cpu() - t0)
-    return {"fps": n * STEPS * iterations / sum(times[1:])}
+        times.append((t_mid - t0, cpu() - t_mid))
+    collect, update = sum(t[0] for t in times[1:]), sum(t[1] for t in times[1:])
+    return {"fps": n * STEPS * iterations / (collect + update), "env_step_ms": 1e3 * collect / (iterations * STEPS),
+            "step_ms": 1e3 * update / (iterations * EPOCHS * MINIBATCHES)}
 
 
 # ---------------------------------------------------------------------------- main
@@ -220,8 +225,8 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=4096, help="timed frames per seed and run (with --iterations 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=8, help="S of the vectorized-seed runs (also run: S = 1); 1: single runs only")
-    p.add_argument("--precision", default="32-true", help="the project's trainer.precision (32-true, bf16-mixed, auto); "
-                   "the plain loop is fp32")
+    p.add_argument("--precision", default="auto", help="the project's trainer.precision (auto: the shipped config's; "
+                   "32-true, bf16-mixed); the plain loop is fp32")
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -246,8 +251,9 @@ def main() -> None:
             plain = plain_run(c, iters, a.seed)
             res[c]["project"].append(proj)
             res[c]["plain"].append(plain)
-            line = (f"round {r + 1} c = {c:2d}: project {proj['fps']:8,.0f} frames/s (collect {proj['env_step_ms']:.2f} ms per "
-                    f"env step, update {proj['step_ms']:.2f} ms per gradient step), plain loop {plain['fps']:8,.0f}")
+            line = (f"round {r + 1} c = {c:2d}: project ({proj['precision']}) {proj['fps']:8,.0f} frames/s (collect {proj['env_step_ms']:.2f} ms per "
+                    f"env step, update {proj['step_ms']:.2f} ms per gradient step), plain loop {plain['fps']:8,.0f} "
+                    f"({plain['env_step_ms']:.2f} / {plain['step_ms']:.2f} ms)")
             if a.seeds > 1:
                 group = project_run(c, iters, a.seed, a.seeds, a.precision)
                 res[c]["group"].append(group)
@@ -272,6 +278,7 @@ def main() -> None:
         out[f"c{c}_s1_vs_plain"] = round(fps / pfps, 3)
         out[f"c{c}_roofline"] = round(roof, 5)
         out[f"c{c}_env_step_ms"], out[f"c{c}_step_ms"] = round(env_ms, 3), round(step_ms, 3)
+        out[f"c{c}_precision"] = res[c]["project"][0]["precision"]
     summary = {k: out.get(k) for k in ("c1_fps", "c16_fps", "c64_fps", "c16_vs_plain", "c1_vs_plain")}
     summary.update({"seeds": a.seeds, "step_ms": out.get("c16_step_ms"), "env_step_ms": out.get("c16_env_step_ms"),
                     "clock": "cpu, 1 thread (per core)", "rounds": a.rounds, "precision": a.precision, "flops_per_frame": fpf,
