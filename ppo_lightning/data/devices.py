@@ -14,9 +14,11 @@ On the CPU every device is the CPU and nothing is pinned: the collector keeps it
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
 from ppo_lightning.envs import is_procgen
@@ -60,10 +62,6 @@ def rollout_precision(trainer) -> Any:
     step the weights change in place). A rollout runs under ``torch.no_grad`` with fixed weights, so
     the cache is safe there and casts each weight once per rollout instead of once per env step: the
     same bf16 values (tested), at c = 64 with 8 seeds 0.87 -> 0.36 ms per policy forward."""
-    import contextlib
-
-    from lightning.pytorch.plugins.precision import MixedPrecision
-
     if trainer is None:
         return contextlib.nullcontext()
     plugin = trainer.precision_plugin

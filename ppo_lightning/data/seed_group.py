@@ -226,10 +226,7 @@ class SeedGroupSource:
         was_training = self.network.training
         self.network.eval()
         trainer = getattr(data, "trainer", None)  # the Trainer's precision (bf16-mixed: autocast), as a single run's
-
-        def precision():
-            return rollout_precision(trainer)
-        with precision():
+        with rollout_precision(trainer):
             rollouts = self._rollouts()
         self.network.train(was_training)
         data.frames += rollouts[0].numel()  # per seed: each seed counts its own frames, as alone
@@ -248,7 +245,7 @@ class SeedGroupSource:
                 rollout.set(("next", "reward"), stacked["reward"][k])
         nxt = []
         for k, rollout in enumerate(rollouts):
-            with precision():
+            with rollout_precision(trainer):
                 nxt.append(next_values(rollout, lambda x, k=k: self.network.value_of_seed(k, x)))
             rollout.set(("next", VALUE_KEY), nxt[k])
         n, T = rollouts[0].shape

@@ -190,7 +190,8 @@ class PPOLightningModule(pl.LightningModule):
         self._fit_t0: float | None = None
         # Loggers get an iteration's metrics at most once per this many frames (and at the last
         # iteration); 0: every iteration. Set by the CLI's --log_every_frames: at c = 64 an iteration is
-        # 64 frames, and one MLflow write per run per iteration (~16 ms on sqlite) was ~15% of a seed group's time.
+        # 64 frames, and one MLflow write per run per iteration (~16 ms on sqlite) was a fifth to a third
+        # of a seed group's CPU time (docs/benchmarks/small-batch.md).
         self.log_every_frames = 0
         self._logged_at_frames: float | None = None
         self._recorded: dict[str, float] = {}

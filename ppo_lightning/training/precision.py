@@ -8,7 +8,8 @@ of at least 128 samples) and ``32-true`` elsewhere (`ppo_lightning.core.hardware
 and the choice is logged once with its reason.
 
 Besides the training step, the rollout forward (the data side, `RolloutSource.collect`) and the
-EWMA proximal forward (inside the training step) run under the same plugin's ``forward_context``.
+EWMA proximal forward (inside the training step) run under the same plugin's precision; the
+rollout's autocast keeps its weight cache on (`ppo_lightning.data.devices.rollout_precision`).
 The networks return float32 distribution parameters and values, so losses, GAE and normalizers are
 computed in float32 under any precision.
 
