@@ -365,6 +365,28 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
     )
 
 
+def close_process_group() -> None:
+    """Both ranks meet, then close the process group. Lightning closes it at exit only for NCCL; a
+    gloo group left to interpreter teardown aborted a rank now and then after a complete run
+    ("terminate called without an active exception", exit -6: seen in CI after an FSDP2 fit), the
+    same race tests/test_export.py's sharded writer met. A peer that does not answer in 5 minutes
+    (it failed) leaves the group as it is."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=300))
+        else:
+            dist.barrier()
+    except RuntimeError:
+        return
+    dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     global _TRAINING_STARTED
     _TRAINING_STARTED = False
@@ -379,12 +401,15 @@ def main(argv: list[str] | None = None) -> int:
         local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
         if not err.all_ranks or local_rank == "0":  # a fault all ranks share: one line per node
             print(f"error: {err}", file=sys.stderr)
+        if err.all_ranks:
+            close_process_group()
         return err.exit_code
     except ValueError as err:  # invalid configuration: one clear line, before training
         if _TRAINING_STARTED:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
+    close_process_group()
     return getattr(cli, "exit_code", None) or 0
 
 
