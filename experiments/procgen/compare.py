@@ -2,9 +2,13 @@
 
 Each variant is the base config (``experiments/procgen/ppo_easy_short.yaml`` unless ``--config``)
 plus CLI overrides; every run is an in-process ``ppo-lightning fit`` logged to MLflow. Writes
-``<out>/<name>.csv`` (final normalized return per run: mean over the last 10% of frames of the
+``<out>/<name>.csv`` (per run: final normalized return, the mean over the last 10% of frames of the
 training-episode return, normalized with the game's constants; ``final_return`` is the same in raw
-return) and ``<out>/<name>.png`` (mean curves).
+return; ``auc_normalized_return``, the curve's mean over the run's frames), ``<out>/<name>_curves.csv``
+(every run's curve) and ``<out>/<name>.png`` (mean curves). Runs go seed by seed, every variant of a
+seed before the next seed (a load change hits the variants alike), and each finished run is written
+at once: a rerun of the same command skips the runs already in the CSVs (resumable). With two
+variants it prints the seed-bootstrap 95% CI of their difference (first - second) in final and AUC.
 
     # PPO-EWMA in fp32 against bf16-mixed (--trainer.precision)
     python experiments/procgen/compare.py --name precision --seeds 2 --frames 100000 \\
@@ -20,7 +24,33 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import ROOT, mean_curve, mean_std, plt, run, save_figure, write_csv  # noqa: E402
+from common import ROOT, mean_curve, mean_std, plt, run, save_figure  # noqa: E402
+from stats import bootstrap_diff_ci, curve_auc  # noqa: E402
+
+RUN_FIELDS = ["variant", "seed", "frames", "final_normalized_return", "final_return", "auc_normalized_return",
+              "clip_fraction_mean", "wall_s", "mlflow_run_id"]
+
+
+def read_csv(path: Path) -> list[dict]:
+    import csv
+
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def append_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
+    """Append rows (the header first if the file is new); flushed, so a kill loses at most this run."""
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
 
 
 def main() -> None:
@@ -45,22 +75,38 @@ def main() -> None:
     r_min, r_max = return_range(game, mode)
     raw = lambda n: r_min + n * (r_max - r_min)  # noqa: E731  (back from normalized)
     variants = [v.split("=", 1) for v in a.variant]
+    runs_csv, curves_csv = a.out / f"{a.name}.csv", a.out / f"{a.name}_curves.csv"
+    done = {(r["variant"], int(r["seed"])): r for r in read_csv(runs_csv)}
+    stored = {}
+    for r in read_csv(curves_csv):
+        stored.setdefault((r["variant"], int(r["seed"])), []).append((float(r["frames"]), float(r["normalized_return"])))
     results = []
     for seed in range(a.seeds):
         for label, overrides in variants:
+            if (label, seed) in done:  # resumed: this run finished before
+                row = done[(label, seed)]
+                curve = sorted(stored.get((label, seed), []))
+                auc = row.get("auc_normalized_return") or curve_auc(curve, float(row["frames"]))  # older CSVs: no AUC
+                results.append({"variant": label, "seed": seed, "final": float(row["final_normalized_return"]),
+                                "auc": float(auc), "wall_s": float(row["wall_s"]), "curve": curve})
+                continue
             args = ["--config", str(a.config), *shlex.split(a.common), *shlex.split(overrides),
                     "--seed_everything", str(seed), "--data.seed", str(seed), "--data.total_frames", str(a.frames),
                     "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1000000"]
             r = run(args, experiment=f"procgen-{a.name}", run_name=f"{label.replace(' ', '_')}-s{seed}",
                     tracking_uri=a.tracking_uri, env_id=cfg["env_id"], run_root=a.run_root,
                     normalize=lambda ret: normalized_return(game, mode, ret))
-            results.append({"variant": label, "seed": seed, **r})
+            auc = curve_auc(r["curve"], r["frames"])
+            results.append({"variant": label, "seed": seed, "auc": auc, **r})
+            append_rows(curves_csv, ["variant", "seed", "frames", "normalized_return"],
+                        [{"variant": label, "seed": seed, "frames": f, "normalized_return": round(v, 6)} for f, v in r["curve"]])
+            append_rows(runs_csv, RUN_FIELDS, [{
+                "variant": label, "seed": seed, "frames": r["frames"], "final_normalized_return": round(r["final"], 4),
+                "final_return": round(raw(r["final"]), 3), "auc_normalized_return": round(auc, 4),
+                "clip_fraction_mean": round(r.get("clip_fraction_mean", float("nan")), 4),
+                "wall_s": round(r["wall_s"], 1), "mlflow_run_id": r["run_id"]}])
+    print(f"wrote {runs_csv} and {curves_csv}")
 
-    write_csv(a.out / f"{a.name}.csv", [
-        {"variant": r["variant"], "seed": r["seed"], "frames": r["frames"],
-         "final_normalized_return": round(r["final"], 4), "final_return": round(raw(r["final"]), 3),
-         "clip_fraction_mean": round(r.get("clip_fraction_mean", float("nan")), 4),
-         "wall_s": round(r["wall_s"], 1), "mlflow_run_id": r["run_id"]} for r in results])
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(6.5, 4.5))
     print(f"\nfinal normalized return ({game} {mode}; mean +- sd over {a.seeds} seeds):")
@@ -71,6 +117,12 @@ def main() -> None:
               f"wall {mean_std([r['wall_s'] for r in rs])[0]:.0f} s")
         xs, ys = mean_curve([r["curve"] for r in rs])
         ax.plot(xs, ys, label=f"{label} (final {m:.3f})")
+    if len(variants) == 2:  # the difference, seeds resampled per variant
+        (la, _), (lb, _) = variants
+        for key, name in (("final", "final"), ("auc", "AUC")):
+            d, lo, hi = bootstrap_diff_ci([r[key] for r in results if r["variant"] == la],
+                                          [r[key] for r in results if r["variant"] == lb])
+            print(f"  {la} - {lb}, {name}: {d:+.4f} [{lo:+.4f}, {hi:+.4f}] (95% seed-bootstrap CI, normalized)")
     ax.set_xlabel("environment frames")
     ax.set_ylabel(f"normalized return ({game} {mode}, last 20 episodes)")
     ax.set_title(f"{a.name}: mean of {a.seeds} seeds")
