@@ -49,6 +49,10 @@ each timed PPO iteration (its start-up and first iteration are its warm-up), tim
 
     python benchmarks/throughput.py --only ppo --precision auto,32-true --iterations 1 --threads 1 --clock cpu \
         --cleanrl ppo_procgen.py --cleanrl-pythonpath gym-0.23.1
+
+``--cleanrl-threads N`` and ``--cleanrl-procgen-threads N`` give the CleanRL process threads of its own
+(default: this run's); its script's own defaults are torch's (the core count) and Procgen's 4 workers,
+which is how issue 21 measured it (wall clock).
 """
 
 from __future__ import annotations
@@ -248,6 +252,10 @@ def main() -> None:
                         "same sizes in a subprocess, one iteration after each timed PPO iteration, and report the ratio")
     p.add_argument("--cleanrl-pythonpath", metavar="DIR", default=None,
                    help="a folder put first on the CleanRL process's path (gym 0.23.1, which the script needs)")
+    p.add_argument("--cleanrl-threads", type=int, default=None,
+                   help="CleanRL's torch threads (default: this run's); the script's own default is the core count")
+    p.add_argument("--cleanrl-procgen-threads", type=int, default=None,
+                   help="CleanRL's Procgen worker threads (default: this run's); the script's own default is 4")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     if args.cleanrl:  # before anything runs: a missing script or dependency is a one-line error
@@ -301,7 +309,9 @@ def main() -> None:
     if args.cleanrl:
         if not any(base == "ppo" for base, *_ in plan):
             p.error("--cleanrl compares CleanRL's PPO with ours: include ppo in --only")
-        cleanrl = start_cleanrl(args, threads, pthreads, len(precisions) * args.iterations)
+        cleanrl = start_cleanrl(args, threads if args.cleanrl_threads is None else args.cleanrl_threads,
+                                pthreads if args.cleanrl_procgen_threads is None else args.cleanrl_procgen_threads,
+                                len(precisions) * args.iterations)
     runs = {}
     for base, decoupled, ppg, precision in plan:
         name = base if precision == precisions[0] else f"{base}_{precision}"
