@@ -23,7 +23,11 @@ already there, so the sweep can be stopped at any time and continued by running 
 default an arm's consecutive seeds train as one vectorized group (``fit --seeds S``, issue 18;
 `sweep_grouped`: one row per seed all the same, from each seed's own MLflow run); arms that cannot be
 grouped (PPG, staleness) and ``--one-by-one`` go seed by seed (all games and arms of seed 0, then
-seed 1, ...), so a stopped sweep is balanced.
+seed 1, ...), so a stopped sweep is balanced. A group (a c = 64 group of 8 seeds trains for ~2 hours)
+also resumes *within* its run: it checkpoints every `CHECKPOINT_FRAMES` frames per seed into its run
+folder, and a rerun of the sweep continues a killed or stopped group from its last checkpoint
+(bitwise, in the same MLflow runs) when the group's arguments are the ones that wrote it; the
+checkpoints are deleted once the group's rows are written.
 
 Analysis (``--analyze``, also run at the end of a sweep): normalized return per game
 ``(R - R_random) / (R_ref - R_random)`` (`ppo_lightning.envs.minatar_scores`); per run the
@@ -41,6 +45,7 @@ import csv
 import json
 import math
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -297,6 +302,41 @@ def sweep(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list
 
 
 # ----------------------------------------------------------------------------------- vectorized seeds
+# A vectorized group checkpoints every this many frames per seed (64 iterations at c = 64, 16 at c = 1):
+# a killed group loses at most this much of its run when the sweep is rerun (`group_resume_args`).
+CHECKPOINT_FRAMES = 65_536
+BASE_FRAMES_PER_ITERATION = 64 * 64  # experiments/minatar/ppo.yaml: 64 envs x 64 steps at c = 1
+
+
+def group_resume_args(args: list[str], run_dir: Path) -> list[str]:
+    """Extra ``fit`` arguments of a group: periodic checkpoints in ``run_dir``, and ``--ckpt_path`` to
+    its ``last.ckpt`` when an earlier attempt with the same arguments left a complete one (an attempt
+    with other arguments, or a damaged file, is set aside with a message and the group starts over)."""
+    from ppo_lightning.training.checkpointing import check_checkpoint_file
+
+    c = float(args[args.index("--scale") + 1]) if "--scale" in args else 1.0
+    every = max(1, round(CHECKPOINT_FRAMES * c / BASE_FRAMES_PER_ITERATION))
+    extra = ["--trainer.enable_checkpointing", "true", "--checkpoint_every", str(every)]
+    ckpts, stamp = run_dir / "checkpoints", run_dir / "group_args.json"
+    last = ckpts / "last.ckpt"
+    if last.exists():
+        try:
+            if json.loads(stamp.read_text()) != args:
+                raise ValueError("it was written by a run with other arguments")
+            check_checkpoint_file(last)
+        except Exception as err:  # noqa: BLE001 - any reason not to resume: start over, keep the old files
+            aside = run_dir.with_name(f"{run_dir.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
+            print(f"[resume] not resuming {run_dir.name} from {last} ({str(err).splitlines()[0]}): "
+                  f"starting it over; the old folder is {aside}", flush=True)
+            run_dir.rename(aside)
+        else:
+            print(f"[resume] {run_dir.name}: continuing from {last}", flush=True)
+            return extra + ["--ckpt_path", str(last)]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(args))
+    return extra
+
+
 def groupable(args: list[str]) -> bool:
     """Arms whose seeds can train as one vectorized group (issue 18): not PPG, staleness or adaptive KL."""
     text = " ".join(args)
@@ -327,10 +367,12 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
                     continue
                 args = base_args(game, frames, group[0]) + extra + ["--seeds", str(len(group))]
                 name = f"{arm}-{game}-s{group[0]}-{group[-1]}"
+                run_dir = run_root / f"minatar-{figure}" / name
+                resume = group_resume_args(args, run_dir)  # checkpoints; continue a killed attempt
                 t0 = time.perf_counter()
-                cli = finished(fit_main(["fit", *args, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment",
-                                         f"minatar-{figure}", "--mlflow.run_name", name,
-                                         "--run_dir", str(run_root / f"minatar-{figure}" / name)]))
+                cli = finished(fit_main(["fit", *args, *resume, "--mlflow.tracking_uri", tracking_uri,
+                                         "--mlflow.experiment", f"minatar-{figure}", "--mlflow.run_name", name,
+                                         "--run_dir", str(run_dir)]))
                 wall = time.perf_counter() - t0
                 client, dm = cli.trainer.logger.experiment, cli.datamodule
                 parent = cli.trainer.logger.run_id
@@ -360,6 +402,7 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
                     record_run(runs_csv, curves_csv, row, curve)
                     print(f"[{figure}] {arm} {game} s{seed} (group of {len(group)}): final {row['final_return']} "
                           f"auc {row['auc_return']}", flush=True)
+                shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
     sweep(figure, arms, games, seeds, frames, out, tracking_uri, run_root)  # the rest, one run per seed
 
 

@@ -348,3 +348,55 @@ def test_a_run_stopped_by_a_signal_is_not_recorded(tmp_path, monkeypatch):
         with pytest.raises(SystemExit) as stop:
             mf.main(["lr500k", *args, *extra])
         assert stop.value.code == 143 and not (tmp_path / "lr500k_runs.csv").exists()
+
+
+def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    """A vectorized group of the figure driver checkpoints as it trains; stopped mid-run (SIGTERM: the
+    sweep exits 143, no rows), a rerun of the sweep continues it from last.ckpt and records the same
+    rows as a group that was never stopped, then deletes its checkpoints. A checkpoint written with
+    other arguments is set aside, not resumed."""
+    import json
+
+    import minatar_figures as mf
+
+    from ppo_lightning.envs import minatar_scores
+
+    sys.path.insert(0, str(ROOT / "tests"))  # cluster_helpers.SignalAt, by class path
+    monkeypatch.setitem(minatar_scores.RETURN_RANGES, "breakout", (0.5, 10.0))
+    monkeypatch.setattr(mf, "CHECKPOINT_FRAMES", 4096)  # a checkpoint every iteration (4096 frames at c = 1)
+    base_args = mf.base_args
+    signal_at = json.dumps({"class_path": "cluster_helpers.SignalAt",
+                            "init_args": {"signum": "SIGTERM", "phase": "update", "iteration": 2}})
+    stopped_args = lambda *a: base_args(*a) + [f"--trainer.callbacks+={signal_at}"]  # noqa: E731
+
+    def sweep(name):  # 2 seeds as one group, 3 iterations of 64 envs x 64 steps
+        mf.main(["ewma", "--games", "breakout", "--seeds", "2", "--frames", str(3 * 4096), "--arms", "ppo_ewma",
+                 "--out", str(tmp_path / name), "--run-root", str(tmp_path / name / "runs")])
+        with open(tmp_path / name / "ewma_runs.csv") as f:
+            return {r["seed"]: (r["final_return"], r["auc_return"], r["frames"]) for r in csv.DictReader(f)}
+
+    def run_dir(name):
+        return tmp_path / name / "runs" / "minatar-ewma" / "ppo_ewma-breakout-s0-1"
+
+    # stopped in iteration 2, rerun with the same arguments: continued from the checkpoint of iteration 2
+    # (the signal's iteration is behind it)
+    monkeypatch.setattr(mf, "base_args", stopped_args)
+    with pytest.raises(SystemExit) as stop:
+        sweep("stopped")
+    assert stop.value.code == 128 + 15 and not (tmp_path / "stopped" / "ewma_runs.csv").exists()
+    assert (run_dir("stopped") / "checkpoints" / "last.ckpt").exists()
+    resumes = []
+    original = mf.group_resume_args
+    monkeypatch.setattr(mf, "group_resume_args", lambda args, d: resumes.append(original(args, d)) or resumes[-1])
+    resumed = sweep("stopped")
+    assert "--ckpt_path" in resumes[-1] and len(resumed) == 2
+    assert not (run_dir("stopped") / "checkpoints").exists()  # recorded: its checkpoints are gone
+
+    # stopped, then rerun with other arguments (here: without the signal): not resumed, set aside; the
+    # group then trains from the start without a stop, and the resumed one above ends bitwise as it does
+    with pytest.raises(SystemExit):
+        sweep("changed")
+    monkeypatch.setattr(mf, "base_args", base_args)
+    assert sweep("changed") == resumed
+    assert "--ckpt_path" not in resumes[-1]
+    assert list(run_dir("changed").parent.glob("ppo_ewma-breakout-s0-1.set-aside-*/checkpoints/last.ckpt"))
