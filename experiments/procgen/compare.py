@@ -53,7 +53,7 @@ def append_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=ROOT / "experiments/procgen/ppo_easy_short.yaml")
     p.add_argument("--variant", action="append", required=True, help='"label=--overrides ..." (repeatable)')
@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     p.add_argument("--out", type=Path, default=ROOT / "experiments/procgen")
     p.add_argument("--run-root", type=Path, default=ROOT / "runs" / "experiments")
-    a = p.parse_args()
+    a = p.parse_args(argv)
 
     import yaml
 
