@@ -25,32 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import ROOT, mean_curve, mean_std, plt, run, save_figure  # noqa: E402
+from minatar_figures import append_row, read_rows  # noqa: E402  (CSV I/O: a file of an older layout is rewritten)
 from stats import bootstrap_diff_ci, curve_auc  # noqa: E402
 
 RUN_FIELDS = ["variant", "seed", "frames", "final_normalized_return", "final_return", "auc_normalized_return",
               "clip_fraction_mean", "wall_s", "mlflow_run_id"]
-
-
-def read_csv(path: Path) -> list[dict]:
-    import csv
-
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def append_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
-    """Append rows (the header first if the file is new); flushed, so a kill loses at most this run."""
-    import csv
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        if new:
-            w.writeheader()
-        w.writerows(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,16 +55,16 @@ def main(argv: list[str] | None = None) -> None:
     raw = lambda n: r_min + n * (r_max - r_min)  # noqa: E731  (back from normalized)
     variants = [v.split("=", 1) for v in a.variant]
     runs_csv, curves_csv = a.out / f"{a.name}.csv", a.out / f"{a.name}_curves.csv"
-    done = {(r["variant"], int(r["seed"])): r for r in read_csv(runs_csv)}
-    stored = {}
-    for r in read_csv(curves_csv):
-        stored.setdefault((r["variant"], int(r["seed"])), []).append((float(r["frames"]), float(r["normalized_return"])))
+    done = {(r["variant"], int(r["seed"])): r for r in read_rows(runs_csv)}
+    stored = {}  # a run killed between its curve and its row wrote its curve twice: the last point per frame count
+    for r in read_rows(curves_csv):
+        stored.setdefault((r["variant"], int(r["seed"])), {})[float(r["frames"])] = float(r["normalized_return"])
     results = []
     for seed in range(a.seeds):
         for label, overrides in variants:
             if (label, seed) in done:  # resumed: this run finished before
                 row = done[(label, seed)]
-                curve = sorted(stored.get((label, seed), []))
+                curve = sorted(stored.get((label, seed), {}).items())
                 auc = row.get("auc_normalized_return") or curve_auc(curve, float(row["frames"]))  # older CSVs: no AUC
                 results.append({"variant": label, "seed": seed, "final": float(row["final_normalized_return"]),
                                 "auc": float(auc), "wall_s": float(row["wall_s"]), "curve": curve})
@@ -98,13 +77,14 @@ def main(argv: list[str] | None = None) -> None:
                     normalize=lambda ret: normalized_return(game, mode, ret))
             auc = curve_auc(r["curve"], r["frames"])
             results.append({"variant": label, "seed": seed, "auc": auc, **r})
-            append_rows(curves_csv, ["variant", "seed", "frames", "normalized_return"],
-                        [{"variant": label, "seed": seed, "frames": f, "normalized_return": round(v, 6)} for f, v in r["curve"]])
-            append_rows(runs_csv, RUN_FIELDS, [{
+            for f, v in r["curve"]:  # the curve first, the row last: a row means the run is complete
+                append_row(curves_csv, {"variant": label, "seed": seed, "frames": f, "normalized_return": round(v, 6)},
+                           ["variant", "seed", "frames", "normalized_return"])
+            append_row(runs_csv, {
                 "variant": label, "seed": seed, "frames": r["frames"], "final_normalized_return": round(r["final"], 4),
                 "final_return": round(raw(r["final"]), 3), "auc_normalized_return": round(auc, 4),
                 "clip_fraction_mean": round(r.get("clip_fraction_mean", float("nan")), 4),
-                "wall_s": round(r["wall_s"], 1), "mlflow_run_id": r["run_id"]}])
+                "wall_s": round(r["wall_s"], 1), "mlflow_run_id": r["run_id"]}, RUN_FIELDS)
     print(f"wrote {runs_csv} and {curves_csv}")
 
     pyplot = plt()
@@ -115,8 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         m, sd = mean_std([r["final"] for r in rs])
         print(f"  {label:20s} {m:.4f} +- {sd:.4f} (raw return {raw(m):.2f})   "
               f"wall {mean_std([r['wall_s'] for r in rs])[0]:.0f} s")
-        xs, ys = mean_curve([r["curve"] for r in rs])
-        ax.plot(xs, ys, label=f"{label} (final {m:.3f})")
+        curves = [r["curve"] for r in rs if r["curve"]]  # runs of a CSV written before curves were kept have none
+        if curves:
+            xs, ys = mean_curve(curves)
+            ax.plot(xs, ys, label=f"{label} (final {m:.3f})")
     if len(variants) == 2:  # the difference, seeds resampled per variant
         (la, _), (lb, _) = variants
         for key, name in (("final", "final"), ("auc", "AUC")):
