@@ -117,3 +117,23 @@ def test_cli_scale_invariance_smoke(tmp_path):
     assert float(p["scale"]) == 4.0 and float(p["lr"]) == pytest.approx(5e-4) and float(p["proximal_com"]) == 32.0
     assert float(p["unscaled/model.lr"]) == pytest.approx(1e-3) and p["scale_rules"] == "lr,com,adv_span,ppg_n_pi"
     assert int(p["num_envs"]) == 2
+
+
+def test_resuming_a_scaled_run_scales_once_and_another_scale_is_refused(tmp_path):
+    """LightningCLI puts the checkpoint's (already scaled) model settings over the config's: a resume
+    with the same ``--scale`` must not scale them again (found in a c = 4 sweep resumed at lr / 4)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = ["fit", "--config", EWMA, "--trainer.enable_progress_bar", "false", "--mlflow.tracking_uri", uri,
+              "--model.lr", "0.001", "--model.proximal_com", "8", "--data.num_envs", "8", "--data.rollout_steps", "32",
+              "--data.num_minibatches", "4", "--data.update_epochs", "1", "--checkpoint_every", "1",
+              "--run_dir", str(tmp_path / "run")]
+    first = fit_main([*common, "--data.total_frames", "256", "--scale", "4"])
+    assert first.model.hparams.lr == pytest.approx(5e-4) and first.model.proximal_source.com == 32.0
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert ckpt.exists()
+    resumed = fit_main([*common, "--data.total_frames", "512", "--scale", "4", "--ckpt_path", str(ckpt)])
+    assert resumed.model.hparams.lr == pytest.approx(5e-4)
+    assert resumed.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(5e-4)
+    assert resumed.model.proximal_source.com == 32.0 and resumed.datamodule.frames == 512
+    rc = main([*common, "--data.total_frames", "768", "--scale", "2", "--ckpt_path", str(ckpt)])
+    assert rc == 2

@@ -10,6 +10,8 @@ The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model`
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import sys
 import time
@@ -137,6 +139,8 @@ class PPOCLI(LightningCLI):
             report = scaling.apply_scale(cfg, cfg.scale, rules)
             print(scaling.format_scale_table(cfg.scale, rules, report), flush=True)
             self.scale_params = scaling.scale_params(cfg.scale, rules, report)
+            if cfg.get("ckpt_path"):
+                self._check_resumed_scaled_settings(cfg)
         strategy = cfg.trainer.get("strategy")
         if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
             # sharded checkpoints written to a temporary folder and swapped in (never half-written)
@@ -218,6 +222,50 @@ class PPOCLI(LightningCLI):
         if cfg.trainer.get("enable_checkpointing") is not False:
             callbacks.append(self.managed_checkpoint(cfg, run_dir))
         return callbacks
+
+    # The model settings ``--scale`` writes (ppo_lightning.algos.scaling.apply_scale).
+    SCALED_MODEL_KEYS = ("lr", "proximal_com", "adam_betas", "ppg")
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI puts a checkpoint's model hyperparameters over the config's. Those of a run
+        trained with ``--scale c`` are already scaled, and ``before_instantiate_classes`` would scale
+        them a second time (lr / c, center of mass x c^2): with ``--scale``, the scaled keys keep the
+        command line's c = 1 values here, and `_check_resumed_scaled_settings` compares the result of
+        scaling them with the checkpoint's after the scaling."""
+        sub = self.config.get("subcommand")
+        cfg = self.config[sub] if sub else None
+        keep = None
+        if cfg is not None and cfg.get("ckpt_path") and cfg.get("scale") is not None:
+            keep = {k: copy.deepcopy(cfg.model[k]) for k in self.SCALED_MODEL_KEYS if k in cfg.model}
+        super()._parse_ckpt_path()
+        if keep is not None:
+            for k, v in keep.items():
+                self.config[sub].model[k] = v
+
+    @staticmethod
+    def _check_resumed_scaled_settings(cfg) -> None:
+        """With ``--ckpt_path`` and ``--scale``: the scaled settings must be the checkpoint's (a resume
+        continues the run it was; another c or base needs ``--rescale``'s record of the change)."""
+        from ppo_lightning.training.rescale import read_checkpoint_meta
+
+        saved = read_checkpoint_meta(cfg.ckpt_path).get("hyper_parameters") or {}
+        diffs = []
+        for key in ("lr", "proximal_com", "adam_betas"):
+            if key not in saved or key not in cfg.model:
+                continue
+            a, b = saved[key], cfg.model[key]
+            same = (a is None) == (b is None) and (a is None or all(
+                math.isclose(float(x), float(y), rel_tol=1e-9) for x, y in zip(*(
+                    (list(v) if isinstance(v, (list, tuple)) else [v]) for v in (a, b)))))
+            if not same:
+                diffs.append(f"model.{key} {a} in the checkpoint, {b} after --scale {cfg.scale:g}")
+        saved_n_pi = (saved.get("ppg") or {}).get("n_pi")
+        n_pi = (dict(cfg.model.get("ppg") or {})).get("n_pi")
+        if saved_n_pi is not None and n_pi is not None and int(saved_n_pi) != int(n_pi):
+            diffs.append(f"model.ppg.n_pi {saved_n_pi} in the checkpoint, {n_pi} after --scale {cfg.scale:g}")
+        if diffs:
+            raise ValueError(f"--ckpt_path {cfg.ckpt_path} was trained with other scaled settings ("
+                             + "; ".join(diffs) + "): resume with the first run's --scale and base values")
 
     def parse_arguments(self, parser, args) -> None:
         """``--print_config`` prints the config with the callbacks and logger the run would use
