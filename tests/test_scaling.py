@@ -119,7 +119,7 @@ def test_cli_scale_invariance_smoke(tmp_path):
     assert int(p["num_envs"]) == 2
 
 
-def test_resuming_a_scaled_run_scales_once_and_another_scale_is_refused(tmp_path):
+def test_resuming_a_scaled_run_scales_once_and_another_scale_is_refused(tmp_path, capsys):
     """LightningCLI puts the checkpoint's (already scaled) model settings over the config's: a resume
     with the same ``--scale`` must not scale them again (found in a c = 4 sweep resumed at lr / 4)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -135,5 +135,7 @@ def test_resuming_a_scaled_run_scales_once_and_another_scale_is_refused(tmp_path
     assert resumed.model.hparams.lr == pytest.approx(5e-4)
     assert resumed.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(5e-4)
     assert resumed.model.proximal_source.com == 32.0 and resumed.datamodule.frames == 512
+    capsys.readouterr()
     rc = main([*common, "--data.total_frames", "768", "--scale", "2", "--ckpt_path", str(ckpt)])
-    assert rc == 2
+    err = capsys.readouterr().err
+    assert rc == 2 and "was trained with other scaled settings (model.lr 0.0005 in the checkpoint, 0.0007071 after --scale 2" in err, err[-2000:]

@@ -258,7 +258,10 @@ class PPOCLI(LightningCLI):
                 math.isclose(float(x), float(y), rel_tol=1e-9) for x, y in zip(*(
                     (list(v) if isinstance(v, (list, tuple)) else [v]) for v in (a, b)))))
             if not same:
-                diffs.append(f"model.{key} {a} in the checkpoint, {b} after --scale {cfg.scale:g}")
+                def show(v):
+                    return "null" if v is None else (f"{float(v):.4g}" if not isinstance(v, (list, tuple)) else
+                                                     "[" + ", ".join(f"{float(x):.4g}" for x in v) + "]")
+                diffs.append(f"model.{key} {show(a)} in the checkpoint, {show(b)} after --scale {cfg.scale:g}")
         saved_n_pi = (saved.get("ppg") or {}).get("n_pi")
         n_pi = (dict(cfg.model.get("ppg") or {})).get("n_pi")
         if saved_n_pi is not None and n_pi is not None and int(saved_n_pi) != int(n_pi):
