@@ -22,7 +22,8 @@ def run(seed, num_seeds, iterations=13, callbacks=(), clip=None, **model_kwargs)
     dm = RolloutDataModule(env_id="minatar:breakout", num_envs=2, rollout_steps=16, num_minibatches=2, update_epochs=2,
                            total_frames=32 * iterations, seed=seed, normalize_reward=True, num_seeds=num_seeds,
                            num_threads=1)
-    model = PPOLightningModule(dm.observation_space, dm.action_space, network=NET, lr=3e-3, seeds=dm.seeds, **model_kwargs)
+    model_kwargs.setdefault("network", NET)
+    model = PPOLightningModule(dm.observation_space, dm.action_space, lr=3e-3, seeds=dm.seeds, **model_kwargs)
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, callbacks=[KeepSource(), *callbacks], gradient_clip_val=clip)
     trainer.fit(model, datamodule=dm)
@@ -45,6 +46,37 @@ def test_seed_k_of_a_group_trains_as_seed_k_alone():
         assert dm.episodes.count > 10
         finals.append(torch.nn.utils.parameters_to_vector(alone.network.parameters()))
     assert (finals[0] - finals[1]).abs().max() > 1e-2  # independent seeds, not copies
+
+
+PPG = {"n_pi": 2, "n_aux_epochs": 2, "aux_mbsize": 1, "aux_lr": 1e-3}
+PPG_NET = {**NET, "arch": "dual", "aux_value_head": True}
+
+
+def test_ppg_ewma_seed_k_of_a_group_trains_as_seed_k_alone():
+    """PPG-EWMA (dual network, auxiliary phase every 2 iterations: 2 epochs of 1-trajectory minibatches,
+    EWMA reset after it) in a group of 2: 7 iterations = 3 auxiliary phases, 28 policy and 24 auxiliary
+    steps; each seed ends within float tolerance of the same seed alone, Adam states included."""
+    kw = dict(network=PPG_NET, decoupled=True, proximal_com=2.0, ppg=PPG)
+    group, gdm, gtr = run(0, 2, iterations=7, **kw)
+    assert gtr.global_step == 7 * 4 + 3 * 2 * 2 * 2  # policy steps + aux steps (2 epochs x 2 envs x 2 rollouts)
+    assert group.ppg_phases.phase == 3
+    for k in range(2):
+        alone, dm, atr = run(k, 1, iterations=7, **kw)
+        assert atr.global_step == gtr.global_step
+        ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-5)
+        for i in (0, 1):  # the policy-phase Adam and the auxiliary Adam
+            ref_state, got_state = atr.optimizers[i].state_dict()["state"], gtr.optimizers[i].state_dict()["state"]
+            assert ref_state.keys() == got_state.keys() and ref_state
+            for j in ref_state:
+                for m in ("exp_avg", "exp_avg_sq"):
+                    torch.testing.assert_close(got_state[j][m][k], ref_state[j][m], rtol=1e-4, atol=1e-6)
+        prox_ref = dict(alone.proximal_source.proximal.named_parameters())
+        prox_got = dict(group.proximal_source.proximal.named_parameters())
+        for name, v in prox_ref.items():
+            torch.testing.assert_close(prox_got["inner." + name][k], v, rtol=1e-5, atol=1e-5)
+        assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
 
 
 def test_gradient_clipping_clips_each_seed_by_its_own_norm():
@@ -234,10 +266,35 @@ def test_group_checkpoint_resumes_exactly(tmp_path):
     assert training["final_train_return_mean20"] == (pytest.approx(sum(last) / len(last)) if last else None)
 
 
+def test_ppg_ewma_group_resumes_mid_phase_exactly(tmp_path):
+    """A PPG-EWMA group of 2 stopped in the middle of a policy phase (iteration 3 of phases of 2: its
+    buffer [2 seeds, envs, time] is in the checkpoint) and resumed to 6 iterations ends bitwise as the
+    uninterrupted group: weights, both Adams, EWMA weights."""
+    base = ["fit", "--config", "experiments/minatar/ppo.yaml", "--config", "experiments/minatar/ppg.yaml",
+            "--config", "experiments/minatar/ppg_ewma.yaml", "--seeds", "2", "--data.num_envs", "2",
+            "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--model.ppg.n_pi", "2",
+            "--model.ppg.aux_mbsize", "1", "--model.network.hidden", "16", "--data.num_threads", "1",
+            "--mlflow.enabled", "false", "--video_every", "null", "--trainer.enable_progress_bar", "false",
+            "--checkpoint_every", "1", "--trainer.precision", "32-true"]
+    ref = fit_main(base + ["--data.total_frames", "192", "--run_dir", str(tmp_path / "ref")])
+    first = fit_main(base + ["--data.total_frames", "96", "--run_dir", str(tmp_path / "res")])
+    assert first.model.ppg_phases.phase == 1 and first.model.ppg_phases.phase_iteration == 1
+    fit_main(base + ["--data.total_frames", "192", "--run_dir", str(tmp_path / "res"),
+                     "--ckpt_path", str(tmp_path / "res/checkpoints/last.ckpt")])
+    assert ref.model.ppg_phases.phase == 3
+    a = torch.load(tmp_path / "ref/checkpoints/last.ckpt", weights_only=True)
+    b = torch.load(tmp_path / "res/checkpoints/last.ckpt", weights_only=True)
+    assert a["state_dict"]["network.inner.policy_body.conv.weight"].shape[0] == 2
+    assert all(torch.equal(v, b["state_dict"][k]) for k, v in a["state_dict"].items())
+    for opt in (0, 1):
+        for i, state in a["optimizer_states"][opt]["state"].items():
+            assert all(torch.equal(v, b["optimizer_states"][opt]["state"][i][n]) for n, v in state.items())
+    assert all(torch.equal(v, b["proximal_ewma"]["proximal"][k]) for k, v in a["proximal_ewma"]["proximal"].items())
+
+
 @pytest.mark.parametrize("data_kwargs, model_kwargs, match", [
     ({"env_id": "CartPole-v1"}, {}, "steps as one batch"),
     ({}, {"objective": "adaptive_kl"}, "adaptive_kl"),
-    ({}, {"ppg": {}}, "model.ppg"),
     ({"num_seeds": 0}, {}, "num_seeds must be a positive integer"),
 ])
 def test_unsupported_group_settings_are_one_line_errors(data_kwargs, model_kwargs, match):

@@ -187,6 +187,7 @@ def ppg_auxiliary_loss(
     value_target: Tensor,
     beta_clone: float,
     vf_true_weight: float,
+    dim: int | None = None,
 ) -> dict[str, Tensor]:
     """Auxiliary-phase loss of Phasic Policy Gradient (Cobbe et al. 2021, eqs. 2-3 and Algorithm 1).
 
@@ -197,10 +198,14 @@ def ppg_auxiliary_loss(
     policy encoder and ``V`` the true value head; the factor 0.5 on both value terms is the
     reference code's (openai/ppo-ewma ``ppg.py``: ``compute_aux_loss``, ``name2coef``).
     ``kl_old_new`` is the per-sample KL (e.g. `categorical_kl(old_logits, logits)`). Returns the
-    means: ``{"loss", "pol_distance", "vf_aux", "vf_true"}`` (``loss`` is the weighted sum).
+    means: ``{"loss", "pol_distance", "vf_aux", "vf_true"}`` (``loss`` is the weighted sum); over
+    every element, or over ``dim`` only (``-1`` for a seed group's ``[S, B]`` samples: one per seed).
     """
-    pol_distance = kl_old_new.mean()
-    vf_aux = 0.5 * (aux_value - value_target).pow(2).mean()
-    vf_true = 0.5 * (value - value_target).pow(2).mean()
+    def mean(x: Tensor) -> Tensor:
+        return x.mean() if dim is None else x.mean(dim)
+
+    pol_distance = mean(kl_old_new)
+    vf_aux = 0.5 * mean((aux_value - value_target).pow(2))
+    vf_true = 0.5 * mean((value - value_target).pow(2))
     loss = beta_clone * pol_distance + vf_aux + vf_true_weight * vf_true
     return {"loss": loss, "pol_distance": pol_distance, "vf_aux": vf_aux, "vf_true": vf_true}

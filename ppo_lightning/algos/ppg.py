@@ -164,6 +164,7 @@ def check_phase_buffer_memory(hparams, data, processes: int = 1, available: int 
     if cfg is None or cfg["n_aux_epochs"] == 0:
         return 0
     need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps, cfg["n_pi"])
+    need *= max(1, int(getattr(data, "num_seeds", 1) or 1))  # a vectorized seed group keeps every seed's
     available = available_memory_bytes() if available is None else available
     if available is not None and need * processes > fraction * available:
         gib = 2.0**30
@@ -197,6 +198,8 @@ class PPGPhases:
         self._aux_seconds = 0.0
         self.restart_pending = False  # resumed mid-phase: reset the EWMA at train start
         self.buffer_in_checkpoint = False  # set by `attach`: the buffer goes into checkpoints
+        self.num_seeds: int | None = None  # a vectorized seed group's S (set by `attach`); None: one run
+        self._stacked: dict[str, torch.Tensor] | None = None  # a group's buffer stacked for gathering
 
     # -------------------------------------------------------------- data side
     @property
@@ -214,21 +217,29 @@ class PPGPhases:
         aux = self.cfg["n_aux_epochs"] * math.ceil(self.cfg["n_pi"] * data.num_envs / self.cfg["aux_mbsize"])
         return policy + aux
 
-    def iteration_batches(self, rollout: TensorDictBase, flat: TensorDictBase, data):
-        """The minibatches of one iteration: value / policy epochs, then (every ``n_pi``-th
-        iteration) the auxiliary phase's trajectory indices. Sets ``plan`` before the first yield."""
+    def _begin_iteration(self, stored, data, aux_index_batches) -> tuple[list, list]:
+        """Book one policy-phase iteration: keep its rollout (``stored()``), plan its steps (``plan``);
+        returns its epochs ``[(phase, count)]`` and, every ``n_pi``-th iteration, the auxiliary
+        minibatches (``aux_index_batches()``: drawn before the policy epochs' shuffles, as always)."""
         self.phase_iteration += 1
         self.aux_ran = False
         if self.stores_rollouts:
-            self.buffer.append(rollout.select(OBS_KEY, TARGET_KEY).to("cpu").clone())
+            self.buffer.append(stored())
         e_pi, e_v = self.epochs(data)
         epochs = [("joint", e_pi)] if e_pi == e_v else [("value", e_v), ("policy", e_pi)]
         aux = self.stores_rollouts and self.phase_iteration >= self.cfg["n_pi"]
-        aux_batches = self._aux_index_batches(data) if aux else []
+        aux_batches = aux_index_batches() if aux else []
         self.plan = [p for p, e in epochs for _ in range(e * data.num_minibatches)] + ["aux"] * len(aux_batches)
         self.aux_steps_planned = len(aux_batches)
         if not aux and self.phase_iteration >= self.cfg["n_pi"]:  # n_aux_epochs 0: phases without aux
             self.phase_iteration, self.phase = 0, self.phase + 1
+        return epochs, aux_batches
+
+    def iteration_batches(self, rollout: TensorDictBase, flat: TensorDictBase, data):
+        """The minibatches of one iteration: value / policy epochs, then (every ``n_pi``-th
+        iteration) the auxiliary phase's trajectory indices. Sets ``plan`` before the first yield."""
+        epochs, aux_batches = self._begin_iteration(lambda: rollout.select(OBS_KEY, TARGET_KEY).to("cpu").clone(), data,
+                                                    lambda: self._aux_index_batches([data.shuffle_generator]))
         n = flat.shape[0]
         size = n // data.num_minibatches
         for _, e in epochs:
@@ -238,15 +249,35 @@ class PPGPhases:
                     yield shuffled[i * size : (i + 1) * size]
         yield from aux_batches
 
-    def _aux_index_batches(self, data) -> list[torch.Tensor]:
+    def group_iteration_batches(self, rollouts: list[TensorDictBase], flats: list[TensorDictBase], states, data):
+        """`iteration_batches` for a vectorized seed group (`ppo_lightning.data.seed_group`): one buffer
+        entry ``[S, envs, time]`` per iteration, minibatches ``[S, B]``, and every seed's shuffles
+        (policy epochs and auxiliary trajectories) drawn from its own generator in a single run's
+        order, so that seed k's minibatches are those of seed k alone."""
+        generators = [st.shuffle_generator for st in states]
+        epochs, aux_batches = self._begin_iteration(
+            lambda: torch.stack([r.select(OBS_KEY, TARGET_KEY).to("cpu") for r in rollouts]).clone(), data,
+            lambda: self._aux_index_batches(generators))
+        n = flats[0].shape[0]
+        size = n // data.num_minibatches
+        for _, e in epochs:
+            for _ in range(e):
+                shuffled = torch.stack([f[torch.randperm(n, generator=g)] for f, g in zip(flats, generators)])
+                for i in range(data.num_minibatches):
+                    yield shuffled[:, i * size : (i + 1) * size]
+        yield from aux_batches
+
+    def _aux_index_batches(self, generators: list[torch.Generator]) -> list[torch.Tensor]:
         """``n_aux_epochs`` epochs of ``[k, 2]`` (rollout, env) index tensors: every stored env
         trajectory once per epoch, ``aux_mbsize`` per minibatch, mixing rollouts (reference
-        ``make_minibatches``)."""
-        pairs = torch.cartesian_prod(torch.arange(len(self.buffer)), torch.arange(self.buffer[0].shape[0]))
+        ``make_minibatches``). For a seed group, ``[S, k, 2]``: seed k's from ``generators[k]``."""
+        envs = self.buffer[0].batch_size[-2]
+        pairs = torch.cartesian_prod(torch.arange(len(self.buffer)), torch.arange(envs))
         out = []
         for _ in range(self.cfg["n_aux_epochs"]):
-            perm = torch.randperm(len(pairs), generator=data.shuffle_generator)
-            out.extend(pairs[idx] for idx in perm.split(self.cfg["aux_mbsize"]))
+            perms = [torch.randperm(len(pairs), generator=g).split(self.cfg["aux_mbsize"]) for g in generators]
+            for parts in zip(*perms):
+                out.append(pairs[parts[0]] if self.num_seeds is None else torch.stack([pairs[i] for i in parts]))
         return out
 
     # -------------------------------------------------------------- module side
@@ -259,19 +290,28 @@ class PPGPhases:
         ``compute_presleep_outputs``), before the first auxiliary step."""
         was_training = network.training
         network.eval()
+        g = 0 if self.num_seeds is None else 1  # a seed group's entries lead with the seed dimension
         for seg in self.buffer:
             obs = seg.get(OBS_KEY)
-            flat_obs = obs.reshape(-1, *obs.shape[2:])
-            outs = [network.policy(c.to(device)) for c in flat_obs.split(chunk)]
+            flat_obs = obs.reshape(*obs.shape[:g], -1, *obs.shape[g + 2:])
+            outs = [network.policy(c.to(device)) for c in flat_obs.split(chunk, dim=g)]
             for j, key in enumerate(self.param_keys):
-                p = torch.cat([o[j] for o in outs]).float().cpu()
-                seg.set(OLD_PREFIX + key, p.reshape(*obs.shape[:2], *p.shape[1:]))
+                p = torch.cat([o[j] for o in outs], dim=g).float().cpu()
+                seg.set(OLD_PREFIX + key, p.reshape(*obs.shape[:g + 2], *p.shape[g + 1:]))
         network.train(was_training)
         self._old_ready = True
 
     def gather(self, index: torch.Tensor, device: torch.device) -> TensorDictBase:
-        """The auxiliary minibatch of trajectories ``index`` ([k, 2] rollout, env), flattened."""
+        """The auxiliary minibatch of trajectories ``index`` ([k, 2] rollout, env), flattened; for a
+        seed group ``index`` is ``[S, k, 2]`` and the minibatch ``[S, k * time]``."""
         keys = [OBS_KEY, TARGET_KEY, *(OLD_PREFIX + k for k in self.param_keys)]
+        if self.num_seeds is not None:
+            if self._stacked is None:  # [S, rollouts, envs, time, ...], once per auxiliary phase
+                self._stacked = {key: torch.stack([seg.get(key) for seg in self.buffer], dim=1) for key in keys}
+            seeds = torch.arange(index.shape[0]).unsqueeze(1)
+            cols = {key: v[seeds, index[..., 0], index[..., 1]] for key, v in self._stacked.items()}
+            td = TensorDict(cols, batch_size=[*index.shape[:2], self.buffer[0].batch_size[-1]])
+            return td.reshape(index.shape[0], -1).to(device)
         cols = {key: torch.stack([self.buffer[s].get(key)[e] for s, e in index.tolist()]) for key in keys}
         td = TensorDict(cols, batch_size=[index.shape[0], self.buffer[0].shape[1]])
         return td.reshape(-1).to(device)
@@ -287,6 +327,7 @@ class PPGPhases:
     def finish_aux_phase(self) -> None:
         """Free the buffer; a new policy phase starts."""
         self.buffer.clear()
+        self._stacked = None
         self._old_ready = False
         self.phase_iteration, self.phase = 0, self.phase + 1
         self.aux_ran = True
@@ -303,8 +344,11 @@ class PPGPhases:
             "ppg/buffer_frames": float(sum(seg.numel() for seg in self.buffer)),
         }
         if self._aux_stats:
-            means = torch.stack(self._aux_stats).mean(0).tolist()
-            out.update({f"ppg/aux_{k}": v for k, v in zip(AUX_STATS, means)})
+            means = torch.stack(self._aux_stats).mean(0).tolist()  # [stats] or, for a seed group, [stats][S]
+            if self.num_seeds is None:
+                out.update({f"ppg/aux_{k}": v for k, v in zip(AUX_STATS, means)})
+            else:  # each seed's own (the group's metrics take "seed<k>/" names as that seed's)
+                out.update({f"seed{j}/ppg/aux_{k}": v[j] for k, v in zip(AUX_STATS, means) for j in range(self.num_seeds)})
             out["ppg/aux_steps"] = float(len(self._aux_stats))
             out["time/aux_phase_s"] = self._aux_seconds
         self._aux_stats = []
@@ -314,8 +358,10 @@ class PPGPhases:
     def attach(self, data) -> None:
         """Register the phase buffer with the data module's per-rank resume state when it is small
         enough (``checkpoint_buffer_mib``); called once the data module builds its rollout source."""
+        if getattr(data.source, "is_seed_group", False):
+            self.num_seeds = len(data.source.seeds)
         need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps,
-                                  self.cfg["n_pi"])
+                                  self.cfg["n_pi"]) * (self.num_seeds or 1)
         self.buffer_in_checkpoint = self.stores_rollouts and need <= self.cfg["checkpoint_buffer_mib"] * 2**20
         if self.buffer_in_checkpoint:
             data.resume_providers["ppg_buffer"] = PhaseBufferState(self)
@@ -327,6 +373,7 @@ class PPGPhases:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.phase = int(state["phase"])
         self.buffer.clear()
+        self._stacked = None
         self._old_ready = False
         if state.get("buffer_in_checkpoint"):  # `PhaseBufferState` restores buffer and phase iteration
             self.phase_iteration = int(state["phase_iteration"])
@@ -355,6 +402,7 @@ class PhaseBufferState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.phases.buffer = [TensorDict(r["data"], batch_size=r["batch_size"]) for r in state["rollouts"]]
+        self.phases._stacked = None
         self.phases.phase_iteration = int(state["phase_iteration"])
         self.phases.restart_pending = False
 
@@ -417,8 +465,11 @@ def _accumulate(module, batch: TensorDictBase, loss_and_stats, names=None) -> tu
 
 
 def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
-    """One gradient step of either phase (manual optimization)."""
+    """One gradient step of either phase (manual optimization). A vectorized seed group
+    (``module.seed_group``) steps every seed at once: the loss is the sum of the seeds' losses (each
+    seed's gradient is its own loss's), the guard and gradient clipping act per seed."""
     phases = module.ppg_phases
+    group = module.seed_group
     phase = phases.phase_of(batch_idx)
     opt = module.optimizers()[module._ppg_optimizer_index[phase]]
     opt.zero_grad()
@@ -428,7 +479,11 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
         phases.start_aux_step(module.network, device)
         mb = phases.gather(batch, device)
         guard.check_batch(mb)
-        loss, stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
+        if group is None:
+            loss, stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
+        else:
+            per_seed, stats = aux_loss_and_stats(module, mb)
+            loss, guard.seed_losses = _group_backward(module, per_seed)
         phases.record_aux_stats(stats)
     else:
         guard.check_batch(batch)
@@ -437,10 +492,19 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
         elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
             batch = module.add_proximal(batch)
         terms = PHASE_TERMS[phase]
-        loss, stats = _accumulate(module, batch, lambda c: module._loss_and_stats(c, terms), lambda: module._stat_names)
+        if group is None:
+            loss, stats = _accumulate(module, batch, lambda c: module._loss_and_stats(c, terms), lambda: module._stat_names)
+        else:
+            _, stats, per_seed = group.loss_and_stats(module, batch, terms, detach=False)
+            module._stat_names = group.stat_names
+            loss, guard.seed_losses = _group_backward(module, per_seed)
         module._step_stats.append(stats)
     clip = phases.cfg["max_grad_norm"]
-    if guard.after_backward(module, opt.optimizer, loss):  # else the gradients are dropped: no update
+    if group is not None:  # per seed: a bad seed's step is undone after the update, the others proceed
+        guard.after_backward(module, opt.optimizer)
+        if clip is not None:
+            group.clip_grad_norm_(module.network.parameters(), clip)
+    elif guard.after_backward(module, opt.optimizer, loss):  # else the gradients are dropped: no update
         if clip is not None:
             module.clip_gradients(opt, gradient_clip_val=clip, gradient_clip_algorithm="norm")
     opt.step()
@@ -454,13 +518,21 @@ def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
     return {"loss": loss, "ppg_phase": phase}
 
 
+def _group_backward(module, per_seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Back-propagate the sum of a seed group's losses ``[S]``; returns it and the losses, detached."""
+    loss = per_seed.sum()
+    module.manual_backward(loss)
+    return loss.detach(), per_seed.detach()
+
+
 def aux_loss_and_stats(module, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ppg_auxiliary_loss` on an auxiliary (micro)batch; stats in `AUX_STATS` order."""
+    """`ppg_auxiliary_loss` on an auxiliary (micro)batch; stats in `AUX_STATS` order. For a seed
+    group's ``[S, B]`` batch: the losses ``[S]`` (each seed's mean over its samples), stats ``[K, S]``."""
     cfg = module.ppg_phases.cfg
     *params, value, aux_value = module.network.forward_aux(batch.get(OBS_KEY))
     old = [batch.get(OLD_PREFIX + k) for k in module.param_keys]
     kl = module.loss_module._kl(old, params)
     target = batch.get(TARGET_KEY).reshape(kl.shape)
     out = F.ppg_auxiliary_loss(kl, aux_value.reshape(kl.shape), value.reshape(kl.shape), target,
-                               cfg["beta_clone"], cfg["vf_true_weight"])
+                               cfg["beta_clone"], cfg["vf_true_weight"], dim=None if module.seed_group is None else -1)
     return out["loss"], torch.stack([out[k].detach().float() for k in AUX_STATS])

@@ -132,6 +132,8 @@ class SeedGroupSource:
         pass
 
     def __len__(self) -> int:
+        if self.phases is not None:  # PPG: an upper bound, as for a single run
+            return self.phases.max_batches_per_iteration(self.data)
         return self.data.update_epochs * self.data.num_minibatches
 
     # ---------------------------------------------------------------- collection
@@ -275,6 +277,9 @@ class SeedGroupSource:
         self.data.iteration_started()
         rollouts = self.collect()
         flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
+        if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
+            yield from self.phases.group_iteration_batches(rollouts, flats, self.states, self.data)
+            return
         n = flats[0].shape[0]
         size = n // self.data.num_minibatches
         for _ in range(self.data.update_epochs):

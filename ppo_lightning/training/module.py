@@ -505,6 +505,8 @@ class PPOLightningModule(pl.LightningModule):
                 self.trainer.should_stop = True
         if self.proximal_source is not None:
             shared.update(self.proximal_source.metrics())
+        if self.ppg_phases is not None:
+            shared.update(self.ppg_phases.iteration_metrics())
         shared.update(self._recorded)
         self._recorded = {}
         send = self._logging_due(dm)

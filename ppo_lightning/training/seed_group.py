@@ -21,7 +21,10 @@ Per seed, by construction rather than by bookkeeping:
 - statistics: every per-step diagnostic is ``[S]``; each seed's metrics are logged under
   ``seed<k>/`` (and its own MLflow run where MLflow is on, `ppo_lightning.training.tracking`).
 
-Not supported yet (one-line errors at configuration): PPG, the adaptive-KL objective (its beta
+PPG and PPG-EWMA train as groups too (`ppo_lightning.algos.ppg`: per-seed shuffles, phase buffer
+``[S, envs, time]``, per-seed auxiliary losses).
+
+Not supported yet (one-line errors at configuration): the adaptive-KL objective (its beta
 would need a per-seed value), micro-batches, gradient accumulation, staleness, ``model.compile``,
 ``model.proximal_precision`` and more than one device.
 """
@@ -40,7 +43,6 @@ from ppo_lightning.training.tracking import SafeMLFlowLogger
 def validate_seed_group(h, num_seeds: int) -> None:
     """One-line errors for settings a seed group does not support (yet)."""
     refused = {
-        "model.ppg": h.get("ppg") is not None,
         "model.objective adaptive_kl": h.get("objective") == "adaptive_kl",
         "model.micro_batch_size": h.get("micro_batch_size") is not None,
         "model.compile": h.get("compile", False) is not False,
@@ -71,12 +73,13 @@ class SeedGroup:
         self.last_per_seed: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- the loss
-    def loss_and_stats(self, module, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(sum over seeds of each seed's loss, stats ``[K, S]``, per-seed losses ``[S]``)."""
+    def loss_and_stats(self, module, batch, terms: tuple[str, ...] = ("loss_objective", "loss_critic", "loss_entropy"),
+                       detach: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sum over seeds of each seed's loss (the sum of ``terms``), stats ``[K, S]``, per-seed
+        losses ``[S]``, detached unless ``detach`` is False)."""
         lm = module.loss_module
         if lm.decoupled:
             batch = module.add_proximal(batch)
-        terms = ("loss_objective", "loss_critic", "loss_entropy")
         # One pass over all seeds: the stacked network, and the loss on [S, B] tensors with
         # per-seed reductions (``stacked_seeds``): every loss term and diagnostic is [S].
         out = lm(batch)
@@ -84,7 +87,7 @@ class SeedGroup:
             self._names = list(out.keys())
         per_seed = sum(out[k] for k in terms)
         stats = torch.stack([out[k].detach().expand(self.num_seeds) for k in self._names]).float()
-        return per_seed.sum(), stats, per_seed.detach()
+        return per_seed.sum(), stats, per_seed.detach() if detach else per_seed
 
     @torch.no_grad()
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
