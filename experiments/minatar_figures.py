@@ -131,6 +131,9 @@ def _bsi500k_arms() -> dict[str, list[str]]:
         arms |= {name: args + (BF16 if c >= 16 else []) for name, args in _scaled_arms(c, LR500K, kinds=kinds).items()}
     for c in (4, 16):
         arms |= {name: args + (BF16 if c >= 16 else []) for name, args in _scaled_arms(c, LR500K / 2, kinds=("all",)).items()}
+    # PPG-EWMA with all rules (n_pi x c too; vectorized groups since session 11); c = 1 is ewma500k's ppg_ewma arm
+    for c in (4, 16, 64):
+        arms[f"c{c}_ppg_ewma_{LR}"] = PPG_EWMA + ["--model.lr", str(LR500K), "--scale", str(c)] + (BF16 if c >= 16 else [])
     return arms
 
 
@@ -199,12 +202,15 @@ FIGURES = {
     "bsi500k": {"normalize": "500k", "arms": _bsi500k_arms(),
                 # c = 1 of Breakout/SpaceInvaders from lr500k, of Asterix/Seaquest from ewma500k (same CLI)
                 "borrow": {f"c1_all_lr{LR500K / BASE_LR:g}x": [("lr500k", f"c1_lr{LR500K / BASE_LR:g}x"),
-                                                                ("ewma500k", f"ppo_ewma_{LR}")]},
+                                                                ("ewma500k", f"ppo_ewma_{LR}")],
+                           f"c1_ppg_ewma_{LR}": ("ewma500k", f"ppg_ewma_{LR}")},
                 "compare": [(f"c{a}_all_{LR}", f"c{b}_all_{LR}") for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]
                 # Table 5 at small batch: each rule removed, and PPO without EWMA, against all rules
                 + [(f"c{c}_{k}_{LR}", f"c{c}_all_{LR}") for c in (16, 64) for k in ABLATIONS]
                 # half the base lr at c = 4, 16 against c = 1 (the clip fraction rose with c at the full lr)
-                + [(f"c{c}_all_lr{LR500K / 2 / BASE_LR:g}x", f"c1_all_{LR}") for c in (4, 16)]},
+                + [(f"c{c}_all_lr{LR500K / 2 / BASE_LR:g}x", f"c1_all_{LR}") for c in (4, 16)]
+                # Fig. 2/3 for PPG-EWMA
+                + [(f"c{a}_ppg_ewma_{LR}", f"c{b}_ppg_ewma_{LR}") for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]},
 }
 QUICK_ARMS = {"ewma": "ppo,ppo_ewma", "bsi": "c1_all,c4_all,c4_no_lr", "staleness": "k0,k2_behavior,k2_decoupled",
               "klcom": "beta1_com8", "reference": "ppo", "lr500k": "c1_lr4x",
@@ -524,8 +530,11 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
     print(f"wrote {path}")
     curve_arms = {"bsi": [a for a in arms if re.fullmatch(r"c\d+_all(_lr\dx)?|c1_lr\dx", a)],  # ablations: bar chart
                   "staleness": [a for a in arms if a == "k0" or a.startswith("k8_")],  # all k: staleness_vs_k.png
+                  "bsi500k": [a for a in arms if re.fullmatch(rf"c\d+_all_{LR}", a)],  # PPO-EWMA; PPG-EWMA below
                   "ewma": arms}.get(figure, arms)
     plot(figure, out, games, curve_arms, frames)
+    if figure == "bsi500k" and any("_ppg_ewma_" in a for a in arms):
+        plot(figure, out, games, [a for a in arms if "_ppg_ewma_" in a], frames, name="bsi500k_ppg_ewma")
     if figure == "bsi":
         if any(a.endswith("_ppg_ewma") for a in arms):
             plot(figure, out, games, [a for a in arms if a.endswith("_ppg_ewma")], frames, name="bsi_ppg_ewma")
