@@ -163,7 +163,7 @@ def test_stacked_seeds_reduce_per_seed(kwargs):
         assert alone.keys() == stacked.keys()
         for key in alone.keys():
             want = alone[key]
-            got = stacked[key] if stacked[key].dim() == 0 else stacked[key][k]  # kl_beta: one for all seeds
+            got = stacked[key][k]  # kl_beta too: one per seed
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"seed {k}: {key}")
     assert stacked["clip_fraction"].shape == (3,) and 0 < stacked["clip_fraction"].max() < 1
     if kwargs.get("max_importance_ratio"):

@@ -79,6 +79,22 @@ def test_ppg_ewma_seed_k_of_a_group_trains_as_seed_k_alone():
         assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
 
 
+def test_adaptive_kl_keeps_one_beta_per_seed_as_each_seed_alone():
+    """Adaptive KL (decoupled, EWMA anchor) in a group of 3: each seed's beta adapts on its own KL and
+    equals the beta of the same seed alone after 8 iterations, weights too; the betas differ."""
+    kw = dict(objective="adaptive_kl", kl_beta=1.0, kl_target=1e-4, decoupled=True, proximal_com=2.0)
+    group, _, _ = run(0, 3, iterations=8, **kw)
+    betas = group.loss_module.kl_beta
+    assert betas.shape == (3,)
+    for k in range(3):
+        alone, _, _ = run(k, 1, iterations=8, **kw)
+        assert float(betas[k]) == float(alone.loss_module.kl_beta)
+        ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-5)
+    assert len(set(betas.tolist())) == 3  # adapted apart (one may be back at its start, 1.0)
+
+
 def test_gradient_clipping_clips_each_seed_by_its_own_norm():
     """With trainer.gradient_clip_val (small enough to clip every step), each seed of a group of 2 ends
     as the same seed trained alone with clipping (within float tolerance): the norm is per seed."""
@@ -294,7 +310,6 @@ def test_ppg_ewma_group_resumes_mid_phase_exactly(tmp_path):
 
 @pytest.mark.parametrize("data_kwargs, model_kwargs, match", [
     ({"env_id": "CartPole-v1"}, {}, "steps as one batch"),
-    ({}, {"objective": "adaptive_kl"}, "adaptive_kl"),
     ({"num_seeds": 0}, {}, "num_seeds must be a positive integer"),
 ])
 def test_unsupported_group_settings_are_one_line_errors(data_kwargs, model_kwargs, match):

@@ -80,6 +80,7 @@ class PPOFamilyLoss(LossModule):
         value_clip_eps: float | None = None,
         kl_form: str = "analytic",
         stacked_seeds: bool = False,
+        num_seeds: int | None = None,
     ) -> None:
         super().__init__()
         if kl_form not in KL_FORMS:
@@ -101,8 +102,12 @@ class PPOFamilyLoss(LossModule):
         self.entropy_coef = entropy_coef
         self.value_clip_eps = value_clip_eps
         self.stacked_seeds = stacked_seeds
-        # A buffer, so that the adapted beta is saved in (and restored from) the checkpoint.
-        self.register_buffer("kl_beta", torch.tensor(float(kl_beta), dtype=torch.float64))
+        # A buffer, so that the adapted beta is saved in (and restored from) the checkpoint; one per
+        # seed of a vectorized group ([S]: each seed's beta adapts to its own KL; S from the stacked network
+        # unless given).
+        beta = torch.tensor(float(kl_beta), dtype=torch.float64)
+        seeds = num_seeds or getattr(network, "num_seeds", 1)
+        self.register_buffer("kl_beta", beta.expand(seeds).clone() if stacked_seeds else beta)
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         pass  # GAE runs on the data side; nothing to forward.
@@ -112,11 +117,13 @@ class PPOFamilyLoss(LossModule):
             return F.categorical_kl(anchor_params[0], params[0])
         return F.diagonal_normal_kl(anchor_params[0], anchor_params[1], params[0], params[1])
 
-    def update_kl_beta(self, mean_kl: float) -> float:
-        """Adapt beta once per iteration (PPO paper rule); returns the new beta."""
+    def update_kl_beta(self, mean_kl: float, seed: int | None = None) -> float:
+        """Adapt beta once per iteration (PPO paper rule); returns the new beta. ``seed``: that seed's
+        beta of a vectorized group, on its own mean KL."""
+        beta = self.kl_beta if seed is None else self.kl_beta[seed]
         if self.objective == "adaptive_kl":
-            self.kl_beta.fill_(F.adaptive_kl_beta(float(self.kl_beta), mean_kl, self.kl_target))
-        return float(self.kl_beta)
+            beta.fill_(F.adaptive_kl_beta(float(beta), mean_kl, self.kl_target))
+        return float(beta)
 
     def _mean(self, x: torch.Tensor) -> torch.Tensor:
         """The mean over the samples (per seed with ``stacked_seeds``)."""
@@ -149,7 +156,8 @@ class PPOFamilyLoss(LossModule):
             )
         else:
             surrogate = F.kl_penalized_surrogate(
-                log_prob, behavior_log_prob, advantage, kl_anchor, self.kl_beta.float(), self.max_importance_ratio
+                log_prob, behavior_log_prob, advantage, kl_anchor,
+                self.kl_beta.float().unsqueeze(-1) if self.stacked_seeds else self.kl_beta.float(), self.max_importance_ratio
             )
 
         value = value.reshape(log_prob.shape)

@@ -172,6 +172,7 @@ class PPOLightningModule(pl.LightningModule):
             value_clip_eps=value_clip_eps,
             kl_form=kl_form,
             stacked_seeds=self.seed_group is not None,
+            num_seeds=1 if self.seed_group is None else self.seed_group.num_seeds,
         )
         self.param_keys = dist_param_keys(action_space)
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
@@ -507,12 +508,28 @@ class PPOLightningModule(pl.LightningModule):
             shared.update(self.proximal_source.metrics())
         if self.ppg_phases is not None:
             shared.update(self.ppg_phases.iteration_metrics())
+        if self._step_stats and self.loss_module.objective == "adaptive_kl":
+            shared.update(self._group_adapt_kl_beta(dm))
         shared.update(self._recorded)
         self._recorded = {}
         send = self._logging_due(dm)
         self.publish_metrics(self.seed_group.iteration_metrics(self, self._step_stats, shared), send)
         if send:
             self.seed_group.runs.publish(self, self.seed_group.last_per_seed)  # each seed's own MLflow run
+
+    def _group_adapt_kl_beta(self, dm) -> dict[str, float]:
+        """Adaptive beta of each seed of a group, as a single run adapts its own (`on_train_epoch_end`):
+        once per iteration, on the seed's mean KL of the last update epoch; a NaN never reaches beta."""
+        stats = torch.stack(self._step_stats)  # [steps, K, S]
+        per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
+        kl = stats[-per_epoch:, self._stat_names.index("kl_anchor")]
+        out = {}
+        for k in range(self.seed_group.num_seeds):
+            mean_kl = finite_mean(kl[:, k])
+            out[f"seed{k}/train/kl_anchor_last_epoch"] = mean_kl
+            out[f"seed{k}/train/kl_beta"] = (self.loss_module.update_kl_beta(mean_kl, seed=k) if math.isfinite(mean_kl)
+                                             else float(self.loss_module.kl_beta[k]))
+        return out
 
     # ------------------------------------------------------------------ per-iteration metrics
     def record_metrics(self, metrics: dict[str, float]) -> None:

@@ -24,8 +24,9 @@ Per seed, by construction rather than by bookkeeping:
 PPG and PPG-EWMA train as groups too (`ppo_lightning.algos.ppg`: per-seed shuffles, phase buffer
 ``[S, envs, time]``, per-seed auxiliary losses).
 
-Not supported yet (one-line errors at configuration): the adaptive-KL objective (its beta
-would need a per-seed value), micro-batches, gradient accumulation, staleness, ``model.compile``,
+The adaptive-KL objective keeps one beta per seed (adapted on that seed's own KL).
+
+Not supported yet (one-line errors at configuration): micro-batches, gradient accumulation, staleness, ``model.compile``,
 ``model.proximal_precision`` and more than one device.
 """
 
@@ -43,7 +44,6 @@ from ppo_lightning.training.tracking import SafeMLFlowLogger
 def validate_seed_group(h, num_seeds: int) -> None:
     """One-line errors for settings a seed group does not support (yet)."""
     refused = {
-        "model.objective adaptive_kl": h.get("objective") == "adaptive_kl",
         "model.micro_batch_size": h.get("micro_batch_size") is not None,
         "model.compile": h.get("compile", False) is not False,
         "model.proximal_precision": h.get("proximal_precision") is not None,
