@@ -131,6 +131,11 @@ def _bsi500k_arms() -> dict[str, list[str]]:
         arms |= {name: args + (BF16 if c >= 16 else []) for name, args in _scaled_arms(c, LR500K, kinds=kinds).items()}
     for c in (4, 16):
         arms |= {name: args + (BF16 if c >= 16 else []) for name, args in _scaled_arms(c, LR500K / 2, kinds=("all",)).items()}
+    # Why c = 64 falls behind c = 16 (same clip fraction): Adam's horizons count steps, and c = 64 takes 64x
+    # c = 1's steps per frame; the optional rule betas ** (1/c) keeps them in frames (at 100k frames it
+    # closed ~40% of the c = 4 - c = 1 gap)
+    for c in (16, 64):
+        arms[f"c{c}_all_betas_{LR}"] = EWMA + ["--model.lr", str(LR500K), "--scale", str(c), "--scale_adam_betas", "true"] + BF16
     # PPG-EWMA with all rules (n_pi x c too; vectorized groups since session 11); c = 1 is ewma500k's ppg_ewma arm
     for c in (4, 16, 64):
         arms[f"c{c}_ppg_ewma_{LR}"] = PPG_EWMA + ["--model.lr", str(LR500K), "--scale", str(c)] + (BF16 if c >= 16 else [])
@@ -209,6 +214,7 @@ FIGURES = {
                 + [(f"c{c}_{k}_{LR}", f"c{c}_all_{LR}") for c in (16, 64) for k in ABLATIONS]
                 # half the base lr at c = 4, 16 against c = 1 (the clip fraction rose with c at the full lr)
                 + [(f"c{c}_all_lr{LR500K / 2 / BASE_LR:g}x", f"c1_all_{LR}") for c in (4, 16)]
+                + [(f"c{c}_all_betas_{LR}", f"c{c}_all_{LR}") for c in (16, 64)] + [(f"c64_all_betas_{LR}", f"c16_all_betas_{LR}")]
                 # Fig. 2/3 for PPG-EWMA
                 + [(f"c{a}_ppg_ewma_{LR}", f"c{b}_ppg_ewma_{LR}") for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]},
 }
