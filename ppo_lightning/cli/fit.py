@@ -367,7 +367,8 @@ class PPOCLI(LightningCLI):
         if videos:
             print(f"video: {videos[-1]}")
         if self.checkpoint_callback.last_model_path:
-            print(f"  score it with: ppo-lightning evaluate {ckpt} --episodes 10 --video agent.mp4")
+            pick = " --seed_index 0" if group else ""  # a group's checkpoint holds every seed: name one
+            print(f"  score it with: ppo-lightning evaluate {ckpt}{pick} --episodes 10 --video agent.mp4")
         logger = trainer.logger
         run_id = getattr(logger, "run_id", None)
         if isinstance(logger, SafeMLFlowLogger) and not logger.failed:
