@@ -40,8 +40,8 @@ def test_seed_k_of_a_group_trains_as_seed_k_alone():
         alone, dm, _ = run(k, 1, decoupled=True, proximal_com=4.0)
         ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
         assert ref.keys() == got.keys()
-        for name in ref:
-            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-5)
+        for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's: float order differs
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5)
         assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
         assert dm.episodes.count > 10
         finals.append(torch.nn.utils.parameters_to_vector(alone.network.parameters()))
@@ -64,18 +64,18 @@ def test_ppg_ewma_seed_k_of_a_group_trains_as_seed_k_alone():
         alone, dm, atr = run(k, 1, iterations=7, **kw)
         assert atr.global_step == gtr.global_step
         ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
-        for name in ref:
-            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-5)
+        for name in ref:  # float order differs (matmul vs oneDNN convolution), as in the PPO test above
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5)
         for i in (0, 1):  # the policy-phase Adam and the auxiliary Adam
             ref_state, got_state = atr.optimizers[i].state_dict()["state"], gtr.optimizers[i].state_dict()["state"]
             assert ref_state.keys() == got_state.keys() and ref_state
             for j in ref_state:
                 for m in ("exp_avg", "exp_avg_sq"):
-                    torch.testing.assert_close(got_state[j][m][k], ref_state[j][m], rtol=1e-4, atol=1e-6)
+                    torch.testing.assert_close(got_state[j][m][k], ref_state[j][m], rtol=1e-4, atol=1e-5)
         prox_ref = dict(alone.proximal_source.proximal.named_parameters())
         prox_got = dict(group.proximal_source.proximal.named_parameters())
         for name, v in prox_ref.items():
-            torch.testing.assert_close(prox_got["inner." + name][k], v, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(prox_got["inner." + name][k], v, rtol=1e-5, atol=3e-5)
         assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
 
 

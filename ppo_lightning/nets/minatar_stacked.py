@@ -70,9 +70,20 @@ def _stacked_trunk(p: dict[str, Tensor], prefix: str, x: Tensor, kernel: int) ->
     windows = [x[..., i:i + ho, j:j + wo] for i in range(kernel) for j in range(kernel)]
     patches = torch.stack(windows, dim=2).view(S, C * kernel * kernel, B * ho * wo)
     w = p[prefix + "conv.weight"]
-    h = torch.baddbmm(p[prefix + "conv.bias"].unsqueeze(-1), w.reshape(S, w.shape[1], -1), patches)
-    h = torch.relu(h).view(S, -1, B, ho * wo).transpose(1, 2).reshape(S, B, -1)
-    return torch.relu(_stacked_linear(h, p[prefix + "dense.weight"], p[prefix + "dense.bias"]))
+    O = w.shape[1]
+    dense_w = p[prefix + "dense.weight"]
+    if B > dense_w.shape[1]:
+        # Many rows (c = 1's minibatches of 512): the convolution's output comes out as [S, B, (h, w), c]
+        # (the patches as the matmul's transposed operand) and the dense weight's columns are reordered
+        # to (h, w, c) instead: a copy of the weight (hidden x O*H'*W') instead of the activations'
+        # transposition (B x O*H'*W'), forward and backward.
+        h = torch.baddbmm(p[prefix + "conv.bias"].unsqueeze(1), patches.transpose(1, 2), w.reshape(S, O, -1).transpose(1, 2))
+        h = torch.relu(h).view(S, B, -1)
+        dense_w = dense_w.view(S, -1, O, ho * wo).transpose(2, 3).reshape(S, -1, O * ho * wo)
+    else:
+        h = torch.baddbmm(p[prefix + "conv.bias"].unsqueeze(-1), w.reshape(S, O, -1), patches)
+        h = torch.relu(h).view(S, O, B, ho * wo).transpose(1, 2).reshape(S, B, -1)
+    return torch.relu(_stacked_linear(h, dense_w, p[prefix + "dense.bias"]))
 
 
 def stacked_call(net: MinAtarActorCritic, p: dict[str, Tensor], method: str, obs: Tensor):
@@ -86,8 +97,11 @@ def stacked_call(net: MinAtarActorCritic, p: dict[str, Tensor], method: str, obs
     # same values: autocast would round each patch element as this rounds the input element).
     device = obs.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
-    x = torch.empty((S, C, obs[0].numel() // (H * W * C), H, W), dtype=dtype, device=obs.device).copy_(
-        obs.reshape(S, -1, H, W, C).permute(0, 4, 1, 2, 3))
+    if obs.dtype == torch.bool:  # MinAtar's: transpose the bytes, then convert (~2x faster than one strided converting copy)
+        x = obs.view(torch.uint8).reshape(S, -1, H, W, C).permute(0, 4, 1, 2, 3).contiguous().to(dtype)
+    else:
+        x = torch.empty((S, C, obs[0].numel() // (H * W * C), H, W), dtype=dtype, device=obs.device).copy_(
+            obs.reshape(S, -1, H, W, C).permute(0, 4, 1, 2, 3))
     k = net.policy_body.conv.kernel_size[0]
 
     def head(name, f):
