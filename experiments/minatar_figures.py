@@ -757,7 +757,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.figure == "reference":
         summarize_reference(a.out)
     else:
-        analyze(a.figure, a.out, [c for c in fig["compare"] if c[0] in arms and c[1] in arms], games=games,
+        names = set(arms) | set(fig.get("borrow", {}))  # a borrowed arm (another figure's runs) compares too
+        analyze(a.figure, a.out, [c for c in fig["compare"] if c[0] in names and c[1] in names], games=games,
                 target=a.target)
 
 
