@@ -14,6 +14,8 @@ entries are diagnostics (scalars, detached).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +82,6 @@ class PPOFamilyLoss(LossModule):
         value_clip_eps: float | None = None,
         kl_form: str = "analytic",
         stacked_seeds: bool = False,
-        num_seeds: int | None = None,
     ) -> None:
         super().__init__()
         if kl_form not in KL_FORMS:
@@ -103,11 +104,9 @@ class PPOFamilyLoss(LossModule):
         self.value_clip_eps = value_clip_eps
         self.stacked_seeds = stacked_seeds
         # A buffer, so that the adapted beta is saved in (and restored from) the checkpoint; one per
-        # seed of a vectorized group ([S]: each seed's beta adapts to its own KL; S from the stacked network
-        # unless given).
+        # seed of a vectorized group ([S], S of the stacked network: each seed's beta adapts to its own KL).
         beta = torch.tensor(float(kl_beta), dtype=torch.float64)
-        seeds = num_seeds or getattr(network, "num_seeds", 1)
-        self.register_buffer("kl_beta", beta.expand(seeds).clone() if stacked_seeds else beta)
+        self.register_buffer("kl_beta", beta.expand(network.num_seeds).clone() if stacked_seeds else beta)
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         pass  # GAE runs on the data side; nothing to forward.
@@ -119,9 +118,9 @@ class PPOFamilyLoss(LossModule):
 
     def update_kl_beta(self, mean_kl: float, seed: int | None = None) -> float:
         """Adapt beta once per iteration (PPO paper rule); returns the new beta. ``seed``: that seed's
-        beta of a vectorized group, on its own mean KL."""
+        beta of a vectorized group, on its own mean KL. A non-finite KL leaves beta as it is."""
         beta = self.kl_beta if seed is None else self.kl_beta[seed]
-        if self.objective == "adaptive_kl":
+        if self.objective == "adaptive_kl" and math.isfinite(mean_kl):
             beta.fill_(F.adaptive_kl_beta(float(beta), mean_kl, self.kl_target))
         return float(beta)
 

@@ -172,7 +172,6 @@ class PPOLightningModule(pl.LightningModule):
             value_clip_eps=value_clip_eps,
             kl_form=kl_form,
             stacked_seeds=self.seed_group is not None,
-            num_seeds=1 if self.seed_group is None else self.seed_group.num_seeds,
         )
         self.param_keys = dist_param_keys(action_space)
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
@@ -467,10 +466,7 @@ class PPOLightningModule(pl.LightningModule):
             per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
             kl_last_epoch = parallel.mean_over_ranks(self, finite_mean(stats[-per_epoch:, self._stat_names.index("kl_anchor")]))
             metrics["train/kl_anchor_last_epoch"] = kl_last_epoch
-            if math.isfinite(kl_last_epoch):  # a NaN never reaches beta
-                metrics["train/kl_beta"] = self.loss_module.update_kl_beta(kl_last_epoch)
-            else:
-                metrics["train/kl_beta"] = float(self.loss_module.kl_beta)
+            metrics["train/kl_beta"] = self.loss_module.update_kl_beta(kl_last_epoch)  # a NaN never reaches beta
         metrics.update(self.numerical_guard.metrics())
         if dm is not None and hasattr(dm, "iteration_metrics"):
             metrics.update(dm.iteration_metrics())
@@ -527,8 +523,7 @@ class PPOLightningModule(pl.LightningModule):
         for k in range(self.seed_group.num_seeds):
             mean_kl = finite_mean(kl[:, k])
             out[f"seed{k}/train/kl_anchor_last_epoch"] = mean_kl
-            out[f"seed{k}/train/kl_beta"] = (self.loss_module.update_kl_beta(mean_kl, seed=k) if math.isfinite(mean_kl)
-                                             else float(self.loss_module.kl_beta[k]))
+            out[f"seed{k}/train/kl_beta"] = self.loss_module.update_kl_beta(mean_kl, seed=k)
         return out
 
     # ------------------------------------------------------------------ per-iteration metrics
