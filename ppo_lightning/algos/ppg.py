@@ -182,6 +182,8 @@ class PPGPhases:
     """Phase bookkeeping and the phase buffer. Owned by the LightningModule (``ppg_phases``); the
     data side feeds it each rollout and asks it for the iteration's minibatches."""
 
+    stored_keys = (OBS_KEY, TARGET_KEY)  # what the phase buffer keeps of each rollout
+
     def __init__(self, cfg: dict[str, Any], action_space: dict) -> None:
         self.cfg = cfg
         self.param_keys = dist_param_keys(action_space)
@@ -217,10 +219,15 @@ class PPGPhases:
         aux = self.cfg["n_aux_epochs"] * math.ceil(self.cfg["n_pi"] * data.num_envs / self.cfg["aux_mbsize"])
         return policy + aux
 
-    def _begin_iteration(self, stored, data, aux_index_batches) -> tuple[list, list]:
-        """Book one policy-phase iteration: keep its rollout (``stored()``), plan its steps (``plan``);
-        returns its epochs ``[(phase, count)]`` and, every ``n_pi``-th iteration, the auxiliary
-        minibatches (``aux_index_batches()``: drawn before the policy epochs' shuffles, as always)."""
+    def iteration_batches(self, stored, generators: list[torch.Generator], epoch_minibatches, data):
+        """The minibatches of one iteration: value / policy epochs, then (every ``n_pi``-th iteration)
+        the auxiliary phase's trajectory indices. The rollout source passes what differs between a
+        single run and a vectorized seed group (`ppo_lightning.data.seed_group`): ``stored()``, the
+        rollout to keep for the auxiliary phase (``[envs, time]``, or ``[S, envs, time]`` for a group);
+        ``generators``, the shuffle generator(s) (one per seed); ``epoch_minibatches(e)``, the
+        minibatches of ``e`` shuffled epochs, the source's own loop. The auxiliary permutations are
+        drawn first, then the epochs' shuffles, so a group's seed k sees the minibatches of seed k
+        alone. Sets ``plan`` before the first yield."""
         self.phase_iteration += 1
         self.aux_ran = False
         if self.stores_rollouts:
@@ -228,43 +235,13 @@ class PPGPhases:
         e_pi, e_v = self.epochs(data)
         epochs = [("joint", e_pi)] if e_pi == e_v else [("value", e_v), ("policy", e_pi)]
         aux = self.stores_rollouts and self.phase_iteration >= self.cfg["n_pi"]
-        aux_batches = aux_index_batches() if aux else []
+        aux_batches = self._aux_index_batches(generators) if aux else []
         self.plan = [p for p, e in epochs for _ in range(e * data.num_minibatches)] + ["aux"] * len(aux_batches)
         self.aux_steps_planned = len(aux_batches)
         if not aux and self.phase_iteration >= self.cfg["n_pi"]:  # n_aux_epochs 0: phases without aux
             self.phase_iteration, self.phase = 0, self.phase + 1
-        return epochs, aux_batches
-
-    def iteration_batches(self, rollout: TensorDictBase, flat: TensorDictBase, data):
-        """The minibatches of one iteration: value / policy epochs, then (every ``n_pi``-th
-        iteration) the auxiliary phase's trajectory indices. Sets ``plan`` before the first yield."""
-        epochs, aux_batches = self._begin_iteration(lambda: rollout.select(OBS_KEY, TARGET_KEY).to("cpu").clone(), data,
-                                                    lambda: self._aux_index_batches([data.shuffle_generator]))
-        n = flat.shape[0]
-        size = n // data.num_minibatches
         for _, e in epochs:
-            for _ in range(e):
-                shuffled = flat[torch.randperm(n, generator=data.shuffle_generator)]
-                for i in range(data.num_minibatches):
-                    yield shuffled[i * size : (i + 1) * size]
-        yield from aux_batches
-
-    def group_iteration_batches(self, rollouts: list[TensorDictBase], flats: list[TensorDictBase], states, data):
-        """`iteration_batches` for a vectorized seed group (`ppo_lightning.data.seed_group`): one buffer
-        entry ``[S, envs, time]`` per iteration, minibatches ``[S, B]``, and every seed's shuffles
-        (policy epochs and auxiliary trajectories) drawn from its own generator in a single run's
-        order, so that seed k's minibatches are those of seed k alone."""
-        generators = [st.shuffle_generator for st in states]
-        epochs, aux_batches = self._begin_iteration(
-            lambda: torch.stack([r.select(OBS_KEY, TARGET_KEY).to("cpu") for r in rollouts]).clone(), data,
-            lambda: self._aux_index_batches(generators))
-        n = flats[0].shape[0]
-        size = n // data.num_minibatches
-        for _, e in epochs:
-            for _ in range(e):
-                shuffled = torch.stack([f[torch.randperm(n, generator=g)] for f, g in zip(flats, generators)])
-                for i in range(data.num_minibatches):
-                    yield shuffled[:, i * size : (i + 1) * size]
+            yield from epoch_minibatches(e)
         yield from aux_batches
 
     def _aux_index_batches(self, generators: list[torch.Generator]) -> list[torch.Tensor]:

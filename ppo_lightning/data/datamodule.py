@@ -163,11 +163,16 @@ class RolloutSource:
         rollout = self.collect()
         flat = self.prepare(rollout)
         if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
-            yield from self.phases.iteration_batches(rollout, flat, self.data)
+            stored = lambda: rollout.select(*self.phases.stored_keys).to("cpu").clone()  # noqa: E731
+            yield from self.phases.iteration_batches(stored, [self.data.shuffle_generator],
+                                                     lambda e: self._epoch_minibatches(flat, e), self.data)
             return
+        yield from self._epoch_minibatches(flat, self.data.update_epochs)
+
+    def _epoch_minibatches(self, flat: TensorDictBase, epochs: int):
         n = flat.shape[0]
         size = n // self.data.num_minibatches
-        for _ in range(self.data.update_epochs):
+        for _ in range(epochs):
             # One gather per epoch, then contiguous slices (views): cheaper than a gather per minibatch.
             order = torch.randperm(n, generator=self.data.shuffle_generator)  # CPU generator: same order anywhere
             shuffled = flat[order.to(flat.device, non_blocking=True)]

@@ -278,11 +278,18 @@ class SeedGroupSource:
         rollouts = self.collect()
         flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
         if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
-            yield from self.phases.group_iteration_batches(rollouts, flats, self.states, self.data)
+            keys = self.phases.stored_keys
+            stored = lambda: torch.stack([r.select(*keys).to("cpu") for r in rollouts]).clone()  # noqa: E731
+            yield from self.phases.iteration_batches(stored, [st.shuffle_generator for st in self.states],
+                                                     lambda e: self._epoch_minibatches(flats, e), self.data)
             return
+        yield from self._epoch_minibatches(flats, self.data.update_epochs)
+
+    def _epoch_minibatches(self, flats: list[TensorDictBase], epochs: int):
+        """``[S, B]`` minibatches; each seed's epoch shuffle from its own generator, as alone."""
         n = flats[0].shape[0]
         size = n // self.data.num_minibatches
-        for _ in range(self.data.update_epochs):
+        for _ in range(epochs):
             shuffled = torch.stack([f[torch.randperm(n, generator=st.shuffle_generator)] for f, st in zip(flats, self.states)])
             for i in range(self.data.num_minibatches):
                 yield shuffled[:, i * size:(i + 1) * size]
