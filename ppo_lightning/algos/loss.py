@@ -15,7 +15,6 @@ entries are diagnostics (scalars, detached).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch
