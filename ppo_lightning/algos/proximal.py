@@ -44,16 +44,26 @@ def com_from_beta(beta: float) -> float:
 
 
 @torch.no_grad()
-def ewma_update_(proximal_params: list[Tensor], params: list[Tensor], beta: float, weight: float) -> float:
+def ewma_update_(proximal_params: list[Tensor], params: list[Tensor], beta: float | list[float],
+                 weight: float | list[float]) -> float | list[float]:
     """One weighted EWMA step in place (reference code of Hilton et al.); returns the new weight W'.
 
     ``W' = beta W + 1``; ``prox = prox * beta W / W' + theta / W'`` for every pair of tensors.
+    ``beta`` and ``weight`` may be lists, one per seed of a group (stacked tensors ``[S, ...]``):
+    seed k's slices then move by its own ``beta[k]`` (members with their own center of mass).
     """
-    new_weight = beta * weight + 1.0
     proximal_params = list(proximal_params)
+    if not isinstance(beta, (list, tuple)):
+        new_weight = beta * weight + 1.0
+        if proximal_params:
+            torch._foreach_lerp_(proximal_params, [p.detach() for p in params], 1.0 / new_weight)
+        return new_weight
+    new_weights = [b * w + 1.0 for b, w in zip(beta, weight)]
     if proximal_params:
-        torch._foreach_lerp_(proximal_params, [p.detach() for p in params], 1.0 / new_weight)
-    return new_weight
+        step = torch.tensor([1.0 / w for w in new_weights], dtype=proximal_params[0].dtype, device=proximal_params[0].device)
+        for q, p in zip(proximal_params, params):
+            q.lerp_(p.detach(), step.view(-1, *([1] * (q.dim() - 1))))
+    return new_weights
 
 
 def _copy_network(network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> nn.Module:
@@ -100,16 +110,18 @@ class ProximalPolicyEWMA:
     current weights with W = 1 (PPG does so after each auxiliary phase, reference ``EwmaModel.reset``).
     """
 
-    def __init__(self, com: float = 8.0, bf16: bool = False) -> None:
-        self.com = float(com)
+    def __init__(self, com: float | list[float] = 8.0, bf16: bool = False) -> None:
+        # A list: one center of mass per seed of a group (members with their own EWMA; weight and
+        # age are then lists too).
+        self.per_seed = isinstance(com, (list, tuple))
+        self.com = [float(x) for x in com] if self.per_seed else float(com)
         # The Trainer's precision is bf16-mixed: the proximal forward (inside the training step's
         # autocast) may then run on a bf16 copy of the averaged weights where that is exact (the
         # network's ``BF16_WEIGHTS_EXACT``). The averaged weights themselves stay float32.
         self.bf16 = bf16
-        self.beta = beta_from_com(self.com)
+        self.beta = [beta_from_com(x) for x in self.com] if self.per_seed else beta_from_com(self.com)
         self.proximal: nn.Module | None = None
-        self.weight = 1.0
-        self.age_sum = 0.0  # sum_i w_i * age_i, so that age = age_sum / weight
+        self.weight, self.age_sum = self._initial()  # age_sum = sum_i w_i * age_i, so that age = age_sum / weight
         self.num_updates = 0
         self.num_resets = 0
         self._pending_state: dict[str, Any] | None = None
@@ -122,9 +134,15 @@ class ProximalPolicyEWMA:
         self._forward_params: list[Tensor] = []
         self._make_network: Callable[[], nn.Module] | None = None
 
+    def _initial(self):
+        """(weight, age_sum) of a fresh average: W = 1, age 0 (per seed with per-seed centers of mass)."""
+        return ([1.0] * len(self.com), [0.0] * len(self.com)) if self.per_seed else (1.0, 0.0)
+
     @property
-    def age(self) -> float:
+    def age(self) -> float | list[float]:
         """Center of mass of the current average, in gradient steps (tends to ``com``)."""
+        if self.per_seed:
+            return [a / w for a, w in zip(self.age_sum, self.weight)]
         return self.age_sum / self.weight
 
     def start(self, network: nn.Module, make_network: Callable[[], nn.Module] | None = None) -> None:
@@ -146,7 +164,7 @@ class ProximalPolicyEWMA:
         self.proximal = _copy_network(network, make_network or self._make_network).requires_grad_(False)
         self._prox_params = list(self.proximal.parameters())
         self._params = list(network.parameters())
-        self.weight, self.age_sum = 1.0, 0.0
+        self.weight, self.age_sum = self._initial()
         self.num_resets += 1
         self._forward_net, self._forward_params = None, []
         if self.bf16 and getattr(self.proximal, "BF16_WEIGHTS_EXACT", False) and not is_sharded(self.proximal):
@@ -161,7 +179,10 @@ class ProximalPolicyEWMA:
 
     def update(self) -> None:
         """Apply one EWMA step towards the current weights."""
-        self.age_sum = self.beta * (self.age_sum + self.weight)
+        if self.per_seed:
+            self.age_sum = [b * (a + w) for b, a, w in zip(self.beta, self.age_sum, self.weight)]
+        else:
+            self.age_sum = self.beta * (self.age_sum + self.weight)
         self.weight = ewma_update_(self._prox_params, self._params, self.beta, self.weight)
         self._sync_forward_net()
         self.num_updates += 1
@@ -173,6 +194,9 @@ class ProximalPolicyEWMA:
         return net.policy(obs)
 
     def metrics(self) -> dict[str, float]:
+        if self.per_seed:  # seed k's own, as a group's per-seed metrics are named
+            return {f"seed{k}/proximal/{name}": v[k] for k in range(len(self.com))
+                    for name, v in (("age", self.age), ("com", self.com), ("weight", self.weight))}
         return {"proximal/age": self.age, "proximal/com": self.com, "proximal/weight": self.weight}
 
     def state_dict(self) -> dict[str, Any]:
@@ -192,7 +216,9 @@ class ProximalPolicyEWMA:
             self._pending_state = state_dict
 
     def _apply_state(self, state: dict[str, Any]) -> None:
-        if not math.isclose(state["com"], self.com):
+        saved = state["com"] if isinstance(state["com"], (list, tuple)) else [state["com"]]
+        mine = self.com if self.per_seed else [self.com]
+        if len(saved) != len(mine) or not all(math.isclose(a, b) for a, b in zip(saved, mine)):
             raise ValueError(
                 f"checkpoint's proximal center of mass {state['com']} differs from the config's {self.com}"
             )

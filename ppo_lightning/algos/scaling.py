@@ -154,6 +154,21 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
         setv(data, "data", "advantage_norm_span", scaled["adv_norm_span"])
     if "adam_betas" in chosen and scaled["adam_betas"] is not None:
         setv(model, "model", "adam_betas", list(scaled["adam_betas"]))
+    members = data.get("member_hparams")
+    if members:  # a group's per-member values follow the same rules, each member's by itself
+        members = {k: list(v) for k, v in dict(members).items()}
+        rule_of = {"lr": "lr", "proximal_com": "com", "advantage_norm_span": "adv_span"}
+        for name, values in members.items():
+            if rule_of.get(name) not in chosen:
+                continue
+            key = {"advantage_norm_span": "adv_norm_span"}.get(name, name)
+            args = {"lr": 1.0, "proximal_com": None, "adv_norm_span": 1.0}
+            new = [None if v is None else batch_size_scaling(c, **{**args, key: float(v)},
+                                                             optimizer=model.get("optimizer", "adam"))[key] for v in values]
+            if new != values:
+                report[f"data.member_hparams.{name}"] = {"from": values, "to": new}
+            members[name] = new
+        data.member_hparams = members
     if "ppg_n_pi" in chosen and scaled["ppg_n_pi"] is not None:
         ppg = dict(model.ppg)
         old = _ppg_n_pi(model)

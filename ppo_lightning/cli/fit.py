@@ -102,6 +102,7 @@ class PPOCLI(LightningCLI):
         parser.link_arguments("data.observation_space", "model.observation_space", apply_on="instantiate")
         parser.link_arguments("data.action_space", "model.action_space", apply_on="instantiate")
         parser.link_arguments("data.seeds", "model.seeds", apply_on="instantiate")  # vectorized seeds
+        parser.link_arguments("data.member_hparams", "model.member_hparams", apply_on="instantiate")  # their own settings
         parser.add_argument("--seeds", type=int | None, default=None,
                             help="train this many seeds in one process, vectorized (sets data.num_seeds)")
         parser.add_argument("--mlflow.enabled", type=bool, default=True, help="track the run in MLflow")
@@ -129,6 +130,8 @@ class PPOCLI(LightningCLI):
         fill_data_seed(cfg)
         if cfg.get("seeds") is not None:  # --seeds S is data.num_seeds
             cfg.data.num_seeds = cfg.seeds
+        if cfg.data.get("member_seeds") is not None and cfg.get("seeds") is None and cfg.data.num_seeds == 1:
+            cfg.data.num_seeds = len(cfg.data.member_seeds)
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
         if cfg.log_every_frames < 0:
@@ -355,7 +358,7 @@ class PPOCLI(LightningCLI):
         ckpt = self.checkpoint_callback.last_model_path or "(none)"
         ranks = trainer.world_size > 1
         group = getattr(dm, "group_states", None)  # vectorized seeds: every seed's return
-        returns = (", ".join(f"{st.episodes.mean_return(20):.1f}" for st in group) + f" (seeds {dm.seeds[0]}..{dm.seeds[-1]})"
+        returns = (", ".join(f"{st.episodes.mean_return(20):.1f}" for st in group) + (f" (members' seeds {dm.seeds})" if getattr(dm, "member_seeds", None) else f" (seeds {dm.seeds[0]}..{dm.seeds[-1]})")
                    if group else f"{dm.episodes.mean_return(20):.1f}")
         print(
             f"\nfinished: {dm.frames} frames{' (all ranks)' if ranks else ''}{' per seed' if group else ''}, "

@@ -33,7 +33,7 @@ from ppo_lightning.algos.staleness import StalenessQueue, relabel, validate_stal
 from ppo_lightning.core.threads import configure_threads
 from ppo_lightning.envs import is_minatar
 from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats  # noqa: F401  (EpisodeStats: also read from here)
-from ppo_lightning.data.seed_group import SeedGroupSource, check_group_trainer
+from ppo_lightning.data.seed_group import SeedGroupSource, check_group_trainer, validate_member_hparams
 
 RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for up to 1M envs
 
@@ -212,6 +212,13 @@ class RolloutDataModule(pl.LightningDataModule):
         num_seeds: train this many independent seeds in one process, vectorized: seed k is the run
             with seed ``seed + k`` (`ppo_lightning.data.seed_group`, `ppo_lightning.training.seed_group`);
             ``frames`` and ``total_frames`` count each seed's own frames. 1: a single run.
+        member_seeds: the seeds of a group's members in order, repeats allowed (instead of ``seed + k``;
+            sets ``num_seeds``): with ``member_hparams``, the same seed under several settings.
+        member_hparams: per-member hyperparameters of a group, ``{name: [one value per member]}`` for
+            names in `ppo_lightning.data.seed_group.MEMBER_HPARAMS` (``lr``, ``proximal_com``,
+            ``advantage_norm_span``): member k trains as the single run with seed ``seeds[k]`` and
+            these values would (PureJaxRL-style sweeps of seeds x settings in one process). The
+            model takes its own (linked by the CLI); the data side uses ``advantage_norm_span``.
     """
 
     def __init__(
@@ -235,6 +242,8 @@ class RolloutDataModule(pl.LightningDataModule):
         env_timeout_s: float = faults.DEFAULT_ENV_TIMEOUT_S,
         batched_rollout: bool = True,
         num_seeds: int = 1,
+        member_seeds: list[int] | None = None,
+        member_hparams: dict[str, list] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -251,7 +260,11 @@ class RolloutDataModule(pl.LightningDataModule):
         self.staleness, self.staleness_mode = staleness, staleness_mode
         self.env_timeout_s = env_timeout_s
         self.batched_rollout = bool(batched_rollout)
+        self.member_seeds = None if member_seeds is None else [int(x) for x in member_seeds]
+        if self.member_seeds is not None and num_seeds == 1:
+            num_seeds = len(self.member_seeds)  # member_seeds says how many
         self.num_seeds = num_seeds
+        self.member_hparams = None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()}
         self.validate()
         self.observation_space, self.action_space = env_spaces(env_id, self.env_kwargs)
         self.frames = 0
@@ -271,8 +284,15 @@ class RolloutDataModule(pl.LightningDataModule):
 
     @property
     def seeds(self) -> list[int]:
-        """The seeds of this run: ``[seed]``, or ``seed, seed + 1, ...`` for a seed group."""
+        """The seeds of this run: ``[seed]``, or ``seed, seed + 1, ...`` for a seed group (or ``member_seeds``)."""
+        if self.member_seeds is not None:
+            return list(self.member_seeds)
         return [self.seed + k for k in range(self.num_seeds)]
+
+    def member_advantage_norm_spans(self) -> list[float]:
+        """Each group member's advantage-normalization span (``member_hparams`` or ``advantage_norm_span``)."""
+        spans = (self.member_hparams or {}).get("advantage_norm_span")
+        return [float(x) for x in spans] if spans is not None else [float(self.advantage_norm_span)] * self.num_seeds
 
     @property
     def frames_per_iteration(self) -> int:
@@ -315,6 +335,13 @@ class RolloutDataModule(pl.LightningDataModule):
                                  f"(minatar:<game>), got {self.env_id!r}")
             if self.staleness:
                 raise ValueError("data.num_seeds > 1 does not support data.staleness yet")
+        if self.member_seeds is not None and len(self.member_seeds) != self.num_seeds:
+            raise ValueError(f"data.member_seeds has {len(self.member_seeds)} seeds but data.num_seeds (--seeds) is "
+                             f"{self.num_seeds}: give one of them, or make them agree")
+        if self.member_seeds is not None and self.num_seeds < 2:
+            raise ValueError("data.member_seeds needs at least two members (a single run takes data.seed)")
+        if self.member_hparams is not None:
+            validate_member_hparams(self.member_hparams, self.num_seeds)
         if not (isinstance(self.env_timeout_s, (int, float)) and self.env_timeout_s >= 0):
             raise ValueError(f"data.env_timeout_s must be a number of seconds >= 0 (0: no limit), got {self.env_timeout_s!r}")
 

@@ -16,10 +16,17 @@ each seed's values those of its own call: the sampling's division and argmax (`s
 the reward normalizers' running returns (`RewardNormalizer.normalize_stacked`) and GAE.
 
 Envs: those that step as one batch (MinAtar; `ppo_lightning.data.batched_rollout`).
+
+Members with their own hyperparameters (``data.member_seeds``, ``data.member_hparams``): member k
+is the single run with seed ``seeds[k]`` and the values ``member_hparams[name][k]``; a seed may
+repeat (the same seed under several settings: common random numbers across the settings). The
+data side keeps each member's own advantage-normalization span; the model takes the rest
+(`ppo_lightning.training.seed_group`).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -35,6 +42,32 @@ from ppo_lightning.data.devices import rollout_precision
 from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
+
+
+# Per-member hyperparameters a group can carry: the scalars in which Table 5's ablations of Hilton et
+# al. (2021) differ at one batch size (the lr, the EWMA's center of mass - None: the behavior policy
+# is the anchor, i.e. PPO - and the advantage-normalization span). Everything else is shared.
+MEMBER_HPARAMS = ("lr", "proximal_com", "advantage_norm_span")
+
+
+def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> None:
+    """One-line errors for ``member_hparams`` (``{name: [one value per member]}``)."""
+    if num_seeds < 2:
+        raise ValueError("member_hparams needs a seed group (data.num_seeds > 1, --seeds, or data.member_seeds)")
+    for name, values in member_hparams.items():
+        if name not in MEMBER_HPARAMS:
+            raise ValueError(f"member_hparams: {name!r} cannot differ between members; choose from {list(MEMBER_HPARAMS)}")
+        if not isinstance(values, (list, tuple)) or len(values) != num_seeds:
+            raise ValueError(f"member_hparams.{name} needs one value per member ({num_seeds}), got {values!r}")
+        for v in values:
+            ok = v is None if name == "proximal_com" and v is None else (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+            if ok and v is not None:
+                ok = v > 0 if name == "lr" else (v >= 0 if name == "proximal_com" else v >= 1)
+            if not ok:
+                need = {"lr": "> 0", "proximal_com": ">= 0 or null (the behavior policy as anchor: PPO)",
+                        "advantage_norm_span": ">= 1"}[name]
+                raise ValueError(f"member_hparams.{name} values must be {need}, got {v!r}")
 
 
 def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_seeds: list[int]) -> None:
@@ -72,10 +105,10 @@ def sample_per_seed(probs: torch.Tensor, generators: list[torch.Generator], nois
 class SeedState:
     """What a single run keeps on its data side, for one seed of a group."""
 
-    def __init__(self, data, seed: int) -> None:
+    def __init__(self, data, seed: int, advantage_norm_span: float | None = None) -> None:
         self.seed = seed
         self.episodes = EpisodeStats()
-        self.advantage_moments = AdvantageMoments(data.advantage_norm_span)
+        self.advantage_moments = AdvantageMoments(data.advantage_norm_span if advantage_norm_span is None else advantage_norm_span)
         self.reward_normalizer = RewardNormalizer(data.num_envs, data.gamma) if data.normalize_reward else None
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         self.action_generator = torch.Generator()  # its state comes from the module (set_action_rng_states)
@@ -109,7 +142,7 @@ class SeedGroupSource:
         if not supports_batched_rollout(self.envs[0], self.device):
             raise ValueError(f"data.num_seeds > 1 needs envs that step as one batch (minatar:<game>), got {data.env_id!r}")
         self.env = self.envs[0]
-        self.states = [SeedState(data, s) for s in self.seeds]
+        self.states = [SeedState(data, s, span) for s, span in zip(self.seeds, data.member_advantage_norm_spans())]
         for st, rng in zip(self.states, action_rng_states):
             st.action_generator.set_state(rng)
         self.param_keys = dist_param_keys(data.action_space)

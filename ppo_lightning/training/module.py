@@ -79,6 +79,11 @@ class PPOLightningModule(pl.LightningModule):
         seeds: the seeds of a vectorized seed group (taken from ``data.seeds`` by the CLI): with
             more than one, the network holds one copy per seed and every seed trains as alone
             (`ppo_lightning.training.seed_group`). None or one seed: a single run.
+        member_hparams: a group's per-member hyperparameters ``{name: [one per seed]}`` (taken from
+            ``data.member_hparams`` by the CLI; `ppo_lightning.data.seed_group.MEMBER_HPARAMS`): ``lr``
+            (instead of ``lr``), ``proximal_com`` (instead of ``proximal_com``; null: the behavior
+            policy is the member's anchor, i.e. PPO; needs ``decoupled``); ``advantage_norm_span`` is
+            the data side's.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class PPOLightningModule(pl.LightningModule):
         max_bad_steps: int | None = 100,
         compile: bool | str = False,
         seeds: list[int] | None = None,
+        member_hparams: dict[str, list] | None = None,
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
@@ -146,6 +152,7 @@ class PPOLightningModule(pl.LightningModule):
                 "max_bad_steps": max_bad_steps,
                 "compile": compile,
                 "seeds": None if seeds is None else [int(s) for s in seeds],
+                "member_hparams": None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()},
             }
         )
         self.validate_config()
@@ -154,7 +161,7 @@ class PPOLightningModule(pl.LightningModule):
         if seeds is not None and len(seeds) > 1:  # vectorized seeds: one stacked network
             from ppo_lightning.training.seed_group import SeedGroup
 
-            self.seed_group = SeedGroup(self, seeds)
+            self.seed_group = SeedGroup(self, seeds, self.hparams.member_hparams)
             self.network = self.seed_group.network
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
@@ -177,10 +184,11 @@ class PPOLightningModule(pl.LightningModule):
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
         # the ProximalEWMAStep callback only says when to update it.
         self.proximal_source = None
-        if decoupled and proximal_com is not None:
+        com = proximal_com if self.seed_group is None else self.seed_group.proximal_com(proximal_com)
+        if decoupled and com is not None:
             from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
-            self.proximal_source = ProximalPolicyEWMA(com=proximal_com)
+            self.proximal_source = ProximalPolicyEWMA(com=com)
         # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
         self.ppg_phases = None if ppg is None else ppg_lib.PPGPhases(ppg, action_space)
         self.automatic_optimization = ppg is None
@@ -239,6 +247,8 @@ class PPOLightningModule(pl.LightningModule):
             validate_compile(h.compile, ppg=h.get("ppg") is not None)
         if h.get("seeds") is not None and len(h.seeds) > 1:
             validate_seed_group(h, len(h.seeds))
+        elif h.get("member_hparams") is not None:
+            raise ValueError("model.member_hparams needs a seed group (data.num_seeds > 1, --seeds or data.member_seeds)")
         if h.max_bad_steps is not None and not (isinstance(h.max_bad_steps, int) and h.max_bad_steps > 0):
             raise ValueError(f"model.max_bad_steps must be a positive integer or null, got {h.max_bad_steps!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
@@ -336,8 +346,9 @@ class PPOLightningModule(pl.LightningModule):
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         h = self.hparams
+        lr = h.lr if self.seed_group is None or self.seed_group.lr is None else self.seed_group.lr  # members' own lrs
         if h.optimizer == "sgd":
-            return torch.optim.SGD(self.network.parameters(), lr=h.lr)
+            return torch.optim.SGD(self.network.parameters(), lr=lr)
         params = list(self.network.parameters())
         # The fused kernel: one call per step instead of a Python loop over tensors (4x faster
         # for the small CartPole MLP). Sharded (DTensor) parameters take the default path.
@@ -345,7 +356,7 @@ class PPOLightningModule(pl.LightningModule):
         trainer = self._trainer
         if fused and trainer is not None and trainer.precision != "32-true" and trainer.gradient_clip_val:
             fused = None  # Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients
-        return torch.optim.Adam(params, lr=h.lr, eps=h.adam_eps, betas=h.adam_betas, fused=fused)
+        return torch.optim.Adam(params, lr=lr, eps=h.adam_eps, betas=h.adam_betas, fused=fused)
 
     # ------------------------------------------------------------------ training
     def add_proximal(self, batch: TensorDictBase) -> TensorDictBase:
@@ -354,6 +365,8 @@ class PPOLightningModule(pl.LightningModule):
             return batch  # supplied by the data side (staleness experiments)
         if self.proximal_source is not None:
             params = self.proximal_source.proximal_policy(batch.get(OBS_KEY))
+            if self.seed_group is not None:  # members whose anchor is the behavior policy (PPO members)
+                params = self.seed_group.behavior_anchor_params(params, [batch.get(k) for k in self.param_keys])
         else:
             params = [batch.get(k) for k in self.param_keys]  # proximal = behavior
         batch.set("proximal", TensorDict(dict(zip(self.param_keys, params)), batch_size=batch.batch_size))
@@ -407,7 +420,11 @@ class PPOLightningModule(pl.LightningModule):
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         # Non-finite steps are skipped inside the closure (`NumericalGuard`); parameters that
         # became non-finite stop training before the EWMA callback sees them.
-        optimizer.step(closure=self.numerical_guard.guard_closure(self, optimizer, optimizer_closure))
+        closure = self.numerical_guard.guard_closure(self, optimizer, optimizer_closure)
+        if self.seed_group is not None and self.seed_group.lr_ratios is not None:
+            self.seed_group.step_with_member_lrs(optimizer, closure)  # members with their own lrs
+        else:
+            optimizer.step(closure=closure)
         self.numerical_guard.check_parameters(self, optimizer)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:

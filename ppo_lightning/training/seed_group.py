@@ -26,6 +26,17 @@ PPG and PPG-EWMA train as groups too (`ppo_lightning.algos.ppg`: per-seed shuffl
 
 The adaptive-KL objective keeps one beta per seed (adapted on that seed's own KL).
 
+Members with their own hyperparameters (``member_hparams``: `ppo_lightning.data.seed_group.MEMBER_HPARAMS`):
+
+- ``lr``: the optimizer runs at the largest member lr, and after each step every member's parameter
+  change is scaled by its lr / that lr (``torch.lerp`` from the parameters before the step: exact
+  for the member at the largest lr, within float rounding of a step at its own lr for the others;
+  Adam's and SGD's steps are linear in the lr);
+- ``proximal_com``: one EWMA decay per member (`ppo_lightning.algos.proximal.ewma_update_`); a
+  member with null has the behavior policy as its anchor (PPO): its slice of the proximal
+  parameters is replaced by the behavior policy's in every minibatch;
+- ``advantage_norm_span``: the data side's (`ppo_lightning.data.seed_group`).
+
 Not supported yet (one-line errors at configuration): micro-batches, gradient accumulation, staleness, ``model.compile``,
 ``model.proximal_precision`` and more than one device.
 """
@@ -36,6 +47,7 @@ from typing import Any
 
 import torch
 from ppo_lightning.core.faults import NumericalFault, finite_mean
+from ppo_lightning.data.seed_group import validate_member_hparams
 from ppo_lightning.nets.models import OBS_KEY
 from ppo_lightning.nets.seed_stack import SeedStack
 from ppo_lightning.training.tracking import SafeMLFlowLogger
@@ -52,14 +64,30 @@ def validate_seed_group(h, num_seeds: int) -> None:
     for name, bad in refused.items():
         if bad:
             raise ValueError(f"data.num_seeds={num_seeds} (vectorized seeds) does not support {name} yet; run the seeds one by one")
+    members = h.get("member_hparams")
+    if members is not None:
+        validate_member_hparams(members, num_seeds)
+        if h.get("ppg") is not None:
+            raise ValueError("member_hparams: PPG groups do not support per-member hyperparameters yet; one group per setting")
+        if "proximal_com" in members and not h.get("decoupled"):
+            raise ValueError("member_hparams.proximal_com needs model.decoupled=true (the EWMA is the decoupled anchor; "
+                             "null: the behavior policy)")
 
 
 class SeedGroup:
     """The module-side state of a seed group."""
 
-    def __init__(self, module, seeds: list[int]) -> None:
+    def __init__(self, module, seeds: list[int], member_hparams: dict[str, list] | None = None) -> None:
         self.seeds = list(seeds)
         self.num_seeds = len(self.seeds)
+        self.member_hparams = dict(member_hparams or {})
+        lrs = self.member_hparams.get("lr")
+        # members' own lrs: the optimizer's lr is the largest, each member's step scaled by lr / largest
+        self.lr = max(float(x) for x in lrs) if lrs else None
+        self.lr_ratios = (torch.tensor([float(x) / self.lr for x in lrs]) if lrs and len(set(lrs)) > 1 else None)
+        coms = self.member_hparams.get("proximal_com")
+        self._behavior_anchor = (torch.tensor([c is None for c in coms]) if coms and any(c is None for c in coms)
+                                 else None)
         saved = torch.get_rng_state()
         nets, self.action_rng_states = [], []
         for s in self.seeds:
@@ -71,6 +99,32 @@ class SeedGroup:
         self._names: list[str] | None = None
         self.runs = SeedRuns(self.seeds)
         self.last_per_seed: list[dict[str, float]] = []
+
+    # ---------------------------------------------------------------- members' own hyperparameters
+    def proximal_com(self, com: float | None) -> float | list[float] | None:
+        """The EWMA's center of mass: the config's, or one per member (PPO members' EWMA is kept at 0,
+        unused: their anchor is the behavior policy, `behavior_anchor_params`)."""
+        coms = self.member_hparams.get("proximal_com")
+        if coms is None:
+            return com
+        return [0.0 if c is None else float(c) for c in coms]
+
+    def behavior_anchor_params(self, proximal: tuple[torch.Tensor, ...], behavior: list[torch.Tensor]) -> tuple:
+        """The proximal distribution parameters ``[S, B, ...]`` with the PPO members' slices replaced by
+        the behavior policy's (the same values: ``torch.where``)."""
+        mask = self._behavior_anchor
+        if mask is None:
+            return proximal
+        return tuple(torch.where(mask.view(-1, *([1] * (p.dim() - 1))), b.to(p.dtype), p) for p, b in zip(proximal, behavior))
+
+    def step_with_member_lrs(self, optimizer, closure) -> None:
+        """``optimizer.step(closure)`` with each member's parameter change scaled by its lr ratio."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        before = [p.detach().clone() for p in params]
+        optimizer.step(closure=closure)
+        for p, old in zip(params, before):
+            ratio = self.lr_ratios.to(device=p.device, dtype=p.dtype).view(-1, *([1] * (p.dim() - 1)))
+            p.detach().copy_(old.lerp_(p.detach(), ratio))
 
     # ---------------------------------------------------------------- the loss
     def loss_and_stats(self, module, batch, terms: tuple[str, ...] = ("loss_objective", "loss_critic", "loss_entropy"),
@@ -157,10 +211,12 @@ class SeedRuns:
         for k, seed in enumerate(self.seeds):
             run_id = self.run_ids[k] if self.run_ids and k < len(self.run_ids) else None
             logger = SafeMLFlowLogger(experiment_name=parent.experiment_name, tracking_uri=parent.tracking_uri,
-                                      run_name=f"{name}-seed{seed}", run_id=run_id,
+                                      run_name=f"{name}-member{k}-seed{seed}" if module.hparams.get("member_hparams")
+                                      else f"{name}-seed{seed}", run_id=run_id,
                                       tags={"mlflow.parentRunId": parent.run_id, "seed": str(seed)})
-            params = {k2: v for k2, v in dict(module.hparams).items() if k2 != "seeds"}
-            logger.log_hyperparams({**params, "seed": seed, "seed_index": k, "group_run_id": parent.run_id})
+            params = {k2: v for k2, v in dict(module.hparams).items() if k2 not in ("seeds", "member_hparams")}
+            own = {n: v[k] for n, v in (module.hparams.get("member_hparams") or {}).items()}  # this member's values
+            logger.log_hyperparams({**params, **own, "seed": seed, "seed_index": k, "group_run_id": parent.run_id})
             self.loggers.append(logger)
         self.run_ids = [lg.run_id for lg in self.loggers]
 

@@ -1,0 +1,128 @@
+"""Group members with their own hyperparameters (``data.member_seeds``, ``data.member_hparams``): member k
+trains as the single run with its seed and its settings; bad specs are one-line errors; resume is exact."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from ppo_lightning.cli.fit import fit_main
+from ppo_lightning.data.datamodule import RolloutDataModule
+from ppo_lightning.training.module import PPOLightningModule
+
+NET = {"name": "minatar_cnn", "channels": 4, "hidden": 16}
+DATA = dict(env_id="minatar:breakout", num_envs=2, rollout_steps=16, num_minibatches=2, update_epochs=2,
+            normalize_reward=True, num_threads=1)
+
+
+class KeepSource(pl.Callback):
+    def on_train_end(self, trainer, pl_module):
+        trainer.datamodule.kept = trainer.datamodule.source
+
+
+def fit(dm, **model_kwargs):
+    model = PPOLightningModule(dm.observation_space, dm.action_space, network=NET, seeds=dm.seeds, **model_kwargs)
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, callbacks=[KeepSource()])
+    trainer.fit(model, datamodule=dm)
+    return model, dm, trainer
+
+
+# member k: (seed, lr, EWMA center of mass or None for PPO, advantage-normalization span)
+MEMBERS = [(0, 3e-3, 4.0, 1.0), (0, 1e-3, None, 4.0), (1, 3e-3, 16.0, 2.0)]
+ITERATIONS = 9  # 36 gradient steps
+
+
+def test_each_member_trains_as_its_single_run():
+    """A group of 3 members - the same seed at two settings (a different lr, PPO instead of PPO-EWMA, a
+    longer advantage span) and another seed with another EWMA age - ends with each member within float
+    tolerance of the single run with its seed and settings (same episodes too)."""
+    seeds = [m[0] for m in MEMBERS]
+    hp = {"lr": [m[1] for m in MEMBERS], "proximal_com": [m[2] for m in MEMBERS],
+          "advantage_norm_span": [m[3] for m in MEMBERS]}
+    pl.seed_everything(0)
+    gdm = RolloutDataModule(**DATA, total_frames=32 * ITERATIONS, seed=0, member_seeds=seeds, member_hparams=hp)
+    assert gdm.num_seeds == 3 and gdm.seeds == seeds
+    group, _, gtr = fit(gdm, decoupled=True, proximal_com=4.0, member_hparams=hp)
+    assert gtr.global_step == 4 * ITERATIONS
+    assert gtr.callback_metrics["seed2/proximal/com"] == 16.0
+    finals = []
+    for k, (seed, lr, com, span) in enumerate(MEMBERS):
+        pl.seed_everything(seed)
+        dm = RolloutDataModule(**DATA, total_frames=32 * ITERATIONS, seed=seed, advantage_norm_span=span)
+        ewma = {} if com is None else {"decoupled": True, "proximal_com": com}
+        alone, dm, _ = fit(dm, lr=lr, **ewma)
+        ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
+        for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's; lr scaling rounds
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5, msg=f"member {k} {name}")
+        assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+        finals.append(torch.cat([t.flatten() for t in ref.values()]))
+    assert (finals[0] - finals[1]).abs().max() > 1e-3  # the same seed at two settings: two different runs
+
+
+def test_members_at_one_lr_are_a_plain_group_bitwise():
+    """Members that share every setting are exactly a group of those seeds (no lr scaling step)."""
+    pl.seed_everything(0)
+    hp = {"lr": [3e-3, 3e-3]}
+    a, _, _ = fit(RolloutDataModule(**DATA, total_frames=64, seed=0, num_seeds=2), lr=3e-3)
+    pl.seed_everything(0)
+    b, _, _ = fit(RolloutDataModule(**DATA, total_frames=64, seed=0, member_seeds=[0, 1], member_hparams=hp),
+                  lr=1.0, member_hparams=hp)
+    assert b.seed_group.lr_ratios is None
+    sa, sb = a.network.state_dict(), b.network.state_dict()
+    assert all(torch.equal(sa[n], sb[n]) for n in sa)
+
+
+@pytest.mark.parametrize("data_kwargs, model_kwargs, match", [
+    ({"member_hparams": {"clip_eps": [0.1, 0.2]}}, {}, "'clip_eps' cannot differ between members"),
+    ({"member_hparams": {"lr": [1e-3]}}, {}, "one value per member"),
+    ({"member_hparams": {"lr": [1e-3, -1.0]}}, {}, "lr values must be > 0"),
+    ({"member_hparams": {"advantage_norm_span": [1, 0.5]}}, {}, "advantage_norm_span values must be >= 1"),
+    ({"member_seeds": [0, 1, 2], "num_seeds": 2}, {}, "member_seeds has 3 seeds but data.num_seeds"),
+    ({"num_seeds": 1, "member_hparams": {"lr": [1e-3]}}, {}, "needs a seed group"),
+    ({}, {"member_hparams": {"proximal_com": [1.0, None]}}, "needs model.decoupled=true"),
+    ({}, {"member_hparams": {"lr": [1e-3, 2e-3]}, "decoupled": True, "proximal_com": 2.0, "ppg": {"n_pi": 2}},
+     "PPG groups do not support per-member"),
+])
+def test_bad_member_specs_are_one_line_errors(data_kwargs, model_kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dm = RolloutDataModule(**{"env_id": "minatar:breakout", "num_seeds": 2, **data_kwargs})
+        PPOLightningModule(dm.observation_space, dm.action_space, network=NET, seeds=dm.seeds, **model_kwargs)
+
+
+def test_member_hparams_of_a_single_run_are_refused():
+    dm = RolloutDataModule(env_id="minatar:breakout")
+    with pytest.raises(ValueError, match="needs a seed group"):
+        PPOLightningModule(dm.observation_space, dm.action_space, network=NET, member_hparams={"lr": [1e-3]})
+
+
+BASE = ["fit", "--config", "experiments/minatar/ppo_ewma.yaml", "--data.member_seeds", "[0, 0, 1]",
+        "--data.member_hparams", '{"lr": [5e-4, 2e-3, 5e-4], "proximal_com": [2, null, 8], "advantage_norm_span": [1, 2, 1]}',
+        "--data.num_envs", "2", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
+        "--model.network.hidden", "16", "--data.num_threads", "1", "--mlflow.enabled", "false", "--video_every", "null",
+        "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1", "--trainer.precision", "32-true"]
+
+
+def test_scale_applies_the_rules_to_each_member_and_a_mixed_group_resumes_exactly(tmp_path):
+    """``--scale 2``: each member's lr / sqrt(2), center of mass x 2 (null stays null), span x 2. A mixed
+    group stopped after 2 iterations and resumed to 4 ends bitwise as the uninterrupted one: weights,
+    Adam moments and the per-member EWMA (weights, ages)."""
+    scaled = BASE[:2] + BASE[2:] + ["--scale", "2"]
+    cli = fit_main(scaled + ["--data.total_frames", "32", "--run_dir", str(tmp_path / "scaled")])
+    hp = cli.model.hparams.member_hparams
+    assert hp["lr"] == pytest.approx([5e-4 / 2 ** 0.5, 2e-3 / 2 ** 0.5, 5e-4 / 2 ** 0.5])
+    assert hp["proximal_com"] == [4.0, None, 16.0] and hp["advantage_norm_span"] == [2.0, 4.0, 2.0]
+    assert cli.datamodule.num_seeds == 3 and cli.model.seed_group.seeds == [0, 0, 1]
+
+    fit_main(BASE + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "ref")])
+    fit_main(BASE + ["--data.total_frames", "64", "--run_dir", str(tmp_path / "res")])
+    fit_main(BASE + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "res"),
+                     "--ckpt_path", str(tmp_path / "res/checkpoints/last.ckpt")])
+    a = torch.load(tmp_path / "ref/checkpoints/last.ckpt", weights_only=True)
+    b = torch.load(tmp_path / "res/checkpoints/last.ckpt", weights_only=True)
+    assert a["state_dict"]["network.inner.policy_body.conv.weight"].shape[0] == 3
+    assert all(torch.equal(v, b["state_dict"][k]) for k, v in a["state_dict"].items())
+    for i, state in a["optimizer_states"][0]["state"].items():
+        assert all(torch.equal(v, b["optimizer_states"][0]["state"][i][n]) for n, v in state.items())
+    ea, eb = a["proximal_ewma"], b["proximal_ewma"]
+    assert ea["com"] == [2.0, 0.0, 8.0] and ea["weight"] == eb["weight"] and ea["age_sum"] == eb["age_sum"]
+    assert all(torch.equal(v, eb["proximal"][k]) for k, v in ea["proximal"].items())
