@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import re
@@ -51,6 +52,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, RESULTS, cpu_label, finished, plt, run, save_figure, write_csv  # noqa: E402
@@ -384,37 +386,128 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
                 cli = finished(fit_main(["fit", *args, *resume, "--mlflow.tracking_uri", tracking_uri,
                                          "--mlflow.experiment", f"minatar-{figure}", "--mlflow.run_name", name,
                                          "--run_dir", str(run_dir)]))
-                wall = time.perf_counter() - t0
-                client, dm = cli.trainer.logger.experiment, cli.datamodule
-                parent = cli.trainer.logger.run_id
-                elapsed = client.get_metric_history(parent, "time/elapsed_s")
-                train_s = elapsed[-1].value if elapsed else wall
-                for seed, run_id in zip(group, cli.model.seed_group.runs.run_ids):
-                    def history(key):
-                        return {m.step: m.value for m in client.get_metric_history(run_id, key)}
-                    fr, rets = history("frames"), history("episode/return_mean20")
-                    curve = sorted((fr[k], r) for k, r in rets.items() if k in fr)
-                    g2 = list(history("noise/grad_sq_mean").values())[-1:] or [None]
-                    tr = list(history("noise/trace_cov_mean").values())[-1:] or [None]
-                    g2, tr = g2[0], tr[0]
-                    noise = None if g2 is None else (tr / g2 if g2 > 0 else float("inf"))
-                    clip = list(history("train/clip_fraction").values())
-                    row = {"figure": figure, "arm": arm, "game": game, "seed": seed, "frames": dm.frames,
-                           "final_return": round(final_value(curve, dm.frames), 4),
-                           "auc_return": round(curve_auc(curve, dm.frames), 4),
-                           "iterations": dm.iteration, "gradient_steps": cli.trainer.global_step,
-                           "wall_s": round(wall / len(group), 1), "train_s": round(train_s / len(group), 1),
-                           "B_simple": round(noise, 1) if noise is not None else "",
-                           "grad_sq_mean": "" if g2 is None else f"{g2:.4g}", "trace_cov_mean": "" if tr is None else f"{tr:.4g}",
-                           "minibatch_size": dm.minibatch_size,
-                           "clip_fraction": round(sum(clip) / len(clip), 4) if clip else "",
-                           "mlflow_run_id": run_id,
-                           "args": json.dumps(base_args(game, frames, seed) + extra)}  # seed's single-run equivalent
-                    record_run(runs_csv, curves_csv, row, curve)
-                    print(f"[{figure}] {arm} {game} s{seed} (group of {len(group)}): final {row['final_return']} "
-                          f"auc {row['auc_return']}", flush=True)
+                record_group(cli, figure, game, frames, [(arm, s) for s in group], arms, time.perf_counter() - t0,
+                             runs_csv, curves_csv)
                 shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
     sweep(figure, arms, games, seeds, frames, out, tracking_uri, run_root)  # the rest, one run per seed
+
+
+def record_group(cli, figure: str, game: str, frames: int, members: list[tuple[str, int]], arms: dict[str, list[str]],
+                 wall: float, runs_csv: Path, curves_csv: Path) -> None:
+    """One row per member ``(arm, seed)`` of a finished group, from the member's own MLflow run
+    (``wall_s``/``train_s``: the group's time / the number of members)."""
+    client, dm = cli.trainer.logger.experiment, cli.datamodule
+    elapsed = client.get_metric_history(cli.trainer.logger.run_id, "time/elapsed_s")
+    train_s = elapsed[-1].value if elapsed else wall
+    for (arm, seed), run_id in zip(members, cli.model.seed_group.runs.run_ids):
+        def history(key):
+            return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+        fr, rets = history("frames"), history("episode/return_mean20")
+        curve = sorted((fr[k], r) for k, r in rets.items() if k in fr)
+        g2 = list(history("noise/grad_sq_mean").values())[-1:] or [None]
+        tr = list(history("noise/trace_cov_mean").values())[-1:] or [None]
+        g2, tr = g2[0], tr[0]
+        noise = None if g2 is None else (tr / g2 if g2 > 0 else float("inf"))
+        clip = list(history("train/clip_fraction").values())
+        row = {"figure": figure, "arm": arm, "game": game, "seed": seed, "frames": dm.frames,
+               "final_return": round(final_value(curve, dm.frames), 4),
+               "auc_return": round(curve_auc(curve, dm.frames), 4),
+               "iterations": dm.iteration, "gradient_steps": cli.trainer.global_step,
+               "wall_s": round(wall / len(members), 1), "train_s": round(train_s / len(members), 1),
+               "B_simple": round(noise, 1) if noise is not None else "",
+               "grad_sq_mean": "" if g2 is None else f"{g2:.4g}", "trace_cov_mean": "" if tr is None else f"{tr:.4g}",
+               "minibatch_size": dm.minibatch_size,
+               "clip_fraction": round(sum(clip) / len(clip), 4) if clip else "",
+               "mlflow_run_id": run_id,
+               "args": json.dumps(base_args(game, frames, seed) + arms[arm])}  # the member's single-run equivalent
+        record_run(runs_csv, curves_csv, row, curve)
+        print(f"[{figure}] {arm} {game} s{seed} (group of {len(members)}): final {row['final_return']} "
+              f"auc {row['auc_return']}", flush=True)
+
+
+# Flags in which arms may differ and still train as one group: each member's values of the model's
+# per-member hyperparameters (ppo_lightning.data.seed_group.MEMBER_HPARAMS) say them.
+MEMBER_FLAGS = ("--model.lr", "--model.proximal_com", "--model.decoupled", "--scale_rules")
+
+
+def member_spec(args: list[str]) -> tuple[list[str], dict[str, float | None]] | None:
+    """An arm's CLI split into the arguments a mixed group shares and the member's own values
+    ``{"lr", "proximal_com" (None: PPO), "advantage_norm_span"}`` after its ``--scale`` rules (the
+    CLI's arithmetic, `ppo_lightning.algos.scaling.batch_size_scaling`); None for an arm that cannot be
+    a member (PPG, staleness, Adam-betas scaling, a --config besides the base)."""
+    from ppo_lightning.algos import scaling
+
+    if not groupable(args) or "--config" in args or "--scale_adam_betas" in args or "--model.adam_betas" in args:
+        return None
+    opts, shared, i = {}, [], 0
+    while i < len(args):
+        if args[i] in MEMBER_FLAGS:
+            opts[args[i]] = args[i + 1]
+            i += 2
+        else:
+            shared.append(args[i])
+            i += 1
+    cfg = yaml.safe_load(CONFIG.read_text())
+    decoupled = str(opts.get("--model.decoupled", cfg["model"].get("decoupled", False))).lower() == "true"
+    com = opts.get("--model.proximal_com", cfg["model"].get("proximal_com"))
+    values = {"lr": float(opts.get("--model.lr", cfg["model"]["lr"])),
+              "proximal_com": float(com) if decoupled and com is not None else None,
+              "advantage_norm_span": float(cfg["data"].get("advantage_norm_span", 1.0))}
+    if decoupled and com is None:
+        return None  # decoupled with the behavior policy as anchor: not a member kind (PPO is decoupled false)
+    c = float(shared[shared.index("--scale") + 1]) if "--scale" in shared else 1.0
+    rules = scaling.parse_rules(opts.get("--scale_rules", "all"))
+    scaled = scaling.batch_size_scaling(c, lr=values["lr"], proximal_com=values["proximal_com"],
+                                        adv_norm_span=values["advantage_norm_span"])
+    for name, rule, key in (("lr", "lr", "lr"), ("proximal_com", "com", "proximal_com"),
+                            ("advantage_norm_span", "adv_span", "adv_norm_span")):
+        if rule in rules and c != 1.0:
+            values[name] = scaled[key]
+    return shared, values
+
+
+def sweep_mixed(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list[int], frames: int, out: Path,
+                tracking_uri: str, run_root: Path) -> None:
+    """`sweep_grouped`, but the arms that differ only in per-member hyperparameters (`member_spec`: the
+    lr, the EWMA's center of mass or none, the advantage span; e.g. Table 5's ablations at one c) train
+    together, per game, as one group of all their (arm, seed) runs not yet recorded (``data.member_seeds``,
+    ``data.member_hparams``; member k tested equal to its single run). The same rows; a group's time
+    per row is the group's / members. What cannot be mixed goes on to `sweep_grouped`."""
+    from ppo_lightning.cli.fit import fit_main
+
+    runs_csv, curves_csv = out / f"{figure}_runs.csv", out / f"{figure}_curves.csv"
+    done = {run_key(r["arm"], r["game"], r["seed"]) for r in read_rows(runs_csv) if int(r["frames"]) >= frames}
+    specs = {arm: member_spec(extra) for arm, extra in arms.items()}
+    kinds: dict[str, list[str]] = {}  # shared arguments -> the arms that share them
+    for arm, spec in specs.items():
+        if spec is not None:
+            kinds.setdefault(json.dumps(spec[0]), []).append(arm)
+    for game in games:
+        for shared_key, mix in kinds.items():
+            members = [(arm, s) for arm in mix for s in seeds if run_key(arm, game, s) not in done]
+            if len({arm for arm, _ in members}) < 2:
+                continue  # one arm: sweep_grouped's plain group
+            # every member's values in full (the group's --scale_rules none leaves them as given)
+            values = {name: [specs[arm][1][name] for arm, _ in members] for name in ("lr", "proximal_com", "advantage_norm_span")}
+            if all(v is None for v in values["proximal_com"]):
+                del values["proximal_com"]  # PPO members only: no EWMA
+            shared = json.loads(shared_key)
+            ewma = ["--model.decoupled", "true", "--model.proximal_com", "8"] if "proximal_com" in values else []
+            args = (base_args(game, frames, members[0][1]) + shared + ewma + ["--scale_rules", "none",
+                    "--data.member_seeds", json.dumps([s for _, s in members]), "--data.member_hparams", json.dumps(values)])
+            tag = hashlib.sha1(json.dumps(members).encode()).hexdigest()[:8]
+            name = f"mix{len(members)}-{game}-{tag}"
+            run_dir = run_root / f"minatar-{figure}" / name
+            print(f"[{figure}] {name}: {len(members)} members, arms {', '.join(dict.fromkeys(a for a, _ in members))}",
+                  flush=True)
+            resume = group_resume_args(args, run_dir)
+            t0 = time.perf_counter()
+            cli = finished(fit_main(["fit", *args, *resume, "--mlflow.tracking_uri", tracking_uri,
+                                     "--mlflow.experiment", f"minatar-{figure}", "--mlflow.run_name", name,
+                                     "--run_dir", str(run_dir)]))
+            record_group(cli, figure, game, frames, members, arms, time.perf_counter() - t0, runs_csv, curves_csv)
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    sweep_grouped(figure, arms, games, seeds, frames, out, tracking_uri, run_root)
 
 
 # ----------------------------------------------------------------------------------- analysis
@@ -727,6 +820,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--tracking-uri", default=None, help="MLflow store (default: sqlite in --out)")
     p.add_argument("--run-root", type=Path, default=ROOT / "runs" / "minatar")
+    p.add_argument("--mix", action="store_true",
+                   help="train the arms that differ only in the lr, the EWMA's center of mass (or none) and the "
+                        "advantage span as one group per game (Table 5's ablations at one c)")
     p.add_argument("--one-by-one", action="store_true",
                    help="train each seed as its own run (default: an arm's seeds as one vectorized group)")
     a = p.parse_args(argv)
@@ -756,7 +852,7 @@ def main(argv: list[str] | None = None) -> None:
         seeds = list(range(a.first_seed, a.first_seed + a.seeds))
         if a.figure == "reference":
             seeds = [1000 + s for s in seeds]  # reference seeds never coincide with experiment seeds
-        (sweep if a.one_by_one else sweep_grouped)(a.figure, arms, games, seeds, a.frames, a.out, tracking_uri, a.run_root)
+        (sweep if a.one_by_one else sweep_mixed if a.mix else sweep_grouped)(a.figure, arms, games, seeds, a.frames, a.out, tracking_uri, a.run_root)
     if a.figure == "reference":
         summarize_reference(a.out)
     else:

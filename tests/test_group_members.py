@@ -42,7 +42,7 @@ def test_each_member_trains_as_its_single_run():
     pl.seed_everything(0)
     gdm = RolloutDataModule(**DATA, total_frames=32 * ITERATIONS, seed=0, member_seeds=seeds, member_hparams=hp)
     assert gdm.num_seeds == 3 and gdm.seeds == seeds
-    group, _, gtr = fit(gdm, decoupled=True, proximal_com=4.0, member_hparams=hp)
+    group, _, gtr = fit(gdm, decoupled=True, proximal_com=4.0, member_hparams=hp, max_importance_ratio=1.05)
     assert gtr.global_step == 4 * ITERATIONS
     assert gtr.callback_metrics["seed2/proximal/com"] == 16.0
     finals = []
@@ -50,7 +50,7 @@ def test_each_member_trains_as_its_single_run():
         pl.seed_everything(seed)
         dm = RolloutDataModule(**DATA, total_frames=32 * ITERATIONS, seed=seed, advantage_norm_span=span)
         ewma = {} if com is None else {"decoupled": True, "proximal_com": com}
-        alone, dm, _ = fit(dm, lr=lr, **ewma)
+        alone, dm, _ = fit(dm, lr=lr, max_importance_ratio=1.05, **ewma)  # a cap that bites: PPO's form exactly
         ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
         for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's; lr scaling rounds
             torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5, msg=f"member {k} {name}")
@@ -126,3 +126,28 @@ def test_scale_applies_the_rules_to_each_member_and_a_mixed_group_resumes_exactl
     ea, eb = a["proximal_ewma"], b["proximal_ewma"]
     assert ea["com"] == [2.0, 0.0, 8.0] and ea["weight"] == eb["weight"] and ea["age_sum"] == eb["age_sum"]
     assert all(torch.equal(v, eb["proximal"][k]) for k, v in ea["proximal"].items())
+
+
+def test_a_ppo_members_loss_is_ppos_with_the_importance_ratio_cap_biting():
+    """A PPO member's anchor (the behavior policy, capped as PPO caps it) makes the decoupled loss the
+    standard one, terms and gradients, where the cap bites; the decoupled form with the uncapped behavior
+    policy as proximal would not be (its factor pi_prox / pi_behav and clip move with the cap)."""
+    from tensordict import TensorDict
+
+    from ppo_lightning.algos.loss import PPOFamilyLoss
+    from ppo_lightning.nets.models import ActorCritic
+    from tests.test_loss import ACT, OBS, grads_of, make_batch, total
+
+    torch.manual_seed(4)
+    net = ActorCritic(OBS, ACT, hidden_sizes=(16, 16))
+    batch = make_batch(net, seed=4, perturb=1.0)
+    batch.set("proximal", TensorDict({"logits": batch["logits"]}, batch_size=batch.batch_size))
+    standard = PPOFamilyLoss(net, ACT, max_importance_ratio=1.1)
+    member = PPOFamilyLoss(net, ACT, decoupled=True, max_importance_ratio=1.1)
+    member.behavior_anchor = torch.tensor(True)
+    plain = PPOFamilyLoss(net, ACT, decoupled=True, max_importance_ratio=1.1)
+    assert standard(batch.clone())["importance_ratio_capped_fraction"] > 0.05
+    for g1, g2 in zip(grads_of(net, total(standard(batch.clone()))), grads_of(net, total(member(batch.clone())))):
+        torch.testing.assert_close(g1, g2)
+    torch.testing.assert_close(standard(batch.clone())["loss_objective"], member(batch.clone())["loss_objective"])
+    assert not torch.allclose(standard(batch.clone())["loss_objective"], plain(batch.clone())["loss_objective"])

@@ -102,6 +102,9 @@ class PPOFamilyLoss(LossModule):
         self.entropy_coef = entropy_coef
         self.value_clip_eps = value_clip_eps
         self.stacked_seeds = stacked_seeds
+        # [S] bools of a group whose members have their own anchors (`ppo_lightning.training.seed_group`):
+        # True where the anchor is the behavior policy (PPO members of a decoupled group); set by the module
+        self.behavior_anchor: torch.Tensor | None = None
         # A buffer, so that the adapted beta is saved in (and restored from) the checkpoint; one per
         # seed of a vectorized group ([S], S of the stacked network: each seed's beta adapts to its own KL).
         beta = torch.tensor(float(kl_beta), dtype=torch.float64)
@@ -141,6 +144,9 @@ class PPOFamilyLoss(LossModule):
         if self.decoupled:
             anchor_params = [tensordict.get((keys.proximal, k)) for k in self.param_keys]
             proximal_log_prob = make_distribution(self.action_space, *anchor_params).log_prob(action)
+            if self.behavior_anchor is not None:  # group members whose anchor is the behavior policy: PPO exactly
+                proximal_log_prob = torch.where(self.behavior_anchor.unsqueeze(-1), F.cap_behavior_log_prob(
+                    log_prob, behavior_log_prob, self.max_importance_ratio), proximal_log_prob)
             anchor_log_prob = proximal_log_prob
         else:
             anchor_params, proximal_log_prob, anchor_log_prob = behavior_params, None, behavior_log_prob

@@ -180,6 +180,8 @@ class PPOLightningModule(pl.LightningModule):
             kl_form=kl_form,
             stacked_seeds=self.seed_group is not None,
         )
+        if self.seed_group is not None:
+            self.loss_module.behavior_anchor = self.seed_group._behavior_anchor  # PPO members of a mixed group
         self.param_keys = dist_param_keys(action_space)
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
         # the ProximalEWMAStep callback only says when to update it.

@@ -34,7 +34,9 @@ Members with their own hyperparameters (``member_hparams``: `ppo_lightning.data.
   Adam's and SGD's steps are linear in the lr);
 - ``proximal_com``: one EWMA decay per member (`ppo_lightning.algos.proximal.ewma_update_`); a
   member with null has the behavior policy as its anchor (PPO): its slice of the proximal
-  parameters is replaced by the behavior policy's in every minibatch;
+  parameters is replaced by the behavior policy's in every minibatch, and the loss takes its
+  anchor log-prob from the (capped) behavior log-prob, so that the decoupled form is the
+  standard one term by term, importance-ratio cap included;
 - ``advantage_norm_span``: the data side's (`ppo_lightning.data.seed_group`).
 
 Not supported yet (one-line errors at configuration): micro-batches, gradient accumulation, staleness, ``model.compile``,
