@@ -151,3 +151,35 @@ def test_a_ppo_members_loss_is_ppos_with_the_importance_ratio_cap_biting():
         torch.testing.assert_close(g1, g2)
     torch.testing.assert_close(standard(batch.clone())["loss_objective"], member(batch.clone())["loss_objective"])
     assert not torch.allclose(standard(batch.clone())["loss_objective"], plain(batch.clone())["loss_objective"])
+
+
+def test_figure_driver_mixes_table5_arms_into_one_group(tmp_path):
+    """``minatar_figures --mix``: all rules, no advantage-span rule and PPO at c = 4 train as one group of
+    3 arms x 2 seeds; one row per (arm, seed), and each member's own MLflow run carries the lr, EWMA
+    center of mass and span that the arm's single run resolves from its --scale rules."""
+    import csv
+    import sys
+    from pathlib import Path
+
+    import mlflow
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import minatar_figures as mf
+
+    small = ["--data.num_envs", "8", "--data.rollout_steps", "32", "--data.update_epochs", "1", "--model.network.hidden", "16"]
+    arms = {k: v + small for k, v in mf._scaled_arms(4, kinds=("all", "no_adv_span", "ppo")).items()}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mf.sweep_mixed("bsi", arms, ["breakout"], [0, 1], 256, tmp_path / "m", uri, tmp_path / "runs")
+    rows = list(csv.DictReader(open(tmp_path / "m/bsi_runs.csv")))
+    assert sorted((r["arm"], r["seed"]) for r in rows) == sorted((a, str(s)) for a in arms for s in (0, 1))
+    assert len({r["mlflow_run_id"] for r in rows}) == 6 and all(int(r["frames"]) == 256 for r in rows)
+    mf.sweep("bsi", {k: arms[k] for k in ("c4_no_adv_span", "c4_ppo")}, ["breakout"], [1], 256,
+             tmp_path / "s", uri, tmp_path / "runs")
+    client = mlflow.MlflowClient(uri)
+    singles = {r["arm"]: client.get_run(r["mlflow_run_id"]).data.params for r in csv.DictReader(open(tmp_path / "s/bsi_runs.csv"))}
+    for arm, single in singles.items():
+        (row,) = [r for r in rows if r["arm"] == arm and r["seed"] == "1"]
+        member = client.get_run(row["mlflow_run_id"]).data.params
+        assert float(member["lr"]) == pytest.approx(float(single["lr"]))
+        assert float(member["advantage_norm_span"]) == pytest.approx(float(single["advantage_norm_span"])), arm
+        assert member["proximal_com"] == single["proximal_com"] and (single["proximal_com"] == "None") == (arm == "c4_ppo")

@@ -183,10 +183,10 @@ class PPOLightningModule(pl.LightningModule):
         if self.seed_group is not None:
             self.loss_module.behavior_anchor = self.seed_group._behavior_anchor  # PPO members of a mixed group
         self.param_keys = dist_param_keys(action_space)
+        com = proximal_com if self.seed_group is None else self.seed_group.proximal_com(proximal_com)
+        self.proximal_source = None
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
         # the ProximalEWMAStep callback only says when to update it.
-        self.proximal_source = None
-        com = proximal_com if self.seed_group is None else self.seed_group.proximal_com(proximal_com)
         if decoupled and com is not None:
             from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
