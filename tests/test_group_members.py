@@ -52,7 +52,7 @@ def test_each_member_trains_as_its_single_run():
         ewma = {} if com is None else {"decoupled": True, "proximal_com": com}
         alone, dm, _ = fit(dm, lr=lr, max_importance_ratio=1.05, **ewma)  # a cap that bites: PPO's form exactly
         ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
-        for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's; lr scaling rounds
+        for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's: float order differs
             torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5, msg=f"member {k} {name}")
         assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
         finals.append(torch.cat([t.flatten() for t in ref.values()]))
@@ -67,7 +67,7 @@ def test_members_at_one_lr_are_a_plain_group_bitwise():
     pl.seed_everything(0)
     b, _, _ = fit(RolloutDataModule(**DATA, total_frames=64, seed=0, member_seeds=[0, 1], member_hparams=hp),
                   lr=1.0, member_hparams=hp)
-    assert b.seed_group.lr_ratios is None
+    assert b.seed_group.lrs is None and type(b.optimizers(use_pl_optimizer=False)) is torch.optim.Adam
     sa, sb = a.network.state_dict(), b.network.state_dict()
     assert all(torch.equal(sa[n], sb[n]) for n in sa)
 
@@ -183,3 +183,35 @@ def test_figure_driver_mixes_table5_arms_into_one_group(tmp_path):
         assert float(member["lr"]) == pytest.approx(float(single["lr"]))
         assert float(member["advantage_norm_span"]) == pytest.approx(float(single["advantage_norm_span"])), arm
         assert member["proximal_com"] == single["proximal_com"] and (single["proximal_com"] == "None") == (arm == "c4_ppo")
+
+
+def test_member_adam_steps_each_member_bitwise_as_adam_at_its_lr():
+    """`MemberAdam` on stacked parameters [4, ...] with lrs (1e-3, 1e-3, 5e-4, 2e-3): after 6 steps each
+    member's slice, and its moments, equal torch's fused Adam at that member's lr on the slice alone
+    (to float rounding: the kernel's vector and scalar paths split a slice differently from the
+    tensor alone, as for a plain group); an lr schedule that halves the group's lr halves every member's."""
+    from ppo_lightning.training.seed_group import MemberAdam
+
+    g = torch.Generator().manual_seed(0)
+    lrs = [1e-3, 1e-3, 5e-4, 2e-3]
+    stacked = [torch.nn.Parameter(torch.randn(4, 5, 3, generator=g)), torch.nn.Parameter(torch.randn(4, 7, generator=g))]
+    alone = [[torch.nn.Parameter(p.detach()[k].clone()) for p in stacked] for k in range(4)]
+    opt = MemberAdam(stacked, lrs, eps=1e-5, betas=(0.9, 0.99))
+    refs = [torch.optim.Adam(ps, lr=lr, eps=1e-5, betas=(0.9, 0.99), fused=True) for ps, lr in zip(alone, lrs)]
+    for step in range(6):
+        if step == 3:  # a schedule's change of the group lr
+            opt.param_groups[0]["lr"] /= 2
+            for r in refs:
+                r.param_groups[0]["lr"] /= 2
+        for i, p in enumerate(stacked):
+            p.grad = torch.randn(p.shape, generator=g)
+            for k in range(4):
+                alone[k][i].grad = p.grad[k].clone()
+        opt.step()
+        for r in refs:
+            r.step()
+    for k in range(4):
+        for i, p in enumerate(stacked):
+            torch.testing.assert_close(p.detach()[k], alone[k][i].detach(), rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(opt.state[p]["exp_avg_sq"][k], refs[k].state[alone[k][i]]["exp_avg_sq"], rtol=1e-6, atol=0)
+    assert not torch.equal(stacked[0].detach()[0], stacked[0].detach()[2])

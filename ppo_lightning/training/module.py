@@ -25,7 +25,7 @@ from ppo_lightning.algos.schedules import LR_SCHEDULES
 from ppo_lightning.algos.schedules import make_lr_scheduler
 from ppo_lightning.interop.export import load_pretrained_weights
 from ppo_lightning.training.compiled import validate_compile
-from ppo_lightning.training.seed_group import validate_seed_group
+from ppo_lightning.training.seed_group import MemberAdam, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
 from ppo_lightning.algos.proximal import ProximalEWMAStep
 from ppo_lightning.algos.ppg import training_step
@@ -348,7 +348,10 @@ class PPOLightningModule(pl.LightningModule):
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         h = self.hparams
-        lr = h.lr if self.seed_group is None or self.seed_group.lr is None else self.seed_group.lr  # members' own lrs
+        group = self.seed_group
+        lr = h.lr if group is None or group.lr is None else group.lr  # the members' common lr
+        if group is not None and group.lrs is not None and h.optimizer == "sgd":
+            raise ValueError("member_hparams.lr (members' own lrs) needs model.optimizer adam")
         if h.optimizer == "sgd":
             return torch.optim.SGD(self.network.parameters(), lr=lr)
         params = list(self.network.parameters())
@@ -358,6 +361,11 @@ class PPOLightningModule(pl.LightningModule):
         trainer = self._trainer
         if fused and trainer is not None and trainer.precision != "32-true" and trainer.gradient_clip_val:
             fused = None  # Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients
+        if group is not None and group.lrs is not None:  # members' own lrs: fused Adam per lr (seed_group.MemberAdam)
+            if not fused:
+                raise ValueError("member_hparams.lr (members' own lrs) needs the fused Adam: not with "
+                                 "trainer.gradient_clip_val under mixed precision")
+            return MemberAdam(params, group.lrs, eps=h.adam_eps, betas=h.adam_betas)
         return torch.optim.Adam(params, lr=lr, eps=h.adam_eps, betas=h.adam_betas, fused=fused)
 
     # ------------------------------------------------------------------ training
@@ -422,11 +430,7 @@ class PPOLightningModule(pl.LightningModule):
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         # Non-finite steps are skipped inside the closure (`NumericalGuard`); parameters that
         # became non-finite stop training before the EWMA callback sees them.
-        closure = self.numerical_guard.guard_closure(self, optimizer, optimizer_closure)
-        if self.seed_group is not None and self.seed_group.lr_ratios is not None:
-            self.seed_group.step_with_member_lrs(optimizer, closure)  # members with their own lrs
-        else:
-            optimizer.step(closure=closure)
+        optimizer.step(closure=self.numerical_guard.guard_closure(self, optimizer, optimizer_closure))
         self.numerical_guard.check_parameters(self, optimizer)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:

@@ -28,10 +28,9 @@ The adaptive-KL objective keeps one beta per seed (adapted on that seed's own KL
 
 Members with their own hyperparameters (``member_hparams``: `ppo_lightning.data.seed_group.MEMBER_HPARAMS`):
 
-- ``lr``: the optimizer runs at the largest member lr, and after each step every member's parameter
-  change is scaled by its lr / that lr (``torch.lerp`` from the parameters before the step: exact
-  for the member at the largest lr, within float rounding of a step at its own lr for the others;
-  Adam's and SGD's steps are linear in the lr);
+- ``lr``: `MemberAdam`, torch's fused Adam kernel called once per distinct lr on the members' slices
+  of the stacked parameters, gradients and moments (elementwise, so each member steps exactly as
+  Adam at its own lr; no extra pass over the parameters);
 - ``proximal_com``: one EWMA decay per member (`ppo_lightning.algos.proximal.ewma_update_`); a
   member with null has the behavior policy as its anchor (PPO): its slice of the proximal
   parameters is replaced by the behavior policy's in every minibatch, and the loss takes its
@@ -85,8 +84,8 @@ class SeedGroup:
         self.member_hparams = dict(member_hparams or {})
         lrs = self.member_hparams.get("lr")
         # members' own lrs: the optimizer's lr is the largest, each member's step scaled by lr / largest
-        self.lr = max(float(x) for x in lrs) if lrs else None
-        self.lr_ratios = (torch.tensor([float(x) / self.lr for x in lrs]) if lrs and len(set(lrs)) > 1 else None)
+        self.lrs = [float(x) for x in lrs] if lrs and len(set(lrs)) > 1 else None  # None: one lr, a plain Adam
+        self.lr = float(lrs[0]) if lrs and self.lrs is None else None  # the members' common lr
         coms = self.member_hparams.get("proximal_com")
         self._behavior_anchor = (torch.tensor([c is None for c in coms]) if coms and any(c is None for c in coms)
                                  else None)
@@ -118,15 +117,6 @@ class SeedGroup:
         if mask is None:
             return proximal
         return tuple(torch.where(mask.view(-1, *([1] * (p.dim() - 1))), b.to(p.dtype), p) for p, b in zip(proximal, behavior))
-
-    def step_with_member_lrs(self, optimizer, closure) -> None:
-        """``optimizer.step(closure)`` with each member's parameter change scaled by its lr ratio."""
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        before = [p.detach().clone() for p in params]
-        optimizer.step(closure=closure)
-        for p, old in zip(params, before):
-            ratio = self.lr_ratios.to(device=p.device, dtype=p.dtype).view(-1, *([1] * (p.dim() - 1)))
-            p.detach().copy_(old.lerp_(p.detach(), ratio))
 
     # ---------------------------------------------------------------- the loss
     def loss_and_stats(self, module, batch, terms: tuple[str, ...] = ("loss_objective", "loss_critic", "loss_entropy"),
@@ -194,6 +184,64 @@ class SeedGroup:
             out[name] = sum(values) / len(values)
         self.last_per_seed = [{**shared, **m} for m in per_seed]
         return out
+
+
+class MemberAdam(torch.optim.Adam):
+    """Adam over a group's stacked parameters ``[S, ...]`` where member k steps at its own lr ``lrs[k]``.
+
+    torch's fused Adam kernel is elementwise; it is called once per distinct lr on the members'
+    slices (runs of consecutive members with one lr: contiguous views) of the parameters, gradients
+    and moments, after the step counts are advanced once. So member k's update is bitwise the fused
+    Adam step at ``lrs[k]``, and the state (``step``, ``exp_avg``, ``exp_avg_sq`` per parameter) and
+    checkpoints are Adam's own. An lr schedule scales every member's lr by the group lr's change
+    (``param_groups[0]["lr"]`` starts at ``max(lrs)``)."""
+
+    def __init__(self, params, lrs: list[float], **kwargs) -> None:
+        self.lrs = [float(x) for x in lrs]
+        self.base_lr = max(self.lrs)
+        super().__init__(params, lr=self.base_lr, fused=True, **kwargs)
+        self.runs: list[list] = []  # [first member, end, lr]
+        for k, lr in enumerate(self.lrs):
+            if self.runs and self.runs[-1][2] == lr:
+                self.runs[-1][1] = k + 1
+            else:
+                self.runs.append([k, k + 1, lr])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["amsgrad"] or group["maximize"] or group.get("decoupled_weight_decay"):
+                raise ValueError("MemberAdam: amsgrad, maximize and AdamW are not supported")
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            states = []
+            for p in params:
+                state = self.state[p]
+                if len(state) == 0:  # as torch's fused Adam initializes its state
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                states.append(state)
+            torch._foreach_add_([st["step"] for st in states], 1)
+            beta1, beta2 = group["betas"]
+            scale = group["lr"] / self.base_lr  # an lr schedule's factor (1.0 without one)
+            by_lr: dict[float, tuple[list, list, list, list, list]] = {}
+            for a, b, lr in self.runs:
+                views = by_lr.setdefault(lr, ([], [], [], [], []))
+                for p, st in zip(params, states):
+                    for out, t in zip(views, (p, p.grad, st["exp_avg"], st["exp_avg_sq"])):
+                        out.append(t[a:b])
+                    views[4].append(st["step"])
+            for lr, (ps, gs, ms, vs, steps) in by_lr.items():
+                torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=lr * scale if scale != 1.0 else lr,
+                                   beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
+                                   maximize=False, grad_scale=None, found_inf=None)
+        return loss
 
 
 class SeedRuns:

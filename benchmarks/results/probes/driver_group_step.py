@@ -5,6 +5,7 @@ iteration (session 12, docs/benchmarks/small-batch.md "Sixth look").
     python benchmarks/results/probes/driver_group_step.py split 8 16       # c = 16, 8 iterations
     SEEDS=32 PREC=32-true python ... split 8 64                             # S and precision
     python ... compile 1 16                                                # the group's loss, eager vs torch.compile
+    MIX=1 SEEDS=8 python ... split 8 64      # Table 5's four ablations x 8 seeds as one mixed group of 32 (session 13)
 """
 import json, os, sys, time
 from pathlib import Path
@@ -36,7 +37,19 @@ class Clock(pl.Callback):
         self.rows.append((self._first - self._start, cpu() - self._first))
 
 
-def run(iters, c, seeds, prec):
+def mixed_args(c, seeds):
+    """Table 5's four ablations at scale c (the figure driver's arms) x ``seeds`` as one group's member options."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import minatar_figures as mf
+
+    specs = [mf.member_spec(v)[1] for v in mf._scaled_arms(c, mf.LR500K, kinds=mf.ABLATIONS).values()]
+    members = [(spec, s) for spec in specs for s in range(seeds)]
+    hp = {k: [spec[k] for spec, _ in members] for k in ("lr", "proximal_com", "advantage_norm_span")}
+    return ["--scale_rules", "none", "--data.member_seeds", json.dumps([s for _, s in members]),
+            "--data.member_hparams", json.dumps(hp)], len(members)
+
+
+def run(iters, c, seeds, prec, extra=()):
     clock = Clock()
     frames = 64 // c * 64 * (iters + 1)
     fit_main(["fit", "--config", str(ROOT / "experiments/minatar/ppo.yaml"), "--data.env_id", "minatar:space_invaders",
@@ -45,7 +58,7 @@ def run(iters, c, seeds, prec):
               "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/driver_group_step", "--seeds", str(seeds),
               "--trainer.precision", prec, "--model.max_importance_ratio", "100",
               "--trainer.callbacks+=ppo_lightning.training.noise_scale.GradientNoiseScale",
-              "--model.decoupled", "true", "--model.proximal_com", "8", "--model.lr", "0.004"], extra_callbacks=[clock])
+              "--model.decoupled", "true", "--model.proximal_com", "8", "--model.lr", "0.004", *extra], extra_callbacks=[clock])
     return clock
 
 
@@ -54,9 +67,10 @@ def main():
     seeds, prec = int(os.environ.get("SEEDS", 8)), os.environ.get("PREC", "bf16-mixed")
     torch.set_num_threads(1)
     if what == "split":
-        rows = run(iters, c, seeds, prec).rows[1:]  # the first iteration is warm-up
+        extra, members = mixed_args(c, seeds) if os.environ.get("MIX") else ((), seeds)
+        rows = run(iters, c, members, prec, extra).rows[1:]  # the first iteration is warm-up
         col, upd = (sum(r[k] for r in rows) / len(rows) for k in (0, 1))
-        print(json.dumps({"c": c, "S": seeds, "precision": prec, "fps": round(64 // c * 64 * seeds / (col + upd)),
+        print(json.dumps({"c": c, "S": members, "mixed": bool(extra), "precision": prec, "fps": round(64 // c * 64 * members / (col + upd)),
                           "collect_ms": round(1e3 * col, 1), "update_ms": round(1e3 * upd, 1)}))
         return
     clock = run(1, c, seeds, "32-true")
