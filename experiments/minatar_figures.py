@@ -10,7 +10,7 @@
     python experiments/minatar_figures.py ewma500k   [opts]      # issue 19: Fig. 4 at the 500k base
     python experiments/minatar_figures.py bsi500k    [opts]      # issue 19: Fig. 2/3 at the 500k base, c = 1..64
     python experiments/minatar_figures.py <figure> --analyze     # tables and plots from the CSVs only
-    options: --games breakout,space_invaders --seeds 4 [--first-seed 0] --frames 250000 --arms a,b --quick
+    options: --games breakout,space_invaders --seeds 4 [--first-seed 0] --frames 250000 --arms a,b --quick --mix
 
 Base configuration: experiments/minatar/ppo.yaml (MinAtar CNN, 64 envs x 64 steps, 8 minibatches,
 3 epochs, Adam 5e-4, reward normalization on, per-batch advantage normalization), with the
@@ -27,7 +27,10 @@ seed 1, ...), so a stopped sweep is balanced. A group (a c = 64 group of 8 seeds
 also resumes *within* its run: it checkpoints every `CHECKPOINT_FRAMES` frames per seed into its run
 folder, and a rerun of the sweep continues a killed or stopped group from its last checkpoint
 (bitwise, in the same MLflow runs) when the group's arguments are the ones that wrote it; the
-checkpoints are deleted once the group's rows are written.
+checkpoints are deleted once the group's rows are written. ``--mix``: the arms that differ only in the
+lr, the EWMA's center of mass (or PPO) and the advantage span - Table 5's ablations at one c - train as
+one group per game whose members carry their own settings (`sweep_mixed`; 1.2-1.6x the frames per core
+of the groups of 8 they replace at c = 64); the rows are the same.
 
 Analysis (``--analyze``, also run at the end of a sweep): normalized return per game
 ``(R - R_random) / (R_ref - R_random)`` (`ppo_lightning.envs.minatar_scores`); per run the
