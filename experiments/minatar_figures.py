@@ -638,7 +638,7 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
         plot(figure, out, games, [a for a in arms if "_ppg_ewma_" in a], frames, name="bsi500k_ppg_ewma")
     if figure == "bsi500k":  # Table 5 at small batch (written once an ablation has runs)
         plot_differences(summary, out / "bsi500k_ablations.png", "Table 5 at 500k frames: each rule removed, and PPO "
-                         "without EWMA (arm - all rules at that c)", lambda row: re.match(r"c\d+_(no_\w+|ppo)_lr", row))
+                         f"without EWMA (arm - all rules at that c; {' + '.join(games)} pooled)", lambda row: re.match(r"c\d+_(no_\w+|ppo)_lr", row))
     if figure == "bsi":
         if any(a.endswith("_ppg_ewma") for a in arms):
             plot(figure, out, games, [a for a in arms if a.endswith("_ppg_ewma")], frames, name="bsi_ppg_ewma")
