@@ -28,7 +28,7 @@ also resumes *within* its run: it checkpoints every `CHECKPOINT_FRAMES` frames p
 folder, and a rerun of the sweep continues a killed or stopped group from its last checkpoint
 (bitwise, in the same MLflow runs) when the group's arguments are the ones that wrote it; the
 checkpoints are deleted once the group's rows are written. ``--mix``: the arms that differ only in the
-lr, the EWMA's center of mass (or PPO) and the advantage span - Table 5's ablations at one c - train as
+lr, the EWMA's center of mass (or PPO), the advantage span and Adam's betas - Table 5's ablations at one c - train as
 one group per game whose members carry their own settings (`sweep_mixed`; 1.2-1.6x the frames per core
 of the groups of 8 they replace at c = 64); the rows are the same.
 
@@ -430,17 +430,19 @@ def record_group(cli, figure: str, game: str, frames: int, members: list[tuple[s
 
 # Flags in which arms may differ and still train as one group: each member's values of the model's
 # per-member hyperparameters (ppo_lightning.data.seed_group.MEMBER_HPARAMS) say them.
-MEMBER_FLAGS = ("--model.lr", "--model.proximal_com", "--model.decoupled", "--scale_rules")
+MEMBER_FLAGS = ("--model.lr", "--model.proximal_com", "--model.decoupled", "--scale_rules", "--scale_adam_betas",
+                "--model.adam_betas")
+ADAM_BETAS = (0.9, 0.999)  # the module's default (experiments/minatar/ppo.yaml keeps it)
 
 
 def member_spec(args: list[str]) -> tuple[list[str], dict[str, float | None]] | None:
     """An arm's CLI split into the arguments a mixed group shares and the member's own values
-    ``{"lr", "proximal_com" (None: PPO), "advantage_norm_span"}`` after its ``--scale`` rules (the
-    CLI's arithmetic, `ppo_lightning.algos.scaling.batch_size_scaling`); None for an arm that cannot be
-    a member (PPG, staleness, Adam-betas scaling, a --config besides the base)."""
+    ``{"lr", "proximal_com" (None: PPO), "advantage_norm_span", "adam_betas"}`` after its ``--scale``
+    rules (the CLI's arithmetic, `ppo_lightning.algos.scaling.batch_size_scaling`); None for an arm
+    that cannot be a member (PPG, staleness, a --config besides the base)."""
     from ppo_lightning.algos import scaling
 
-    if not groupable(args) or "--config" in args or "--scale_adam_betas" in args or "--model.adam_betas" in args:
+    if not groupable(args) or "--config" in args:
         return None
     opts, shared, i = {}, [], 0
     while i < len(args):
@@ -455,15 +457,17 @@ def member_spec(args: list[str]) -> tuple[list[str], dict[str, float | None]] | 
     com = opts.get("--model.proximal_com", cfg["model"].get("proximal_com"))
     values = {"lr": float(opts.get("--model.lr", cfg["model"]["lr"])),
               "proximal_com": float(com) if decoupled and com is not None else None,
-              "advantage_norm_span": float(cfg["data"].get("advantage_norm_span", 1.0))}
+              "advantage_norm_span": float(cfg["data"].get("advantage_norm_span", 1.0)),
+              "adam_betas": tuple(float(b) for b in yaml.safe_load(str(opts.get("--model.adam_betas",
+                                                                                cfg["model"].get("adam_betas", list(ADAM_BETAS))))))}
     if decoupled and com is None:
         return None  # decoupled with the behavior policy as anchor: not a member kind (PPO is decoupled false)
     c = float(shared[shared.index("--scale") + 1]) if "--scale" in shared else 1.0
-    rules = scaling.parse_rules(opts.get("--scale_rules", "all"))
+    rules = scaling.parse_rules(opts.get("--scale_rules", "all"), str(opts.get("--scale_adam_betas")).lower() == "true")
     scaled = scaling.batch_size_scaling(c, lr=values["lr"], proximal_com=values["proximal_com"],
-                                        adv_norm_span=values["advantage_norm_span"])
+                                        adv_norm_span=values["advantage_norm_span"], adam_betas=values["adam_betas"])
     for name, rule, key in (("lr", "lr", "lr"), ("proximal_com", "com", "proximal_com"),
-                            ("advantage_norm_span", "adv_span", "adv_norm_span")):
+                            ("advantage_norm_span", "adv_span", "adv_norm_span"), ("adam_betas", "adam_betas", "adam_betas")):
         if rule in rules and c != 1.0:
             values[name] = scaled[key]
     return shared, values
@@ -491,9 +495,14 @@ def sweep_mixed(figure: str, arms: dict[str, list[str]], games: list[str], seeds
             if len({arm for arm, _ in members}) < 2:
                 continue  # one arm: sweep_grouped's plain group
             # every member's values in full (the group's --scale_rules none leaves them as given)
-            values = {name: [specs[arm][1][name] for arm, _ in members] for name in ("lr", "proximal_com", "advantage_norm_span")}
+            values = {name: [specs[arm][1][name] for arm, _ in members]
+                      for name in ("lr", "proximal_com", "advantage_norm_span", "adam_betas")}
             if all(v is None for v in values["proximal_com"]):
                 del values["proximal_com"]  # PPO members only: no EWMA
+            if all(tuple(v) == ADAM_BETAS for v in values["adam_betas"]):
+                del values["adam_betas"]  # Adam's defaults for all
+            else:
+                values["adam_betas"] = [list(v) for v in values["adam_betas"]]
             shared = json.loads(shared_key)
             ewma = ["--model.decoupled", "true", "--model.proximal_com", "8"] if "proximal_com" in values else []
             args = (base_args(game, frames, members[0][1]) + shared + ewma + ["--scale_rules", "none",

@@ -27,18 +27,18 @@ def fit(dm, **model_kwargs):
     return model, dm, trainer
 
 
-# member k: (seed, lr, EWMA center of mass or None for PPO, advantage-normalization span)
-MEMBERS = [(0, 3e-3, 4.0, 1.0), (0, 1e-3, None, 4.0), (1, 3e-3, 16.0, 2.0)]
+# member k: (seed, lr, EWMA center of mass or None for PPO, advantage-normalization span, Adam's betas)
+MEMBERS = [(0, 3e-3, 4.0, 1.0, (0.9, 0.999)), (0, 1e-3, None, 4.0, (0.9, 0.999)), (1, 3e-3, 16.0, 2.0, (0.8, 0.99))]
 ITERATIONS = 9  # 36 gradient steps
 
 
 def test_each_member_trains_as_its_single_run():
     """A group of 3 members - the same seed at two settings (a different lr, PPO instead of PPO-EWMA, a
-    longer advantage span) and another seed with another EWMA age - ends with each member within float
-    tolerance of the single run with its seed and settings (same episodes too)."""
+    longer advantage span) and another seed with another EWMA age and Adam betas - ends with each member
+    within float tolerance of the single run with its seed and settings (same episodes too)."""
     seeds = [m[0] for m in MEMBERS]
     hp = {"lr": [m[1] for m in MEMBERS], "proximal_com": [m[2] for m in MEMBERS],
-          "advantage_norm_span": [m[3] for m in MEMBERS]}
+          "advantage_norm_span": [m[3] for m in MEMBERS], "adam_betas": [list(m[4]) for m in MEMBERS]}
     pl.seed_everything(0)
     gdm = RolloutDataModule(**DATA, total_frames=32 * ITERATIONS, seed=0, member_seeds=seeds, member_hparams=hp)
     assert gdm.num_seeds == 3 and gdm.seeds == seeds
@@ -46,11 +46,11 @@ def test_each_member_trains_as_its_single_run():
     assert gtr.global_step == 4 * ITERATIONS
     assert gtr.callback_metrics["seed2/proximal/com"] == 16.0
     finals = []
-    for k, (seed, lr, com, span) in enumerate(MEMBERS):
+    for k, (seed, lr, com, span, betas) in enumerate(MEMBERS):
         pl.seed_everything(seed)
         dm = RolloutDataModule(**DATA, total_frames=32 * ITERATIONS, seed=seed, advantage_norm_span=span)
         ewma = {} if com is None else {"decoupled": True, "proximal_com": com}
-        alone, dm, _ = fit(dm, lr=lr, max_importance_ratio=1.05, **ewma)  # a cap that bites: PPO's form exactly
+        alone, dm, _ = fit(dm, lr=lr, adam_betas=betas, max_importance_ratio=1.05, **ewma)  # a cap that bites: PPO's form exactly
         ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
         for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's: float order differs
             torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5, msg=f"member {k} {name}")
@@ -67,7 +67,7 @@ def test_members_at_one_lr_are_a_plain_group_bitwise():
     pl.seed_everything(0)
     b, _, _ = fit(RolloutDataModule(**DATA, total_frames=64, seed=0, member_seeds=[0, 1], member_hparams=hp),
                   lr=1.0, member_hparams=hp)
-    assert b.seed_group.lrs is None and type(b.optimizers(use_pl_optimizer=False)) is torch.optim.Adam
+    assert b.seed_group.adam_members is None and type(b.optimizers(use_pl_optimizer=False)) is torch.optim.Adam
     sa, sb = a.network.state_dict(), b.network.state_dict()
     assert all(torch.equal(sa[n], sb[n]) for n in sa)
 
@@ -77,6 +77,7 @@ def test_members_at_one_lr_are_a_plain_group_bitwise():
     ({"member_hparams": {"lr": [1e-3]}}, {}, "one value per member"),
     ({"member_hparams": {"lr": [1e-3, -1.0]}}, {}, "lr values must be > 0"),
     ({"member_hparams": {"advantage_norm_span": [1, 0.5]}}, {}, "advantage_norm_span values must be >= 1"),
+    ({"member_hparams": {"adam_betas": [[0.9, 0.999], [0.9]]}}, {}, "adam_betas values must be two numbers"),
     ({"member_seeds": [0, 1, 2], "num_seeds": 2}, {}, "member_seeds has 3 seeds but data.num_seeds"),
     ({"num_seeds": 1, "member_hparams": {"lr": [1e-3]}}, {}, "needs a seed group"),
     ({}, {"member_hparams": {"proximal_com": [1.0, None]}}, "needs model.decoupled=true"),
@@ -96,21 +97,24 @@ def test_member_hparams_of_a_single_run_are_refused():
 
 
 BASE = ["fit", "--config", "experiments/minatar/ppo_ewma.yaml", "--data.member_seeds", "[0, 0, 1]",
-        "--data.member_hparams", '{"lr": [5e-4, 2e-3, 5e-4], "proximal_com": [2, null, 8], "advantage_norm_span": [1, 2, 1]}',
+        "--data.member_hparams", '{"lr": [5e-4, 2e-3, 5e-4], "proximal_com": [2, null, 8], "advantage_norm_span": [1, 2, 1], '
+        '"adam_betas": [[0.9, 0.999], [0.9, 0.999], [0.81, 0.98]]}',
         "--data.num_envs", "2", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
         "--model.network.hidden", "16", "--data.num_threads", "1", "--mlflow.enabled", "false", "--video_every", "null",
         "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1", "--trainer.precision", "32-true"]
 
 
 def test_scale_applies_the_rules_to_each_member_and_a_mixed_group_resumes_exactly(tmp_path):
-    """``--scale 2``: each member's lr / sqrt(2), center of mass x 2 (null stays null), span x 2. A mixed
+    """``--scale 2 --scale_adam_betas true``: each member's lr / sqrt(2), center of mass x 2 (null stays
+    null), span x 2, betas ** (1/2). A mixed
     group stopped after 2 iterations and resumed to 4 ends bitwise as the uninterrupted one: weights,
     Adam moments and the per-member EWMA (weights, ages)."""
-    scaled = BASE[:2] + BASE[2:] + ["--scale", "2"]
+    scaled = BASE + ["--scale", "2", "--scale_adam_betas", "true"]
     cli = fit_main(scaled + ["--data.total_frames", "32", "--run_dir", str(tmp_path / "scaled")])
     hp = cli.model.hparams.member_hparams
     assert hp["lr"] == pytest.approx([5e-4 / 2 ** 0.5, 2e-3 / 2 ** 0.5, 5e-4 / 2 ** 0.5])
     assert hp["proximal_com"] == [4.0, None, 16.0] and hp["advantage_norm_span"] == [2.0, 4.0, 2.0]
+    assert hp["adam_betas"][2] == pytest.approx([0.9, 0.98 ** 0.5])
     assert cli.datamodule.num_seeds == 3 and cli.model.seed_group.seeds == [0, 0, 1]
 
     fit_main(BASE + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "ref")])
@@ -154,11 +158,13 @@ def test_a_ppo_members_loss_is_ppos_with_the_importance_ratio_cap_biting():
 
 
 def test_figure_driver_mixes_table5_arms_into_one_group(tmp_path):
-    """``minatar_figures --mix``: all rules, no advantage-span rule and PPO at c = 4 train as one group of
-    3 arms x 2 seeds; one row per (arm, seed), and each member's own MLflow run carries the lr, EWMA
-    center of mass and span that the arm's single run resolves from its --scale rules."""
+    """``minatar_figures --mix``: all rules (with and without Adam's betas rule), no advantage-span rule and
+    PPO at c = 4 train as one group of 4 arms x 2 seeds; one row per (arm, seed), and each member's own
+    MLflow run carries the lr, EWMA center of mass, span and betas that the arm's single run resolves
+    from its --scale rules."""
     import csv
     import sys
+    from ast import literal_eval
     from pathlib import Path
 
     import mlflow
@@ -168,12 +174,13 @@ def test_figure_driver_mixes_table5_arms_into_one_group(tmp_path):
 
     small = ["--data.num_envs", "8", "--data.rollout_steps", "32", "--data.update_epochs", "1", "--model.network.hidden", "16"]
     arms = {k: v + small for k, v in mf._scaled_arms(4, kinds=("all", "no_adv_span", "ppo")).items()}
+    arms["c4_all_betas"] = mf.EWMA + ["--scale", "4", "--scale_adam_betas", "true"] + small
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mf.sweep_mixed("bsi", arms, ["breakout"], [0, 1], 256, tmp_path / "m", uri, tmp_path / "runs")
     rows = list(csv.DictReader(open(tmp_path / "m/bsi_runs.csv")))
     assert sorted((r["arm"], r["seed"]) for r in rows) == sorted((a, str(s)) for a in arms for s in (0, 1))
-    assert len({r["mlflow_run_id"] for r in rows}) == 6 and all(int(r["frames"]) == 256 for r in rows)
-    mf.sweep("bsi", {k: arms[k] for k in ("c4_no_adv_span", "c4_ppo")}, ["breakout"], [1], 256,
+    assert len({r["mlflow_run_id"] for r in rows}) == 8 and all(int(r["frames"]) == 256 for r in rows)
+    mf.sweep("bsi", {k: arms[k] for k in ("c4_no_adv_span", "c4_ppo", "c4_all_betas")}, ["breakout"], [1], 256,
              tmp_path / "s", uri, tmp_path / "runs")
     client = mlflow.MlflowClient(uri)
     singles = {r["arm"]: client.get_run(r["mlflow_run_id"]).data.params for r in csv.DictReader(open(tmp_path / "s/bsi_runs.csv"))}
@@ -183,11 +190,14 @@ def test_figure_driver_mixes_table5_arms_into_one_group(tmp_path):
         assert float(member["lr"]) == pytest.approx(float(single["lr"]))
         assert float(member["advantage_norm_span"]) == pytest.approx(float(single["advantage_norm_span"])), arm
         assert member["proximal_com"] == single["proximal_com"] and (single["proximal_com"] == "None") == (arm == "c4_ppo")
+        assert literal_eval(member["adam_betas"]) == pytest.approx(literal_eval(single["adam_betas"])), arm
+    assert literal_eval(singles["c4_all_betas"]["adam_betas"])[1] == pytest.approx(0.999 ** 0.25)
 
 
 def test_member_adam_steps_each_member_bitwise_as_adam_at_its_lr():
-    """`MemberAdam` on stacked parameters [4, ...] with lrs (1e-3, 1e-3, 5e-4, 2e-3): after 6 steps each
-    member's slice, and its moments, equal torch's fused Adam at that member's lr on the slice alone
+    """`MemberAdam` on stacked parameters [4, ...] with lrs (1e-3, 1e-3, 5e-4, 2e-3) and member 1's betas
+    (0.8, 0.95): after 6 steps each member's slice, and its moments, equal torch's fused Adam with that
+    member's settings on the slice alone
     (to float rounding: the kernel's vector and scalar paths split a slice differently from the
     tensor alone, as for a plain group); an lr schedule that halves the group's lr halves every member's."""
     from ppo_lightning.training.seed_group import MemberAdam
@@ -196,8 +206,9 @@ def test_member_adam_steps_each_member_bitwise_as_adam_at_its_lr():
     lrs = [1e-3, 1e-3, 5e-4, 2e-3]
     stacked = [torch.nn.Parameter(torch.randn(4, 5, 3, generator=g)), torch.nn.Parameter(torch.randn(4, 7, generator=g))]
     alone = [[torch.nn.Parameter(p.detach()[k].clone()) for p in stacked] for k in range(4)]
-    opt = MemberAdam(stacked, lrs, eps=1e-5, betas=(0.9, 0.99))
-    refs = [torch.optim.Adam(ps, lr=lr, eps=1e-5, betas=(0.9, 0.99), fused=True) for ps, lr in zip(alone, lrs)]
+    betas = [(0.9, 0.99), (0.8, 0.95), (0.9, 0.99), (0.9, 0.99)]
+    opt = MemberAdam(stacked, lrs, betas, eps=1e-5, betas=(0.9, 0.99))
+    refs = [torch.optim.Adam(ps, lr=lr, eps=1e-5, betas=b, fused=True) for ps, lr, b in zip(alone, lrs, betas)]
     for step in range(6):
         if step == 3:  # a schedule's change of the group lr
             opt.param_groups[0]["lr"] /= 2

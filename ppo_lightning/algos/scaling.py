@@ -157,9 +157,15 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
     members = data.get("member_hparams")
     if members:  # a group's per-member values follow the same rules, each member's by itself
         members = {k: list(v) for k, v in dict(members).items()}
-        rule_of = {"lr": "lr", "proximal_com": "com", "advantage_norm_span": "adv_span"}
+        rule_of = {"lr": "lr", "proximal_com": "com", "advantage_norm_span": "adv_span", "adam_betas": "adam_betas"}
         for name, values in members.items():
             if rule_of.get(name) not in chosen:
+                continue
+            if name == "adam_betas":
+                new = [list(batch_size_scaling(c, lr=1.0, proximal_com=None, adv_norm_span=1.0, adam_betas=tuple(v))
+                            ["adam_betas"]) for v in values]
+                report[f"data.member_hparams.{name}"] = {"from": values, "to": new}
+                members[name] = new
                 continue
             key = {"advantage_norm_span": "adv_norm_span"}.get(name, name)
             args = {"lr": 1.0, "proximal_com": None, "adv_norm_span": 1.0}

@@ -46,8 +46,9 @@ from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_
 
 # Per-member hyperparameters a group can carry: the scalars in which Table 5's ablations of Hilton et
 # al. (2021) differ at one batch size (the lr, the EWMA's center of mass - None: the behavior policy
-# is the anchor, i.e. PPO - and the advantage-normalization span). Everything else is shared.
-MEMBER_HPARAMS = ("lr", "proximal_com", "advantage_norm_span")
+# is the anchor, i.e. PPO - and the advantage-normalization span), and Adam's betas (their optional
+# scaling rule). Everything else is shared.
+MEMBER_HPARAMS = ("lr", "proximal_com", "advantage_norm_span", "adam_betas")
 
 
 def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> None:
@@ -60,6 +61,11 @@ def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> 
         if not isinstance(values, (list, tuple)) or len(values) != num_seeds:
             raise ValueError(f"member_hparams.{name} needs one value per member ({num_seeds}), got {values!r}")
         for v in values:
+            if name == "adam_betas":
+                if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(
+                        isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in v)):
+                    raise ValueError(f"member_hparams.adam_betas values must be two numbers in [0, 1), got {v!r}")
+                continue
             ok = v is None if name == "proximal_com" and v is None else (
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
             if ok and v is not None:

@@ -81,9 +81,9 @@ class PPOLightningModule(pl.LightningModule):
             (`ppo_lightning.training.seed_group`). None or one seed: a single run.
         member_hparams: a group's per-member hyperparameters ``{name: [one per seed]}`` (taken from
             ``data.member_hparams`` by the CLI; `ppo_lightning.data.seed_group.MEMBER_HPARAMS`): ``lr``
-            (instead of ``lr``), ``proximal_com`` (instead of ``proximal_com``; null: the behavior
-            policy is the member's anchor, i.e. PPO; needs ``decoupled``); ``advantage_norm_span`` is
-            the data side's.
+            (instead of ``lr``), ``adam_betas`` (instead of ``adam_betas``), ``proximal_com`` (instead of
+            ``proximal_com``; null: the behavior policy is the member's anchor, i.e. PPO; needs
+            ``decoupled``); ``advantage_norm_span`` is the data side's.
     """
 
     def __init__(
@@ -350,8 +350,10 @@ class PPOLightningModule(pl.LightningModule):
         h = self.hparams
         group = self.seed_group
         lr = h.lr if group is None or group.lr is None else group.lr  # the members' common lr
-        if group is not None and group.lrs is not None and h.optimizer == "sgd":
-            raise ValueError("member_hparams.lr (members' own lrs) needs model.optimizer adam")
+        betas = h.adam_betas if group is None or group.adam_betas is None else group.adam_betas
+        members = None if group is None else group.adam_members  # members' own lrs / betas
+        if (members is not None or (group is not None and group.adam_betas is not None)) and h.optimizer == "sgd":
+            raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need model.optimizer adam")
         if h.optimizer == "sgd":
             return torch.optim.SGD(self.network.parameters(), lr=lr)
         params = list(self.network.parameters())
@@ -361,12 +363,12 @@ class PPOLightningModule(pl.LightningModule):
         trainer = self._trainer
         if fused and trainer is not None and trainer.precision != "32-true" and trainer.gradient_clip_val:
             fused = None  # Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients
-        if group is not None and group.lrs is not None:  # members' own lrs: fused Adam per lr (seed_group.MemberAdam)
+        if members is not None:  # members' own lrs / betas: fused Adam per setting (seed_group.MemberAdam)
             if not fused:
-                raise ValueError("member_hparams.lr (members' own lrs) needs the fused Adam: not with "
-                                 "trainer.gradient_clip_val under mixed precision")
-            return MemberAdam(params, group.lrs, eps=h.adam_eps, betas=h.adam_betas)
-        return torch.optim.Adam(params, lr=lr, eps=h.adam_eps, betas=h.adam_betas, fused=fused)
+                raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need the fused Adam: not "
+                                 "with trainer.gradient_clip_val under mixed precision")
+            return MemberAdam(params, *members, lr=lr, eps=h.adam_eps, betas=betas)
+        return torch.optim.Adam(params, lr=lr, eps=h.adam_eps, betas=betas, fused=fused)
 
     # ------------------------------------------------------------------ training
     def add_proximal(self, batch: TensorDictBase) -> TensorDictBase:

@@ -28,9 +28,9 @@ The adaptive-KL objective keeps one beta per seed (adapted on that seed's own KL
 
 Members with their own hyperparameters (``member_hparams``: `ppo_lightning.data.seed_group.MEMBER_HPARAMS`):
 
-- ``lr``: `MemberAdam`, torch's fused Adam kernel called once per distinct lr on the members' slices
-  of the stacked parameters, gradients and moments (elementwise, so each member steps exactly as
-  Adam at its own lr; no extra pass over the parameters);
+- ``lr``, ``adam_betas``: `MemberAdam`, torch's fused Adam kernel called once per distinct (lr, betas)
+  on the members' slices of the stacked parameters, gradients and moments (elementwise, so each
+  member steps as Adam with its own settings; no extra pass over the parameters);
 - ``proximal_com``: one EWMA decay per member (`ppo_lightning.algos.proximal.ewma_update_`); a
   member with null has the behavior policy as its anchor (PPO): its slice of the proximal
   parameters is replaced by the behavior policy's in every minibatch, and the loss takes its
@@ -82,10 +82,14 @@ class SeedGroup:
         self.seeds = list(seeds)
         self.num_seeds = len(self.seeds)
         self.member_hparams = dict(member_hparams or {})
-        lrs = self.member_hparams.get("lr")
-        # members' own lrs: the optimizer's lr is the largest, each member's step scaled by lr / largest
-        self.lrs = [float(x) for x in lrs] if lrs and len(set(lrs)) > 1 else None  # None: one lr, a plain Adam
-        self.lr = float(lrs[0]) if lrs and self.lrs is None else None  # the members' common lr
+        lrs, betas = self.member_hparams.get("lr"), self.member_hparams.get("adam_betas")
+        betas = None if betas is None else [tuple(float(b) for b in x) for x in betas]
+        # members' own Adam settings (MemberAdam) where they differ; else one plain Adam at their common values
+        differ = (lrs is not None and len(set(lrs)) > 1) or (betas is not None and len(set(betas)) > 1)
+        self.adam_members = (None if not differ else
+                             ([float(x) for x in lrs] if lrs else None, betas))  # (lrs or None, betas or None)
+        self.lr = float(lrs[0]) if lrs and not differ else None  # the members' common lr
+        self.adam_betas = betas[0] if betas and not differ else None  # the members' common betas
         coms = self.member_hparams.get("proximal_com")
         self._behavior_anchor = (torch.tensor([c is None for c in coms]) if coms and any(c is None for c in coms)
                                  else None)
@@ -187,25 +191,30 @@ class SeedGroup:
 
 
 class MemberAdam(torch.optim.Adam):
-    """Adam over a group's stacked parameters ``[S, ...]`` where member k steps at its own lr ``lrs[k]``.
+    """Adam over a group's stacked parameters ``[S, ...]`` where member k steps with its own lr ``lrs[k]``
+    and betas ``member_betas[k]`` (None: the optimizer's ``lr`` / ``betas`` for every member).
 
-    torch's fused Adam kernel is elementwise; it is called once per distinct lr on the members'
-    slices (runs of consecutive members with one lr: contiguous views) of the parameters, gradients
-    and moments, after the step counts are advanced once. So member k's update is bitwise the fused
-    Adam step at ``lrs[k]``, and the state (``step``, ``exp_avg``, ``exp_avg_sq`` per parameter) and
-    checkpoints are Adam's own. An lr schedule scales every member's lr by the group lr's change
-    (``param_groups[0]["lr"]`` starts at ``max(lrs)``)."""
+    torch's fused Adam kernel is elementwise; it is called once per distinct (lr, betas) on the
+    members' slices (runs of consecutive members with one setting: contiguous views) of the
+    parameters, gradients and moments, after the step counts are advanced once. So member k's
+    update is the fused Adam step with its settings, and the state (``step``, ``exp_avg``,
+    ``exp_avg_sq`` per parameter) and checkpoints are Adam's own. An lr schedule scales every
+    member's lr by the group lr's change (``param_groups[0]["lr"]`` starts at ``max(lrs)``)."""
 
-    def __init__(self, params, lrs: list[float], **kwargs) -> None:
-        self.lrs = [float(x) for x in lrs]
-        self.base_lr = max(self.lrs)
-        super().__init__(params, lr=self.base_lr, fused=True, **kwargs)
-        self.runs: list[list] = []  # [first member, end, lr]
-        for k, lr in enumerate(self.lrs):
-            if self.runs and self.runs[-1][2] == lr:
+    def __init__(self, params, lrs: list[float] | None, member_betas: list[tuple[float, float]] | None = None,
+                 lr: float = 1e-3, **kwargs) -> None:
+        betas = member_betas
+        n = len(lrs if lrs is not None else betas)
+        super().__init__(params, lr=max(lrs) if lrs else lr, fused=True, **kwargs)
+        self.base_lr = self.param_groups[0]["lr"]
+        common = tuple(self.param_groups[0]["betas"])
+        settings = [(float(lrs[k]) if lrs else self.base_lr, tuple(betas[k]) if betas else common) for k in range(n)]
+        self.runs: list[list] = []  # [first member, end, (lr, betas)]
+        for k, setting in enumerate(settings):
+            if self.runs and self.runs[-1][2] == setting:
                 self.runs[-1][1] = k + 1
             else:
-                self.runs.append([k, k + 1, lr])
+                self.runs.append([k, k + 1, setting])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -228,16 +237,15 @@ class MemberAdam(torch.optim.Adam):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 states.append(state)
             torch._foreach_add_([st["step"] for st in states], 1)
-            beta1, beta2 = group["betas"]
             scale = group["lr"] / self.base_lr  # an lr schedule's factor (1.0 without one)
-            by_lr: dict[float, tuple[list, list, list, list, list]] = {}
-            for a, b, lr in self.runs:
-                views = by_lr.setdefault(lr, ([], [], [], [], []))
+            by_setting: dict[tuple, tuple[list, list, list, list, list]] = {}
+            for a, b, setting in self.runs:
+                views = by_setting.setdefault(setting, ([], [], [], [], []))
                 for p, st in zip(params, states):
                     for out, t in zip(views, (p, p.grad, st["exp_avg"], st["exp_avg_sq"])):
                         out.append(t[a:b])
                     views[4].append(st["step"])
-            for lr, (ps, gs, ms, vs, steps) in by_lr.items():
+            for (lr, (beta1, beta2)), (ps, gs, ms, vs, steps) in by_setting.items():
                 torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=lr * scale if scale != 1.0 else lr,
                                    beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
                                    maximize=False, grad_scale=None, found_inf=None)
