@@ -476,7 +476,7 @@ def member_spec(args: list[str]) -> tuple[list[str], dict[str, float | None]] | 
 def sweep_mixed(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list[int], frames: int, out: Path,
                 tracking_uri: str, run_root: Path) -> None:
     """`sweep_grouped`, but the arms that differ only in per-member hyperparameters (`member_spec`: the
-    lr, the EWMA's center of mass or none, the advantage span; e.g. Table 5's ablations at one c) train
+    lr, the EWMA's center of mass or none, the advantage span, Adam's betas; e.g. Table 5's ablations at one c) train
     together, per game, as one group of all their (arm, seed) runs not yet recorded (``data.member_seeds``,
     ``data.member_hparams``; member k tested equal to its single run). The same rows; a group's time
     per row is the group's / members. What cannot be mixed goes on to `sweep_grouped`."""
@@ -833,8 +833,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow store (default: sqlite in --out)")
     p.add_argument("--run-root", type=Path, default=ROOT / "runs" / "minatar")
     p.add_argument("--mix", action="store_true",
-                   help="train the arms that differ only in the lr, the EWMA's center of mass (or none) and the "
-                        "advantage span as one group per game (Table 5's ablations at one c)")
+                   help="train the arms that differ only in the lr, the EWMA's center of mass (or none), the "
+                        "advantage span and Adam's betas as one group per game (Table 5's ablations at one c)")
     p.add_argument("--one-by-one", action="store_true",
                    help="train each seed as its own run (default: an arm's seeds as one vectorized group)")
     a = p.parse_args(argv)
