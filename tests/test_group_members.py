@@ -117,19 +117,13 @@ def test_scale_applies_the_rules_to_each_member_and_a_mixed_group_resumes_exactl
     assert hp["adam_betas"][2] == pytest.approx([0.9, 0.98 ** 0.5])
     assert cli.datamodule.num_seeds == 3 and cli.model.seed_group.seeds == [0, 0, 1]
 
-    fit_main(BASE + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "ref")])
-    fit_main(BASE + ["--data.total_frames", "64", "--run_dir", str(tmp_path / "res")])
-    fit_main(BASE + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "res"),
-                     "--ckpt_path", str(tmp_path / "res/checkpoints/last.ckpt")])
-    a = torch.load(tmp_path / "ref/checkpoints/last.ckpt", weights_only=True)
-    b = torch.load(tmp_path / "res/checkpoints/last.ckpt", weights_only=True)
+    from tests.test_seed_group import assert_same_training_state, uninterrupted_and_resumed
+
+    a, b = uninterrupted_and_resumed(BASE, tmp_path, 128)
     assert a["state_dict"]["network.inner.policy_body.conv.weight"].shape[0] == 3
-    assert all(torch.equal(v, b["state_dict"][k]) for k, v in a["state_dict"].items())
-    for i, state in a["optimizer_states"][0]["state"].items():
-        assert all(torch.equal(v, b["optimizer_states"][0]["state"][i][n]) for n, v in state.items())
+    assert_same_training_state(a, b)
     ea, eb = a["proximal_ewma"], b["proximal_ewma"]
     assert ea["com"] == [2.0, 0.0, 8.0] and ea["weight"] == eb["weight"] and ea["age_sum"] == eb["age_sum"]
-    assert all(torch.equal(v, eb["proximal"][k]) for k, v in ea["proximal"].items())
 
 
 def test_a_ppo_members_loss_is_ppos_with_the_importance_ratio_cap_biting():

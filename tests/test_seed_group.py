@@ -239,6 +239,26 @@ def test_nan_in_one_seed_is_skipped_for_that_seed_only():
     assert all(torch.isfinite(t).all() for t in b.values())
 
 
+def uninterrupted_and_resumed(base: list[str], tmp_path, frames: int) -> tuple[dict, dict]:
+    """The last checkpoints of ``fit`` (``base`` arguments, checkpoints every iteration) run to ``frames``
+    at once, and stopped at ``frames / 2`` then resumed to ``frames``."""
+    fit_main(base + ["--data.total_frames", str(frames), "--run_dir", str(tmp_path / "ref")])
+    fit_main(base + ["--data.total_frames", str(frames // 2), "--run_dir", str(tmp_path / "res")])
+    fit_main(base + ["--data.total_frames", str(frames), "--run_dir", str(tmp_path / "res"),
+                     "--ckpt_path", str(tmp_path / "res/checkpoints/last.ckpt")])
+    return (torch.load(tmp_path / "ref/checkpoints/last.ckpt", weights_only=True),
+            torch.load(tmp_path / "res/checkpoints/last.ckpt", weights_only=True))
+
+
+def assert_same_training_state(a: dict, b: dict, optimizers: tuple[int, ...] = (0,)) -> None:
+    """Two checkpoints hold bitwise the same weights, optimizer states and EWMA proximal weights."""
+    assert all(torch.equal(v, b["state_dict"][k]) for k, v in a["state_dict"].items())
+    for opt in optimizers:
+        for i, state in a["optimizer_states"][opt]["state"].items():
+            assert all(torch.equal(v, b["optimizer_states"][opt]["state"][i][n]) for n, v in state.items())
+    assert all(torch.equal(v, b["proximal_ewma"]["proximal"][k]) for k, v in a["proximal_ewma"]["proximal"].items())
+
+
 def test_group_checkpoint_resumes_exactly(tmp_path):
     """A group of 2 (PPO-EWMA) stopped after 2 iterations and resumed to 4 ends bitwise as the
     uninterrupted group: weights, Adam moments, EWMA weights (envs, generators and normalizers too)."""
@@ -246,17 +266,9 @@ def test_group_checkpoint_resumes_exactly(tmp_path):
             "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
             "--model.network.hidden", "16", "--data.num_threads", "1", "--mlflow.enabled", "false",
             "--video_every", "null", "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1"]
-    fit_main(base + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "ref")])
-    fit_main(base + ["--data.total_frames", "64", "--run_dir", str(tmp_path / "res")])
-    fit_main(base + ["--data.total_frames", "128", "--run_dir", str(tmp_path / "res"),
-                     "--ckpt_path", str(tmp_path / "res/checkpoints/last.ckpt")])
-    a = torch.load(tmp_path / "ref/checkpoints/last.ckpt", weights_only=True)
-    b = torch.load(tmp_path / "res/checkpoints/last.ckpt", weights_only=True)
+    a, b = uninterrupted_and_resumed(base, tmp_path, 128)
     assert a["state_dict"]["network.inner.policy_body.conv.weight"].shape[0] == 2
-    assert all(torch.equal(v, b["state_dict"][k]) for k, v in a["state_dict"].items())
-    for i, state in a["optimizer_states"][0]["state"].items():
-        assert all(torch.equal(v, b["optimizer_states"][0]["state"][i][n]) for n, v in state.items())
-    assert all(torch.equal(v, b["proximal_ewma"]["proximal"][k]) for k, v in a["proximal_ewma"]["proximal"].items())
+    assert_same_training_state(a, b)
     group = a["RolloutDataModule"]["per_rank"][0]["resume"]["seed_group"]
     assert [s["seed"] for s in group["seeds"]] == [0, 1] and all(e["restorable"] for e in group["envs"])
     # export-hf and evaluate take one seed of the group: its weights, as a single run's network
@@ -301,11 +313,7 @@ def test_ppg_ewma_group_resumes_mid_phase_exactly(tmp_path):
     a = torch.load(tmp_path / "ref/checkpoints/last.ckpt", weights_only=True)
     b = torch.load(tmp_path / "res/checkpoints/last.ckpt", weights_only=True)
     assert a["state_dict"]["network.inner.policy_body.conv.weight"].shape[0] == 2
-    assert all(torch.equal(v, b["state_dict"][k]) for k, v in a["state_dict"].items())
-    for opt in (0, 1):
-        for i, state in a["optimizer_states"][opt]["state"].items():
-            assert all(torch.equal(v, b["optimizer_states"][opt]["state"][i][n]) for n, v in state.items())
-    assert all(torch.equal(v, b["proximal_ewma"]["proximal"][k]) for k, v in a["proximal_ewma"]["proximal"].items())
+    assert_same_training_state(a, b, optimizers=(0, 1))
 
 
 @pytest.mark.parametrize("data_kwargs, model_kwargs, match", [

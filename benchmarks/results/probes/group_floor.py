@@ -43,6 +43,16 @@ def cpu() -> float:
     return time.process_time()
 
 
+def cpu_ms_per_call(fn, calls: int, warmup: int = 5) -> float:
+    """CPU milliseconds per call of ``fn`` after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    t0 = cpu()
+    for _ in range(calls):
+        fn()
+    return 1e3 * (cpu() - t0) / calls
+
+
 def make_net(S: int, channels: int, actions: int) -> SeedStack:
     nets = []
     for s in range(S):
@@ -71,12 +81,7 @@ def update_ms(net: SeedStack, S: int, B: int, channels: int, actions: int, steps
         loss.backward()
         opt.step()
 
-    for _ in range(5):
-        step()
-    t0 = cpu()
-    for _ in range(steps):
-        step()
-    return 1e3 * (cpu() - t0) / steps
+    return cpu_ms_per_call(step, steps)
 
 
 def rollout_ms(net: SeedStack, S: int, n: int, channels: int) -> float:
@@ -98,12 +103,7 @@ def rollout_ms(net: SeedStack, S: int, n: int, channels: int) -> float:
             if done:
                 g.reset()
 
-    for _ in range(5):
-        vstep()
-    t0 = cpu()
-    for _ in range(STEPS):
-        vstep()
-    return 1e3 * (cpu() - t0) / STEPS
+    return cpu_ms_per_call(vstep, STEPS)
 
 
 def main() -> None:
