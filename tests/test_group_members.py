@@ -220,3 +220,10 @@ def test_member_adam_steps_each_member_bitwise_as_adam_at_its_lr():
             torch.testing.assert_close(p.detach()[k], alone[k][i].detach(), rtol=1e-6, atol=1e-7)
             torch.testing.assert_close(opt.state[p]["exp_avg_sq"][k], refs[k].state[alone[k][i]]["exp_avg_sq"], rtol=1e-6, atol=0)
     assert not torch.equal(stacked[0].detach()[0], stacked[0].detach()[2])
+
+
+def test_a_mixed_group_refuses_to_rescale_its_batch(tmp_path):
+    fit_main(BASE + ["--data.total_frames", "32", "--run_dir", str(tmp_path / "a")])
+    with pytest.raises(ValueError, match="members have their own hyperparameters"):
+        fit_main(BASE + ["--data.total_frames", "64", "--run_dir", str(tmp_path / "a"), "--data.num_envs", "4",
+                         "--rescale", "true", "--ckpt_path", str(tmp_path / "a/checkpoints/last.ckpt")])

@@ -181,7 +181,7 @@ class PPOLightningModule(pl.LightningModule):
             stacked_seeds=self.seed_group is not None,
         )
         if self.seed_group is not None:
-            self.loss_module.behavior_anchor = self.seed_group._behavior_anchor  # PPO members of a mixed group
+            self.loss_module.behavior_anchor = self.seed_group.behavior_anchor  # PPO members of a mixed group
         self.param_keys = dist_param_keys(action_space)
         com = proximal_com if self.seed_group is None else self.seed_group.proximal_com(proximal_com)
         self.proximal_source = None

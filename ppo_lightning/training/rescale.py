@@ -95,6 +95,9 @@ def plan(ckpt_path: str | Path, world: int, data, rescale: bool, rules: tuple[st
                          f"{old['num_minibatches']} (the config has {new['num_minibatches']})")
     if (dm_state.get("per_rank") or [{}])[0].get("staleness_queue") is not None or getattr(data, "staleness", 0):
         raise ValueError("--rescale: runs with artificial staleness (data.staleness) cannot change their batch geometry")
+    if getattr(data, "member_hparams", None):
+        raise ValueError("--rescale: a group whose members have their own hyperparameters (data.member_hparams) cannot "
+                         "change its batch geometry yet; resume with the checkpoint's geometry")
     out["c"] = c
     return out
 

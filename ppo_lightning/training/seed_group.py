@@ -91,7 +91,7 @@ class SeedGroup:
         self.lr = float(lrs[0]) if lrs and not differ else None  # the members' common lr
         self.adam_betas = betas[0] if betas and not differ else None  # the members' common betas
         coms = self.member_hparams.get("proximal_com")
-        self._behavior_anchor = (torch.tensor([c is None for c in coms]) if coms and any(c is None for c in coms)
+        self.behavior_anchor = (torch.tensor([c is None for c in coms]) if coms and any(c is None for c in coms)
                                  else None)
         saved = torch.get_rng_state()
         nets, self.action_rng_states = [], []
@@ -117,7 +117,7 @@ class SeedGroup:
     def behavior_anchor_params(self, proximal: tuple[torch.Tensor, ...], behavior: list[torch.Tensor]) -> tuple:
         """The proximal distribution parameters ``[S, B, ...]`` with the PPO members' slices replaced by
         the behavior policy's (the same values: ``torch.where``)."""
-        mask = self._behavior_anchor
+        mask = self.behavior_anchor
         if mask is None:
             return proximal
         return tuple(torch.where(mask.view(-1, *([1] * (p.dim() - 1))), b.to(p.dtype), p) for p, b in zip(proximal, behavior))
