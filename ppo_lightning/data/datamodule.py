@@ -215,8 +215,8 @@ class RolloutDataModule(pl.LightningDataModule):
         member_seeds: the seeds of a group's members in order, repeats allowed (instead of ``seed + k``;
             sets ``num_seeds``): with ``member_hparams``, the same seed under several settings.
         member_hparams: per-member hyperparameters of a group, ``{name: [one value per member]}`` for
-            names in `ppo_lightning.data.seed_group.MEMBER_HPARAMS` (``lr``, ``proximal_com``,
-            ``advantage_norm_span``): member k trains as the single run with seed ``seeds[k]`` and
+            names in `ppo_lightning.data.seed_group.MEMBER_HPARAMS` (``lr``, ``adam_betas``,
+            ``proximal_com``, ``advantage_norm_span``): member k trains as the single run with seed ``seeds[k]`` and
             these values would (PureJaxRL-style sweeps of seeds x settings in one process). The
             model takes its own (linked by the CLI); the data side uses ``advantage_norm_span``.
     """
