@@ -124,6 +124,17 @@ def test_scale_applies_the_rules_to_each_member_and_a_mixed_group_resumes_exactl
     assert_same_training_state(a, b)
     ea, eb = a["proximal_ewma"], b["proximal_ewma"]
     assert ea["com"] == [2.0, 0.0, 8.0] and ea["weight"] == eb["weight"] and ea["age_sum"] == eb["age_sum"]
+    # export-hf of member 1 (PPO at lr 2e-3, span 2) describes that member's own run
+    import json
+
+    from ppo_lightning.interop.hf.writer import export_hf
+
+    out = export_hf(tmp_path / "ref/checkpoints/last.ckpt", tmp_path / "hf", evaluate=0, seed_index=1)
+    card = json.loads((out / "config.json").read_text())
+    algo, env = card["algorithm"], card["environment"]
+    assert algo["lr"] == 2e-3 and algo["decoupled"] is False and algo["proximal_com"] is None
+    assert algo["seeds"] == [0] and algo["member_hparams"] is None
+    assert env["advantage_norm_span"] == 2 and env["member_seeds"] is None and env["num_seeds"] == 1
 
 
 def test_a_ppo_members_loss_is_ppos_with_the_importance_ratio_cap_biting():

@@ -195,8 +195,8 @@ def read_checkpoint(ckpt: str | os.PathLike, seed_index: int | None = None) -> d
 
 def select_seed(checkpoint: dict[str, Any], seed_index: int | None, where: str = "the checkpoint") -> dict[str, Any]:
     """Seed ``seed_index`` of a vectorized seed group's checkpoint as a single run's: its weights
-    (``network.inner.X[k]`` -> ``network.X``), ``seeds`` of one, and its episode window for the
-    model card. A single run's checkpoint passes unchanged (``seed_index`` None or 0)."""
+    (``network.inner.X[k]`` -> ``network.X``), ``seeds`` of one, its own hyperparameters where the
+    group's members have them (``member_hparams``), and its episode window for the model card. A single run's checkpoint passes unchanged (``seed_index`` None or 0)."""
     hparams = checkpoint["hyper_parameters"]
     seeds = list(hparams.get("seeds") or [])
     if len(seeds) <= 1:
@@ -214,6 +214,19 @@ def select_seed(checkpoint: dict[str, Any], seed_index: int | None, where: str =
     out = dict(checkpoint)
     out["state_dict"] = unstack_state_dict(checkpoint["state_dict"], seed_index, WEIGHTS_PREFIX)
     out["hyper_parameters"] = {**hparams, "seeds": [seeds[seed_index]]}
+    members = hparams.get("member_hparams")
+    if members:  # a member with its own settings: the single run's hyperparameters (model card, evaluation)
+        own = {name: values[seed_index] for name, values in members.items()}
+        model_own = {k: v for k, v in own.items() if k != "advantage_norm_span"}
+        if "proximal_com" in own and own["proximal_com"] is None:
+            model_own["decoupled"] = False  # the behavior policy as anchor: PPO
+        out["hyper_parameters"].update({**model_own, "member_hparams": None})
+        dm = checkpoint.get("datamodule_hyper_parameters")
+        if dm is not None:
+            out["datamodule_hyper_parameters"] = {**dm, "member_hparams": None, "member_seeds": None, "num_seeds": 1,
+                                                  "seed": seeds[seed_index],
+                                                  **({"advantage_norm_span": own["advantage_norm_span"]}
+                                                     if "advantage_norm_span" in own else {})}
     data = checkpoint.get(DATA_STATE_KEY)
     try:
         group = data["per_rank"][0]["resume"]["seed_group"]["seeds"][seed_index]
