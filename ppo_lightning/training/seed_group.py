@@ -246,6 +246,8 @@ class MemberAdam(torch.optim.Adam):
                         out.append(t[a:b])
                     views[4].append(st["step"])
             for (lr, (beta1, beta2)), (ps, gs, ms, vs, steps) in by_setting.items():
+                # torch's own fused Adam op (what Adam(fused=True) calls after advancing the steps; a private
+                # name: tests/test_group_members.py checks each member against torch.optim.Adam)
                 torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=lr * scale if scale != 1.0 else lr,
                                    beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
                                    maximize=False, grad_scale=None, found_inf=None)
