@@ -365,10 +365,8 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
     (``fit --seeds S``; seed k of the group is the run of seed ``first + k``, tested equal to it alone).
     Writes the same rows, one per seed, from each seed's own MLflow run (``wall_s``/``train_s``: the
     group's time / S). Arms that cannot be grouped, and single seeds, are left to `sweep` after."""
-    from ppo_lightning.cli.fit import fit_main
-
-    runs_csv, curves_csv = out / f"{figure}_runs.csv", out / f"{figure}_curves.csv"
-    done = {run_key(r["arm"], r["game"], r["seed"]) for r in read_rows(runs_csv) if int(r["frames"]) >= frames}
+    done = {run_key(r["arm"], r["game"], r["seed"]) for r in read_rows(out / f"{figure}_runs.csv")
+            if int(r["frames"]) >= frames}
     for game in games:
         for arm, extra in arms.items():
             todo = [s for s in seeds if run_key(arm, game, s) not in done]
@@ -382,23 +380,26 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
                 if len(group) < 2 or not groupable(extra):
                     continue
                 args = base_args(game, frames, group[0]) + extra + ["--seeds", str(len(group))]
-                name = f"{arm}-{game}-s{group[0]}-{group[-1]}"
-                run_dir = run_root / f"minatar-{figure}" / name
-                resume = group_resume_args(args, run_dir)  # checkpoints; continue a killed attempt
-                t0 = time.perf_counter()
-                cli = finished(fit_main(["fit", *args, *resume, "--mlflow.tracking_uri", tracking_uri,
-                                         "--mlflow.experiment", f"minatar-{figure}", "--mlflow.run_name", name,
-                                         "--run_dir", str(run_dir)]))
-                record_group(cli, figure, game, frames, [(arm, s) for s in group], arms, time.perf_counter() - t0,
-                             runs_csv, curves_csv)
-                shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
+                train_group(figure, game, frames, f"{arm}-{game}-s{group[0]}-{group[-1]}", args,
+                            [(arm, s) for s in group], arms, out, tracking_uri, run_root)
     sweep(figure, arms, games, seeds, frames, out, tracking_uri, run_root)  # the rest, one run per seed
 
 
-def record_group(cli, figure: str, game: str, frames: int, members: list[tuple[str, int]], arms: dict[str, list[str]],
-                 wall: float, runs_csv: Path, curves_csv: Path) -> None:
-    """One row per member ``(arm, seed)`` of a finished group, from the member's own MLflow run
-    (``wall_s``/``train_s``: the group's time / the number of members)."""
+def train_group(figure: str, game: str, frames: int, name: str, args: list[str], members: list[tuple[str, int]],
+                arms: dict[str, list[str]], out: Path, tracking_uri: str, run_root: Path) -> None:
+    """Train one vectorized group (``fit`` with ``args``; continuing a killed attempt with the same
+    arguments from its checkpoints, `group_resume_args`), write one row per member ``(arm, seed)`` from
+    the member's own MLflow run (``wall_s``/``train_s``: the group's time / the number of members),
+    then drop its checkpoints (recorded: nothing left to resume)."""
+    from ppo_lightning.cli.fit import fit_main
+
+    run_dir = run_root / f"minatar-{figure}" / name
+    resume = group_resume_args(args, run_dir)
+    t0 = time.perf_counter()
+    cli = finished(fit_main(["fit", *args, *resume, "--mlflow.tracking_uri", tracking_uri,
+                             "--mlflow.experiment", f"minatar-{figure}", "--mlflow.run_name", name, "--run_dir", str(run_dir)]))
+    wall = time.perf_counter() - t0
+    runs_csv, curves_csv = out / f"{figure}_runs.csv", out / f"{figure}_curves.csv"
     client, dm = cli.trainer.logger.experiment, cli.datamodule
     elapsed = client.get_metric_history(cli.trainer.logger.run_id, "time/elapsed_s")
     train_s = elapsed[-1].value if elapsed else wall
@@ -426,6 +427,7 @@ def record_group(cli, figure: str, game: str, frames: int, members: list[tuple[s
         record_run(runs_csv, curves_csv, row, curve)
         print(f"[{figure}] {arm} {game} s{seed} (group of {len(members)}): final {row['final_return']} "
               f"auc {row['auc_return']}", flush=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
 # Flags in which arms may differ and still train as one group: each member's values of the model's
@@ -438,7 +440,7 @@ ADAM_BETAS = (0.9, 0.999)  # the module's default (experiments/minatar/ppo.yaml 
 def member_spec(args: list[str]) -> tuple[list[str], dict[str, float | None]] | None:
     """An arm's CLI split into the arguments a mixed group shares and the member's own values
     ``{"lr", "proximal_com" (None: PPO), "advantage_norm_span", "adam_betas"}`` after its ``--scale``
-    rules (the CLI's arithmetic, `ppo_lightning.algos.scaling.batch_size_scaling`); None for an arm
+    rules (the CLI's own arithmetic, `ppo_lightning.algos.scaling.scale_member`); None for an arm
     that cannot be a member (PPG, staleness, a --config besides the base)."""
     from ppo_lightning.algos import scaling
 
@@ -464,13 +466,7 @@ def member_spec(args: list[str]) -> tuple[list[str], dict[str, float | None]] | 
         return None  # decoupled with the behavior policy as anchor: not a member kind (PPO is decoupled false)
     c = float(shared[shared.index("--scale") + 1]) if "--scale" in shared else 1.0
     rules = scaling.parse_rules(opts.get("--scale_rules", "all"), str(opts.get("--scale_adam_betas")).lower() == "true")
-    scaled = scaling.batch_size_scaling(c, lr=values["lr"], proximal_com=values["proximal_com"],
-                                        adv_norm_span=values["advantage_norm_span"], adam_betas=values["adam_betas"])
-    for name, rule, key in (("lr", "lr", "lr"), ("proximal_com", "com", "proximal_com"),
-                            ("advantage_norm_span", "adv_span", "adv_norm_span"), ("adam_betas", "adam_betas", "adam_betas")):
-        if rule in rules and c != 1.0:
-            values[name] = scaled[key]
-    return shared, values
+    return shared, scaling.scale_member(c, values, rules)
 
 
 def sweep_mixed(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list[int], frames: int, out: Path,
@@ -480,10 +476,8 @@ def sweep_mixed(figure: str, arms: dict[str, list[str]], games: list[str], seeds
     together, per game, as one group of all their (arm, seed) runs not yet recorded (``data.member_seeds``,
     ``data.member_hparams``; member k tested equal to its single run). The same rows; a group's time
     per row is the group's / members. What cannot be mixed goes on to `sweep_grouped`."""
-    from ppo_lightning.cli.fit import fit_main
-
-    runs_csv, curves_csv = out / f"{figure}_runs.csv", out / f"{figure}_curves.csv"
-    done = {run_key(r["arm"], r["game"], r["seed"]) for r in read_rows(runs_csv) if int(r["frames"]) >= frames}
+    done = {run_key(r["arm"], r["game"], r["seed"]) for r in read_rows(out / f"{figure}_runs.csv")
+            if int(r["frames"]) >= frames}
     specs = {arm: member_spec(extra) for arm, extra in arms.items()}
     kinds: dict[str, list[str]] = {}  # shared arguments -> the arms that share them
     for arm, spec in specs.items():
@@ -507,18 +501,10 @@ def sweep_mixed(figure: str, arms: dict[str, list[str]], games: list[str], seeds
             ewma = ["--model.decoupled", "true", "--model.proximal_com", "8"] if "proximal_com" in values else []
             args = (base_args(game, frames, members[0][1]) + shared + ewma + ["--scale_rules", "none",
                     "--data.member_seeds", json.dumps([s for _, s in members]), "--data.member_hparams", json.dumps(values)])
-            tag = hashlib.sha1(json.dumps(members).encode()).hexdigest()[:8]
-            name = f"mix{len(members)}-{game}-{tag}"
-            run_dir = run_root / f"minatar-{figure}" / name
+            name = f"mix{len(members)}-{game}-{hashlib.sha1(json.dumps(members).encode()).hexdigest()[:8]}"
             print(f"[{figure}] {name}: {len(members)} members, arms {', '.join(dict.fromkeys(a for a, _ in members))}",
                   flush=True)
-            resume = group_resume_args(args, run_dir)
-            t0 = time.perf_counter()
-            cli = finished(fit_main(["fit", *args, *resume, "--mlflow.tracking_uri", tracking_uri,
-                                     "--mlflow.experiment", f"minatar-{figure}", "--mlflow.run_name", name,
-                                     "--run_dir", str(run_dir)]))
-            record_group(cli, figure, game, frames, members, arms, time.perf_counter() - t0, runs_csv, curves_csv)
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            train_group(figure, game, frames, name, args, members, arms, out, tracking_uri, run_root)
     sweep_grouped(figure, arms, games, seeds, frames, out, tracking_uri, run_root)
 
 

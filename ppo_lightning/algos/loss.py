@@ -143,9 +143,13 @@ class PPOFamilyLoss(LossModule):
 
         if self.decoupled:
             anchor_params = [tensordict.get((keys.proximal, k)) for k in self.param_keys]
+            mask = self.behavior_anchor
+            if mask is not None:  # group members whose anchor is the behavior policy (PPO): its parameters
+                anchor_params = [torch.where(mask.view(-1, *[1] * (a.dim() - 1)), b.to(a.dtype), a)
+                                 for a, b in zip(anchor_params, behavior_params)]
             proximal_log_prob = make_distribution(self.action_space, *anchor_params).log_prob(action)
-            if self.behavior_anchor is not None:  # group members whose anchor is the behavior policy: PPO exactly
-                proximal_log_prob = torch.where(self.behavior_anchor.unsqueeze(-1), F.cap_behavior_log_prob(
+            if mask is not None:  # ... and its log-prob capped as PPO caps it: PPO's loss exactly
+                proximal_log_prob = torch.where(mask.unsqueeze(-1), F.cap_behavior_log_prob(
                     log_prob, behavior_log_prob, self.max_importance_ratio), proximal_log_prob)
             anchor_log_prob = proximal_log_prob
         else:

@@ -155,22 +155,13 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
     if "adam_betas" in chosen and scaled["adam_betas"] is not None:
         setv(model, "model", "adam_betas", list(scaled["adam_betas"]))
     members = data.get("member_hparams")
-    if members:  # a group's per-member values follow the same rules, each member's by itself
-        members = {k: list(v) for k, v in dict(members).items()}
-        rule_of = {"lr": "lr", "proximal_com": "com", "advantage_norm_span": "adv_span", "adam_betas": "adam_betas"}
+    lengths = {len(v) if isinstance(v, (list, tuple)) else -1 for v in dict(members or {}).values()}
+    if members and len(lengths) == 1 and min(lengths) > 0:  # (malformed lists: the data module's validation says so)
+        members = {k: list(v) for k, v in dict(members).items()}  # each member's values by the same rules
+        per_member = [scale_member(c, {k: v[i] for k, v in members.items()}, chosen, model.get("optimizer", "adam"))
+                      for i in range(min(lengths))]
         for name, values in members.items():
-            if rule_of.get(name) not in chosen:
-                continue
-            if name == "adam_betas":
-                new = [list(batch_size_scaling(c, lr=1.0, proximal_com=None, adv_norm_span=1.0, adam_betas=tuple(v))
-                            ["adam_betas"]) for v in values]
-                report[f"data.member_hparams.{name}"] = {"from": values, "to": new}
-                members[name] = new
-                continue
-            key = {"advantage_norm_span": "adv_norm_span"}.get(name, name)
-            args = {"lr": 1.0, "proximal_com": None, "adv_norm_span": 1.0}
-            new = [None if v is None else batch_size_scaling(c, **{**args, key: float(v)},
-                                                             optimizer=model.get("optimizer", "adam"))[key] for v in values]
+            new = [m[name] for m in per_member]
             if new != values:
                 report[f"data.member_hparams.{name}"] = {"from": values, "to": new}
             members[name] = new
@@ -183,6 +174,29 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
         ppg["n_pi"] = scaled["ppg_n_pi"]
         model.ppg = ppg
     return report
+
+
+# A group member's own settings (names of ``data.member_hparams``) and the rule that scales each
+MEMBER_RULES = {"lr": "lr", "proximal_com": "com", "advantage_norm_span": "adv_span", "adam_betas": "adam_betas"}
+
+
+def scale_member(c: float, values: dict[str, Any], rules: Iterable[str], optimizer: str = "adam") -> dict[str, Any]:
+    """One group member's settings ``{name: value}`` (names of `MEMBER_RULES`; a null center of mass is
+    PPO's and stays null) after the chosen ``rules``, by `batch_size_scaling` as a single run's are."""
+    scaled = batch_size_scaling(
+        c,
+        lr=float(values.get("lr", 1.0)),
+        proximal_com=None if values.get("proximal_com") is None else float(values["proximal_com"]),
+        adv_norm_span=float(values.get("advantage_norm_span", 1.0)),
+        adam_betas=None if values.get("adam_betas") is None else tuple(values["adam_betas"]),
+        optimizer=optimizer,
+    )
+    out = dict(values)
+    for name, rule in MEMBER_RULES.items():
+        if name in values and values[name] is not None and rule in rules:
+            new = scaled[{"advantage_norm_span": "adv_norm_span"}.get(name, name)]
+            out[name] = list(new) if name == "adam_betas" else new
+    return out
 
 
 def _ppg_n_pi(model) -> int | None:

@@ -130,8 +130,6 @@ class PPOCLI(LightningCLI):
         fill_data_seed(cfg)
         if cfg.get("seeds") is not None:  # --seeds S is data.num_seeds
             cfg.data.num_seeds = cfg.seeds
-        if cfg.data.get("member_seeds") is not None and cfg.get("seeds") is None and cfg.data.num_seeds == 1:
-            cfg.data.num_seeds = len(cfg.data.member_seeds)
         if cfg.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
         if cfg.log_every_frames < 0:

@@ -377,8 +377,6 @@ class PPOLightningModule(pl.LightningModule):
             return batch  # supplied by the data side (staleness experiments)
         if self.proximal_source is not None:
             params = self.proximal_source.proximal_policy(batch.get(OBS_KEY))
-            if self.seed_group is not None:  # members whose anchor is the behavior policy (PPO members)
-                params = self.seed_group.behavior_anchor_params(params, [batch.get(k) for k in self.param_keys])
         else:
             params = [batch.get(k) for k in self.param_keys]  # proximal = behavior
         batch.set("proximal", TensorDict(dict(zip(self.param_keys, params)), batch_size=batch.batch_size))

@@ -32,8 +32,8 @@ Members with their own hyperparameters (``member_hparams``: `ppo_lightning.data.
   on the members' slices of the stacked parameters, gradients and moments (elementwise, so each
   member steps as Adam with its own settings; no extra pass over the parameters);
 - ``proximal_com``: one EWMA decay per member (`ppo_lightning.algos.proximal.ewma_update_`); a
-  member with null has the behavior policy as its anchor (PPO): its slice of the proximal
-  parameters is replaced by the behavior policy's in every minibatch, and the loss takes its
+  member with null has the behavior policy as its anchor (PPO): the loss module
+  (``behavior_anchor``) takes that member's anchor parameters from the behavior policy and its
   anchor log-prob from the (capped) behavior log-prob, so that the decoupled form is the
   standard one term by term, importance-ratio cap included;
 - ``advantage_norm_span``: the data side's (`ppo_lightning.data.seed_group`).
@@ -108,19 +108,11 @@ class SeedGroup:
     # ---------------------------------------------------------------- members' own hyperparameters
     def proximal_com(self, com: float | None) -> float | list[float] | None:
         """The EWMA's center of mass: the config's, or one per member (PPO members' EWMA is kept at 0,
-        unused: their anchor is the behavior policy, `behavior_anchor_params`)."""
+        unused: their anchor is the behavior policy, the loss module's ``behavior_anchor``)."""
         coms = self.member_hparams.get("proximal_com")
         if coms is None:
             return com
         return [0.0 if c is None else float(c) for c in coms]
-
-    def behavior_anchor_params(self, proximal: tuple[torch.Tensor, ...], behavior: list[torch.Tensor]) -> tuple:
-        """The proximal distribution parameters ``[S, B, ...]`` with the PPO members' slices replaced by
-        the behavior policy's (the same values: ``torch.where``)."""
-        mask = self.behavior_anchor
-        if mask is None:
-            return proximal
-        return tuple(torch.where(mask.view(-1, *([1] * (p.dim() - 1))), b.to(p.dtype), p) for p, b in zip(proximal, behavior))
 
     # ---------------------------------------------------------------- the loss
     def loss_and_stats(self, module, batch, terms: tuple[str, ...] = ("loss_objective", "loss_critic", "loss_entropy"),
