@@ -70,6 +70,7 @@ PPG = ["--config", str(ROOT / "experiments" / "minatar" / "ppg.yaml")]
 PPG_EWMA = PPG + ["--config", str(ROOT / "experiments" / "minatar" / "ppg_ewma.yaml")]
 BASE_LR = 5e-4
 BF16 = ["--trainer.precision", "bf16-mixed"]  # pinned where `auto` would now pick 32-true (minibatch < 128)
+FP32 = ["--trainer.precision", "32-true"]  # pinned: the same numbers on a CPU with or without bf16
 LR500K = 8 * BASE_LR  # the c = 1 lr picked by the lr500k sweep for 500k-frame runs (issue 19; docs/experiments/minatar-500k.md)
 MIN_SEEDS_FOR_CI = 5
 # issue 19: the 500k figures' R_ref is the 500k base (PPO-EWMA, c = 1, LR500K) run 4x as long
@@ -141,6 +142,10 @@ def _bsi500k_arms() -> dict[str, list[str]]:
     # closed ~40% of the c = 4 - c = 1 gap)
     for c in (16, 64):
         arms[f"c{c}_all_betas_{LR}"] = EWMA + ["--model.lr", str(LR500K), "--scale", str(c), "--scale_adam_betas", "true"] + BF16
+    # Table 5 at c = 64 in 32-true, the all-rules arm included (session 14: on an AVX2 host bf16-mixed ran this
+    # group 2.4x slower): each ablation is compared with all rules in its own precision, and c64_all_{LR}_fp32
+    # against the bf16-mixed c64_all_{LR} measures precision's effect at minibatch 8
+    arms |= {f"{name}_fp32": args + FP32 for name, args in _scaled_arms(64, LR500K).items()}
     # PPG-EWMA with all rules (n_pi x c too; vectorized groups since session 11); c = 1 is ewma500k's ppg_ewma arm
     for c in (4, 16, 64):
         arms[f"c{c}_ppg_ewma_{LR}"] = PPG_EWMA + ["--model.lr", str(LR500K), "--scale", str(c)] + (BF16 if c >= 16 else [])
@@ -217,6 +222,7 @@ FIGURES = {
                 "compare": [(f"c{a}_all_{LR}", f"c{b}_all_{LR}") for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]
                 # Table 5 at small batch: each rule removed, and PPO without EWMA, against all rules
                 + [(f"c{c}_{k}_{LR}", f"c{c}_all_{LR}") for c in (16, 64) for k in ABLATIONS]
+                + [(f"c64_{k}_{LR}_fp32", f"c64_all_{LR}_fp32") for k in ABLATIONS] + [(f"c64_all_{LR}_fp32", f"c64_all_{LR}")]
                 # half the base lr at c = 4, 16 against c = 1 (the clip fraction rose with c at the full lr)
                 + [(f"c{c}_all_lr{LR500K / 2 / BASE_LR:g}x", f"c1_all_{LR}") for c in (4, 16)]
                 + [(f"c{c}_all_betas_{LR}", f"c{c}_all_{LR}") for c in (16, 64)] + [(f"c64_all_betas_{LR}", f"c16_all_betas_{LR}")]
