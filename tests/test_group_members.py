@@ -238,3 +238,25 @@ def test_a_mixed_group_refuses_to_rescale_its_batch(tmp_path):
     with pytest.raises(ValueError, match="members have their own hyperparameters"):
         fit_main(BASE + ["--data.total_frames", "64", "--run_dir", str(tmp_path / "a"), "--data.num_envs", "4",
                          "--rescale", "true", "--ckpt_path", str(tmp_path / "a/checkpoints/last.ckpt")])
+
+
+def test_table5_at_c64_in_fp32_is_one_mixed_group_with_its_own_all_rules_arm():
+    """bsi500k's c = 64 Table 5 arms pinned to 32-true (all rules and the four ablations) share every
+    argument but the members' own values, so ``--mix`` trains them as one group; each removes exactly
+    its rule: lr 4e-3 / sqrt(64), EWMA COM 8 x 64, span 64, or the rule's c = 1 value (PPO: no EWMA)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import minatar_figures as mf
+
+    arms = {a: v for a, v in mf.FIGURES["bsi500k"]["arms"].items() if a.startswith("c64_") and a.endswith("_fp32")}
+    specs = {a.removeprefix("c64_").removesuffix("_lr8x_fp32"): mf.member_spec(v) for a, v in arms.items()}
+    assert set(specs) == {"all", "no_lr", "no_com", "no_adv_span", "ppo"}
+    assert len({tuple(shared) for shared, _ in specs.values()}) == 1
+    shared = specs["all"][0]
+    assert shared[shared.index("--trainer.precision") + 1] == "32-true"
+    values = {k: (v["lr"], v["proximal_com"], v["advantage_norm_span"]) for k, (_, v) in specs.items()}
+    assert values == {"all": (5e-4, 512.0, 64.0), "no_lr": (4e-3, 512.0, 64.0), "no_com": (5e-4, 8.0, 64.0),
+                      "no_adv_span": (5e-4, 512.0, 1.0), "ppo": (5e-4, None, 64.0)}
+    assert (f"c64_no_com_{mf.LR}_fp32", f"c64_all_{mf.LR}_fp32") in mf.FIGURES["bsi500k"]["compare"]
