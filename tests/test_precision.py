@@ -46,6 +46,21 @@ def test_auto_resolves_per_cpu(cpu, flags, capability, expected, why):
     assert hardware.resolve_trainer_precision(None, "cpu")[0] is None  # Lightning's default (32-true)
 
 
+def test_a_pinned_bf16_mixed_on_a_cpu_without_fast_bf16_is_kept_and_said_once(cpu, monkeypatch):
+    lines = []
+    monkeypatch.setattr(hardware, "_emit", lines.append)
+    monkeypatch.setattr(hardware, "_logged", set())
+    for flags, said in ((AMX, False), (AVX512_NO_AMX, True), (AVX2, True)):
+        cpu(flags)
+        lines.clear()
+        for _ in range(2):
+            assert prec.resolve("bf16-mixed", "cpu") == "bf16-mixed"
+        assert len(lines) == int(said), flags
+        if said:
+            assert "kept as set" in lines[0] and "32-true" in lines[0] and "\n" not in lines[0]
+    assert prec.resolve("32-true", "cpu") == "32-true" and not lines[1:]
+
+
 def test_auto_on_an_amx_cpu_is_32_true_for_small_minibatches(cpu, monkeypatch):
     """bf16's per-step weight casts outweigh its faster matmuls below 128 samples per step on a CPU
     (measured, docs/benchmarks/small-batch.md); GPUs are not affected."""

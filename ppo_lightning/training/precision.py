@@ -25,7 +25,8 @@ from typing import Any, Literal, Optional, Union
 import lightning.pytorch as pl
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 
-from ppo_lightning.core.hardware import TRAINER_PRECISIONS, log_choice, resolve_trainer_precision
+from ppo_lightning.core.hardware import (TRAINER_PRECISIONS, accelerator_device, bf16_faster_cpu, log_choice,
+                                         resolve_trainer_precision)
 
 _ALIAS_TO_TRAINER = {"fp32": "32-true", "bf16": "bf16-mixed", "auto": "auto"}
 DEPRECATION = ("{name} is deprecated: the precision is Lightning's --trainer.precision "
@@ -38,6 +39,12 @@ def resolve(precision: Any, accelerator: Any = "auto", minibatch_size: Optional[
     choice, reason = resolve_trainer_precision(precision, accelerator, minibatch_size)
     if precision == "auto":
         log_choice("trainer.precision auto", choice, reason)
+    elif precision == "bf16-mixed" and accelerator_device(accelerator).type == "cpu":
+        # kept as set, but said once: on a CPU without fast bf16 a pinned bf16-mixed run is the slow
+        # one (a c = 64 MinAtar group on AVX2: 2.0-2.6x slower, docs/benchmarks/small-batch.md)
+        fast, why = bf16_faster_cpu()
+        if not fast:
+            log_choice("trainer.precision bf16-mixed", "kept as set", f"but {why}: 32-true (what auto picks) is faster here")
     return choice
 
 
