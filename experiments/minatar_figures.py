@@ -146,6 +146,9 @@ def _bsi500k_arms() -> dict[str, list[str]]:
     # group 2.4x slower): each ablation is compared with all rules in its own precision, and c64_all_{LR}_fp32
     # against the bf16-mixed c64_all_{LR} measures precision's effect at minibatch 8
     arms |= {f"{name}_fp32": args + FP32 for name, args in _scaled_arms(64, LR500K).items()}
+    # and at c = 16 (minibatch 32) all rules in 32-true against the bf16-mixed arm: may an AVX2 host run the
+    # remaining c >= 16 arms in 32-true and compare them with the bf16-mixed ones?
+    arms |= {f"{name}_fp32": args + FP32 for name, args in _scaled_arms(16, LR500K, kinds=("all",)).items()}
     # PPG-EWMA with all rules (n_pi x c too; vectorized groups since session 11); c = 1 is ewma500k's ppg_ewma arm
     for c in (4, 16, 64):
         arms[f"c{c}_ppg_ewma_{LR}"] = PPG_EWMA + ["--model.lr", str(LR500K), "--scale", str(c)] + (BF16 if c >= 16 else [])
@@ -222,7 +225,7 @@ FIGURES = {
                 "compare": [(f"c{a}_all_{LR}", f"c{b}_all_{LR}") for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]
                 # Table 5 at small batch: each rule removed, and PPO without EWMA, against all rules
                 + [(f"c{c}_{k}_{LR}", f"c{c}_all_{LR}") for c in (16, 64) for k in ABLATIONS]
-                + [(f"c64_{k}_{LR}_fp32", f"c64_all_{LR}_fp32") for k in ABLATIONS] + [(f"c64_all_{LR}_fp32", f"c64_all_{LR}")]
+                + [(f"c64_{k}_{LR}_fp32", f"c64_all_{LR}_fp32") for k in ABLATIONS] + [(f"c{c}_all_{LR}_fp32", f"c{c}_all_{LR}") for c in (16, 64)]
                 # half the base lr at c = 4, 16 against c = 1 (the clip fraction rose with c at the full lr)
                 + [(f"c{c}_all_lr{LR500K / 2 / BASE_LR:g}x", f"c1_all_{LR}") for c in (4, 16)]
                 + [(f"c{c}_all_betas_{LR}", f"c{c}_all_{LR}") for c in (16, 64)] + [(f"c64_all_betas_{LR}", f"c16_all_betas_{LR}")]
