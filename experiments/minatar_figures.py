@@ -252,7 +252,7 @@ def base_args(game: str, frames: int, seed: int) -> list[str]:
 # ----------------------------------------------------------------------------------- CSV I/O
 RUN_FIELDS = ["figure", "arm", "game", "seed", "frames", "final_return", "auc_return", "iterations",
               "gradient_steps", "wall_s", "train_s", "B_simple", "grad_sq_mean", "trace_cov_mean", "minibatch_size",
-              "clip_fraction",
+              "clip_fraction", "cpu",
               "mlflow_run_id", "args"]
 
 
@@ -320,6 +320,7 @@ def sweep(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list
                "B_simple": round(noise, 1) if noise is not None else "",
                "grad_sq_mean": "" if g2 is None else f"{g2:.4g}", "trace_cov_mean": "" if tr is None else f"{tr:.4g}",
                "minibatch_size": r["minibatch_size"],
+               "cpu": cpu_label(),
                "clip_fraction": round(r.get("clip_fraction_mean", float("nan")), 4),
                "mlflow_run_id": r["run_id"], "args": json.dumps(args)}
         record_run(runs_csv, curves_csv, row, r["curve"])
@@ -430,6 +431,7 @@ def train_group(figure: str, game: str, frames: int, name: str, args: list[str],
                "B_simple": round(noise, 1) if noise is not None else "",
                "grad_sq_mean": "" if g2 is None else f"{g2:.4g}", "trace_cov_mean": "" if tr is None else f"{tr:.4g}",
                "minibatch_size": dm.minibatch_size,
+               "cpu": cpu_label(),
                "clip_fraction": round(sum(clip) / len(clip), 4) if clip else "",
                "mlflow_run_id": run_id,
                "args": json.dumps(base_args(game, frames, seed) + arms[arm])}  # the member's single-run equivalent
@@ -642,12 +644,12 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
         plot(figure, out, games, [a for a in arms if "_ppg_ewma_" in a], frames, name="bsi500k_ppg_ewma")
     if figure == "bsi500k":  # Table 5 at small batch (written once an ablation has runs)
         plot_differences(summary, out / "bsi500k_ablations.png", "Table 5 at 500k frames: each rule removed, and PPO "
-                         f"without EWMA (arm - all rules at that c; {' + '.join(games)} pooled)", lambda row: re.match(r"c\d+_(no_\w+|ppo)_lr", row))
+                         f"without EWMA (arm - all rules at that c; {' + '.join(games)} pooled)", lambda row: re.match(r"c\d+_(no_\w+|ppo)_lr", row), rows)
     if figure == "bsi":
         if any(a.endswith("_ppg_ewma") for a in arms):
             plot(figure, out, games, [a for a in arms if a.endswith("_ppg_ewma")], frames, name="bsi_ppg_ewma")
         plot_differences(summary, out / "bsi_ablations.png", "Table 5: each rule removed (arm - all rules at that c)",
-                         lambda row: "_no_" in row or "_ppo -" in row or "_betas -" in row)
+                         lambda row: "_no_" in row or "_ppo -" in row or "_betas -" in row, rows)
     if figure == "staleness":
         plot_staleness(summary, out / "staleness_vs_k.png")
     if figure == "klcom":
@@ -655,9 +657,12 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
     return summary
 
 
-def save_labelled(fig, path: Path) -> None:
-    """Write a figure with the CPU it was measured on in its corner (machines differ)."""
-    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
+def save_labelled(fig, path: Path, rows: list[dict] | None = None) -> None:
+    """Write a figure with the CPU it was measured on in its corner (machines differ): the CPUs of
+    ``rows`` (the runs it shows; their ``cpu`` column) when given, else this machine's."""
+    label = cpu_label() if rows is None else "runs on " + " + ".join(
+        sorted({r.get("cpu") or "CPU not recorded" for r in rows}))
+    fig.text(0.01, 0.005, label, fontsize=6)
     save_figure(fig, path)
 
 
@@ -665,7 +670,7 @@ def _summary_lookup(summary: list[dict]) -> dict[tuple[str, str], dict]:
     return {(r["row"], r["stat"]): r for r in summary}
 
 
-def plot_differences(summary: list[dict], path: Path, title: str, keep) -> None:
+def plot_differences(summary: list[dict], path: Path, title: str, keep, runs: list[dict] | None = None) -> None:
     """Horizontal bars: each selected comparison's AUC and final differences with 95% CIs."""
     rows = [r for r in summary if " - " in r["row"] and keep(r["row"])]
     if not rows:
@@ -683,7 +688,8 @@ def plot_differences(summary: list[dict], path: Path, title: str, keep) -> None:
         ax.axvline(0, color="grey", lw=0.8)
         ax.set(xlabel=f"difference in normalized {stat} (95% CI)", yticks=range(len(names)), yticklabels=names)
     axes[0].set_title(title, fontsize=9, loc="left")
-    save_labelled(fig, path)
+    shown = {arm for n in names for arm in n.split(" - ")}
+    save_labelled(fig, path, None if runs is None else [r for r in runs if r["arm"] in shown])
 
 
 def plot_staleness(summary: list[dict], path: Path) -> None:
@@ -732,7 +738,8 @@ def plot_grid(summary: list[dict], path: Path) -> None:
 
 def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int, points: int = 40,
          name: str | None = None) -> None:
-    finished = {run_key(r["arm"], r["game"], r["seed"]) for r in figure_rows(figure, out)}
+    runs = figure_rows(figure, out)
+    finished = {run_key(r["arm"], r["game"], r["seed"]) for r in runs}
     points_of: dict[tuple[str, str, int], dict[float, float]] = {}
     for c in figure_rows(figure, out, "curves"):
         key = run_key(c["arm"], c["game"], c["seed"])
@@ -767,7 +774,7 @@ def plot(figure: str, out: Path, games: list[str], arms: list[str], frames: int,
     ax.set(xlabel="environment frames", ylabel=f"normalized return (mean of {len(games)} games)",
            title=f"MinAtar {figure}: mean and 95% bootstrap CI over seeds")
     ax.legend(fontsize=7, ncol=2)
-    save_labelled(fig, out / f"{name or figure}.png")
+    save_labelled(fig, out / f"{name or figure}.png", [r for r in runs if r["arm"] in arms and r["game"] in games])
 
 
 def _step_value(pts: list[tuple[float, float]], x: float) -> float:

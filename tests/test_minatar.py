@@ -228,6 +228,7 @@ def test_quick_runs_of_the_figure_driver(tmp_path, monkeypatch):
             (row,) = list(csv.DictReader(f))
         assert row["arm"] == arm and '"--data.env_id", "minatar:breakout"' in row["args"] and row["B_simple"]
         assert '"--model.max_importance_ratio", "100"' in row["args"]  # the cap in every arm
+        assert row["cpu"] == minatar_figures.cpu_label()  # each run names the CPU it ran on
         assert (tmp_path / f"{figure}.png").exists() and (tmp_path / f"{figure}_summary.csv").exists()
         if figure == "staleness":  # 4096 frames = 8 iterations of 512: the 2 start-up rollouts not counted
             assert int(row["frames"]) == 4096 and int(row["iterations"]) == 8
@@ -240,6 +241,19 @@ def test_quick_runs_of_the_figure_driver(tmp_path, monkeypatch):
     row = [r for r in csv.DictReader(open(tmp_path / "bsi_runs.csv")) if r["arm"] == "c4_ppg_ewma"][0]
     assert "ppg_ewma.yaml" in row["args"] and int(row["minibatch_size"]) == 16
     assert int(row["gradient_steps"]) > 2 * int(row["iterations"])  # auxiliary-phase steps too
+
+
+def test_a_results_plot_is_labelled_with_its_runs_cpus_not_the_drawing_machines(tmp_path):
+    import minatar_figures
+
+    pyplot = minatar_figures.plt()
+    fig, _ = pyplot.subplots()
+    rows = [{"cpu": "CPU: B"}, {"cpu": "CPU: A"}, {"cpu": ""}, {"cpu": "CPU: A"}]
+    minatar_figures.save_labelled(fig, tmp_path / "runs.png", rows)
+    assert [t.get_text() for t in fig.texts] == ["runs on CPU not recorded + CPU: A + CPU: B"]
+    fig, _ = pyplot.subplots()
+    minatar_figures.save_labelled(fig, tmp_path / "probe.png")
+    assert [t.get_text() for t in fig.texts] == [minatar_figures.cpu_label()]
 
 
 @pytest.mark.parametrize("arch", ["dual", "shared", "detach"])
