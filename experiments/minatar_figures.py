@@ -143,7 +143,7 @@ def _bsi500k_arms() -> dict[str, list[str]]:
     for c in (16, 64):
         arms[f"c{c}_all_betas_{LR}"] = EWMA + ["--model.lr", str(LR500K), "--scale", str(c), "--scale_adam_betas", "true"] + BF16
     # Table 5 at c = 64 in 32-true, the all-rules arm included (session 14: on an AVX2 host bf16-mixed ran this
-    # group 2.4x slower): each ablation is compared with all rules in its own precision, and c64_all_{LR}_fp32
+    # group 1.9-2.6x slower): each ablation is compared with all rules in its own precision, and c64_all_{LR}_fp32
     # against the bf16-mixed c64_all_{LR} measures precision's effect at minibatch 8
     arms |= {f"{name}_fp32": args + FP32 for name, args in _scaled_arms(64, LR500K).items()}
     # and at c = 16 (minibatch 32) all rules in 32-true against the bf16-mixed arm: may an AVX2 host run the

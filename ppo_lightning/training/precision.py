@@ -41,7 +41,7 @@ def resolve(precision: Any, accelerator: Any = "auto", minibatch_size: Optional[
         log_choice("trainer.precision auto", choice, reason)
     elif precision == "bf16-mixed" and accelerator_device(accelerator).type == "cpu":
         # kept as set, but said once: on a CPU without fast bf16 a pinned bf16-mixed run is the slow
-        # one (a c = 64 MinAtar group on AVX2: 2.0-2.6x slower, docs/benchmarks/small-batch.md)
+        # one (a c = 64 MinAtar group on AVX2: 1.9-2.6x slower, docs/benchmarks/small-batch.md)
         fast, why = bf16_faster_cpu()
         if not fast:
             log_choice("trainer.precision bf16-mixed", "kept as set", f"but {why}: 32-true (what auto picks) is faster here")
