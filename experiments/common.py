@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import logging
 import math
 import os
@@ -188,6 +189,7 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
+@functools.cache  # the machine does not change within a process; a group row per member called lscpu each time
 def cpu_label() -> str:
     """``lscpu`` model name, core count and the ISA flags that matter for torch on CPU (for figures)."""
     import subprocess
