@@ -59,7 +59,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, RESULTS, cpu_label, finished, plt, run, save_figure, write_csv  # noqa: E402
-from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, seeds_needed  # noqa: E402
+from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, seeds_needed, t_ci, welch_diff_ci  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
 OUT = RESULTS / "minatar"
@@ -601,27 +601,28 @@ def analyze(figure: str, out: Path, compare: list[tuple[str, str]], target: floa
     for arm in arms:
         for which, stat in ((0, "auc"), (1, "final")):
             scores = list(pooled(arm, which).values())
-            m, lo, hi = bootstrap_ci(scores)
+            # below MIN_SEEDS_FOR_CI seeds a percentile bootstrap understates the spread: a t interval
+            m, lo, hi = bootstrap_ci(scores) if len(scores) >= MIN_SEEDS_FOR_CI else t_ci(scores)
             sd = float(np.std(scores, ddof=1)) if len(scores) > 1 else float("nan")
             noise = [float(r["B_simple"]) for r in rows if r["arm"] == arm and r.get("B_simple")]
             summary.append({"figure": figure, "row": arm, "stat": stat, "n_seeds": len(scores), "mean": m, "ci_low": lo,
                             "ci_high": hi, "sd": sd, "seeds_for_0.05": seeds_needed(sd, target) if math.isfinite(sd) else "",
                             "B_simple_median": float(np.median(noise)) if noise else "",
                             "minibatch_size": next((r["minibatch_size"] for r in rows if r["arm"] == arm), ""),
-                            "verdict": "" if len(scores) >= MIN_SEEDS_FOR_CI else f"n={len(scores)} < {MIN_SEEDS_FOR_CI}: CI not reliable"})
+                            "verdict": "" if len(scores) >= MIN_SEEDS_FOR_CI else f"n={len(scores)} < {MIN_SEEDS_FOR_CI}: t interval"})
             print(f"  {arm:18s} {stat:5s} {m:7.3f} [{lo:7.3f}, {hi:7.3f}] sd {sd:.3f} n={len(scores)}")
     for a, b in compare:
         for which, stat in ((0, "auc"), (1, "final")):
             pa, pb = pooled(a, which), pooled(b, which)
             if len(pa) < 2 or len(pb) < 2:
                 continue
-            d, lo, hi = bootstrap_diff_ci(list(pa.values()), list(pb.values()))
             sd = float(np.sqrt((np.var(list(pa.values()), ddof=1) + np.var(list(pb.values()), ddof=1)) / 2))
             n = min(len(pa), len(pb))
             # a percentile bootstrap over fewer than 5 seeds understates the uncertainty (it can only
-            # resample the few values seen): such a CI never counts as resolved
-            verdict = "resolved" if hi - lo <= 2 * target and n >= MIN_SEEDS_FOR_CI else (
-                "not resolved" if n >= MIN_SEEDS_FOR_CI else f"n={n} < {MIN_SEEDS_FOR_CI}: CI not reliable")
+            # resample the few values seen): below that, Welch's t interval, named in the verdict
+            small = n < MIN_SEEDS_FOR_CI
+            d, lo, hi = (welch_diff_ci if small else bootstrap_diff_ci)(list(pa.values()), list(pb.values()))
+            verdict = ("resolved" if hi - lo <= 2 * target else "not resolved") + (f" (Welch t, n={n})" if small else "")
             summary.append({"figure": figure, "row": f"{a} - {b}", "stat": stat, "n_seeds": min(len(pa), len(pb)),
                             "mean": d, "ci_low": lo, "ci_high": hi, "sd": sd,
                             "seeds_for_0.05": seeds_needed(sd, target, arms=2), "B_simple_median": "",

@@ -7,8 +7,11 @@ i.e. the area under the learning curve divided by its length) and the *final nor
 over games of its per-game normalized statistic, and seeds are resampled (the same seed indices for
 every game: a bootstrap sample draws seeds, each carrying its result on every game).
 
-Pure numpy; no plotting. ``bootstrap_ci`` for one arm, ``bootstrap_diff_ci`` for the difference of
-two arms (independent seeds per arm), ``seeds_needed`` for the seed count from a pilot sd.
+Pure numpy (scipy for t quantiles); no plotting. ``bootstrap_ci`` for one arm, ``bootstrap_diff_ci``
+for the difference of two arms (independent seeds per arm), ``seeds_needed`` for the seed count from a
+pilot sd. Below 5 seeds a percentile bootstrap can only resample the few values seen and its CI is too
+narrow; ``t_ci`` and ``welch_diff_ci`` give Student / Welch t intervals for those (exact for normal
+seed scores, and wide at n = 2-4 as they should be).
 """
 
 from __future__ import annotations
@@ -55,6 +58,36 @@ def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], n_boot: int = 10_0
     db = b[rng.integers(0, b.size, size=(n_boot, b.size))].mean(1)
     lo, hi = np.quantile(da - db, [alpha / 2, 1 - alpha / 2])
     return float(a.mean() - b.mean()), float(lo), float(hi)
+
+
+def t_ci(x: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:
+    """``(mean, low, high)``: Student t interval of the mean, ``mean +- t(1 - alpha/2, n - 1) s / sqrt(n)``."""
+    from scipy.stats import t
+
+    x = np.asarray([v for v in x if math.isfinite(v)], dtype=float)
+    if x.size < 2:
+        return (float(x[0]) if x.size else float("nan")), float("nan"), float("nan")
+    half = t.ppf(1 - alpha / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+def welch_diff_ci(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:
+    """``(mean(a) - mean(b), low, high)``: Welch's t interval (unequal variances), with the
+    Welch-Satterthwaite degrees of freedom ``(va + vb)^2 / (va^2 / (na - 1) + vb^2 / (nb - 1))``,
+    ``va = s_a^2 / n_a``."""
+    from scipy.stats import t
+
+    a = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
+    b = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
+    d = float(a.mean() - b.mean()) if a.size and b.size else float("nan")
+    if a.size < 2 or b.size < 2:
+        return d, float("nan"), float("nan")
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return d, d, d
+    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    half = t.ppf(1 - alpha / 2, dof) * math.sqrt(va + vb)
+    return d, d - half, d + half
 
 
 def seeds_needed(sd: float, half_width: float = 0.05, arms: int = 1) -> int:

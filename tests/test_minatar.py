@@ -172,6 +172,27 @@ def test_bootstrap_ci_and_seed_count_on_a_known_case():
     assert final_value([(10, 0.0), (50, 1.0), (95, 3.0), (100, 5.0)], 100) == pytest.approx(4.0)
 
 
+def test_small_seed_counts_get_t_intervals():
+    """Below 5 seeds the driver's CIs are Student / Welch t intervals: a hand-computed case and scipy's
+    own Welch test as oracles, and at n = 3 they are wider than the percentile bootstrap."""
+    from scipy.stats import ttest_ind
+    from stats import bootstrap_diff_ci, t_ci, welch_diff_ci
+
+    # [1, 2, 3]: mean 2, s = 1, t(0.975, 2) = 4.3027 -> 2 +- 4.3027 / sqrt(3) = 2 +- 2.4841
+    m, lo, hi = t_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and (lo, hi) == (pytest.approx(2 - 2.4841, abs=1e-4), pytest.approx(2 + 2.4841, abs=1e-4))
+    # against a constant arm, Welch reduces to the one-sample interval (dof n_a - 1)
+    assert welch_diff_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])[1:] == pytest.approx((2 - 2.4841, 2 + 2.4841), abs=1e-4)
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(0.2, 0.05, 3), rng.normal(0.1, 0.02, 4)
+    d, lo, hi = welch_diff_ci(a, b)
+    ci = ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert d == pytest.approx(a.mean() - b.mean()) and (lo, hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    _, blo, bhi = bootstrap_diff_ci(a, b)
+    assert hi - lo > bhi - blo
+    assert welch_diff_ci([1.0], [0.0, 1.0])[1] != welch_diff_ci([1.0], [0.0, 1.0])[1]  # nan: one seed has no interval
+
+
 def test_noise_scale_recovers_a_known_gradient_noise():
     """Minibatch gradients g_i = G + noise/sqrt(b) with per-sample covariance s^2 I: B_simple = P s^2 / |G|^2."""
     from ppo_lightning.training.noise_scale import noise_scale_terms
@@ -340,7 +361,12 @@ def test_500k_figures_are_normalized_by_the_500k_base_reference(tmp_path, monkey
                       mf.RUN_FIELDS)
     summary = {(r["row"], r["stat"]): r for r in mf.analyze("ewma500k", tmp_path, [(ewma, ppo)])}
     assert summary[(ppo, "final")]["mean"] == pytest.approx(0.3)  # ((2.5 - 0.5) / 10 + (4.5 - 0.5) / 10) / 2
-    assert summary[(f"{ewma} - {ppo}", "final")]["mean"] == pytest.approx(0.4)
+    diff = summary[(f"{ewma} - {ppo}", "final")]
+    assert diff["mean"] == pytest.approx(0.4)
+    # 2 seeds per arm: Welch's t interval (the bootstrap would give [0.4, 0.4]), and the verdict says so
+    from stats import welch_diff_ci
+    assert (diff["ci_low"], diff["ci_high"]) == pytest.approx(welch_diff_ci([0.6, 0.8], [0.2, 0.4])[1:])
+    assert diff["verdict"] == "not resolved (Welch t, n=2)"
     assert (tmp_path / "ewma500k.png").exists()
 
 
