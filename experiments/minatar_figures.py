@@ -395,12 +395,24 @@ def sweep_grouped(figure: str, arms: dict[str, list[str]], games: list[str], see
     sweep(figure, arms, games, seeds, frames, out, tracking_uri, run_root)  # the rest, one run per seed
 
 
+def earlier_attempts_s(client, experiment_id: str, name: str, current_run_id: str, since_s: float) -> float:
+    """Seconds trained by the earlier attempts of a group that was stopped and continued: each attempt
+    logs to a new MLflow run of the group's name (its members' runs carry on), whose last
+    ``time/elapsed_s`` is what it trained, lost work after its last checkpoint included. Attempts of
+    before ``since_s`` (the group's start: its ``group_args.json``) belong to a set-aside group."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.runName = '{name}' "
+                              f"and attributes.start_time >= {int(since_s * 1000)}")
+    return sum(max((m.value for m in client.get_metric_history(r.info.run_id, "time/elapsed_s")), default=0.0)
+               for r in runs if r.info.run_id != current_run_id)
+
+
 def train_group(figure: str, game: str, frames: int, name: str, args: list[str], members: list[tuple[str, int]],
                 arms: dict[str, list[str]], out: Path, tracking_uri: str, run_root: Path) -> None:
     """Train one vectorized group (``fit`` with ``args``; continuing a killed attempt with the same
     arguments from its checkpoints, `group_resume_args`), write one row per member ``(arm, seed)`` from
-    the member's own MLflow run (``wall_s``/``train_s``: the group's time / the number of members),
-    then drop its checkpoints (recorded: nothing left to resume)."""
+    the member's own MLflow run (``wall_s``/``train_s``: the group's time over all its attempts,
+    `earlier_attempts_s`, / the number of members), then drop its checkpoints (recorded: nothing left
+    to resume)."""
     from ppo_lightning.cli.fit import fit_main
 
     run_dir = run_root / f"minatar-{figure}" / name
@@ -412,7 +424,9 @@ def train_group(figure: str, game: str, frames: int, name: str, args: list[str],
     runs_csv, curves_csv = out / f"{figure}_runs.csv", out / f"{figure}_curves.csv"
     client, dm = cli.trainer.logger.experiment, cli.datamodule
     elapsed = client.get_metric_history(cli.trainer.logger.run_id, "time/elapsed_s")
-    train_s = elapsed[-1].value if elapsed else wall
+    earlier = earlier_attempts_s(client, cli.trainer.logger.experiment_id, name, cli.trainer.logger.run_id,
+                                 (run_dir / "group_args.json").stat().st_mtime)
+    wall, train_s = wall + earlier, (elapsed[-1].value if elapsed else wall) + earlier
     for (arm, seed), run_id in zip(members, cli.model.seed_group.runs.run_ids):
         def history(key):
             return {m.step: m.value for m in client.get_metric_history(run_id, key)}

@@ -390,6 +390,36 @@ def test_a_run_stopped_by_a_signal_is_not_recorded(tmp_path, monkeypatch):
         assert stop.value.code == 143 and not (tmp_path / "lr500k_runs.csv").exists()
 
 
+def test_a_continued_group_counts_the_time_of_its_earlier_attempts(tmp_path):
+    """A group stopped and continued logs each attempt to a new MLflow run of its name: the budget
+    (wall_s, train_s) sums them; another group's runs, and those of a set-aside attempt (started
+    before the group's stamp), are not counted."""
+    import time
+
+    import minatar_figures as mf
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("minatar-bsi500k")
+
+    def attempt(name, elapsed):
+        run = client.create_run(exp, run_name=name)
+        for step, value in enumerate(elapsed):
+            client.log_metric(run.info.run_id, "time/elapsed_s", value, step=step)
+        return run.info.run_id
+
+    attempt("g", [5.0, 50.0])  # set aside: before the stamp
+    time.sleep(0.05)
+    since = time.time()
+    time.sleep(0.05)
+    attempt("g", [10.0, 100.0, 120.0])  # stopped after 120 s
+    attempt("g", [1.0, 30.0])  # stopped again
+    attempt("other", [1000.0])
+    current = attempt("g", [7.0])
+    assert mf.earlier_attempts_s(client, exp, "g", current, since) == pytest.approx(150.0)
+    assert mf.earlier_attempts_s(client, exp, "g", current, 0.0) == pytest.approx(200.0)
+
+
 def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
     """A vectorized group of the figure driver checkpoints as it trains; stopped mid-run (SIGTERM: the
     sweep exits 143, no rows), a rerun of the sweep continues it from last.ckpt and records the same
