@@ -33,9 +33,14 @@ def pooled_scores(per_game: dict[str, Sequence[float]]) -> np.ndarray:
     return np.nanmean(arr, axis=0)
 
 
+def _finite(x: Sequence[float]) -> np.ndarray:
+    """The finite values of ``x`` (a seed without a result is nan) as a float array."""
+    return np.asarray([v for v in x if math.isfinite(v)], dtype=float)
+
+
 def bootstrap_ci(x: Sequence[float], n_boot: int = 10_000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float, float]:
     """``(mean, low, high)``: percentile bootstrap over seeds of the mean of ``x``."""
-    x = np.asarray([v for v in x if math.isfinite(v)], dtype=float)
+    x = _finite(x)
     if x.size == 0:
         return float("nan"), float("nan"), float("nan")
     if x.size == 1:
@@ -49,8 +54,8 @@ def bootstrap_ci(x: Sequence[float], n_boot: int = 10_000, alpha: float = 0.05, 
 def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], n_boot: int = 10_000, alpha: float = 0.05,
                       seed: int = 0) -> tuple[float, float, float]:
     """``(mean(a) - mean(b), low, high)``: seeds of ``a`` and ``b`` resampled independently."""
-    a = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
-    b = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
+    a = _finite(a)
+    b = _finite(b)
     if a.size < 2 or b.size < 2:
         return float(a.mean() - b.mean()) if a.size and b.size else float("nan"), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
@@ -64,7 +69,7 @@ def t_ci(x: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:
     """``(mean, low, high)``: Student t interval of the mean, ``mean +- t(1 - alpha/2, n - 1) s / sqrt(n)``."""
     from scipy.stats import t
 
-    x = np.asarray([v for v in x if math.isfinite(v)], dtype=float)
+    x = _finite(x)
     if x.size < 2:
         return (float(x[0]) if x.size else float("nan")), float("nan"), float("nan")
     half = t.ppf(1 - alpha / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
@@ -77,8 +82,8 @@ def welch_diff_ci(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -
     ``va = s_a^2 / n_a``."""
     from scipy.stats import t
 
-    a = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
-    b = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
+    a = _finite(a)
+    b = _finite(b)
     d = float(a.mean() - b.mean()) if a.size and b.size else float("nan")
     if a.size < 2 or b.size < 2:
         return d, float("nan"), float("nan")
