@@ -152,6 +152,9 @@ def _bsi500k_arms() -> dict[str, list[str]]:
     # PPG-EWMA with all rules (n_pi x c too; vectorized groups since session 11); c = 1 is ewma500k's ppg_ewma arm
     for c in (4, 16, 64):
         arms[f"c{c}_ppg_ewma_{LR}"] = PPG_EWMA + ["--model.lr", str(LR500K), "--scale", str(c)] + (BF16 if c >= 16 else [])
+    # and c = 4 from half the base lr: PPG-EWMA's c = 4 led c = 1 too, with a higher clip fraction; does the
+    # half-lr test that closed PPO-EWMA's gap close it here as well?
+    arms[f"c4_ppg_ewma_lr{LR500K / 2 / BASE_LR:g}x"] = PPG_EWMA + ["--model.lr", str(LR500K / 2), "--scale", "4"]
     return arms
 
 
@@ -230,7 +233,8 @@ FIGURES = {
                 + [(f"c{c}_all_lr{LR500K / 2 / BASE_LR:g}x", f"c1_all_{LR}") for c in (4, 16)]
                 + [(f"c{c}_all_betas_{LR}", f"c{c}_all_{LR}") for c in (16, 64)] + [(f"c64_all_betas_{LR}", f"c16_all_betas_{LR}")]
                 # Fig. 2/3 for PPG-EWMA
-                + [(f"c{a}_ppg_ewma_{LR}", f"c{b}_ppg_ewma_{LR}") for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]},
+                + [(f"c{a}_ppg_ewma_{LR}", f"c{b}_ppg_ewma_{LR}") for a, b in ((4, 1), (16, 1), (16, 4), (64, 16), (64, 1))]
+                + [(f"c4_ppg_ewma_lr{LR500K / 2 / BASE_LR:g}x", f"c{c}_ppg_ewma_{LR}") for c in (1, 4)]},
 }
 QUICK_ARMS = {"ewma": "ppo,ppo_ewma", "bsi": "c1_all,c4_all,c4_no_lr", "staleness": "k0,k2_behavior,k2_decoupled",
               "klcom": "beta1_com8", "reference": "ppo", "lr500k": "c1_lr4x",
