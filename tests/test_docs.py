@@ -147,3 +147,67 @@ def test_browser_renders_landing_and_api_page(site, tmp_path):
             assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a rendered page, not a blank one
     finally:
         server.shutdown()
+
+
+# --- the pages state the current truth --------------------------------------------------------------
+
+def _pages() -> list[Path]:
+    """Every Markdown page of the site, and the READMEs that are pages or sit beside the code."""
+    return sorted({*ROOT.glob("docs/**/*.md"), ROOT / "README.md", *ROOT.glob("experiments/**/README.md"),
+                   *ROOT.glob("benchmarks/**/*.md")})
+
+
+# Words of a work log: the order in which things were found (sessions, passes, looks, "so far"), not
+# what is true now. History belongs to git and the issue tracker.
+WORK_LOG = re.compile(
+    r"\bsessions?\b|\bso far\b|\bin progress\b|\bwork in progress\b|\bfor now\b|\bat the time of writing\b"
+    r"|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|last|earlier|later|next|this|previous) (?:pass|look)(?:es|s)?\b"
+    r"|\b(?:pass|look) \d+\b|\b(?:before|after) this issue\b|\bthis issue\b|\bTODO\b|\bFIXME\b", re.I)
+# A measured speed or duration: a number with a unit of throughput or time per thing.
+FIGURE = re.compile(r"\d[\d,.]*\s*(?:k\s*)?(?:frames/s|steps/s|samples/s|GFLOP/s|it/s"
+                    r"|(?:ms|us|µs|s|min|h) per (?:frame|step|iteration|call|sample|gradient step|minibatch|update))")
+# What names a machine: a CPU model or one of the labels of docs/benchmarks/index.md, or a GPU.
+MACHINE = re.compile(r"EPYC|Xeon|AVX2|AVX-512|AMX|Apple M\d|Ryzen|Core i\d|H100|H200|A100|L4\b|RTX|GPU", re.I)
+REPO_PATH = re.compile(r"(?<![\w/.(-])((?:benchmarks|experiments|ppo_lightning|tests|docs|\.ci)/[\w./-]*\w)(::\w+)?")
+
+
+def test_no_page_reads_as_a_work_log():
+    found = [f"{page.relative_to(ROOT)}:{i}: {m.group(0)!r}" for page in _pages()
+             for i, line in enumerate(page.read_text().splitlines(), 1) for m in WORK_LOG.finditer(line)]
+    nav = (ROOT / "mkdocs.yml").read_text()
+    found += [f"mkdocs.yml: {m.group(0)!r}" for m in WORK_LOG.finditer(nav.split("\nnav:", 1)[1])]
+    assert not found, "work-log wording (state the current truth; history is in git):\n" + "\n".join(found)
+
+
+def test_every_page_with_measured_figures_names_the_machine():
+    silent = [str(page.relative_to(ROOT)) for page in _pages()
+              if FIGURE.search(page.read_text()) and not MACHINE.search(page.read_text())]
+    assert not silent, f"pages with speed figures that name no CPU or GPU: {silent}"
+
+
+def test_repository_paths_named_by_the_pages_exist():
+    """A path such as `benchmarks/small_batch.py` or `tests/test_x.py::test_y` names a file (and test)
+    that exists: a renamed or deleted file leaves no dangling reference."""
+    missing = []
+    for page in _pages():
+        for m in REPO_PATH.finditer(page.read_text()):
+            path, test = m.group(1), m.group(2)
+            if re.search(r"[<>*{}$]|\.\.\.", page.read_text()[m.start():m.end() + 1]) or path.startswith("docs/api/"):
+                continue
+            target = ROOT / path
+            if not target.exists() and (ROOT / path.rstrip(".")).exists():
+                target = ROOT / path.rstrip(".")
+            if not target.exists():
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+            elif test and f"def {test[2:]}(" not in target.read_text():
+                missing.append(f"{page.relative_to(ROOT)}: {path}{test}")
+    assert not missing, "pages name repository files or tests that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_honesty_checks_can_fail():
+    """Positive controls of the three checks above."""
+    assert WORK_LOG.search("measured in session 14") and WORK_LOG.search("the fourth pass")
+    assert WORK_LOG.search("MinAtar (issue 19, in progress)") and not WORK_LOG.search("the clipping passes 1e-3")
+    assert FIGURE.search("PPO ran at 11,521 frames/s") and FIGURE.search("3.4 ms per gradient step")
+    assert not MACHINE.search("PPO ran at 11,521 frames/s") and MACHINE.search("AMD EPYC, AVX2 only")
+    assert [m.group(1) for m in REPO_PATH.finditer("see `benchmarks/results/gone.txt`.")] == ["benchmarks/results/gone.txt"]

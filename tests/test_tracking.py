@@ -142,3 +142,90 @@ def test_new_sqlite_store_opened_by_concurrent_runs(tmp_path):
         errors = pending.get(timeout=120)
     assert errors == [None] * 4
     assert len(mlflow.MlflowClient(tracking_uri=uri).search_experiments(filter_string="name = 'concurrent'")) == 1
+
+
+def test_view_hints_fit_the_tracking_uri():
+    """A server is opened at the run's own URL; a local store is served by `mlflow ui` first. Both URLs
+    carry the model-training view (MLflow's UI keeps its GenAI toggle in the browser otherwise)."""
+    from ppo_lightning.training.tracking import view_hints
+
+    assert view_hints("http://127.0.0.1:5055/", "3", "abc") == [
+        "  open: http://127.0.0.1:5055/#/experiments/3/runs/abc?workflowType=machine_learning"]
+    assert view_hints("sqlite:///mlflow.db", "1", "abc") == [
+        "  view with: mlflow ui --backend-store-uri sqlite:///mlflow.db",
+        "  then open: http://127.0.0.1:5000/#/experiments/1/runs/abc?workflowType=machine_learning"]
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _page_text(browser: str, url: str, profile: Path) -> str:
+    """The text of ``url`` after 15 s of the page's (virtual) time, in a fresh headless Chromium."""
+    import html
+    import re
+    import subprocess
+
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-extensions",
+         f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = re.sub(r"<script.*?</script>|<style.*?</style>", "", proc.stdout, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " | ", page))
+
+
+def test_printed_run_url_opens_the_training_view_in_a_browser(tmp_path, capsys):
+    """Train against an MLflow server, open the URL the run prints in a fresh browser: the run's page,
+    in the model-training view (the side bar's Runs / Model registry, not the GenAI "Evaluation runs").
+    Negative control: the same page without the query opens in the GenAI view (mlflow/mlflow#24498)."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no Chromium binary (chromium) on this machine: install it with "
+                    "`apt-get install -y chromium` (.ci/run does) to open the printed run URL in a browser")
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+         "--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+        assert main([*ARGS, "--data.total_frames", "64", "--mlflow.tracking_uri", uri, "--mlflow.experiment", "t",
+                     "--run_dir", str(tmp_path / "run")]) == 0
+        lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+        url = next(line.removeprefix("open: ") for line in lines if line.startswith("open: "))
+        assert url.startswith(f"{uri}/#/experiments/") and url.endswith("?workflowType=machine_learning"), url
+        assert not [line for line in lines if "mlflow ui" in line]  # a server is not served again
+
+        text = _page_text(browser, url, tmp_path / "profile")
+        assert "episode/return_mean20" in text, text[:3000]  # the run's own page, with its metrics
+        assert "Model registry" in text and "Evaluation runs" not in text, text[:3000]
+        genai = _page_text(browser, url.removesuffix("?workflowType=machine_learning"), tmp_path / "profile2")
+        assert "Evaluation runs" in genai, genai[:3000]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)

@@ -35,7 +35,7 @@ from ppo_lightning.training.callbacks import (
 from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
 from ppo_lightning.training.precision import PPOTrainer
-from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger
+from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger, view_hints
 from ppo_lightning.core.faults import TrainingFault
 from ppo_lightning.algos import scaling
 from ppo_lightning.algos import staleness
@@ -375,7 +375,8 @@ class PPOCLI(LightningCLI):
         if isinstance(logger, SafeMLFlowLogger) and not logger.failed:
             continued = " (continued)" if logger.resumed else ""
             print(f"mlflow run: {run_id}{continued} in {logger.tracking_uri} (experiment {logger.experiment_name})")
-            print(f"  view with: mlflow ui --backend-store-uri {logger.tracking_uri}")
+            for line in view_hints(logger.tracking_uri, logger.experiment_id, run_id):
+                print(line)
 
 
 def resolve_config_precision(cfg) -> None:

@@ -35,6 +35,30 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
+# MLflow 3.x's UI keeps its GenAI / model-training toggle in the browser's local storage and does not
+# reconcile it with the experiment's kind (mlflow/mlflow#24498); this query in the page URL wins.
+TRAINING_VIEW_QUERY = "workflowType=machine_learning"
+# where `mlflow ui` serves by default
+MLFLOW_UI_URL = "http://127.0.0.1:5000"
+
+
+def run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
+    """The page of one run in the MLflow UI served at ``ui_url``, in its model-training view."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW_QUERY}"
+
+
+def view_hints(tracking_uri: str, experiment_id: str, run_id: str) -> list[str]:
+    """How to look at a finished run, for its tracking URI: a tracking server (``http(s)://``) is
+    opened in a browser at the run's URL; a local store (``sqlite:///...``, a folder) is served by
+    ``mlflow ui`` first, then the run's URL under ``mlflow ui``'s default address."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return [f"  open: {run_url(tracking_uri, experiment_id, run_id)}"]
+    if tracking_uri.startswith("databricks"):
+        return []
+    return [f"  view with: mlflow ui --backend-store-uri {tracking_uri}",
+            f"  then open: {run_url(MLFLOW_UI_URL, experiment_id, run_id)}"]
+
+
 def _warn(message: str) -> None:
     print(f"[ppo-lightning] {message}", file=sys.stderr, flush=True)
 
