@@ -11,7 +11,8 @@ from tensordict import TensorDict
 
 from ppo_lightning.cli.fit import fit_main, main
 from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
-from ppo_lightning.training.diagnostics import SmallBatchDiagnostics, clip_fraction_problem, std_oscillation
+from ppo_lightning.training.diagnostics import (SmallBatchDiagnostics, clip_fraction_problem, std_oscillation,
+                                                std_relative_error)
 from ppo_lightning.nets.models import ActorCritic, make_distribution
 from ppo_lightning.algos.staleness import StalenessQueue, relabel, validate_staleness
 
@@ -139,35 +140,62 @@ def test_diagnostics_thresholds_and_warn_once():
     assert clip_fraction_problem(0.15, 1) == "high" and clip_fraction_problem(0.15, 3) is None
     assert clip_fraction_problem(0.25, 3) == "high" and clip_fraction_problem(0.05, 1) is None
     assert std_oscillation([1.0, 5.0, 0.4]) == pytest.approx(12.5) and std_oscillation([2.0]) == 1.0
+    # minibatch stds 1 +- 0.5 (sd 0.5 over 4 minibatches): the batch's std is off by 0.5 / sqrt(4) = 25%,
+    # an EWMA over 4 iterations halves it
+    assert std_relative_error([0.5, 1.5, 0.5, 1.5], 4) == pytest.approx(0.5 / 3**0.5 * 2 / 2)
+    assert std_relative_error([0.5, 1.5, 0.5, 1.5], 4, span=4) == pytest.approx(0.5 / 3**0.5 / 2)
+    assert math.isnan(std_relative_error([1.0], 4)) and math.isnan(std_relative_error([1.0, 2.0], 1))
 
-    class DM:
-        update_epochs, iteration = 1, 0
 
-        class advantage_moments:
-            history = []
+class _DM:
+    update_epochs, num_minibatches, normalize_advantage, iteration = 1, 4, True, 0
 
-    class M:
-        hparams = {"objective": "clip"}
-        _stat_names = ["clip_fraction"]
-        _step_stats = [torch.tensor([0.5])]
-        logged = {}
+    def __init__(self):
+        self.advantage_moments = type("Moments", (), {"history": [], "span": 1.0})()
 
-        def log_dict(self, d, **kw):
-            self.logged.update(d)
 
-    class T:
-        datamodule = DM()
+class _M:
+    hparams = {"objective": "clip"}
+    _stat_names = ["clip_fraction"]
+    _step_stats = [torch.tensor([0.5])]
 
-    cb, m = SmallBatchDiagnostics(warmup=2), M()
+    def __init__(self):
+        self.logged = {}
+
+    def log_dict(self, d, **kw):
+        self.logged.update(d)
+
+
+def _run_diagnostics(minibatch_size, history, iterations=24, seed=0):
+    """Iterations of 4 minibatches of heavy-tailed advantages (Student t, 3 dof) through the callback."""
+    g = torch.Generator().manual_seed(seed)
+    trainer = type("T", (), {"datamodule": _DM(), "world_size": 1})()
+    cb, m = SmallBatchDiagnostics(warmup=2), _M()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for i in range(6):
-            T.datamodule.iteration = i + 1
-            DM.advantage_moments.history.append(1.0 if i % 2 else 20.0)
-            cb.on_train_epoch_end(T(), m)
-    messages = [str(w.message) for w in caught]
+        for i in range(iterations):
+            trainer.datamodule.iteration = i + 1
+            for b in range(4):
+                adv = torch.distributions.StudentT(3.0).sample((minibatch_size,))
+                cb.on_train_batch_start(trainer, m, {"advantage": adv}, b)
+            trainer.datamodule.advantage_moments.history.append(history(i))
+            cb.on_train_epoch_end(trainer, m)
+    return [str(w.message) for w in caught], m.logged
+
+
+def test_diagnostics_warn_once_about_a_noisy_small_batch():
+    messages, logged = _run_diagnostics(minibatch_size=4, history=lambda i: 1.0)
     assert sum("clip fraction" in s for s in messages) == 1 and sum("advantage-std" in s for s in messages) == 1
-    assert m.logged["diagnostics/adv_std_oscillation"] == pytest.approx(20.0)
+    assert logged["diagnostics/adv_std_error"] > 0.25
+
+
+def test_diagnostics_accept_a_large_batch_whose_advantage_scale_moves():
+    """A healthy run (CartPole's default: 256 samples per iteration) whose advantage scale falls 20x
+    when the policy first survives a whole rollout: logged as oscillation, no advantage-std warning."""
+    messages, logged = _run_diagnostics(minibatch_size=64, history=lambda i: 20.0 if i < 12 else 1.0, iterations=16)
+    assert not [s for s in messages if "advantage-std" in s], messages
+    assert logged["diagnostics/adv_std_oscillation"] == pytest.approx(20.0)
+    assert logged["diagnostics/adv_std_error"] < 0.25
 
 
 @pytest.mark.parametrize("scale", [1, 16, 0.5])

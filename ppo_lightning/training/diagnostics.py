@@ -6,14 +6,21 @@ Two quantities tell whether a (small) batch size is healthy:
   the paper's runs sit around 1%-10%. Far below 1% (default threshold 0.1%) the clipping never acts
   and the step size could grow; above 10% with one epoch (20% with several) the policy moves too far
   per iteration, typically because the learning rate was not scaled down with the batch;
-* the **advantage-std estimate** used for advantage normalization
-  (`ppo_lightning.algos.advantages.AdvantageMoments.history`, one value per iteration): with small batches
-  and per-batch normalization it oscillates, which rescales the policy gradient from iteration to
-  iteration; the EWMA span rule (span * c) smooths it. We flag max/min > 10 within a window.
+* the **advantage-std estimate** used for advantage normalization: with small batches it is a noisy
+  estimate, which rescales the policy gradient at random from iteration to iteration; the EWMA span
+  rule (span * c) averages it over more samples. Its sampling error is measured within each
+  iteration, from the minibatches the update sees: they partition the batch at random, so the spread
+  of their advantage stds, divided by sqrt(number of minibatches), is the relative standard error of
+  the whole batch's std, and an EWMA over ``span`` iterations divides it by sqrt(span). We flag a
+  mean relative error above 25% over a window. The max/min of the estimate over the window
+  (``diagnostics/adv_std_oscillation``) is logged too, not judged: it also moves when the advantage
+  scale itself changes with the policy (on CartPole it falls 20x when the policy first survives a whole
+  rollout, while the halves of each batch agree within a few percent), which normalization is for.
 
-`SmallBatchDiagnostics` logs both once per iteration (``diagnostics/clip_fraction_window``,
-``diagnostics/adv_std_oscillation``) and warns at most once per condition per run. The clip
-fraction is only judged for the clipped objective. It is added by default by ``ppo-lightning fit``.
+`SmallBatchDiagnostics` logs them once per iteration (``diagnostics/clip_fraction_window``,
+``diagnostics/adv_std_error``, ``diagnostics/adv_std_oscillation``) and warns at most once per condition
+per run. The clip fraction is only judged for the clipped objective. It is added by default by
+``ppo-lightning fit``.
 """
 
 from __future__ import annotations
@@ -49,15 +56,33 @@ def std_oscillation(history: list[float], window: int = 10) -> float:
     return math.inf if lo <= 0 else max(recent) / lo
 
 
+def std_relative_error(minibatch_stds: list[float], num_minibatches: int, span: float = 1.0) -> float:
+    """Relative standard error of an advantage-std estimate, from the stds of the minibatches that
+    partition its batch at random (several epochs: several partitions of the same batch).
+
+    A minibatch of ``m`` samples estimates the std with relative spread ``sd / mean`` of the minibatch
+    stds; the batch's ``k = num_minibatches`` times more samples divide it by ``sqrt(k)``, and an EWMA
+    over ``span`` iterations' worth of samples by ``sqrt(span)``. NaN with fewer than 2 minibatches."""
+    stds = [s for s in minibatch_stds if math.isfinite(s)]
+    if len(stds) < 2 or num_minibatches < 2:
+        return math.nan
+    mean = sum(stds) / len(stds)
+    if mean <= 0:
+        return math.nan
+    sd = math.sqrt(sum((s - mean) ** 2 for s in stds) / (len(stds) - 1))
+    return sd / mean / math.sqrt(num_minibatches * max(span, 1.0))
+
+
 class SmallBatchDiagnostics(Callback):
-    """Clip fraction and advantage-std oscillation, logged each iteration, warned about once.
+    """Clip fraction and the advantage-std estimate's sampling error, logged each iteration, warned about once.
 
     Args:
         window: iterations averaged (clip fraction) or spanned (std oscillation).
         warmup: iterations of the unscaled configuration before any warning (the first iterations
             are atypical: the EWMA anchor and the advantage moments start from scratch).
         clip_low, clip_high_one_epoch, clip_high_many_epochs: the clip-fraction range.
-        max_std_ratio: the advantage-std oscillation threshold (max/min over the window).
+        max_std_error: the threshold of the advantage-std estimate's relative sampling error (mean
+            over the window).
         scale: the batch-size factor c of ``--scale c``: an iteration then has 1/c of the frames
             (and the proximal COM and advantage span are c times longer in iterations), so the
             warm-up lasts ``ceil(warmup * c)`` iterations, the same frames as at c = 1.
@@ -65,14 +90,16 @@ class SmallBatchDiagnostics(Callback):
 
     def __init__(self, window: int = 10, warmup: int = 10, clip_low: float = 1e-3,
                  clip_high_one_epoch: float = 0.10, clip_high_many_epochs: float = 0.20,
-                 max_std_ratio: float = 10.0, scale: float = 1.0) -> None:
+                 max_std_error: float = 0.25, scale: float = 1.0) -> None:
         if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be a positive number, got {scale!r}")
         self.window, self.scale = window, float(scale)
         self.warmup = math.ceil(warmup * self.scale - 1e-9)  # in iterations of this (scaled) run
         self.clip_low, self.clip_high_one, self.clip_high_many = clip_low, clip_high_one_epoch, clip_high_many_epochs
-        self.max_std_ratio = max_std_ratio
+        self.max_std_error = max_std_error
         self.clip_history: list[float] = []
+        self.error_history: list[float] = []
+        self._minibatch_stds: list[float] = []  # this iteration's
         self.warned: set[str] = set()
 
     def _warn(self, key: str, message: str) -> None:
@@ -87,6 +114,11 @@ class SmallBatchDiagnostics(Callback):
             return math.nan
         i = names.index("clip_fraction")
         return sum(float(s[i].mean()) for s in stats) / len(stats)  # a seed group: the mean over seeds
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        adv = batch.get("advantage", None) if hasattr(batch, "get") else None
+        if adv is not None and adv.shape[-1] > 1:  # a seed group's [S, B]: the mean over seeds
+            self._minibatch_stds.append(float(adv.detach().float().std(dim=-1).mean()))
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
@@ -115,13 +147,21 @@ class SmallBatchDiagnostics(Callback):
         if moments is not None and moments.history:
             ratio = std_oscillation(moments.history, self.window)
             metrics["diagnostics/adv_std_oscillation"] = ratio if math.isfinite(ratio) else 1e9
-            iteration = getattr(dm, "iteration", len(moments.history))
-            if ratio > self.max_std_ratio and iteration > self.warmup:
+        minibatches = getattr(dm, "num_minibatches", 1) * max(1, getattr(trainer, "world_size", 1) or 1)
+        error = std_relative_error(self._minibatch_stds, minibatches, getattr(moments, "span", 1.0))
+        self._minibatch_stds = []
+        if math.isfinite(error) and getattr(dm, "normalize_advantage", True):
+            self.error_history.append(error)
+            del self.error_history[: -self.window]
+            mean_error = sum(self.error_history) / len(self.error_history)
+            metrics["diagnostics/adv_std_error"] = mean_error
+            iteration = getattr(dm, "iteration", len(self.error_history))
+            if mean_error > self.max_std_error and iteration > self.warmup:
                 self._warn(
-                    "adv_std_oscillation",
-                    f"advantage-std estimate varied by {ratio:.1f}x over the last {self.window} iterations "
-                    f"(> {self.max_std_ratio:g}x): small batches make per-batch normalization noisy; raise "
-                    "data.advantage_norm_span (span * c, see --scale)",
+                    "adv_std_error",
+                    f"advantage-std estimate off by {mean_error:.0%} (relative sampling error, mean of the last "
+                    f"{len(self.error_history)} iterations; > {self.max_std_error:.0%}): small batches make the "
+                    "advantage normalization noisy; raise data.advantage_norm_span (span * c, see --scale)",
                 )
         if metrics and hasattr(pl_module, "record_metrics"):
             pl_module.record_metrics(metrics)
