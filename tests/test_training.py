@@ -251,3 +251,34 @@ def test_fsdp2_two_ranks_train_checkpoint_resume_and_export(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     net = load_pretrained(tmp_path / "hf")
     assert net.policy(torch.zeros(3, 4))[0].shape == (3, 2)
+
+
+def test_guide_fsdp2_script_trains_logs_and_acts(tmp_path):
+    """The Python guide's own Trainer script (FSDP2 over 2 gloo ranks, the project's MLflow logger, a
+    forward on every rank after the sharded fit), as printed, on a small budget; then its sharded
+    checkpoint in one process: export-hf + load_pretrained, and Lightning's consolidation."""
+    import mlflow
+
+    from ppo_lightning import load_pretrained
+
+    page = (ROOT / "docs/guides/first-run.md").read_text()
+    script = next(block for block in re.findall(r"```python\n(.*?)```", page, re.S) if block.startswith("# train.py"))
+    assert "total_frames=20_000" in script
+    (tmp_path / "train.py").write_text(script.replace("total_frames=20_000", "total_frames=1024"))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("action [") == 1  # rank 0 prints; both ranks took part in the forward
+    ckpt = tmp_path / "runs/acrobot/last.ckpt"
+    assert {p.name for p in ckpt.iterdir()} >= {".metadata", "meta.pt"}
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("acrobot").experiment_id])[0]
+    assert run.data.metrics["frames"] == 1024  # stepped by frames (both ranks' frames)
+
+    out = run_cli("export-hf", str(ckpt), str(tmp_path / "hf_acrobot"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    (logits,) = load_pretrained(tmp_path / "hf_acrobot").policy(torch.zeros(1, 6))
+    assert logits.shape == (1, 3)
+    out = subprocess.run([sys.executable, "-m", "lightning.fabric.utilities.consolidate_checkpoint", str(ckpt),
+                          "--output_file", str(tmp_path / "full.ckpt")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and (tmp_path / "full.ckpt").is_file(), out.stderr[-3000:]

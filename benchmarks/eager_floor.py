@@ -1,6 +1,6 @@
-"""The floor of a vectorized group's iteration in eager PyTorch on this core (issue 18's targets).
+"""The floor of a vectorized seed group's iteration in eager PyTorch on this core (small batches).
 
-    python benchmarks/results/probes/group_floor.py [--seeds 8] [--rounds 3]
+    python benchmarks/eager_floor.py [--seeds 8] [--rounds 3]
 
 What any eager-PyTorch implementation of `benchmarks/small_batch.py`'s configuration must at least
 spend per iteration, measured with nothing of this project's framework around it:
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
