@@ -397,8 +397,11 @@ def resolve_config_precision(cfg) -> None:
 
 
 def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
-    if args is not None:  # called from Python (tests, benchmarks, experiments) on purpose
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    from ppo_lightning.core.configs import resolve_config_args
+
+    # --config takes a path or a shipped name (cartpole/ppo_ewma): resolved before LightningCLI reads it
+    args = resolve_config_args(list(sys.argv[1:] if args is None else args))
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     quiet_library_notices()
     return PPOCLI(
         PPOLightningModule,

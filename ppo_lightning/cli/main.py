@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: ppo-lightning {fit,export-hf,evaluate} ...
+USAGE = """usage: ppo-lightning {fit,export-hf,evaluate,configs} ...
 
 commands:
-  fit        train from a YAML config (LightningCLI): ppo-lightning fit --config experiments/cartpole/ppo_ewma.yaml
+  fit        train from a YAML config (LightningCLI), a path or a shipped name: ppo-lightning fit --config cartpole/ppo_ewma
   export-hf  write a Hugging Face folder (weights, self-contained model code, model card with the
              measured mean return, replay.mp4): ppo-lightning export-hf CKPT OUT_DIR
   evaluate   score a checkpoint or an exported folder over N episodes, optionally record a video:
              ppo-lightning evaluate SOURCE [--episodes 10] [--deterministic] [--video OUT.mp4] [--json PATH]
+  configs    list the configs shipped with the package (the names --config takes) and where they are
 
 ppo-lightning COMMAND --help shows the options of a command."""
 
@@ -22,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
+    if args[0] == "configs":
+        from ppo_lightning.core.configs import configs_dir, shipped_configs
+
+        print("\n".join(shipped_configs()))
+        print(f"(in {configs_dir()}; ppo-lightning fit --config NAME, or a path)", file=sys.stderr)
+        return 0
     # start-up cost: each command imports only its own module (fit pulls Lightning's CLI and TorchRL)
     if args[0] == "export-hf":
         from ppo_lightning.interop.hf.writer import export_main
