@@ -176,7 +176,7 @@ def _run_diagnostics(minibatch_size, history, iterations=24, seed=0):
         for i in range(iterations):
             trainer.datamodule.iteration = i + 1
             for b in range(4):
-                adv = torch.distributions.StudentT(3.0).sample((minibatch_size,))
+                adv = torch.distributions.StudentT(3.0).sample((minibatch_size, 1))  # as the batch holds it
                 cb.on_train_batch_start(trainer, m, {"advantage": adv}, b)
             trainer.datamodule.advantage_moments.history.append(history(i))
             cb.on_train_epoch_end(trainer, m)
@@ -196,6 +196,16 @@ def test_diagnostics_accept_a_large_batch_whose_advantage_scale_moves():
     assert not [s for s in messages if "advantage-std" in s], messages
     assert logged["diagnostics/adv_std_oscillation"] == pytest.approx(20.0)
     assert logged["diagnostics/adv_std_error"] < 0.25
+
+
+def test_diagnostics_measure_a_real_run(tmp_path):
+    """The callback sees the minibatches of a real fit and logs the advantage-std error each iteration."""
+    cli = fit_main(["fit", "--config", PPO, "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
+                    "--trainer.enable_progress_bar", "false", "--data.total_frames", "1024", "--data.num_envs", "4",
+                    "--data.rollout_steps", "16"])
+    (diag,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, SmallBatchDiagnostics)]
+    assert len(diag.error_history) == 10 and all(0 < e < 1 for e in diag.error_history)
+    assert "diagnostics/adv_std_error" in cli.trainer.callback_metrics
 
 
 @pytest.mark.parametrize("scale", [1, 16, 0.5])

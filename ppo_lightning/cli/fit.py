@@ -41,6 +41,7 @@ from ppo_lightning.algos import scaling
 from ppo_lightning.algos import staleness
 from ppo_lightning.training.preemption import Preemption, SignalStop
 from ppo_lightning.algos.ppg import check_phase_buffer_memory
+from ppo_lightning.core.configs import resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
 from ppo_lightning.training.checkpointing import check_checkpoint_file
@@ -397,8 +398,6 @@ def resolve_config_precision(cfg) -> None:
 
 
 def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
-    from ppo_lightning.core.configs import resolve_config_args
-
     # --config takes a path or a shipped name (cartpole/ppo_ewma): resolved before LightningCLI reads it
     args = resolve_config_args(list(sys.argv[1:] if args is None else args))
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")

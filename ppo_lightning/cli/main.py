@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
-    if args[0] == "configs":
+    if args[0] == "configs":  # start-up cost: no torch, Lightning or TorchRL to list file names
         from ppo_lightning.core.configs import configs_dir, shipped_configs
 
         print("\n".join(shipped_configs()))

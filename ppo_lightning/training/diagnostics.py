@@ -117,8 +117,13 @@ class SmallBatchDiagnostics(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         adv = batch.get("advantage", None) if hasattr(batch, "get") else None
-        if adv is not None and adv.shape[-1] > 1:  # a seed group's [S, B]: the mean over seeds
-            self._minibatch_stds.append(float(adv.detach().float().std(dim=-1).mean()))
+        if adv is None:
+            return
+        adv = adv.detach().float()
+        if adv.dim() > 1 and adv.shape[-1] == 1:  # [B, 1]; a seed group's [S, B, 1]
+            adv = adv.squeeze(-1)
+        if adv.dim() and adv.shape[-1] > 1:  # a seed group: the mean of the seeds' stds
+            self._minibatch_stds.append(float(adv.std(dim=-1).mean()))
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
