@@ -167,8 +167,9 @@ def wait_for_episodes(callbacks) -> list[str]:
 
 
 def quiet_library_notices() -> None:
-    """Silence notices a user of this command cannot act on: Lightning's litlogger tip and its pytree
-    deprecation warning (raised inside Lightning, fixed upstream), MLflow's table-creation lines."""
+    """Silence notices a user of this command cannot act on: Lightning's litlogger tip, its pytree
+    deprecation warning (raised inside Lightning, fixed upstream) and its `srun` hint on machines with
+    SLURM installed, MLflow's table-creation lines."""
     import logging
     import warnings
 
@@ -178,6 +179,9 @@ def quiet_library_notices() -> None:
 
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoTip())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    # Lightning's hint to prepend `srun` whenever the machine has SLURM installed: a run started
+    # outside a job step is a local run; jobs are launched as docs/guides/clusters.md shows.
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
     quiet_mlflow()
 
 
