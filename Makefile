@@ -3,7 +3,7 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-CONFIG ?= experiments/cartpole/ppo_ewma.yaml
+CONFIG ?= cartpole/ppo_ewma
 
 .PHONY: train test bench docs install clean
 

@@ -1,6 +1,6 @@
 """CartPole-v1 learning speed: frames and wall seconds until the mean return of the last 20
 episodes reaches 475, checked after each iteration; 3 seeds each of PPO, PPO-EWMA, PPG and PPG-EWMA
-with the project's configs (experiments/cartpole/*.yaml).
+with the project's configs (ppo_lightning/configs/cartpole/*.yaml).
 
 Wall time runs from the start of training (Lightning's on_train_start, after the env and collector
 are built) to the end of the iteration where the criterion first holds. The per-run split of that
@@ -25,8 +25,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"ppo": "experiments/cartpole/ppo.yaml", "ppo_ewma": "experiments/cartpole/ppo_ewma.yaml",
-           "ppg": "experiments/cartpole/ppg.yaml", "ppg_ewma": "experiments/cartpole/ppg_ewma.yaml"}
+CONFIGS = {"ppo": "ppo_lightning/configs/cartpole/ppo.yaml", "ppo_ewma": "ppo_lightning/configs/cartpole/ppo_ewma.yaml",
+           "ppg": "ppo_lightning/configs/cartpole/ppg.yaml", "ppg_ewma": "ppo_lightning/configs/cartpole/ppg_ewma.yaml"}
 THRESHOLD = 475.0
 
 

@@ -1,6 +1,6 @@
 """Frames to 475 on CartPole-v1 for variants of the project's configs (seeds 1-3 by default).
 
-How experiments/cartpole/*.yaml were chosen: each variant is a list of CLI overrides applied on
+How ppo_lightning/configs/cartpole/*.yaml were chosen: each variant is a list of CLI overrides applied on
 top of the PPO or PPO-EWMA config. Frames are deterministic for a seed; wall time is not reported
 here (see benchmarks/cartpole.py).
 

@@ -1,8 +1,8 @@
 """GPU check: the paper's Procgen configs on NVIDIA GPUs, a few iterations each (run by gpu_check.sh).
 
 Phases, each in its own process (``--phase``), each a warm-up iteration plus ``--iterations`` timed ones:
-  ppo        experiments/procgen/ppo_hard.yaml on one GPU
-  ppo_ewma   experiments/procgen/ppo_ewma_hard.yaml on one GPU (trainer.precision auto: bf16-mixed on sm_80+)
+  ppo        ppo_lightning/configs/procgen/ppo_hard.yaml on one GPU
+  ppo_ewma   ppo_lightning/configs/procgen/ppo_ewma_hard.yaml on one GPU (trainer.precision auto: bf16-mixed on sm_80+)
   ddp        ppo_ewma_hard.yaml on all visible GPUs, strategy ddp
   fsdp2      ppo_ewma_hard.yaml on all visible GPUs, ModelParallelStrategy (FSDP2, tensor_parallel_size 1)
 Each phase reports frames/s of all ranks together (after the warm-up iteration), the peak GPU memory
@@ -27,10 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = {
-    "ppo": ("experiments/procgen/ppo_hard.yaml", "single"),
-    "ppo_ewma": ("experiments/procgen/ppo_ewma_hard.yaml", "single"),
-    "ddp": ("experiments/procgen/ppo_ewma_hard.yaml", "ddp"),
-    "fsdp2": ("experiments/procgen/ppo_ewma_hard.yaml", "fsdp2"),
+    "ppo": ("ppo_lightning/configs/procgen/ppo_hard.yaml", "single"),
+    "ppo_ewma": ("ppo_lightning/configs/procgen/ppo_ewma_hard.yaml", "single"),
+    "ddp": ("ppo_lightning/configs/procgen/ppo_ewma_hard.yaml", "ddp"),
+    "fsdp2": ("ppo_lightning/configs/procgen/ppo_ewma_hard.yaml", "fsdp2"),
 }
 MARK = "GPU_CHECK_PHASE "
 

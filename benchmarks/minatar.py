@@ -1,4 +1,4 @@
-"""PPO and PPO-EWMA throughput on MinAtar at the base configuration (experiments/minatar/ppo.yaml).
+"""PPO and PPO-EWMA throughput on MinAtar at the base configuration (ppo_lightning/configs/minatar/ppo.yaml).
 
     python benchmarks/minatar.py                  # Breakout, 3 interleaved rounds of 6 iterations each
     python benchmarks/minatar.py --game seaquest --rounds 2 --iterations 4 --threads 2
@@ -67,7 +67,7 @@ def train_fps(game: str, iterations: int, ewma: bool, threads: int, num_envs: in
 
     timer = Timer()
     frames = num_envs * rollout_steps * (iterations + 1)
-    args = ["fit", "--config", str(ROOT / "experiments" / "minatar" / ("ppo_ewma.yaml" if ewma else "ppo.yaml")),
+    args = ["fit", "--config", str(ROOT / "ppo_lightning" / "configs" / "minatar" / ("ppo_ewma.yaml" if ewma else "ppo.yaml")),
             "--data.env_id", f"minatar:{game}", "--data.total_frames", str(frames), "--data.num_threads", str(threads),
             "--data.num_envs", str(num_envs), "--data.rollout_steps", str(rollout_steps),
             "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--run_dir", "/tmp/minatar_bench"]

@@ -1,7 +1,7 @@
 """How much does a bf16 proximal forward change PPO-EWMA's update? (``--trainer.precision bf16-mixed``)
 
 Trains PPO-EWMA with the exact (fp32) proximal policy on the short-budget Procgen config
-(`experiments/procgen/ppo_easy_short.yaml`, decoupled, COM 8) and, at every gradient step, also
+(`ppo_lightning/configs/procgen/ppo_easy_short.yaml`, decoupled, COM 8) and, at every gradient step, also
 evaluates the proximal policy in bf16 on the same minibatch. Per step it measures, against the
 exact anchor:
 
@@ -50,7 +50,7 @@ def main() -> None:
 
     machine = machine_info()
     print(machine_line(machine), flush=True)
-    cfg = yaml.safe_load((ROOT / "experiments/procgen/ppo_easy_short.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "ppo_lightning/configs/procgen/ppo_easy_short.yaml").read_text())
     data = {**cfg["data"], "seed": args.seed, "num_threads": args.threads}
     data["total_frames"] = data["num_envs"] * data["rollout_steps"] * args.iterations
     pl.seed_everything(args.seed)

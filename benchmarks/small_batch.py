@@ -3,7 +3,7 @@
     python benchmarks/small_batch.py                       # c = 1, 16, 64; S = 1 and 8; 2 interleaved rounds
     python benchmarks/small_batch.py --scales 16 --rounds 3 --iterations 20
 
-For each batch-size factor c (`experiments/minatar/ppo.yaml --scale c`: 64/c envs x 64 steps,
+For each batch-size factor c (`ppo_lightning/configs/minatar/ppo.yaml --scale c`: 64/c envs x 64 steps,
 8 minibatches of 512/c, 3 epochs; c = 64 is 1 env and minibatches of 8) it runs, interleaved in
 rounds (project, plain, project, plain, ...: a load change hits both alike), one thread each:
 
@@ -107,7 +107,7 @@ def project_run(c: int, iterations: int, seed: int, seeds: int = 1, precision: s
 
     clock = Clock()
     frames = BASE_ENVS // c * STEPS * (iterations + 1)
-    cli = fit_main(["fit", "--config", str(ROOT / "experiments/minatar/ppo.yaml"), "--scale", str(c),
+    cli = fit_main(["fit", "--config", str(ROOT / "ppo_lightning/configs/minatar/ppo.yaml"), "--scale", str(c),
               "--data.total_frames", str(frames), "--data.num_threads", "1", "--seed_everything", str(seed),
               "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
               "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench", "--seeds", str(seeds),

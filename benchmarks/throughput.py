@@ -25,7 +25,7 @@ Training runs in micro-batches of 128 (``model.micro_batch_size``, the Procgen c
     python benchmarks/throughput.py --iterations 1 --num-envs 16 --rollout-steps 64   # smaller
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/throughput.py  # AVX2-only, emulated
 
-PPG and PPG-EWMA (``experiments/procgen/ppg*_hard.yaml``: dual IMPALA, E_pi = E_V = 1, 6 auxiliary
+PPG and PPG-EWMA (``ppo_lightning/configs/procgen/ppg*_hard.yaml``: dual IMPALA, E_pi = E_V = 1, 6 auxiliary
 epochs of ``--ppg-aux-mbsize`` trajectories) run in the same invocation: one untimed warm-up phase,
 then one timed phase of ``--ppg-n-pi`` iterations including its auxiliary phase, so that their
 frames/s are per frame over a whole phase (``ppg_fps``, ``ppg_ewma_fps``; ``ppg_ewma_overhead`` =

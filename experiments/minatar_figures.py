@@ -12,7 +12,7 @@
     python experiments/minatar_figures.py <figure> --analyze     # tables and plots from the CSVs only
     options: --games breakout,space_invaders --seeds 4 [--first-seed 0] --frames 250000 --arms a,b --quick --mix
 
-Base configuration: experiments/minatar/ppo.yaml (MinAtar CNN, 64 envs x 64 steps, 8 minibatches,
+Base configuration: ppo_lightning/configs/minatar/ppo.yaml (MinAtar CNN, 64 envs x 64 steps, 8 minibatches,
 3 epochs, Adam 5e-4, reward normalization on, per-batch advantage normalization), with the
 importance-ratio cap 100 (``model.max_importance_ratio``) in every arm, as the reference code's
 ``imp_samp_max`` default. PPO-EWMA: decoupled objective, proximal COM 8 gradient steps.
@@ -61,13 +61,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, RESULTS, cpu_label, finished, plt, run, save_figure, write_csv  # noqa: E402
 from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value, seeds_needed, t_ci, welch_diff_ci  # noqa: E402
 
-CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
+CONFIG = ROOT / "ppo_lightning" / "configs" / "minatar" / "ppo.yaml"
 OUT = RESULTS / "minatar"
 GAMES = ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
 EWMA = ["--model.decoupled", "true", "--model.proximal_com", "8"]
-# PPG and PPG-EWMA (experiments/minatar/ppg.yaml, ppg_ewma.yaml: E_pi = 1, n_pi 4, proximal COM 4)
-PPG = ["--config", str(ROOT / "experiments" / "minatar" / "ppg.yaml")]
-PPG_EWMA = PPG + ["--config", str(ROOT / "experiments" / "minatar" / "ppg_ewma.yaml")]
+# PPG and PPG-EWMA (ppo_lightning/configs/minatar/ppg.yaml, ppg_ewma.yaml: E_pi = 1, n_pi 4, proximal COM 4)
+PPG = ["--config", str(ROOT / "ppo_lightning" / "configs" / "minatar" / "ppg.yaml")]
+PPG_EWMA = PPG + ["--config", str(ROOT / "ppo_lightning" / "configs" / "minatar" / "ppg_ewma.yaml")]
 BASE_LR = 5e-4
 BF16 = ["--trainer.precision", "bf16-mixed"]  # pinned where `auto` would now pick 32-true (minibatch < 128)
 FP32 = ["--trainer.precision", "32-true"]  # pinned: the same numbers on a CPU with or without bf16
@@ -336,7 +336,7 @@ def sweep(figure: str, arms: dict[str, list[str]], games: list[str], seeds: list
 # A vectorized group checkpoints every this many frames per seed (64 iterations at c = 64, 16 at c = 1):
 # a killed group loses at most this much of its run when the sweep is rerun (`group_resume_args`).
 CHECKPOINT_FRAMES = 65_536
-BASE_FRAMES_PER_ITERATION = 64 * 64  # experiments/minatar/ppo.yaml: 64 envs x 64 steps at c = 1
+BASE_FRAMES_PER_ITERATION = 64 * 64  # ppo_lightning/configs/minatar/ppo.yaml: 64 envs x 64 steps at c = 1
 
 
 def group_resume_args(args: list[str], run_dir: Path) -> list[str]:
@@ -463,7 +463,7 @@ def train_group(figure: str, game: str, frames: int, name: str, args: list[str],
 # per-member hyperparameters (ppo_lightning.data.seed_group.MEMBER_HPARAMS) say them.
 MEMBER_FLAGS = ("--model.lr", "--model.proximal_com", "--model.decoupled", "--scale_rules", "--scale_adam_betas",
                 "--model.adam_betas")
-ADAM_BETAS = (0.9, 0.999)  # the module's default (experiments/minatar/ppo.yaml keeps it)
+ADAM_BETAS = (0.9, 0.999)  # the module's default (ppo_lightning/configs/minatar/ppo.yaml keeps it)
 
 
 def member_spec(args: list[str]) -> tuple[list[str], dict[str, float | None]] | None:

@@ -1,7 +1,7 @@
 """Does bf16-mixed learn as 32-true does? (issue 21: ``--trainer.precision``)
 
 MinAtar Breakout and SpaceInvaders at the experiments' base configuration
-(``experiments/minatar/ppo.yaml``; PPO, 100k frames per run as the other MinAtar experiments), the
+(``ppo_lightning/configs/minatar/ppo.yaml``; PPO, 100k frames per run as the other MinAtar experiments), the
 same seeds under ``--trainer.precision 32-true`` and ``bf16-mixed``. Per run: AUC (mean return over
 the run's frames) and final return (last 10% of frames), normalized per game
 (`ppo_lightning.envs.minatar_scores`); per seed the mean over the games; then the seed-bootstrap
@@ -33,7 +33,7 @@ from common import ROOT, RESULTS, cpu_label, run  # noqa: E402
 from minatar_figures import read_rows, record_run  # noqa: E402
 from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value  # noqa: E402
 
-CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
+CONFIG = ROOT / "ppo_lightning" / "configs" / "minatar" / "ppo.yaml"
 OUT = RESULTS / "precision"
 ARMS = {"32-true": ["--trainer.precision", "32-true"], "bf16-mixed": ["--trainer.precision", "bf16-mixed"]}
 RUN_FIELDS = ["arm", "game", "seed", "frames", "final_return", "auc_return", "iterations", "wall_s", "train_s",

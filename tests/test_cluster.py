@@ -25,7 +25,7 @@ CLI = [sys.executable, "-m", "ppo_lightning.cli.main"]
 TINY = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--checkpoint_every", "4",
         "--data.num_envs", "4", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
         "--data.normalize_reward", "true", "--data.advantage_norm_span", "4", "--data.num_threads", "1"]
-PPO_EWMA = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml")]
+PPO_EWMA = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml")]
 
 
 def state(path):
@@ -221,7 +221,7 @@ print("closed", rank)
 
 # ---------------------------------------------------------------------------- 4. PPG under DDP and FSDP2
 
-PPG_TINY = ["fit", "--config", str(ROOT / "experiments/cartpole/ppg_ewma.yaml"), *TINY, "--checkpoint_every", "1",
+PPG_TINY = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppg_ewma.yaml"), *TINY, "--checkpoint_every", "1",
             "--model.ppg.n_pi", "3", "--model.ppg.n_aux_epochs", "1", "--model.ppg.aux_mbsize", "2"]
 
 

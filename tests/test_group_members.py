@@ -96,7 +96,7 @@ def test_member_hparams_of_a_single_run_are_refused():
         PPOLightningModule(dm.observation_space, dm.action_space, network=NET, member_hparams={"lr": [1e-3]})
 
 
-BASE = ["fit", "--config", "experiments/minatar/ppo_ewma.yaml", "--data.member_seeds", "[0, 0, 1]",
+BASE = ["fit", "--config", "ppo_lightning/configs/minatar/ppo_ewma.yaml", "--data.member_seeds", "[0, 0, 1]",
         "--data.member_hparams", '{"lr": [5e-4, 2e-3, 5e-4], "proximal_com": [2, null, 8], "advantage_norm_span": [1, 2, 1], '
         '"adam_betas": [[0.9, 0.999], [0.9, 0.999], [0.81, 0.98]]}',
         "--data.num_envs", "2", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",

@@ -47,7 +47,7 @@ def test_mujoco_config_trains_and_saves_its_normalizer(config, tmp_path):
     pytest.importorskip("mujoco")
     from ppo_lightning.cli.fit import main
 
-    args = ["fit", "--config", str(ROOT / "experiments/mujoco" / config), "--data.num_envs", "2",
+    args = ["fit", "--config", str(ROOT / "ppo_lightning/configs/mujoco" / config), "--data.num_envs", "2",
             "--data.rollout_steps", "32", "--data.num_minibatches", "2", "--data.update_epochs", "1",
             "--data.total_frames", "192", "--mlflow.enabled", "false", "--video_every", "null",
             "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path)]

@@ -284,7 +284,7 @@ def test_procgen_ppg_configs_train_a_policy_and_an_auxiliary_phase(config, tmp_p
 
     from ppo_lightning.cli.fit import fit_main
 
-    path = Path(__file__).resolve().parents[1] / "experiments/procgen" / config
+    path = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/procgen" / config
     ppg = {**yaml.safe_load(path.read_text())["model"]["ppg"], "n_pi": 1, "n_aux_epochs": 1}
     cli = fit_main(["fit", "--config", str(path), "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
                     "--trainer.enable_progress_bar", "false", "--data.num_envs", "2", "--data.rollout_steps", "128",

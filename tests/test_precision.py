@@ -82,7 +82,7 @@ def test_fit_resolves_auto_from_the_scaled_minibatch(cpu, tmp_path):
 
     cpu(AMX)
     for scale, expected in ((16, "32-true"), (1, "bf16-mixed")):
-        cli = fit_main(["fit", "--config", "experiments/minatar/ppo.yaml", "--scale", str(scale),
+        cli = fit_main(["fit", "--config", "ppo_lightning/configs/minatar/ppo.yaml", "--scale", str(scale),
                         "--data.total_frames", "1", "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
                         "--trainer.enable_checkpointing", "false", "--video_every", "null",
                         "--trainer.max_epochs", "0", "--trainer.enable_progress_bar", "false"])
@@ -197,7 +197,7 @@ def test_cli_resolves_auto_before_the_trainer_and_maps_the_deprecated_aliases(tm
 
     from ppo_lightning.cli.fit import fit_main
 
-    cfg = Path(__file__).resolve().parents[1] / "experiments/cartpole/ppo_ewma.yaml"
+    cfg = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"
     tiny = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--data.total_frames", "256",
             "--data.num_threads", "1"]
     hardware._logged.clear()

@@ -347,7 +347,7 @@ def test_procgen_configs_parse_validate_and_train_one_small_iteration(config, tm
 
     from ppo_lightning.cli.fit import fit_main
 
-    path = Path(__file__).resolve().parents[1] / "experiments/procgen" / config
+    path = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/procgen" / config
     cli = fit_main(["fit", "--config", str(path), "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
                     "--trainer.enable_progress_bar", "false", "--data.num_envs", "2", "--data.rollout_steps", "256",
                     "--data.num_minibatches", "2", "--data.total_frames", "512", "--data.num_threads", "1"])

@@ -83,7 +83,7 @@ def test_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
         check_checkpoint_file(bad)
     with pytest.raises(CheckpointError, match="does not exist"):
         AtomicCheckpointIO().load_checkpoint(tmp_path / "missing.ckpt")
-    code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
+    code = main(["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
                  "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path / "run"), "--ckpt_path", str(bad)])
     err = capsys.readouterr().err
     assert code == 2 and f"error: checkpoint {bad} is truncated or corrupt" in err, err[-2000:]
@@ -175,7 +175,7 @@ def test_env_faults_name_env_index_and_iteration(tmp_path, fault, message):
 def test_env_fault_through_the_cli_is_one_line_with_exit_code_3(tmp_path, capsys):
     from ppo_lightning.cli.fit import main
 
-    code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
+    code = main(["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
                  "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path), "--checkpoint_every", "1",
                  "--data.env_id", "FaultyCartPole-v0", "--data.env_kwargs", '{"fault": "raise", "after": 40, "fault_seed": 0}',
                  "--data.seed", "0",  # sub-env 0 has seed 0 (else seed_everything seeds the envs)
@@ -193,15 +193,15 @@ TINY = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "
         "--data.num_envs", "4", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
         "--data.normalize_reward", "true", "--data.advantage_norm_span", "4", "--data.total_frames", str(10 * 64)]
 ALGORITHMS = {
-    "ppo_adaptive_kl": ["--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--model.objective", "adaptive_kl",
+    "ppo_adaptive_kl": ["--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--model.objective", "adaptive_kl",
                         "--model.kl_target", "0.001"],
-    "ppo_ewma": ["--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml")],
+    "ppo_ewma": ["--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml")],
     # Lightning's bf16 autocast around the rollout, the update and the EWMA proximal forward
-    "ppo_ewma_bf16": ["--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--trainer.precision", "bf16-mixed"],
+    "ppo_ewma_bf16": ["--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), "--trainer.precision", "bf16-mixed"],
     # n_pi 3 over 10 iterations: kills in the middle of a policy phase (its buffer is in the checkpoint)
-    "ppg_ewma": ["--config", str(ROOT / "experiments/cartpole/ppg_ewma.yaml"), "--model.ppg.n_pi", "3"],
+    "ppg_ewma": ["--config", str(ROOT / "ppo_lightning/configs/cartpole/ppg_ewma.yaml"), "--model.ppg.n_pi", "3"],
     # a vectorized group of 2 seeds (issue 18) on MinAtar, whose env state is in the checkpoint
-    "ppo_ewma_seed_group": ["--config", str(ROOT / "experiments/minatar/ppo_ewma.yaml"), "--seeds", "2",
+    "ppo_ewma_seed_group": ["--config", str(ROOT / "ppo_lightning/configs/minatar/ppo_ewma.yaml"), "--seeds", "2",
                             "--model.network.hidden", "16", "--data.num_threads", "1"],
 }
 # (phase, iteration, extra): SIGKILL inside an env step of the collection, after an optimizer step,
@@ -368,7 +368,7 @@ DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.stra
 def run_ddp(tmp_path, name, *extra, frames=3 * 128):
     dump = {"class_path": "robust_helpers.DumpParams", "init_args": {"dirpath": str(tmp_path / name / "dump")}}
     out = subprocess.run([sys.executable, "-m", "ppo_lightning.cli.main", "fit", "--config",
-                          str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), *DDP, "--data.total_frames", str(frames),
+                          str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), *DDP, "--data.total_frames", str(frames),
                           "--run_dir", str(tmp_path / name), f"--trainer.callbacks+={dump}".replace("'", '"'), *extra],
                          env=ENV, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -416,7 +416,7 @@ def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
     each ends with one ``error:`` line and its exit code, never a traceback."""
     from ppo_lightning.cli.fit import main
 
-    base = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
+    base = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--mlflow.enabled", "false",
             "--trainer.enable_progress_bar", "false", "--data.num_envs", "4", "--data.rollout_steps", "16",
             "--data.num_minibatches", "2", "--data.update_epochs", "1", "--data.total_frames", "64"]
     assert main([*base, "--run_dir", str(tmp_path / "ok")]) == 0

@@ -9,7 +9,7 @@ from ppo_lightning.cli.fit import fit_main, main
 from ppo_lightning.algos.scaling import apply_scale, batch_size_scaling, format_scale_table, parse_rules, scale_batch
 
 ROOT = Path(__file__).resolve().parents[1]
-EWMA = str(ROOT / "experiments/cartpole/ppo_ewma.yaml")
+EWMA = str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml")
 
 
 def test_paper_rules_arithmetic():

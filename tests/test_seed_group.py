@@ -262,7 +262,7 @@ def assert_same_training_state(a: dict, b: dict, optimizers: tuple[int, ...] = (
 def test_group_checkpoint_resumes_exactly(tmp_path):
     """A group of 2 (PPO-EWMA) stopped after 2 iterations and resumed to 4 ends bitwise as the
     uninterrupted group: weights, Adam moments, EWMA weights (envs, generators and normalizers too)."""
-    base = ["fit", "--config", "experiments/minatar/ppo_ewma.yaml", "--seeds", "2", "--data.num_envs", "2",
+    base = ["fit", "--config", "ppo_lightning/configs/minatar/ppo_ewma.yaml", "--seeds", "2", "--data.num_envs", "2",
             "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
             "--model.network.hidden", "16", "--data.num_threads", "1", "--mlflow.enabled", "false",
             "--video_every", "null", "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1"]
@@ -298,8 +298,8 @@ def test_ppg_ewma_group_resumes_mid_phase_exactly(tmp_path):
     """A PPG-EWMA group of 2 stopped in the middle of a policy phase (iteration 3 of phases of 2: its
     buffer [2 seeds, envs, time] is in the checkpoint) and resumed to 6 iterations ends bitwise as the
     uninterrupted group: weights, both Adams, EWMA weights."""
-    base = ["fit", "--config", "experiments/minatar/ppo.yaml", "--config", "experiments/minatar/ppg.yaml",
-            "--config", "experiments/minatar/ppg_ewma.yaml", "--seeds", "2", "--data.num_envs", "2",
+    base = ["fit", "--config", "ppo_lightning/configs/minatar/ppo.yaml", "--config", "ppo_lightning/configs/minatar/ppg.yaml",
+            "--config", "ppo_lightning/configs/minatar/ppg_ewma.yaml", "--seeds", "2", "--data.num_envs", "2",
             "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--model.ppg.n_pi", "2",
             "--model.ppg.aux_mbsize", "1", "--model.network.hidden", "16", "--data.num_threads", "1",
             "--mlflow.enabled", "false", "--video_every", "null", "--trainer.enable_progress_bar", "false",
@@ -332,7 +332,7 @@ def test_each_seed_is_its_own_mlflow_run(tmp_path):
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    fit_main(["fit", "--config", "experiments/minatar/ppo.yaml", "--seeds", "2", "--data.num_envs", "2",
+    fit_main(["fit", "--config", "ppo_lightning/configs/minatar/ppo.yaml", "--seeds", "2", "--data.num_envs", "2",
               "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "1",
               "--data.total_frames", "64", "--model.network.hidden", "16", "--data.num_threads", "1",
               "--mlflow.tracking_uri", uri, "--mlflow.experiment", "group", "--video_every", "null",
@@ -353,7 +353,7 @@ def test_log_every_frames_thins_what_the_loggers_get(tmp_path):
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    common = ["fit", "--config", "experiments/minatar/ppo.yaml", "--seeds", "2", "--data.num_envs", "2",
+    common = ["fit", "--config", "ppo_lightning/configs/minatar/ppo.yaml", "--seeds", "2", "--data.num_envs", "2",
               "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "1",
               "--data.total_frames", "160", "--model.network.hidden", "16", "--data.num_threads", "1",
               "--mlflow.tracking_uri", uri, "--video_every", "null", "--trainer.enable_progress_bar", "false",

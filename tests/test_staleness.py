@@ -17,7 +17,7 @@ from ppo_lightning.nets.models import ActorCritic, make_distribution
 from ppo_lightning.algos.staleness import StalenessQueue, relabel, validate_staleness
 
 ROOT = Path(__file__).resolve().parents[1]
-PPO = str(ROOT / "experiments/cartpole/ppo.yaml")
+PPO = str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml")
 SPACE = {"type": "discrete", "n": 2}
 
 

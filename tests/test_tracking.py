@@ -13,7 +13,7 @@ from ppo_lightning.cli.fit import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ARGS = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--data.num_envs", "2", "--data.rollout_steps", "16",
+ARGS = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--data.num_envs", "2", "--data.rollout_steps", "16",
         "--data.num_minibatches", "2", "--data.update_epochs", "1", "--checkpoint_every", "2",
         "--trainer.enable_progress_bar", "false"]
 
@@ -81,7 +81,7 @@ def test_print_config_shows_the_callbacks_and_logger_of_the_run(tmp_path, capsys
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--print_config", "--video_every", "5"])
+        main(["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--print_config", "--video_every", "5"])
     assert exit_info.value.code == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     paths = [c["class_path"].rsplit(".", 1)[1] for c in cfg["trainer"]["callbacks"]]

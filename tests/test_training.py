@@ -25,7 +25,7 @@ def test_readme_command_learns_cartpole_without_a_warning(tmp_path):
     config = re.search(r"^CONFIG \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert "make train" in (ROOT / "README.md").read_text()
     exe = Path(sys.executable).parent / "ppo-lightning"
-    out = subprocess.run([str(exe), "fit", "--config", str(ROOT / config)], capture_output=True, text=True,
+    out = subprocess.run([str(exe), "fit", "--config", config], capture_output=True, text=True,
                          cwd=tmp_path, timeout=600, env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for text in (out.stdout, out.stderr) for line in re.split(r"[\r\n]+", text)]
@@ -42,7 +42,7 @@ def test_cartpole_reaches_475_within_150k_frames(tmp_path):
     # Seed 4: the configs were tuned on seeds 1-3 (docs/benchmarks/index.md). Frames to 475 on seeds 4/5/6:
     # PPO 24.1k/21.5k/24.8k (docs/benchmarks/index.md); PPO-EWMA's is the README's command above.
     config = "ppo.yaml"
-    cli = fit_main(["fit", "--config", str(ROOT / "experiments/cartpole" / config), "--mlflow.enabled", "false",
+    cli = fit_main(["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole" / config), "--mlflow.enabled", "false",
                     "--run_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
                     "--seed_everything", "4", "--data.seed", "4"])
     dm = cli.datamodule
@@ -123,7 +123,7 @@ SMALL = ["--data.total_frames", "512", "--data.num_envs", "4", "--data.rollout_s
 def test_cli_invalid_config_fails_before_training(tmp_path, capsys, override, field):
     from ppo_lightning.cli.fit import main
 
-    code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--run_dir", str(tmp_path),
+    code = main(["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), "--run_dir", str(tmp_path),
                  "--mlflow.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db", *override])
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
@@ -133,7 +133,7 @@ def test_cli_invalid_config_fails_before_training(tmp_path, capsys, override, fi
 
 def test_console_script_reports_config_errors_with_exit_code_2(tmp_path):
     exe = Path(sys.executable).parent / "ppo-lightning"
-    out = subprocess.run([str(exe), "fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"),
+    out = subprocess.run([str(exe), "fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"),
                           "--model.lr", "0", "--run_dir", str(tmp_path)], capture_output=True, text=True,
                          cwd=tmp_path, timeout=300)
     assert out.returncode == 2 and "error: model.lr must be > 0" in out.stderr, out.stderr[-2000:]
@@ -143,7 +143,7 @@ def test_cli_fit_logs_to_mlflow_and_checkpoints(tmp_path):
     import mlflow
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    out = run_cli("fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--mlflow.tracking_uri", uri,
+    out = run_cli("fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), "--mlflow.tracking_uri", uri,
                   "--mlflow.experiment", "t", "--run_dir", str(tmp_path / "run"), *SMALL, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "checkpoint:" in out.stdout and "mlflow run:" in out.stdout
@@ -163,7 +163,7 @@ def test_cli_fit_logs_to_mlflow_and_checkpoints(tmp_path):
 
 
 def test_cli_unwritable_tracking_store_trains_on(tmp_path):
-    out = run_cli("fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--mlflow.tracking_uri",
+    out = run_cli("fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--mlflow.tracking_uri",
                   "sqlite:////proc/no/such/dir/mlflow.db", "--run_dir", str(tmp_path / "run"), *SMALL, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "cannot be written" in out.stderr and "training on with console logging" in out.stderr
@@ -227,7 +227,7 @@ def test_fsdp2_two_ranks_train_checkpoint_resume_and_export(tmp_path):
     from ppo_lightning.interop.export import load_pretrained
     from ppo_lightning.nets.models import build_network
 
-    config = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), *FSDP2,
+    config = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), *FSDP2,
               "--model.micro_batch_size", "24"]
     out = run_cli(*config, "--data.total_frames", "1024", "--run_dir", str(tmp_path / "run"), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

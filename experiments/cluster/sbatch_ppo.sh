@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
 export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"
-CONFIG="${CONFIG:-experiments/cartpole/ppo_ewma.yaml}"
+CONFIG="${CONFIG:-ppo_lightning/configs/cartpole/ppo_ewma.yaml}"
 # srun starts one process per task; Lightning's SLURMEnvironment reads ranks and the head node from
 # SLURM's variables (no torchrun under SLURM).
 srun .venv/bin/ppo-lightning fit --config "$CONFIG" \

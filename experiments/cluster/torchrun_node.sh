@@ -7,7 +7,7 @@
 set -euo pipefail
 : "${NNODES:?number of nodes}" "${NODE_RANK:?this node's rank}" "${HEAD:?host:port of node 0}"
 NPROC="${NPROC:-1}"                    # processes (data-parallel ranks) per node
-CONFIG="${CONFIG:-experiments/cartpole/ppo_ewma.yaml}"
+CONFIG="${CONFIG:-ppo_lightning/configs/cartpole/ppo_ewma.yaml}"
 RUN_DIR="${RUN_DIR:-runs/cluster/torchrun}"
 exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC" --node-rank "$NODE_RANK" \
   --rdzv-backend static --rdzv-endpoint "$HEAD" --no-python \

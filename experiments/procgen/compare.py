@@ -1,6 +1,6 @@
 """Learning curves of named variants of the short-budget Procgen config, several seeds each.
 
-Each variant is the base config (``experiments/procgen/ppo_easy_short.yaml`` unless ``--config``)
+Each variant is the base config (``ppo_lightning/configs/procgen/ppo_easy_short.yaml`` unless ``--config``)
 plus CLI overrides; every run is an in-process ``ppo-lightning fit`` logged to MLflow. Writes
 ``<out>/<name>.csv`` (per run: final normalized return, the mean over the last 10% of frames of the
 training-episode return, normalized with the game's constants; ``final_return`` is the same in raw
@@ -34,7 +34,7 @@ RUN_FIELDS = ["variant", "seed", "frames", "final_normalized_return", "final_ret
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", type=Path, default=ROOT / "experiments/procgen/ppo_easy_short.yaml")
+    p.add_argument("--config", type=Path, default=ROOT / "ppo_lightning/configs/procgen/ppo_easy_short.yaml")
     p.add_argument("--variant", action="append", required=True, help='"label=--overrides ..." (repeatable)')
     p.add_argument("--common", default="", help="overrides applied to every variant")
     p.add_argument("--seeds", type=int, default=2)

@@ -1,6 +1,6 @@
 """``ppo-lightning`` command line: LightningCLI for ``fit``, plus ``export-hf``.
 
-    ppo-lightning fit --config experiments/cartpole/ppo_ewma.yaml [--model.lr 1e-3 ...] [--ckpt_path X]
+    ppo-lightning fit --config cartpole/ppo_ewma [--model.lr 1e-3 ...] [--ckpt_path X]
     ppo-lightning export-hf CKPT OUT_DIR [--max-shard-size 2GB] [--dtype bfloat16] [--overwrite]
 
 The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model``

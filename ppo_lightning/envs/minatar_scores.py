@@ -6,7 +6,7 @@ MinAtar has no published normalization constants, so both are measured by this p
 * ``R_random``: mean episode return of a uniform random policy, 300 episodes per game (32 envs,
   seed 12345): ``python experiments/minatar_figures.py random`` ->
   ``experiments/results/minatar/random_returns.csv``.
-* ``R_ref``: the project's own longer PPO run per game: experiments/minatar/ppo.yaml (MinAtar CNN,
+* ``R_ref``: the project's own longer PPO run per game: ppo_lightning/configs/minatar/ppo.yaml (MinAtar CNN,
   64 envs x 64 steps, 8 minibatches x 3 epochs, Adam 5e-4, reward normalization), 303,104 frames
   (74 iterations; 3x the experiments' 100k-frame runs), one seed (1000, disjoint from the
   experiments' seeds); R_ref = the mean over the last 10% of its frames of the mean return of the
