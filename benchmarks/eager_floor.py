@@ -28,7 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+# the repository root first; not this folder, whose minatar.py (a benchmark) would shadow the minatar package
+sys.path[:] = [str(HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -116,8 +118,11 @@ def main() -> None:
     channels, actions = 4, 6  # Breakout's planes; the benchmark's action count
     S = args.seeds
     net = make_net(S, channels, actions)
-    print(f"# cpu: {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}, "
-          f"load {os.getloadavg()[0]:.2f}, torch {torch.__version__}, S = {S}, fp32, 1 thread", flush=True)
+    from ppo_lightning.core.hardware import machine_info, machine_line  # after the path setup above
+
+    machine = machine_info()
+    print(machine_line(machine), flush=True)
+    print(f"# load {os.getloadavg()[0]:.2f}, torch {torch.__version__}, S = {S}, fp32, 1 thread", flush=True)
     for r in range(args.rounds):
         for c in (int(x) for x in args.scales.split(",")):
             n = BASE_ENVS // c
@@ -128,7 +133,7 @@ def main() -> None:
             fps = S * n * STEPS / it_s
             upd_only = S * n * STEPS / (EPOCHS * MINIBATCHES * up / 1e3)
             print(json.dumps({"round": r, "c": c, "S": S, "B": B, "step_ms": round(up, 2), "vector_step_ms": round(ro, 2),
-                              "floor_fps": round(fps), "update_only_fps": round(upd_only)}), flush=True)
+                              "floor_fps": round(fps), "update_only_fps": round(upd_only), "machine": machine}), flush=True)
 
 
 if __name__ == "__main__":
