@@ -9,6 +9,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
+from ppo_lightning.core.faults import TrainingFault
 from ppo_lightning.interop.evaluation import evaluate_policy
 from ppo_lightning.nets.models import is_sharded
 from ppo_lightning.training.tracking import quiet_mlflow
@@ -120,6 +121,13 @@ class TrackingState(Callback):
                 self.run_id = logger.run_id
             except Exception:  # noqa: BLE001 - the logger reports store errors itself
                 self.run_id = None
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """A fault that stops the run is written on the MLflow run (tag ``stopped_by``) before Lightning
+        marks it FAILED."""
+        note = getattr(trainer.logger, "note_stop", None)
+        if note is not None and isinstance(exception, TrainingFault):
+            note(f"{type(exception).__name__} (exit code {exception.exit_code}): {exception}")
 
     def state_dict(self) -> dict:
         return {"mlflow_run_id": self.run_id, "run_dir": self.run_dir}

@@ -28,6 +28,9 @@ from typing import Any
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from ppo_lightning.core.faults import UnwritablePath
+from ppo_lightning.core.storage import check_writable
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 # MLflow 3.x's UI picks an experiment's view from this tag: untagged experiments open in the GenAI
 # view ("Evaluation runs"); this kind opens on the training runs and their charts.
@@ -156,6 +159,11 @@ class SafeMLFlowLogger(MLFlowLogger):
         """Upload a file as an artifact of the run (reported once and ignored on failure)."""
         self._guard("log_artifact", lambda: self.experiment.log_artifact(self.run_id, str(path), artifact_path))
 
+    @rank_zero_only
+    def note_stop(self, reason: str) -> None:
+        """Why the run stopped (a fault), as the tag ``stopped_by``; Lightning then marks it FAILED."""
+        self._guard("set_tag", lambda: self.experiment.set_tag(self.run_id, "stopped_by", reason[:5000]))
+
     def after_save_checkpoint(self, checkpoint_callback) -> None:
         self._checkpoint_callbacks[id(checkpoint_callback)] = checkpoint_callback
 
@@ -227,6 +235,38 @@ def probe_tracking_store(tracking_uri: str, experiment_name: str) -> str | None:
     return None
 
 
+def is_local_store(tracking_uri: str) -> bool:
+    """A store in a file of this machine (``sqlite:///``, ``file:``, a plain path), not a server."""
+    return tracking_uri.startswith(("sqlite:", "file:")) or "://" not in tracking_uri
+
+
+def local_artifact_folder(location: str | None) -> Path | None:
+    """The folder of a local artifact location (``file:///...`` or a plain path); None for others."""
+    if not location:
+        return None
+    if location.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
+    return None if "://" in location else Path(location)
+
+
+def check_artifact_location(tracking_uri: str, experiment_name: str) -> None:
+    """The experiment's artifact folder, if local, must be writable (`UnwritablePath`, exit code 4)."""
+    if not is_local_store(tracking_uri):
+        return
+    import mlflow
+
+    try:
+        experiment = mlflow.MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(experiment_name)
+    except Exception:  # noqa: BLE001 - the probe just read it; nothing to add
+        return
+    folder = local_artifact_folder(getattr(experiment, "artifact_location", None))
+    if folder is not None:
+        check_writable(folder, f"MLflow artifact folder of experiment {experiment_name!r},",
+                       "it is fixed when the experiment is created: choose another --mlflow.experiment")
+
+
 def run_exists(tracking_uri: str, run_id: str) -> bool:
     try:
         import mlflow
@@ -244,9 +284,13 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
     ``run_id``: continue that run (if the store has it; otherwise a new run is started, with a message).
     """
     error = probe_tracking_store(tracking_uri, experiment_name)
+    if error is not None and is_local_store(tracking_uri):  # a folder of this machine: refused, exit code 4
+        raise UnwritablePath(f"MLflow tracking store {tracking_uri} cannot be written ({error}); nothing was trained "
+                             f"or written; choose another with --mlflow.tracking_uri, or --mlflow.enabled false")
     if error is not None:
         _warn(f"MLflow tracking store {tracking_uri} cannot be written ({error}); training on with console logging")
         return ConsoleLogger()
+    check_artifact_location(tracking_uri, experiment_name)
     if run_id is not None and not run_exists(tracking_uri, run_id):
         _warn(f"MLflow run {run_id} of the checkpoint is not in {tracking_uri}; starting a new run")
         run_id = None
