@@ -45,6 +45,7 @@ from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
 from ppo_lightning.training.checkpointing import check_checkpoint_file
 from ppo_lightning.training.storage_faults import preflight, storage_hint
+from ppo_lightning.training.mlflow_sender import SPOOL_NAME
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -179,7 +180,8 @@ class PPOCLI(LightningCLI):
         preflight(run_dir, checkpoints, mlflow_store)  # unwritable folders: one line, exit code 4
         if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
             kwargs["logger"] = (
-                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"))
+                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"),
+                            spool=run_dir / "checkpoints" / SPOOL_NAME)
                 if cfg.mlflow.enabled
                 else False
             )
