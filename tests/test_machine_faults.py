@@ -149,3 +149,133 @@ def test_disk_full_during_a_checkpoint_ends_in_one_line_and_the_printed_command_
     (run,) = client.search_runs([client.get_experiment_by_name("full").experiment_id])
     assert run.info.status == "FINISHED"  # the same MLflow run, continued
     assert [m.step for m in client.get_metric_history(run.info.run_id, "frames")] == [64 * i for i in range(1, 9)]
+
+
+# ---------------------------------------------------------------------------- tracking server away
+
+
+import json
+import signal
+import socket
+import sys
+import time
+
+from lightning.pytorch import Callback
+
+
+class Outage(Callback):
+    """Test helper (named on the command line): at iteration ``kill_at`` SIGKILLs the MLflow server
+    whose pid is in ``pid_file``; at iteration ``wait_at`` waits until ``health`` answers (the
+    server restarted by the test); sleeps ``pace_s`` per iteration; appends each iteration's end time
+    to ``times``."""
+
+    def __init__(self, times: str, pid_file: str = "", kill_at: int = 0, wait_at: int = 0, health: str = "",
+                 pace_s: float = 0.0) -> None:
+        self.times, self.pid_file, self.kill_at, self.wait_at = times, pid_file, kill_at, wait_at
+        self.health, self.pace_s = health, pace_s
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        it = trainer.datamodule.iteration
+        if it == self.kill_at:
+            os.killpg(int(Path(self.pid_file).read_text()), signal.SIGKILL)  # the server and its workers
+        waited = 0.0
+        if it == self.wait_at:
+            t0 = time.monotonic()
+            _wait_healthy(self.health, 180)
+            waited = time.monotonic() - t0
+        with open(self.times, "a") as f:
+            f.write(json.dumps({"iteration": it, "t": time.monotonic(), "waited": waited}) + "\n")
+        time.sleep(self.pace_s)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _wait_healthy(url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _healthy(url):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _start_server(db: Path, port: int, log: Path, pid_file: Path) -> subprocess.Popen:
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    proc = subprocess.Popen([str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{db}", "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1", "--default-artifact-root", str(db.parent / "artifacts")],
+                            stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+    pid_file.write_text(str(proc.pid))
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def test_tracking_server_killed_and_restarted_never_holds_training_and_the_run_is_complete(tmp_path, capfd):
+    """A real ``mlflow server`` SIGKILLed in the middle of run A (A finishes while it is away: one line
+    when it goes, its records kept in the spool), restarted while run B resumes A's checkpoint (B
+    starts with the server unreachable, one line when it is back): no iteration waited on the
+    server, and the server ends with one FINISHED run holding every iteration's metrics once."""
+    import mlflow
+
+    port = _free_port()
+    uri, health = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/health"
+    db, log, pid_file, times = tmp_path / "server.db", tmp_path / "server.log", tmp_path / "server.pid", tmp_path / "t.jsonl"
+    server = _start_server(db, port, log, pid_file)
+    try:
+        if not _wait_healthy(health, 150):
+            pytest.skip(f"mlflow server did not start within 150 s: {log.read_text()[-500:]}")
+        run_dir = tmp_path / "run"
+        base = [*EWMA, "--checkpoint_every", "1", "--run_dir", str(run_dir), "--mlflow.tracking_uri", uri,
+                "--mlflow.experiment", "outage", "--data.num_envs", "2"]
+        outage = {"class_path": "test_machine_faults.Outage",
+                  "init_args": {"times": str(times), "pid_file": str(pid_file), "kill_at": 2, "pace_s": 0.1}}
+        capfd.readouterr()
+        assert main([*base, "--data.total_frames", str(8 * 32), f"--trainer.callbacks+={json.dumps(outage)}"]) == 0
+        err = capfd.readouterr().err
+        assert err.count(f"MLflow tracking server {uri} is unreachable") == 1, err[-3000:]
+        spool = run_dir / "checkpoints/mlflow-spool.jsonl"
+        assert f"records kept in {spool}" in err and spool.exists(), err[-3000:]
+        ends = [json.loads(line)["t"] for line in times.read_text().splitlines()]
+        gaps = [b - a - 0.1 for a, b in zip(ends, ends[1:])]
+        assert max(gaps) < 2.0, gaps  # no iteration waited on the dead server
+
+        server.wait(timeout=30)
+        server = _start_server(db, port, log, pid_file)  # restarting while run B trains
+        times.unlink()
+        wait = {"class_path": "test_machine_faults.Outage",
+                "init_args": {"times": str(times), "wait_at": 10, "health": health, "pace_s": 0.5}}
+        ckpt = run_dir / "checkpoints/last.ckpt"
+        assert main([*base, "--data.total_frames", str(20 * 32), "--ckpt_path", str(ckpt),
+                     f"--trainer.callbacks+={json.dumps(wait)}"]) == 0
+        err = capfd.readouterr().err
+        assert err.count("is unreachable at start") == 1 and err.count(f"MLflow tracking server {uri} is back") == 1, \
+            err[-3000:] + times.read_text() + log.read_text()[-1500:]
+        assert not spool.exists()
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
+        assert run.info.status == "FINISHED"
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "frames")) == \
+            [32 * i for i in range(1, 21)]
+        assert torch.load(ckpt, weights_only=True)["callbacks"]["TrackingState"]["mlflow_run_id"] == run.info.run_id
+    finally:
+        _stop(server)

@@ -40,7 +40,7 @@ from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_tex
 
 SPOOL_NAME = "mlflow-spool.jsonl"
 QUEUE_SIZE = 10_000  # records in memory before the loop writes them straight to the spool
-RETRY_S = (1.0, 2.0, 5.0, 10.0)  # waits between tries while the server is away
+RETRY_S = (0.5, 1.0, 2.0, 5.0)  # waits between tries while the server is away
 
 
 def _warn(message: str) -> None:
@@ -62,6 +62,17 @@ def is_unreachable(err: BaseException) -> bool:
     text = str(err)
     return any(t in text for t in ("API request to", "Connection", "connection", "timed out", "Timeout",
                                    "Max retries exceeded", "Temporary failure", "database is locked"))
+
+
+def short_reason(err: BaseException | str) -> str:
+    """A few words for an outage: ``connection refused``, ``timed out``, or the error's first line."""
+    text = str(err)
+    for needle, words in (("Connection refused", "connection refused"), ("timed out", "timed out"),
+                          ("Name or service not known", "unknown host"), ("Temporary failure", "name resolution failed")):
+        if needle in text:
+            return words
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    return first[:150]
 
 
 def read_spool(path: str | os.PathLike) -> list[dict]:
@@ -102,6 +113,7 @@ class MlflowSender:
         self._pending: collections.deque = collections.deque()  # taken from the queue, not yet sent
         self._spooled = 0  # records of _pending (the first ones) already in the spool file
         self._lock = threading.Lock()  # the spool file
+        self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
         self._closed = False
@@ -115,6 +127,8 @@ class MlflowSender:
             record["live"] = False
             self._pending.append(record)
         self._spooled = len(self._pending)
+        if any(r["kind"] == "metrics" for r in self._pending):
+            self.resumed = True  # live metrics at or below the spooled ones' last step are dropped
         if self._pending:
             _warn(f"MLflow: {len(self._pending)} records kept in {self.spool} by an earlier run; sending them first")
             self._idle.clear()
@@ -128,6 +142,10 @@ class MlflowSender:
             raise self.fatal
         record = {**record, "live": True}
         self._idle.clear()
+        if self._closed:  # a record after `stop` (the preemption's status): the thread again
+            self._closed = False
+            self._thread = threading.Thread(target=self._loop, name="mlflow-sender", daemon=True)
+            self._thread.start()
         try:
             self._queue.put_nowait(record)
         except queue.Full:
@@ -136,11 +154,20 @@ class MlflowSender:
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every record to be sent; True if they were."""
         deadline = time.monotonic() + timeout_s
+        self._wake.set()  # a thread waiting to retry tries now
         while time.monotonic() < deadline:
             if self._idle.wait(min(0.05, max(0.0, deadline - time.monotonic()))) and self._queue.empty() \
                     and not self._pending:
                 return True
         return False
+
+    def stop(self) -> None:
+        """End the thread (after `flush` / `persist`): what is unsent is in the spool, for a resumed run
+        or the import command, not sent twice by a thread left behind."""
+        self._closed = True
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=15)
 
     def creates_run(self) -> bool:
         """A ``create_run`` record is waiting (the spool of a run the server never saw)."""
@@ -210,15 +237,15 @@ class MlflowSender:
                 if not self.local and is_unreachable(err) or self.local and "database is locked" in str(err):
                     if not self.down:
                         self.down = True
-                        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-                        _warn(f"MLflow tracking server {self.tracking_uri} is unreachable ({first}); training goes on, "
+                        _warn(f"MLflow tracking server {self.tracking_uri} is unreachable ({short_reason(err)}); training goes on, "
                               f"what it has not received is kept in {self.spool} and sent when it is back")
                         with self._lock:
                             self._write_spool(list(self._pending)[self._spooled:])
                             self._spooled = len(self._pending)
                         waits = iter(RETRY_S)
                     self._idle.set()
-                    time.sleep(next(waits, RETRY_S[-1]))
+                    self._wake.wait(next(waits, RETRY_S[-1]))  # `flush` and `stop` wake it
+                    self._wake.clear()
                     continue
                 key = f"{record['kind']}:{type(err).__name__}"
                 if key not in self._warned:  # a record the store refuses: said once per kind, skipped

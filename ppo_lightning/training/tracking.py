@@ -221,9 +221,11 @@ class SafeMLFlowLogger(MLFlowLogger):
         """The run's final status; waits for the sender at most `FINAL_FLUSH_S` (1 s when the server is
         away), then keeps what is unsent in the spool with one line saying how to send it."""
         self._submit({"kind": "terminated", "status": status})
-        if self.sender.flush(1.0 if self.sender.down else self.FINAL_FLUSH_S):
+        flushed = self.sender.flush(5.0 if self.sender.down else self.FINAL_FLUSH_S)
+        left = 0 if flushed else self.sender.persist()
+        self.sender.stop()
+        if flushed:
             return
-        left = self.sender.persist()
         if left and self.sender.fatal is None:
             _warn(f"MLflow tracking server {self.tracking_uri} is away: {left} records kept in {self.spool}; a run "
                   f"resumed from this folder sends them, or now: python -m ppo_lightning.training.mlflow_sender "
@@ -259,7 +261,7 @@ def _sqlite_store_lock(tracking_uri: str):
         os.close(fd)  # releases the lock
 
 
-def probe_tracking_store(tracking_uri: str, experiment_name: str) -> str | None:
+def probe_tracking_store(tracking_uri: str, experiment_name: str, limit: int = 300) -> str | None:
     """Create or find the experiment, tagged as model training (`EXPERIMENT_KIND_TAG`: a kind the
     user set is kept); returns an error message if the store cannot be written."""
     quiet_mlflow()
@@ -274,7 +276,7 @@ def probe_tracking_store(tracking_uri: str, experiment_name: str) -> str | None:
             elif EXPERIMENT_KIND_TAG not in experiment.tags:  # made by an older version, or by hand
                 client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     except Exception as err:  # noqa: BLE001
-        return f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        return f"{type(err).__name__}: {err}".splitlines()[0][:limit]
     return None
 
 
@@ -329,10 +331,10 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
     A server that cannot be reached at start does not stop or hold the run: its run is created, and
     everything sent, when the server is back (`ppo_lightning.training.mlflow_sender`).
     """
-    from ppo_lightning.training.mlflow_sender import configure_http, create_run, is_unreachable, read_spool
+    from ppo_lightning.training.mlflow_sender import configure_http, create_run, is_unreachable, read_spool, short_reason
 
     configure_http()  # short requests without client retries: the sender retries, the loop never waits
-    error = probe_tracking_store(tracking_uri, experiment_name)
+    error = probe_tracking_store(tracking_uri, experiment_name, limit=2000)
     if error is not None and is_local_store(tracking_uri):  # a folder of this machine: refused, exit code 4
         raise UnwritablePath(f"MLflow tracking store {tracking_uri} cannot be written ({error}); nothing was trained "
                              f"or written; choose another with --mlflow.tracking_uri, or --mlflow.enabled false")
@@ -342,7 +344,7 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
         return ConsoleLogger()
     spooled = read_spool(spool) if spool is not None else []
     if away:
-        _warn(f"MLflow tracking server {tracking_uri} is unreachable at start ({error}); training goes on, the run's "
+        _warn(f"MLflow tracking server {tracking_uri} is unreachable at start ({short_reason(error)}); training goes on, the run's "
               f"records are kept in {spool} and sent when it is back")
     else:
         check_artifact_location(tracking_uri, experiment_name)
