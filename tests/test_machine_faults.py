@@ -279,3 +279,33 @@ def test_tracking_server_killed_and_restarted_never_holds_training_and_the_run_i
         assert torch.load(ckpt, weights_only=True)["callbacks"]["TrackingState"]["mlflow_run_id"] == run.info.run_id
     finally:
         _stop(server)
+
+
+def test_spool_of_a_server_never_reached_imports_into_a_new_run(tmp_path, capfd):
+    """A run whose server never answered (a closed port): the sender keeps every record (run creation,
+    parameters, metrics, status) in the spool, and the printed import command sends them to a store."""
+    import mlflow
+
+    from ppo_lightning.training.mlflow_sender import main as import_main
+    from ppo_lightning.training.tracking import SafeMLFlowLogger
+
+    uri = f"http://127.0.0.1:{_free_port()}"
+    spool = tmp_path / "checkpoints/mlflow-spool.jsonl"
+    logger = SafeMLFlowLogger("never", uri, run_name="r", spool=str(spool))
+    logger.log_hyperparams({"lr": 0.1})
+    t0 = time.monotonic()
+    for i in range(1, 4):
+        logger.log_metrics({"frames": 32.0 * i, "episode/return_mean20": float(i)})
+    assert time.monotonic() - t0 < 0.5  # never waits
+    logger.finalize("success")
+    err = capfd.readouterr().err
+    assert err.count(f"MLflow tracking server {uri} is unreachable (connection refused)") == 1, err
+    assert f"6 records kept in {spool}; a run resumed from this folder sends them, or now: " \
+           f"python -m ppo_lightning.training.mlflow_sender {spool}" in err, err
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    assert import_main([str(spool), "--tracking_uri", store]) == 0
+    assert not spool.exists()
+    client = mlflow.MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("never").experiment_id])
+    assert run.info.run_name == "r" and run.info.status == "FINISHED" and run.data.params["lr"] == "0.1"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "frames")] == [32, 64, 96]

@@ -107,6 +107,9 @@ class SafeMLFlowLogger(MLFlowLogger):
     def __init__(self, experiment_name: str, tracking_uri: str, run_name: str | None = None,
                  run_id: str | None = None, spool: str | None = None, **kwargs) -> None:
         kwargs.pop("log_model", None)  # we upload the checkpoints we want at the end (finalize)
+        from ppo_lightning.training.mlflow_sender import configure_http
+
+        configure_http()  # short requests, no client-side retries: the sender retries
         super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name,
                          run_id=run_id, log_model=False, **kwargs)
         self.tracking_uri = tracking_uri
