@@ -309,3 +309,31 @@ def test_spool_of_a_server_never_reached_imports_into_a_new_run(tmp_path, capfd)
     (run,) = client.search_runs([client.get_experiment_by_name("never").experiment_id])
     assert run.info.run_name == "r" and run.info.status == "FINISHED" and run.data.params["lr"] == "0.1"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "frames")] == [32, 64, 96]
+
+
+def test_full_disk_under_videos_and_mlflow_artifacts_warns_once_and_training_goes_on(tmp_path, mount, capfd,
+                                                                                      monkeypatch):
+    """Videos and artifact uploads are not needed to go on: a full disk under each is said once, no
+    partial file is left, and the run finishes with every metric and its checkpoints."""
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    videos, artifacts = mount("run/videos", "size=1m"), mount("mlruns", "size=1m")
+    _fill(videos, 4096)
+    _fill(artifacts, 12 * 1024)  # the pre-flight probe and config.yaml fit, a checkpoint does not
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main([*EWMA, "--data.total_frames", str(3 * 64), "--video_every", "1", "--run_dir", str(run_dir),
+                 "--mlflow.tracking_uri", store, "--mlflow.experiment", "art"]) == 0
+    err = capfd.readouterr().err
+    assert err.count("no space left on device while writing video") == 1, err[-3000:]
+    assert err.count("no space left on device while storing artifact") == 1, err[-3000:]
+    assert "no more videos in this run; training goes on" in err
+    assert sorted(p.name for p in videos.iterdir()) == ["filler"]  # no partial video
+    client = mlflow.MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("art").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "frames")] == [64, 128, 192]
+    partial = [p for p in artifacts.rglob("*") if p.is_file() and p.name != "filler" and p.stat().st_size == 0]
+    assert not list(artifacts.rglob("last.ckpt")) and not partial
+    assert (run_dir / "checkpoints/last.ckpt").exists()

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ppo_lightning.core.faults import StorageFull
-from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text, tree_bytes
+from ppo_lightning.core.storage import free_bytes, human_bytes, out_of_space, space_error_text, tree_bytes
 
 SPOOL_NAME = "mlflow-spool.jsonl"
 QUEUE_SIZE = 10_000  # records in memory before the loop writes them straight to the spool
@@ -228,10 +228,12 @@ class MlflowSender:
                     self._idle.set()
                     return
                 if record["kind"] == "artifact" and out_of_space(err):
+                    self._remove_partial_artifact(record)
                     if not self._artifact_space_warned:
                         self._artifact_space_warned = True
-                        _warn(f"MLflow: {space_error_text(err)} for artifact {record['path']} (needs "
-                              f"{tree_bytes(record['path'])} bytes); the file stays in the run folder; training goes on")
+                        _warn(f"MLflow: {space_error_text(err)} while storing artifact {record['path']} (needs "
+                              f"{human_bytes(tree_bytes(record['path']))}); no more artifacts are stored in this "
+                              f"run, the files stay in the run folder; training goes on")
                     self._drop_first()
                     continue
                 if not self.local and is_unreachable(err) or self.local and "database is locked" in str(err):
@@ -270,6 +272,17 @@ class MlflowSender:
             if self._pending:
                 self._pending.popleft()
                 self._spooled = max(0, self._spooled - 1)
+
+    def _remove_partial_artifact(self, record: dict) -> None:
+        """A local artifact store copies the file: a copy cut by a full disk is removed."""
+        try:
+            from ppo_lightning.training.tracking import local_artifact_folder
+
+            folder = local_artifact_folder(self.client.get_run(self.run_id).info.artifact_uri)
+            if folder is not None:
+                (folder / (record.get("artifact_path") or "") / Path(record["path"]).name).unlink(missing_ok=True)
+        except Exception:  # noqa: BLE001 - a remote store keeps no partial file of ours
+            pass
 
     # ------------------------------------------------------------------ spool file
     def _write_spool(self, records: list[dict], path: Path | None = None) -> None:
@@ -322,7 +335,7 @@ class MlflowSender:
         elif kind == "tag":
             self.client.set_tag(self.run_id, record["key"], record["value"])
         elif kind == "artifact":
-            if Path(record["path"]).exists():
+            if Path(record["path"]).exists() and not self._artifact_space_warned:
                 self.client.log_artifact(self.run_id, record["path"], record.get("artifact_path"))
         elif kind == "terminated":
             self.client.set_terminated(self.run_id, record["status"])
