@@ -6,7 +6,7 @@ fit`` as a subprocess, ``experiments/cartpole/ppo_ewma.yaml``, the return thresh
 runs do the same work) is run:
 
 1. with the server up throughout;
-2. with the server SIGKILLed ``--kill_after`` seconds after the fit started and started again
+2. with the server SIGKILLed ``--kill_after`` seconds after it received the fit's first metrics, and started again
    ``--outage_s`` seconds later (it is reachable again once its start-up finishes; the time it was
    unreachable is printed).
 
@@ -85,7 +85,8 @@ def fit(uri: str, experiment: str, frames: int, run_dir: Path) -> subprocess.Pop
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=40_960, help="frames per fit (default 40960)")
-    parser.add_argument("--kill_after", type=float, default=10.0, help="seconds into the fit the server is killed")
+    parser.add_argument("--kill_after", type=float, default=10.0,
+                        help="seconds after the server has the fit's first metrics that it is killed")
     parser.add_argument("--outage_s", type=float, default=60.0, help="seconds before the server is started again")
     args = parser.parse_args()
 
@@ -104,7 +105,14 @@ def main() -> None:
             t0 = time.monotonic()
             proc = fit(uri, experiment, args.frames, work / experiment)
             down = None
-            if name != "server up":
+            if name != "server up":  # the kill: --kill_after s after the server has the run's first metrics
+                client = mlflow.MlflowClient(tracking_uri=uri)
+                while proc.poll() is None:
+                    found = client.get_experiment_by_name(experiment)
+                    runs = client.search_runs([found.experiment_id]) if found is not None else []
+                    if runs and client.get_metric_history(runs[0].info.run_id, "frames"):
+                        break
+                    time.sleep(0.5)
                 time.sleep(args.kill_after)
                 kill(server)
                 t_kill = time.monotonic()

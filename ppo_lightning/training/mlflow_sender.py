@@ -2,8 +2,8 @@
 
 The training loop hands every MLflow record of a run (the run's creation when the server was away at
 start, parameters, one iteration's metrics, a tag, an artifact, the final status) to `MlflowSender`,
-which never blocks it: records go to an in-memory queue (bounded; past the bound they go straight to
-the spool file) and one thread sends them, in order. When a send fails because the server cannot be
+which never blocks it: records go to an in-memory queue (bounded; past the bound the loop appends them
+to the backlog under a short lock) and one thread sends them, in order. When a send fails because the server cannot be
 reached (connection refused, a timeout, a 5xx answer), the thread prints one line, writes what it has
 not sent to a spool file (JSON lines, ``<run>/checkpoints/mlflow-spool.jsonl``, beside the
 checkpoints) and retries every few seconds; when a send succeeds again it prints one line, sends the
@@ -15,7 +15,7 @@ Why not MLflow's own asynchronous logging (``log_batch(..., synchronous=False)``
 loop from waiting, but a batch whose send fails after the client's retries is dropped (an error in the
 log, not kept), its queue has no bound, and nothing says when the server is away or back. Its
 client-side retries (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, 7 by default with exponential backoff: a
-request waits minutes on a dead server) are set to 0 and the request timeout to 10 s for this
+request waits minutes on a dead server) are set to 0 and the request timeout to 30 s for this
 process unless the user set them (`configure_http`): this thread does the retrying.
 
 A full disk under a local store (SQLite) is not an outage: `fatal` holds a `StorageFull` that the
@@ -39,7 +39,7 @@ from ppo_lightning.core.faults import StorageFull
 from ppo_lightning.core.storage import free_bytes, human_bytes, out_of_space, space_error_text, tree_bytes
 
 SPOOL_NAME = "mlflow-spool.jsonl"
-QUEUE_SIZE = 10_000  # records in memory before the loop writes them straight to the spool
+QUEUE_SIZE = 10_000  # records handed over without a lock; past it the loop appends to the backlog itself
 RETRY_S = (0.5, 1.0, 2.0, 5.0)  # waits between tries while the server is away
 
 
@@ -47,7 +47,7 @@ def _warn(message: str) -> None:
     print(f"[ppo-lightning] {message}", file=sys.stderr, flush=True)
 
 
-def configure_http(timeout_s: int = 10, max_retries: int = 0) -> None:
+def configure_http(timeout_s: int = 30, max_retries: int = 0) -> None:
     """Short HTTP requests for MLflow's REST client (the sender retries), unless set by the user."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
@@ -68,7 +68,9 @@ def short_reason(err: BaseException | str) -> str:
     """A few words for an outage: ``connection refused``, ``timed out``, or the error's first line."""
     text = str(err)
     for needle, words in (("Connection refused", "connection refused"), ("timed out", "timed out"),
-                          ("Name or service not known", "unknown host"), ("Temporary failure", "name resolution failed")):
+                          ("RemoteDisconnected", "connection closed"), ("Connection aborted", "connection closed"),
+                          ("Name or service not known", "unknown host"), ("Temporary failure", "name resolution failed"),
+                          ("Max retries exceeded", "no connection")):
         if needle in text:
             return words
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
@@ -102,12 +104,13 @@ class MlflowSender:
     """
 
     def __init__(self, client, tracking_uri: str, run_id: str | None, spool: str | os.PathLike | None,
-                 local: bool, resumed: bool = False, on_run_id: Callable[[str], None] | None = None) -> None:
+                 local: bool, resumed: bool = False, on_run_id: Callable[[str], None] | None = None,
+                 away: bool = False) -> None:
         self.client, self.tracking_uri, self.run_id = client, tracking_uri, run_id
         self.spool = Path(spool) if spool is not None else None
         self.local, self.resumed, self.on_run_id = local, resumed, on_run_id
         self.fatal: StorageFull | None = None
-        self.down = False
+        self.down = away  # the server did not answer at start (said then): records are spooled as they come
         self.sent = 0
         self._queue: queue.Queue = queue.Queue(QUEUE_SIZE)
         self._pending: collections.deque = collections.deque()  # taken from the queue, not yet sent
@@ -148,8 +151,12 @@ class MlflowSender:
             self._thread.start()
         try:
             self._queue.put_nowait(record)
-        except queue.Full:
-            self._append_spool([record], overflow=True)
+        except queue.Full:  # a long outage: straight to the backlog (and its spool), never waiting
+            with self._lock:
+                self._pending.append(record)
+                if self.down:
+                    self._write_spool([record])
+                    self._spooled = len(self._pending)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every record to be sent; True if they were."""
@@ -215,8 +222,12 @@ class MlflowSender:
                     if self.down:  # away: every record is kept on disk as it comes
                         self._write_spool([record])
                         self._spooled = len(self._pending)
+            batch = self._metrics_run() if record["kind"] == "metrics" else [record]
             try:
-                self._send(record)
+                if record["kind"] == "metrics":
+                    self._send_metrics(batch)  # consecutive iterations in one request: a backlog goes fast
+                else:
+                    self._send(record)
             except Exception as err:  # noqa: BLE001 - sorted below; the loop must go on
                 if self.local and out_of_space(err) and record["kind"] != "artifact":
                     path = Path(self.tracking_uri[len("sqlite:///"):]) if self.tracking_uri.startswith("sqlite:///") \
@@ -256,22 +267,44 @@ class MlflowSender:
                           f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else ''})")
                 self._drop_first()
                 continue
-            self._drop_first()
-            self.sent += 1
             if self.down:
-                self.down = False
                 with self._lock:
                     left = len(self._pending) + self._queue.qsize()
+            self._drop_first(len(batch))
+            self.sent += len(batch)
+            if self.down:
+                self.down = False
                 _warn(f"MLflow tracking server {self.tracking_uri} is back; sending the {left} records kept")
             if not self._pending and self._queue.empty():
                 self._clear_spool()
                 self._idle.set()
 
-    def _drop_first(self) -> None:
+    def _drop_first(self, n: int = 1) -> None:
         with self._lock:
-            if self._pending:
+            for _ in range(min(n, len(self._pending))):
                 self._pending.popleft()
                 self._spooled = max(0, self._spooled - 1)
+
+    def _metrics_run(self, limit: int = 250) -> list[dict]:
+        """The metrics records at the head of the backlog (queued ones taken in first), up to ``limit``
+        values: sent as one ``log_batch``."""
+        with self._lock:
+            while True:
+                try:
+                    record = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                self._pending.append(record)
+                if self.down:
+                    self._write_spool([record])
+                    self._spooled = len(self._pending)
+            out, n = [], 0
+            for record in self._pending:
+                if record["kind"] != "metrics" or (out and n + len(record["metrics"]) > limit):
+                    break
+                out.append(record)
+                n += len(record["metrics"])
+            return out
 
     def _remove_partial_artifact(self, record: dict) -> None:
         """A local artifact store copies the file: a copy cut by a full disk is removed."""
@@ -304,10 +337,6 @@ class MlflowSender:
                 self._warned.add("spool")
                 _warn(f"MLflow records cannot be kept in {self.spool} ({err.strerror}); they stay in memory")
 
-    def _append_spool(self, records: list[dict], overflow: bool = False) -> None:
-        with self._lock:
-            self._write_spool(records)
-
     def _clear_spool(self) -> None:
         """Everything sent: the spool is rewritten empty (removed)."""
         with self._lock:
@@ -329,7 +358,7 @@ class MlflowSender:
         if self.run_id is None:
             raise RuntimeError("no MLflow run yet")
         if kind == "metrics":
-            self._send_metrics(record)
+            self._send_metrics([record])
         elif kind == "params":
             self._send_params(record)
         elif kind == "tag":
@@ -342,18 +371,22 @@ class MlflowSender:
         else:
             raise ValueError(f"unknown record kind {kind!r}")
 
-    def _send_metrics(self, record: dict) -> None:
+    def _send_metrics(self, records: list[dict]) -> None:
         from mlflow.entities import Metric
 
-        step = int(record["step"])
-        if self.resumed and record.get("live") and "frames" in record["metrics"]:
-            if self._floor is None:
-                history = self.client.get_metric_history(self.run_id, "frames")
-                self._floor = max((m.step for m in history), default=-1)
-            if step <= self._floor:
-                return
-        metrics = [Metric(key=k, value=float(v), timestamp=int(record["timestamp"]), step=step)
-                   for k, v in record["metrics"].items()]
+        if self.run_id is None:
+            raise RuntimeError("no MLflow run yet")
+        metrics = []
+        for record in records:
+            step = int(record["step"])
+            if self.resumed and record.get("live") and "frames" in record["metrics"]:
+                if self._floor is None:
+                    history = self.client.get_metric_history(self.run_id, "frames")
+                    self._floor = max((m.step for m in history), default=-1)
+                if step <= self._floor:
+                    continue
+            metrics += [Metric(key=k, value=float(v), timestamp=int(record["timestamp"]), step=step)
+                        for k, v in record["metrics"].items()]
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 

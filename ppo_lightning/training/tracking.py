@@ -102,7 +102,7 @@ class SafeMLFlowLogger(MLFlowLogger):
     ``run_id``: continue that run; None: `make_logger` creates the run before training, or, when the
     server was away at start, the sender creates it when the server is back."""
 
-    FINAL_FLUSH_S = 15.0  # the end of fit waits at most this long for a reachable server
+    FINAL_FLUSH_S = 30.0  # the end of fit waits at most this long for a reachable server
 
     def __init__(self, experiment_name: str, tracking_uri: str, run_name: str | None = None,
                  run_id: str | None = None, spool: str | None = None, **kwargs) -> None:
@@ -120,6 +120,7 @@ class SafeMLFlowLogger(MLFlowLogger):
         self.console = ConsoleLogger()
         self._checkpoint_callbacks: dict[int, Any] = {}
         self.sender = None  # MlflowSender, started on rank 0 at the first record
+        self.away_at_start = False  # set by make_logger: the server did not answer (said once, then)
 
     # -- no network on these: the run exists already or the sender creates it
     @property
@@ -150,7 +151,7 @@ class SafeMLFlowLogger(MLFlowLogger):
 
             self.sender = MlflowSender(self._mlflow_client, self.tracking_uri, self._run_id, self.spool,
                                        local=is_local_store(self.tracking_uri), resumed=self.resumed,
-                                       on_run_id=self._set_run_id)
+                                       on_run_id=self._set_run_id, away=self.away_at_start)
             if self._run_id is None and self.sender.run_id is None and not self.sender.creates_run():
                 tags = {**(self.tags or {}), **({"mlflow.runName": self._run_name} if self._run_name else {})}
                 self.sender.submit({"kind": "create_run", "experiment": self.experiment_name, "tags": tags})
@@ -189,6 +190,8 @@ class SafeMLFlowLogger(MLFlowLogger):
     @rank_zero_only
     def note_stop(self, reason: str) -> None:
         """Why the run stopped (a fault), as the tag ``stopped_by``; Lightning then marks it FAILED."""
+        if self.sender is not None and self.sender.fatal is not None:
+            return  # the store itself is full: the fault is its own
         self._submit({"kind": "tag", "key": "stopped_by", "value": reason[:5000]})
 
     @rank_zero_only
@@ -225,12 +228,13 @@ class SafeMLFlowLogger(MLFlowLogger):
         away), then keeps what is unsent in the spool with one line saying how to send it."""
         self._submit({"kind": "terminated", "status": status})
         flushed = self.sender.flush(5.0 if self.sender.down else self.FINAL_FLUSH_S)
+        self.sender.stop()  # first: a send finishing later would be in the spool and sent twice
         left = 0 if flushed else self.sender.persist()
-        self.sender.stop()
         if flushed:
             return
         if left and self.sender.fatal is None:
-            _warn(f"MLflow tracking server {self.tracking_uri} is away: {left} records kept in {self.spool}; a run "
+            why = "is away" if self.sender.down else f"did not take them within {self.FINAL_FLUSH_S:g} s"
+            _warn(f"MLflow tracking server {self.tracking_uri} {why}: {left} records kept in {self.spool}; a run "
                   f"resumed from this folder sends them, or now: python -m ppo_lightning.training.mlflow_sender "
                   f"{self.spool}")
 
@@ -369,5 +373,7 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
                                       run_id=run_id, spool=None if spool is None else str(spool))
             logger.resumed = False  # a new run: nothing logged yet
             return logger
-    return SafeMLFlowLogger(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name, run_id=run_id,
-                            spool=None if spool is None else str(spool))
+    logger = SafeMLFlowLogger(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name,
+                              run_id=run_id, spool=None if spool is None else str(spool))
+    logger.away_at_start = away
+    return logger

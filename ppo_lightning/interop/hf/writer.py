@@ -233,9 +233,11 @@ def export_hf(
         model_card(config, num_params, evaluation, replay).save(tmp / "README.md")
         _replace_dir(tmp, out)
     except BaseException as err:
-        # a full disk: what the folder needed = the weights + the other files written so far
-        needed = sum(v.numel() * v.element_size() for v in weights.values()) + sum(
-            p.stat().st_size for p in tmp.rglob("*") if p.is_file() and p.suffix != ".safetensors") \
+        # a full disk: what the folder needed = the weights, the code, the config, and the replay and
+        # model card as far as they were written
+        needed = sum(v.numel() * v.element_size() for v in weights.values()) + len(source.encode()) + sum(
+            (REMOTE_DIR / name).stat().st_size for name in TEMPLATE_FILES) + len(json.dumps(config, indent=2)) + sum(
+            p.stat().st_size for p in tmp.rglob("*") if p.is_file() and p.suffix in (".mp4", ".md")) \
             if isinstance(err, Exception) and out_of_space(err) else None
         shutil.rmtree(tmp, ignore_errors=True)
         if needed is not None:
