@@ -162,12 +162,13 @@ def test_cli_fit_logs_to_mlflow_and_checkpoints(tmp_path):
     assert "config.yaml" in artifacts and "checkpoints" in artifacts and "videos" in artifacts
 
 
-def test_cli_unwritable_tracking_store_trains_on(tmp_path):
+def test_cli_unwritable_tracking_store_is_refused_before_training(tmp_path):
+    """A local store that cannot be written: one line, exit code 4, nothing trained (issue 38)."""
     out = run_cli("fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--mlflow.tracking_uri",
                   "sqlite:////proc/no/such/dir/mlflow.db", "--run_dir", str(tmp_path / "run"), *SMALL, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "cannot be written" in out.stderr and "training on with console logging" in out.stderr
-    assert (tmp_path / "run/checkpoints/last.ckpt").exists()
+    assert out.returncode == 4, out.stderr[-3000:]
+    assert "error: MLflow tracking store folder /proc/no/such/dir cannot be written" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "run/checkpoints/last.ckpt").exists()
 
 
 @pytest.mark.parametrize("objective", ["clip", "adaptive_kl"])

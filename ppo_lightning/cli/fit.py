@@ -45,6 +45,8 @@ from ppo_lightning.core.configs import resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
 from ppo_lightning.training.checkpointing import check_checkpoint_file
+from ppo_lightning.training.storage_faults import preflight, storage_hint
+from ppo_lightning.training.mlflow_sender import SPOOL_NAME
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -174,9 +176,13 @@ class PPOCLI(LightningCLI):
         user_callbacks = [c for c in (given.get("callbacks") or []) if not isinstance(c, MANAGED_CALLBACKS)]
         given["callbacks"] = user_callbacks
         logger = given.get("logger")
+        checkpoints = run_dir / "checkpoints" if cfg.trainer.get("enable_checkpointing") is not False else None
+        mlflow_store = cfg.mlflow.tracking_uri if cfg.mlflow.enabled and logger in (None, True) else None
+        preflight(run_dir, checkpoints, mlflow_store)  # unwritable folders: one line, exit code 4
         if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
             kwargs["logger"] = (
-                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"))
+                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"),
+                            spool=run_dir / "checkpoints" / SPOOL_NAME)
                 if cfg.mlflow.enabled
                 else False
             )
@@ -456,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingFault as err:  # a bad checkpoint file, a numerical or an environment fault
         local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
         if not err.all_ranks or local_rank == "0":  # a fault all ranks share: one line per node
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {err}{storage_hint(err, sys.argv[1:] if argv is None else argv)}", file=sys.stderr)
         if err.all_ranks:
             close_process_group()
         return err.exit_code

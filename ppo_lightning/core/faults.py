@@ -50,6 +50,38 @@ class NumericalFault(TrainingFault):
     """Too many consecutive non-finite steps, or parameters that became non-finite."""
 
 
+class UnwritablePath(TrainingFault):
+    """A run folder, tracking store or export target that cannot be written, found before training
+    (or exporting) starts (`ppo_lightning.core.storage.check_writable`): nothing was trained or written."""
+
+    exit_code = 4
+
+
+class StorageFull(TrainingFault):
+    """The disk (or a quota) filled while the run wrote something it cannot go on without (a
+    checkpoint, the MLflow store, an export): one line naming what, how much it needed, the last good
+    checkpoint and the command that resumes from it (`ppo_lightning.core.storage`)."""
+
+    exit_code = 5
+
+    def __init__(self, what: str, path, needed: int | None, free: int | None, error: str,
+                 last_good=None, all_ranks: bool = False) -> None:
+        self.what, self.path, self.needed, self.free, self.error = what, path, needed, free, error
+        self.last_good = last_good  # the newest complete checkpoint, or None
+        self.all_ranks = all_ranks
+        super().__init__()
+
+    def __str__(self) -> str:
+        from ppo_lightning.core.storage import human_bytes
+
+        need = f"needs {human_bytes(self.needed)}" if self.needed is not None else "size unknown"
+        free = f", {human_bytes(self.free)} free" if self.free is not None else ""
+        text = f"{self.error} while writing {self.what} {self.path} ({need}{free}); nothing partial was left"
+        if self.last_good is not None:
+            text += f"; the last good checkpoint is {self.last_good}"
+        return text
+
+
 class EnvFault(TrainingFault):
     """An environment raised, hung or returned malformed data."""
 

@@ -3,12 +3,15 @@ kept in checkpoints."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
+from ppo_lightning.core.faults import TrainingFault
+from ppo_lightning.core.storage import free_bytes, human_bytes, out_of_space, space_error_text
 from ppo_lightning.interop.evaluation import evaluate_policy
 from ppo_lightning.nets.models import is_sharded
 from ppo_lightning.training.tracking import quiet_mlflow
@@ -115,13 +118,20 @@ class TrackingState(Callback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         logger = trainer.logger
-        if getattr(logger, "failed", True) is False:  # our SafeMLFlowLogger, store writable
-            try:
-                self.run_id = logger.run_id
-            except Exception:  # noqa: BLE001 - the logger reports store errors itself
-                self.run_id = None
+        self._logger = logger if getattr(logger, "failed", True) is False else None  # our SafeMLFlowLogger
+        self.run_id = self._logger.run_id if self._logger is not None else None
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """A fault that stops the run is written on the MLflow run (tag ``stopped_by``) before Lightning
+        marks it FAILED."""
+        note = getattr(trainer.logger, "note_stop", None)
+        if note is not None and isinstance(exception, TrainingFault):
+            note(f"{type(exception).__name__} (exit code {exception.exit_code}): {exception}")
 
     def state_dict(self) -> dict:
+        logger = getattr(self, "_logger", None)
+        if logger is not None and logger.run_id is not None:  # created late when the server was away at start
+            self.run_id = logger.run_id
         return {"mlflow_run_id": self.run_id, "run_dir": self.run_dir}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -201,6 +211,7 @@ class TrainingVideo(Callback):
         self.run_dir, self.every, self.seed = Path(run_dir), every, seed
         self.paths: list[Path] = []
         self._last_iteration = -1
+        self.disk_full = False  # set by the first out-of-space write: no more videos in this run
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
@@ -215,12 +226,24 @@ class TrainingVideo(Callback):
         dm = trainer.datamodule
         if trainer.global_rank != 0 or dm is None or dm.iteration == self._last_iteration or is_sharded(pl_module.network):
             return None
+        if self.disk_full:
+            return None
         self._last_iteration = dm.iteration
         path = self.run_dir / "videos" / f"iteration-{dm.iteration:05d}.mp4"
+        tmp = path.with_name(f".{path.stem}.tmp.mp4")  # renamed when complete: never a partial video
         try:
             evaluate_policy(pl_module.network, dm.env_id, episodes=1, num_envs=1, env_kwargs=dm.env_kwargs,
-                            seed=self.seed, video=str(path))
+                            seed=self.seed, video=str(tmp))
+            os.replace(tmp, path)
         except Exception as err:  # noqa: BLE001 - a video must never stop training
+            written = tmp.stat().st_size if tmp.exists() else 0
+            tmp.unlink(missing_ok=True)
+            if out_of_space(err):  # once: videos stop, training goes on
+                self.disk_full = True
+                print(f"[ppo-lightning] {space_error_text(err)} while writing video {path} (needs more than "
+                      f"{human_bytes(written)}, {human_bytes(free_bytes(path.parent))} free): no more videos in this "
+                      f"run; training goes on", file=sys.stderr, flush=True)
+                return None
             print(f"[ppo-lightning] no video at iteration {dm.iteration} ({type(err).__name__}: {err})",
                   file=sys.stderr, flush=True)
             return None

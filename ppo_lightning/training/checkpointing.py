@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from ppo_lightning.core.faults import CheckpointError
+from ppo_lightning.core.faults import CheckpointError, StorageFull
+from ppo_lightning.core.storage import counted_bytes, free_bytes, out_of_space, space_error_text
 
 TMP_SUFFIX = ".tmp"
 
@@ -49,26 +50,50 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint") -> None:
     """``torch.save`` to ``path`` atomically: temp file in the same folder, fsync, ``os.replace``.
 
     Temporary files left by a killed writer of the same target (``.<name>.*.tmp``) are removed first.
+    A full disk (or quota) removes the temp file and raises `StorageFull` naming the bytes the
+    checkpoint needed and the newest complete checkpoint of the folder (`last_good_checkpoint`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*{TMP_SUFFIX}"):
-        stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.*{TMP_SUFFIX}"):
+            stale.unlink(missing_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, Exception) and out_of_space(err):
+            raise StorageFull(what, path, counted_bytes(lambda f: torch.save(obj, f)), free_bytes(path.parent),
+                              space_error_text(err), last_good_checkpoint(path.parent)) from None
         raise
     _fsync_dir(path.parent)
+
+
+def last_good_checkpoint(folder: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint (``*.ckpt`` file or sharded folder) in ``folder``, or None."""
+    folder = Path(folder)
+    try:
+        found = [p for p in folder.glob("*.ckpt") if not p.name.startswith(".")]
+        found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for p in found:
+        try:
+            check_checkpoint_file(p)
+        except (CheckpointError, OSError):
+            continue
+        return p
+    return None
 
 
 def check_checkpoint_file(path: str | os.PathLike) -> None:

@@ -252,11 +252,10 @@ def finish(trainer, logger=None) -> int | None:
         return None
     if trainer.is_global_zero:
         extra = ""
-        if logger is not None and getattr(logger, "failed", True) is False:
-            try:
-                logger.experiment.set_tag(logger.run_id, "preempted_by",
-                                          f"{signal_name(cb.stopped_by)} at iteration {cb.iteration}")
-                logger.experiment.set_terminated(logger.run_id, "KILLED")
+        if logger is not None and getattr(logger, "failed", True) is False and hasattr(logger, "set_status"):
+            try:  # through the logger's sender: never waits on a tracking server that is away
+                logger.set_run_tag("preempted_by", f"{signal_name(cb.stopped_by)} at iteration {cb.iteration}")
+                logger.set_status("KILLED")
             except Exception as err:  # noqa: BLE001 - the checkpoint is what matters
                 extra += f"; MLflow status not updated ({type(err).__name__})"
         job = slurm_job_id() if cb.requeue else None

@@ -44,6 +44,8 @@ Not supported yet (one-line errors at configuration): micro-batches, gradient ac
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Any
 
 import torch
@@ -254,23 +256,36 @@ class SeedRuns:
 
     def __init__(self, seeds: list[int]) -> None:
         self.seeds = seeds
-        self.run_ids: list[str] | None = None
+        self._run_ids: list[str] | None = None
         self.loggers: list | None = None
 
+    @property
+    def run_ids(self) -> list[str] | None:
+        """The seeds' run ids (read from their loggers: a run the tracking server was away for gets its
+        id when the server is back)."""
+        if self.loggers is not None:
+            self._run_ids = [lg.run_id for lg in self.loggers]
+        return self._run_ids
+
+    @run_ids.setter
+    def run_ids(self, value: list[str] | None) -> None:
+        self._run_ids = value
+
     def _start(self, module, parent) -> None:
-        name = parent.experiment.get_run(parent.run_id).info.run_name
+        name = parent._run_name or parent.run_id or "group"  # no request to the server in the loop
         self.loggers = []
         for k, seed in enumerate(self.seeds):
             run_id = self.run_ids[k] if self.run_ids and k < len(self.run_ids) else None
             logger = SafeMLFlowLogger(experiment_name=parent.experiment_name, tracking_uri=parent.tracking_uri,
                                       run_name=f"{name}-member{k}-seed{seed}" if module.hparams.get("member_hparams")
                                       else f"{name}-seed{seed}", run_id=run_id,
-                                      tags={"mlflow.parentRunId": parent.run_id, "seed": str(seed)})
+                                      tags={"mlflow.parentRunId": parent.run_id, "seed": str(seed)},
+                                      spool=None if parent.spool is None else
+                                      str(Path(parent.spool).with_name(f"{Path(parent.spool).stem}-seed{k}.jsonl")))
             params = {k2: v for k2, v in dict(module.hparams).items() if k2 not in ("seeds", "member_hparams")}
             own = {n: v[k] for n, v in (module.hparams.get("member_hparams") or {}).items()}  # this member's values
             logger.log_hyperparams({**params, **own, "seed": seed, "seed_index": k, "group_run_id": parent.run_id})
             self.loggers.append(logger)
-        self.run_ids = [lg.run_id for lg in self.loggers]
 
     def publish(self, module, per_seed: list[dict[str, float]]) -> None:
         parent = module.trainer.logger if module._trainer is not None else None

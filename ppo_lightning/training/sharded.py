@@ -25,7 +25,9 @@ from typing import Any
 
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from ppo_lightning.training.checkpointing import TMP_SUFFIX, _fsync_dir
+from ppo_lightning.core.faults import StorageFull
+from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text
+from ppo_lightning.training.checkpointing import TMP_SUFFIX, _fsync_dir, last_good_checkpoint
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -72,6 +74,19 @@ def swap_in(tmp: Path, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
+def _checkpoint_bytes(obj) -> int:
+    """Bytes of the tensors in a checkpoint (a sharded tensor counts whole: what all ranks write)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_checkpoint_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_checkpoint_bytes(v) for v in obj)
+    return 0
+
+
 class AtomicModelParallelStrategy(ModelParallelStrategy):
     """`ModelParallelStrategy` (FSDP2 / tensor parallelism) whose sharded checkpoints are written to a
     temporary folder and swapped in complete (see the module docstring)."""
@@ -90,9 +105,28 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
             if tmp.exists():  # left by a writer that was killed
                 shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
         self.barrier("sharded_checkpoint_start")
-        super().save_checkpoint(checkpoint, tmp)  # shards (every rank), .metadata, meta.pt (rank 0)
-        _fsync_tree(tmp)  # each rank its own files (rank 0 also .metadata and meta.pt)
+        failure = None
+        try:
+            super().save_checkpoint(checkpoint, tmp)  # shards (every rank), .metadata, meta.pt (rank 0)
+            _fsync_tree(tmp)  # each rank its own files (rank 0 also .metadata and meta.pt)
+        except Exception as err:  # noqa: BLE001 - every rank learns of it below, none is left waiting
+            failure = err
+        if self.reduce_boolean_decision(failure is not None, all=False):
+            self._failed_write(checkpoint, tmp, path, failure)
         self.barrier("sharded_checkpoint_written")
         if self.global_rank == 0:
             swap_in(tmp, path)
         self.barrier("sharded_checkpoint_done")
+
+    def _failed_write(self, checkpoint: dict[str, Any], tmp: Path, path: Path, failure: BaseException | None) -> None:
+        """A rank could not write its part: the temporary folder goes, the previous checkpoint stays,
+        and every rank raises the same error (`StorageFull` for a full disk)."""
+        full = self.reduce_boolean_decision(failure is not None and out_of_space(failure), all=False)
+        if self.global_rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.barrier("sharded_checkpoint_failed")
+        if full:
+            raise StorageFull("sharded checkpoint", path, _checkpoint_bytes(checkpoint), free_bytes(path.parent),
+                              space_error_text(failure) if failure is not None else "no space left on device",
+                              last_good_checkpoint(path.parent), all_ranks=True)
+        raise failure if failure is not None else RuntimeError(f"another rank could not write {path}")

@@ -28,6 +28,9 @@ from typing import Any
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from ppo_lightning.core.faults import UnwritablePath
+from ppo_lightning.core.storage import check_writable
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 # MLflow 3.x's UI picks an experiment's view from this tag: untagged experiments open in the GenAI
 # view ("Evaluation runs"); this kind opens on the training runs and their charts.
@@ -115,70 +118,109 @@ def frames_step(metrics: dict[str, float], step: int | None) -> int | None:
 
 
 class SafeMLFlowLogger(MLFlowLogger):
-    """`MLFlowLogger` stepped by frames, uploading only the last/best checkpoints, whose failures
-    after start-up are reported once and then ignored (see the module doc)."""
+    """`MLFlowLogger` stepped by frames, uploading only the last/best checkpoints, whose records are
+    sent by a background thread that the training loop never waits for
+    (`ppo_lightning.training.mlflow_sender`: a tracking server that is away is retried, what it has
+    not received is kept in ``spool`` and sent when it is back, or by a resumed run).
+
+    ``run_id``: continue that run; None: `make_logger` creates the run before training, or, when the
+    server was away at start, the sender creates it when the server is back."""
+
+    FINAL_FLUSH_S = 30.0  # the end of fit waits at most this long for a reachable server
 
     def __init__(self, experiment_name: str, tracking_uri: str, run_name: str | None = None,
-                 run_id: str | None = None, **kwargs) -> None:
+                 run_id: str | None = None, spool: str | None = None, **kwargs) -> None:
         kwargs.pop("log_model", None)  # we upload the checkpoints we want at the end (finalize)
+        from ppo_lightning.training.mlflow_sender import configure_http
+
+        configure_http()  # short requests, no client-side retries: the sender retries
         super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name,
                          run_id=run_id, log_model=False, **kwargs)
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.resumed = run_id is not None
         self.failed = False
+        self.spool = spool
         self.console = ConsoleLogger()
         self._checkpoint_callbacks: dict[int, Any] = {}
-        self._logged_frames: int | None = None  # a continued run: the last frames step it has
+        self.sender = None  # MlflowSender, started on rank 0 at the first record
+        self.away_at_start = False  # set by make_logger: the server did not answer (said once, then)
 
-    def _guard(self, what: str, fn, *args, **kwargs):
+    # -- no network on these: the run exists already or the sender creates it
+    @property
+    def experiment(self):
+        self._initialized = True
+        return self._mlflow_client
+
+    @property
+    def run_id(self) -> str | None:
+        return self._run_id
+
+    @property
+    def name(self) -> str:
+        return self.experiment_name
+
+    @property
+    def version(self) -> str:
+        return self._run_id or "pending"
+
+    def _set_run_id(self, run_id: str) -> None:
+        self._run_id = run_id
+
+    def _submit(self, record: dict) -> None:
         if self.failed:
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - any store error must not stop training
-            self.failed = True
-            _warn(f"MLflow {what} failed ({type(err).__name__}: {err}); training on with console logging")
-            return None
+            return
+        if self.sender is None:
+            from ppo_lightning.training.mlflow_sender import MlflowSender
+
+            self.sender = MlflowSender(self._mlflow_client, self.tracking_uri, self._run_id, self.spool,
+                                       local=is_local_store(self.tracking_uri), resumed=self.resumed,
+                                       on_run_id=self._set_run_id, away=self.away_at_start)
+            if self._run_id is None and self.sender.run_id is None and not self.sender.creates_run():
+                tags = {**(self.tags or {}), **({"mlflow.runName": self._run_name} if self._run_name else {})}
+                self.sender.submit({"kind": "create_run", "experiment": self.experiment_name, "tags": tags})
+            if self._run_id is None and self.sender.run_id is not None:  # the spool's run
+                self._run_id = self.sender.run_id
+        self.sender.submit(record)  # raises the sender's fatal StorageFull (a full disk under the store)
 
     @rank_zero_only
     def log_hyperparams(self, params) -> None:
-        if self.resumed:
-            params = self._guard("log_hyperparams", self._new_params, params)
-            if not params:
-                return
-        self._guard("log_hyperparams", super().log_hyperparams, params)
+        from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 
-    def _new_params(self, params) -> dict[str, Any]:
-        """A continued run: MLflow parameters are immutable, so only new ones are logged; changed
-        values (a longer ``total_frames``, say) go to the tag ``resumed_with``."""
-        flat = _flatten(dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, dict) else dict(params))
-        old = self.experiment.get_run(self.run_id).data.params
-        changed = {k: v for k, v in flat.items() if k in old and old[k] != str(v)[:250]}
-        if changed:
-            previous = self.experiment.get_run(self.run_id).data.tags.get("resumed_with", "")
-            text = "; ".join(f"{k}={v}" for k, v in changed.items())
-            self.experiment.set_tag(self.run_id, "resumed_with", f"{previous} | {text}" if previous else text)
-        return {k: v for k, v in flat.items() if k not in old}
+        flat = _flatten_dict(_convert_params(params))
+        self._submit({"kind": "params", "params": {k: str(v)[:250] for k, v in flat.items()}})
 
     @rank_zero_only
     def log_metrics(self, metrics, step=None) -> None:
+        import re
+        import time
+
         step = frames_step(metrics, step)
-        if self.resumed and "frames" in metrics and not self.failed:
-            if self._logged_frames is None:  # Lightning re-runs the end of the checkpoint's iteration
-                history = self._guard("get_metric_history", self.experiment.get_metric_history, self.run_id, "frames")
-                self._logged_frames = max((m.step for m in history or []), default=-1)
-            if step <= self._logged_frames:
-                return
         if self.failed:
             self.console.log_metrics(metrics, step)
-        else:
-            self._guard("log_metrics", super().log_metrics, metrics, step)
+            return
+        clean = {}
+        for k, v in metrics.items():
+            if isinstance(v, str):
+                continue
+            clean[re.sub("[^a-zA-Z0-9_/. -]+", "", k)] = float(v)
+        self._submit({"kind": "metrics", "metrics": clean, "step": int(step or 0), "timestamp": int(time.time() * 1000)})
 
     @rank_zero_only
     def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
-        """Upload a file as an artifact of the run (reported once and ignored on failure)."""
-        self._guard("log_artifact", lambda: self.experiment.log_artifact(self.run_id, str(path), artifact_path))
+        """Upload a file as an artifact of the run (in the background; a failure never stops training)."""
+        self._submit({"kind": "artifact", "path": str(Path(path).resolve()), "artifact_path": artifact_path})
+
+    @rank_zero_only
+    def note_stop(self, reason: str) -> None:
+        """Why the run stopped (a fault), as the tag ``stopped_by``; Lightning then marks it FAILED."""
+        if self.sender is not None and self.sender.fatal is not None:
+            return  # the store itself is full: the fault is its own
+        self._submit({"kind": "tag", "key": "stopped_by", "value": reason[:5000]})
+
+    @rank_zero_only
+    def set_run_tag(self, key: str, value: str) -> None:
+        self._submit({"kind": "tag", "key": key, "value": value[:5000]})
 
     def after_save_checkpoint(self, checkpoint_callback) -> None:
         self._checkpoint_callbacks[id(checkpoint_callback)] = checkpoint_callback
@@ -197,10 +239,28 @@ class SafeMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
-        if not self.failed and self._checkpoint_callbacks:
+        if self.failed or self.sender is None or self.sender.fatal is not None:
+            return
+        if status == "success" and self._checkpoint_callbacks:
             for path in self.checkpoints_to_upload():
                 self.log_file(path, "checkpoints")
-        self._guard("finalize", super().finalize, status)
+        self.set_status({"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}.get(status, status))
+
+    @rank_zero_only
+    def set_status(self, status: str) -> None:
+        """The run's final status; waits for the sender at most `FINAL_FLUSH_S` (1 s when the server is
+        away), then keeps what is unsent in the spool with one line saying how to send it."""
+        self._submit({"kind": "terminated", "status": status})
+        flushed = self.sender.flush(5.0 if self.sender.down else self.FINAL_FLUSH_S)
+        self.sender.stop()  # first: a send finishing later would be in the spool and sent twice
+        left = 0 if flushed else self.sender.persist()
+        if flushed:
+            return
+        if left and self.sender.fatal is None:
+            why = "is away" if self.sender.down else f"did not take them within {self.FINAL_FLUSH_S:g} s"
+            _warn(f"MLflow tracking server {self.tracking_uri} {why}: {left} records kept in {self.spool}; a run "
+                  f"resumed from this folder sends them, or now: python -m ppo_lightning.training.mlflow_sender "
+                  f"{self.spool}")
 
 
 def quiet_mlflow() -> None:
@@ -232,7 +292,7 @@ def _sqlite_store_lock(tracking_uri: str):
         os.close(fd)  # releases the lock
 
 
-def probe_tracking_store(tracking_uri: str, experiment_name: str) -> str | None:
+def probe_tracking_store(tracking_uri: str, experiment_name: str, limit: int = 300) -> str | None:
     """Create or find the experiment, tagged as model training (`EXPERIMENT_KIND_TAG`: a kind the
     user set is kept); returns an error message if the store cannot be written."""
     quiet_mlflow()
@@ -247,8 +307,40 @@ def probe_tracking_store(tracking_uri: str, experiment_name: str) -> str | None:
             elif EXPERIMENT_KIND_TAG not in experiment.tags:  # made by an older version, or by hand
                 client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     except Exception as err:  # noqa: BLE001
-        return f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        return f"{type(err).__name__}: {err}".splitlines()[0][:limit]
     return None
+
+
+def is_local_store(tracking_uri: str) -> bool:
+    """A store in a file of this machine (``sqlite:///``, ``file:``, a plain path), not a server."""
+    return tracking_uri.startswith(("sqlite:", "file:")) or "://" not in tracking_uri
+
+
+def local_artifact_folder(location: str | None) -> Path | None:
+    """The folder of a local artifact location (``file:///...`` or a plain path); None for others."""
+    if not location:
+        return None
+    if location.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
+    return None if "://" in location else Path(location)
+
+
+def check_artifact_location(tracking_uri: str, experiment_name: str) -> None:
+    """The experiment's artifact folder, if local, must be writable (`UnwritablePath`, exit code 4)."""
+    if not is_local_store(tracking_uri):
+        return
+    import mlflow
+
+    try:
+        experiment = mlflow.MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(experiment_name)
+    except Exception:  # noqa: BLE001 - the probe just read it; nothing to add
+        return
+    folder = local_artifact_folder(getattr(experiment, "artifact_location", None))
+    if folder is not None:
+        check_writable(folder, f"MLflow artifact folder of experiment {experiment_name!r},",
+                       "it is fixed when the experiment is created: choose another --mlflow.experiment")
 
 
 def run_exists(tracking_uri: str, run_id: str) -> bool:
@@ -262,16 +354,50 @@ def run_exists(tracking_uri: str, run_id: str) -> bool:
 
 
 def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str = "ppo-lightning",
-                run_name: str | None = None, run_id: str | None = None) -> Logger:
-    """An MLflow logger if the store can be written, otherwise a console logger (with a message).
+                run_name: str | None = None, run_id: str | None = None, spool: str | os.PathLike | None = None) -> Logger:
+    """An MLflow logger; a local store that cannot be written is refused (`UnwritablePath`).
 
     ``run_id``: continue that run (if the store has it; otherwise a new run is started, with a message).
+    ``spool``: where records the tracking server has not received are kept (beside the checkpoints).
+    A server that cannot be reached at start does not stop or hold the run: its run is created, and
+    everything sent, when the server is back (`ppo_lightning.training.mlflow_sender`).
     """
-    error = probe_tracking_store(tracking_uri, experiment_name)
-    if error is not None:
+    from ppo_lightning.training.mlflow_sender import configure_http, create_run, is_unreachable, read_spool, short_reason
+
+    configure_http()  # short requests without client retries: the sender retries, the loop never waits
+    error = probe_tracking_store(tracking_uri, experiment_name, limit=2000)
+    if error is not None and is_local_store(tracking_uri):  # a folder of this machine: refused, exit code 4
+        raise UnwritablePath(f"MLflow tracking store {tracking_uri} cannot be written ({error}); nothing was trained "
+                             f"or written; choose another with --mlflow.tracking_uri, or --mlflow.enabled false")
+    away = error is not None and is_unreachable(RuntimeError(error))
+    if error is not None and not away:
         _warn(f"MLflow tracking store {tracking_uri} cannot be written ({error}); training on with console logging")
         return ConsoleLogger()
-    if run_id is not None and not run_exists(tracking_uri, run_id):
-        _warn(f"MLflow run {run_id} of the checkpoint is not in {tracking_uri}; starting a new run")
-        run_id = None
-    return SafeMLFlowLogger(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name, run_id=run_id)
+    spooled = read_spool(spool) if spool is not None else []
+    if away:
+        _warn(f"MLflow tracking server {tracking_uri} is unreachable at start ({short_reason(error)}); training goes on, the run's "
+              f"records are kept in {spool} and sent when it is back")
+    else:
+        check_artifact_location(tracking_uri, experiment_name)
+        if run_id is not None and not run_exists(tracking_uri, run_id):
+            _warn(f"MLflow run {run_id} of the checkpoint is not in {tracking_uri}; starting a new run")
+            run_id = None
+    header_run = next((r.get("run_id") for r in spooled if r.get("kind") == "header" and r.get("run_id")), None)
+    run_id = run_id or header_run
+    if run_id is None and not away and not any(r.get("kind") == "create_run" for r in spooled):
+        import mlflow
+
+        try:  # created now (the server answered the probe): its id goes into the first checkpoint
+            run_id = create_run(mlflow.MlflowClient(tracking_uri=tracking_uri), experiment_name,
+                                {"mlflow.runName": run_name} if run_name else {})
+        except Exception as err:  # noqa: BLE001 - gone since the probe: the sender creates it later
+            _warn(f"MLflow run not created ({type(err).__name__}); the sender tries again in the background")
+        else:
+            logger = SafeMLFlowLogger(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name,
+                                      run_id=run_id, spool=None if spool is None else str(spool))
+            logger.resumed = False  # a new run: nothing logged yet
+            return logger
+    logger = SafeMLFlowLogger(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name,
+                              run_id=run_id, spool=None if spool is None else str(spool))
+    logger.away_at_start = away
+    return logger

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from ppo_lightning.core.faults import StorageFull, UnwritablePath
+from ppo_lightning.core.storage import check_writable, free_bytes, out_of_space, space_error_text
 from ppo_lightning.interop.checkpoint_io import DATA_STATE_KEY, ExportError, load_network
 from ppo_lightning.interop.hf.bundle import BundleError, network_source
 from ppo_lightning.interop.hf.card import model_card
@@ -198,6 +200,7 @@ def export_hf(
     if not isinstance(evaluate, int) or isinstance(evaluate, bool) or evaluate < 0:
         raise ExportError(f"evaluate must be a number of episodes >= 0, got {evaluate!r}")
     _check_out_dir(out, overwrite)
+    check_writable(out.parent, "export folder", "choose another OUT_DIR")  # before any work: exit code 4
 
     net, checkpoint = load_network(ckpt, seed_index)
     weights = {
@@ -229,8 +232,16 @@ def export_hf(
         replay = REPLAY_FILE if (tmp / REPLAY_FILE).is_file() else None
         model_card(config, num_params, evaluation, replay).save(tmp / "README.md")
         _replace_dir(tmp, out)
-    except BaseException:
+    except BaseException as err:
+        # a full disk: what the folder needed = the weights, the code, the config, and the replay and
+        # model card as far as they were written
+        needed = sum(v.numel() * v.element_size() for v in weights.values()) + len(source.encode()) + sum(
+            (REMOTE_DIR / name).stat().st_size for name in TEMPLATE_FILES) + len(json.dumps(config, indent=2)) + sum(
+            p.stat().st_size for p in tmp.rglob("*") if p.is_file() and p.suffix in (".mp4", ".md")) \
+            if isinstance(err, Exception) and out_of_space(err) else None
         shutil.rmtree(tmp, ignore_errors=True)
+        if needed is not None:
+            raise StorageFull("Hugging Face folder", out, needed, free_bytes(out.parent), space_error_text(err)) from None
         raise
     return out
 
@@ -299,6 +310,9 @@ def export_main(argv: list[str] | None = None) -> int:
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (UnwritablePath, StorageFull) as err:  # exit codes 4 and 5, as for fit
+        print(f"error: {err}" + (f"; {args.ckpt} is unchanged" if isinstance(err, StorageFull) else ""), file=sys.stderr)
+        return err.exit_code
     print(f"exported {args.ckpt} to {out}")
     evaluation = json.loads((out / "config.json").read_text()).get("evaluation")
     if evaluation:
