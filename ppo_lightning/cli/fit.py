@@ -59,6 +59,16 @@ class SaveRunConfig(SaveConfigCallback):
             trainer.logger.log_file(path)
 
 
+MODEL_CLASS_PATH = "ppo_lightning.training.module.PPOLightningModule"
+
+
+def model_config(cfg):
+    """The model's settings in a parsed config: ``model.init_args`` (the model is a class path and
+    its init arguments, `PPOLightningModule` or a subclass)."""
+    model = cfg.model
+    return model.init_args if "init_args" in model else model
+
+
 _TRAINING_STARTED = False  # errors after this point are not configuration errors
 
 
@@ -99,10 +109,13 @@ class PPOCLI(LightningCLI):
         return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("data.observation_space", "model.observation_space", apply_on="instantiate")
-        parser.link_arguments("data.action_space", "model.action_space", apply_on="instantiate")
-        parser.link_arguments("data.seeds", "model.seeds", apply_on="instantiate")  # vectorized seeds
-        parser.link_arguments("data.member_hparams", "model.member_hparams", apply_on="instantiate")  # their own settings
+        # `--model my_pkg.MyModule` (or `model: {class_path: ..., init_args: ...}`) picks a subclass;
+        # without one, `model:` / `--model.X` configure PPOLightningModule as before.
+        parser.set_defaults({"model": {"class_path": MODEL_CLASS_PATH}})
+        parser.link_arguments("data.observation_space", "model.init_args.observation_space", apply_on="instantiate")
+        parser.link_arguments("data.action_space", "model.init_args.action_space", apply_on="instantiate")
+        parser.link_arguments("data.seeds", "model.init_args.seeds", apply_on="instantiate")  # vectorized seeds
+        parser.link_arguments("data.member_hparams", "model.init_args.member_hparams", apply_on="instantiate")
         parser.add_argument("--seeds", type=int | None, default=None,
                             help="train this many seeds in one process, vectorized (sets data.num_seeds)")
         parser.add_argument("--mlflow.enabled", type=bool, default=True, help="track the run in MLflow")
@@ -146,12 +159,24 @@ class PPOCLI(LightningCLI):
         if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
             # sharded checkpoints written to a temporary folder and swapped in (never half-written)
             strategy.class_path = "ppo_lightning.training.sharded.AtomicModelParallelStrategy"
-        if cfg.model.get("ppg") is not None and strategy == "ddp":
+        if model_config(cfg).get("ppg") is not None and strategy == "ddp":
             # PPG's steps leave parameters unused (the auxiliary value head in policy steps)
             cfg.trainer.strategy = "ddp_find_unused_parameters_true"
         staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
-                                     decoupled=cfg.model.get("decoupled"), proximal_com=cfg.model.get("proximal_com"))
+                                     decoupled=model_config(cfg).get("decoupled"),
+                                     proximal_com=model_config(cfg).get("proximal_com"))
         resolve_config_precision(cfg)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # jsonargparse wraps the model's own one-line error (class path mode)
+            root = err
+            while isinstance(root.__cause__ or root.__context__, ValueError):
+                root = root.__cause__ or root.__context__
+            if root is err:
+                raise
+            raise root from None
 
     def instantiate_trainer(self, **kwargs):
         cfg = self.config[self.subcommand]
@@ -237,11 +262,12 @@ class PPOCLI(LightningCLI):
         cfg = self.config[sub] if sub else None
         keep = None
         if cfg is not None and cfg.get("ckpt_path") and cfg.get("scale") is not None:
-            keep = {k: copy.deepcopy(cfg.model[k]) for k in self.SCALED_MODEL_KEYS if k in cfg.model}
+            model = model_config(cfg)
+            keep = {k: copy.deepcopy(model[k]) for k in self.SCALED_MODEL_KEYS if k in model}
         super()._parse_ckpt_path()
         if keep is not None:
             for k, v in keep.items():
-                self.config[sub].model[k] = v
+                model_config(self.config[sub])[k] = v
 
     @staticmethod
     def _check_resumed_scaled_settings(cfg) -> None:
@@ -252,9 +278,9 @@ class PPOCLI(LightningCLI):
         saved = read_checkpoint_meta(cfg.ckpt_path).get("hyper_parameters") or {}
         diffs = []
         for key in ("lr", "proximal_com", "adam_betas"):
-            if key not in saved or key not in cfg.model:
+            if key not in saved or key not in model_config(cfg):
                 continue
-            a, b = saved[key], cfg.model[key]
+            a, b = saved[key], model_config(cfg)[key]
             same = (a is None) == (b is None) and (a is None or all(
                 math.isclose(float(x), float(y), rel_tol=1e-9) for x, y in zip(*(
                     (list(v) if isinstance(v, (list, tuple)) else [v]) for v in (a, b)))))
@@ -264,7 +290,7 @@ class PPOCLI(LightningCLI):
                                                      "[" + ", ".join(f"{float(x):.4g}" for x in v) + "]")
                 diffs.append(f"model.{key} {show(a)} in the checkpoint, {show(b)} after --scale {cfg.scale:g}")
         saved_n_pi = (saved.get("ppg") or {}).get("n_pi")
-        n_pi = (dict(cfg.model.get("ppg") or {})).get("n_pi")
+        n_pi = (dict(model_config(cfg).get("ppg") or {})).get("n_pi")
         if saved_n_pi is not None and n_pi is not None and int(saved_n_pi) != int(n_pi):
             diffs.append(f"model.ppg.n_pi {saved_n_pi} in the checkpoint, {n_pi} after --scale {cfg.scale:g}")
         if diffs:
@@ -384,7 +410,7 @@ def resolve_config_precision(cfg) -> None:
     ``auto`` resolves for this machine, logged once (`ppo_lightning.training.precision`)."""
     from ppo_lightning.training.precision import resolve, take_precision_aliases
 
-    alias = take_precision_aliases(cfg.model, trainer_precision=cfg.trainer.get("precision"))
+    alias = take_precision_aliases(model_config(cfg), trainer_precision=cfg.trainer.get("precision"))
     if alias is not None and cfg.trainer.get("precision") is None:
         cfg.trainer.precision = alias
     data = cfg.data
@@ -413,6 +439,7 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         args=args,
+        subclass_mode_model=True,  # --model my_pkg.MyModule: a PPOLightningModule subclass
         auto_configure_optimizers=False,
         extra_callbacks=extra_callbacks,
     )
