@@ -508,7 +508,7 @@ def aux_loss_and_stats(module, batch: TensorDictBase) -> tuple[torch.Tensor, tor
     cfg = module.ppg_phases.cfg
     *params, value, aux_value = module.network.forward_aux(batch.get(OBS_KEY))
     old = [batch.get(OLD_PREFIX + k) for k in module.param_keys]
-    kl = module.loss_module._kl(old, params)
+    kl = module.loss_module.kl(old, params)
     target = batch.get(TARGET_KEY).reshape(kl.shape)
     out = F.ppg_auxiliary_loss(kl, aux_value.reshape(kl.shape), value.reshape(kl.shape), target,
                                cfg["beta_clone"], cfg["vf_true_weight"], dim=None if module.seed_group is None else -1)

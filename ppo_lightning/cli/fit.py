@@ -18,7 +18,7 @@ import time
 import warnings
 from pathlib import Path
 
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from ppo_lightning.training.callbacks import (
@@ -38,9 +38,7 @@ from ppo_lightning.training.precision import PPOTrainer
 from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger
 from ppo_lightning.core.faults import TrainingFault
 from ppo_lightning.algos import scaling
-from ppo_lightning.algos import staleness
 from ppo_lightning.training.preemption import Preemption, SignalStop
-from ppo_lightning.algos.ppg import check_phase_buffer_memory
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
 from ppo_lightning.training.checkpointing import check_checkpoint_file
@@ -70,6 +68,20 @@ def model_config(cfg):
 
 
 _TRAINING_STARTED = False  # errors after this point are not configuration errors
+
+
+class _TrainingStarted(Callback):
+    """Marks the end of configuration: the library's own checks (staleness against the objective,
+    PPG's phase buffer against memory: in the data module and the model) run before ``on_train_start``."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        global _TRAINING_STARTED
+        _TRAINING_STARTED = True
+
+
+def default_run_dir(cfg, run_name: str) -> Path:
+    """``--run_dir``, else ``runs/<mlflow.experiment>/<run_name>``."""
+    return Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / run_name)
 
 
 def fill_data_seed(cfg) -> None:
@@ -162,9 +174,6 @@ class PPOCLI(LightningCLI):
         if model_config(cfg).get("ppg") is not None and strategy == "ddp":
             # PPG's steps leave parameters unused (the auxiliary value head in policy steps)
             cfg.trainer.strategy = "ddp_find_unused_parameters_true"
-        staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
-                                     decoupled=model_config(cfg).get("decoupled"),
-                                     proximal_com=model_config(cfg).get("proximal_com"))
         resolve_config_precision(cfg)
 
     def instantiate_classes(self) -> None:
@@ -187,7 +196,7 @@ class PPOCLI(LightningCLI):
 
         # under SLURM: named after the job, so that a requeued job finds its run folder again
         run_name = cfg.mlflow.run_name or slurm_run_name() or time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(cfg.run_dir or resumed.get("run_dir") or Path("runs") / cfg.mlflow.experiment / run_name)
+        run_dir = Path(resumed["run_dir"]) if not cfg.run_dir and resumed.get("run_dir") else default_run_dir(cfg, run_name)
         self.run_dir = run_dir
         if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -317,7 +326,7 @@ class PPOCLI(LightningCLI):
         sub = self.config["subcommand"]
         cfg = self.config[sub]
         fill_data_seed(cfg)
-        run_dir = Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / (cfg.mlflow.run_name or "<time>"))
+        run_dir = default_run_dir(cfg, cfg.mlflow.run_name or "<time>")
         user_has_bar = any(_is_progress_bar(getattr(c, "class_path", "")) for c in cfg.trainer.get("callbacks") or [])
         logger = cfg.trainer.get("logger")
         entry = None
@@ -341,7 +350,7 @@ class PPOCLI(LightningCLI):
         name = slurm_run_name()
         if name is None:
             return None
-        found = find_resume_checkpoint(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / (cfg.mlflow.run_name or name))
+        found = find_resume_checkpoint(default_run_dir(cfg, cfg.mlflow.run_name or name))
         if found is not None:
             restart = os.environ.get("SLURM_RESTART_COUNT")
             print(f"SLURM job {name[len('slurm-'):]}{f' (restart {restart})' if restart else ''}: resuming from {found}",
@@ -349,11 +358,6 @@ class PPOCLI(LightningCLI):
         return None if found is None else str(found)
 
     def before_fit(self) -> None:
-        global _TRAINING_STARTED
-
-        # PPG's phase buffer must fit in this host's memory (one buffer per data-parallel rank here).
-        check_phase_buffer_memory(self.model.hparams, self.datamodule,
-                                  processes=max(1, self.trainer.world_size // max(1, self.trainer.num_nodes)))
         cfg = self.config[self.subcommand]
         if cfg.get("ckpt_path"):  # another world size / num_envs: --rescale applies the scaling rules, else refused
             from ppo_lightning.algos.scaling import parse_rules
@@ -364,7 +368,7 @@ class PPOCLI(LightningCLI):
             self.trainer.callbacks.append(ElasticResume(plan(cfg.ckpt_path, world, self.datamodule, cfg.rescale, rules)))
         elif cfg.get("rescale"):
             raise ValueError("--rescale applies to a resumed run: give --ckpt_path")
-        _TRAINING_STARTED = True
+        self.trainer.callbacks.append(_TrainingStarted())  # errors before it are configuration errors
         self.model.log_every_frames = cfg.get("log_every_frames") or 0
 
         # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c

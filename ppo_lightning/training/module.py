@@ -298,7 +298,7 @@ class PPOLightningModule(pl.LightningModule):
             self.proximal_source.update()
 
     def on_fit_start(self) -> None:
-        if self.ppg_phases is not None and self.trainer.datamodule is not None:  # also checked by the CLI
+        if self.ppg_phases is not None and self.trainer.datamodule is not None:  # before the first rollout
             from ppo_lightning.algos.ppg import check_phase_buffer_memory
 
             t = self.trainer
