@@ -38,6 +38,9 @@ KL_FORMS = ("analytic", "sq_logratio")
 LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
 # Entries the module reads besides the loss terms.
 REQUIRED_ENTRIES = LOSS_TERMS + ("kl_anchor",)
+# Diagnostics that are maxima: over a minibatch's micro-batches they combine by maximum, the others
+# by size-weighted mean.
+MAX_ENTRIES = ("importance_ratio_max",)
 
 
 def __getattr__(name: str):

@@ -1,4 +1,4 @@
-"""The training runtime: the LightningModule (`module`), callbacks (`callbacks`), atomic checkpoint
+"""The training runtime: the LightningModule (`module`) and its update (`update`), callbacks (`callbacks`), atomic checkpoint
 writing (`checkpointing`), small-batch diagnostics (`diagnostics`), the gradient noise scale
 (`noise_scale`), MLflow tracking (`tracking`), vectorized seed groups (`seed_group`), ``model.compile``
 (`compiled`), preemption by signals and SLURM requeue (`preemption`), atomic FSDP2 sharded

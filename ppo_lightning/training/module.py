@@ -31,7 +31,7 @@ from ppo_lightning.training.compiled import validate_compile
 from ppo_lightning.training.seed_group import MemberAdam, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
 from ppo_lightning.algos.proximal import ProximalEWMAStep
-from ppo_lightning.algos.ppg import training_step
+from ppo_lightning.training.update import PPGUpdate, accumulate
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
@@ -186,6 +186,7 @@ class PPOLightningModule(pl.LightningModule):
             self.proximal_source = ProximalPolicyEWMA(com=com)
         # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
         self.ppg_phases = None if ppg is None else ppg_lib.PPGPhases(ppg, action_space)
+        self.ppg_update = None if ppg is None else PPGUpdate()  # PPG's optimizers and its manual step
         self.automatic_optimization = ppg is None
         self._policy_step = True  # the last optimizer step changed the policy (EWMA moves after it)
         self._step_stats: list[torch.Tensor] = []
@@ -343,9 +344,7 @@ class PPOLightningModule(pl.LightningModule):
 
     def configure_optimizers(self):
         if self.ppg_phases is not None:  # manual optimization: its own optimizers, constant lr
-            from ppo_lightning.algos.ppg import configure_optimizers
-
-            return configure_optimizers(self)
+            return self.ppg_update.configure_optimizers(self)
         optimizer = self._make_optimizer()
         dm = self.trainer.datamodule if self._trainer is not None else None
         if self.hparams.lr_schedule == "constant" or dm is None:
@@ -399,7 +398,7 @@ class PPOLightningModule(pl.LightningModule):
 
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         if self.ppg_phases is not None:
-            return training_step(self, batch, batch_idx)
+            return self.ppg_update.training_step(self, batch, batch_idx)
         if self.seed_group is not None:
             loss, stats, self.numerical_guard.seed_losses = self.seed_group.loss_and_stats(self, batch)
             self._stat_names = self.seed_group.stat_names
@@ -408,32 +407,22 @@ class PPOLightningModule(pl.LightningModule):
         n, m = batch.shape[0], self.hparams.micro_batch_size
         self.numerical_guard.check_batch(batch)
         self._micro_batched = m is not None and m < n
-        if not self._micro_batched:
-            loss, stats = self._loss_and_stats(batch)
-            self._step_stats.append(stats)
-            return loss
-        # Gradient accumulation over chunks inside one optimizer step. Lightning zeroes gradients
-        # between training_step and backward, so we zero here instead (see optimizer_zero_grad),
-        # back-propagate all chunks but the last ourselves, and return the last one to Lightning.
-        if batch_idx % self.trainer.accumulate_grad_batches == 0:
-            self.optimizers(use_pl_optimizer=False).zero_grad()
-        if self.loss_module.decoupled:  # one no-grad pass for the whole minibatch, not one per chunk
-            batch = self.add_proximal(batch)
-        chunks = batch.split(m)
-        chunk_stats = []
-        for i, chunk in enumerate(chunks):
-            weight = chunk.shape[0] / n  # chunk losses are means: weight them into the minibatch mean
-            loss, stats = self._loss_and_stats(chunk)
-            loss = loss * weight
-            chunk_stats.append((weight, stats))
-            if i < len(chunks) - 1:  # frees this chunk's activations; Lightning back-propagates the last
-                parallel.backward_chunk(self, loss)
-        total = sum(w * st for w, st in chunk_stats)
-        if "importance_ratio_max" in self._stat_names:  # a maximum, not a mean
-            k = self._stat_names.index("importance_ratio_max")
-            total[k] = torch.stack([st[k] for _, st in chunk_stats]).max()  # on device: no host sync
-        self._step_stats.append(total)
+        if self._micro_batched:
+            # Lightning zeroes gradients between training_step and backward, so we zero here instead
+            # (see optimizer_zero_grad); `accumulate` back-propagates all chunks but the last, and
+            # Lightning the returned one.
+            if batch_idx % self.trainer.accumulate_grad_batches == 0:
+                self.optimizers(use_pl_optimizer=False).zero_grad()
+            if self.loss_module.decoupled:  # one no-grad pass for the whole minibatch, not one per chunk
+                batch = self.add_proximal(batch)
+        loss, _, stats = accumulate(self, batch, self._loss_and_stats, lambda chunk_loss: parallel.backward_chunk(self, chunk_loss),
+                                    lambda: self._stat_names, backward_last=False)
+        self._step_stats.append(stats)
         return loss
+
+    @property
+    def _ppg_optimizer_index(self) -> dict[str, int]:
+        return self.ppg_update.optimizer_index
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         # Non-finite steps are skipped inside the closure (`NumericalGuard`); parameters that
