@@ -1,19 +1,26 @@
-"""One TorchRL loss module for the PPO family: clipped / KL / adaptive-KL, standard or decoupled.
+"""One TorchRL loss module for the PPO family: any registered objective, standard or decoupled.
 
-It composes the pure functions of `ppo_lightning.algos.objectives`; no equation is written here.
+It composes the pure functions of `ppo_lightning.algos.objectives`; no equation is written here. The
+surrogate is the objective ``model.objective`` names in `ppo_lightning.algos.registry` (built in:
+"clip", "kl", "adaptive_kl"), or a subclass's `PPOFamilyLoss.surrogate`.
 
-Data contract (renamable with ``set_keys``, as TorchRL losses do):
-  observation, action, behavior_log_prob (written by the collector), behavior distribution
-  parameters (``logits`` or ``loc``/``scale``, written by the collector), advantage, value_target,
-  behavior_value (the value at collection, for value clipping) and, for the decoupled forms, the
-  proximal policy's distribution parameters under the ``proximal`` sub-tensordict.
+Input contract (renamable with ``set_keys``, as TorchRL losses do): observation, action,
+``action_log_prob`` (the behavior log-prob, written by the collector), the behavior distribution's
+parameters (``logits`` or ``loc``/``scale``, written by the collector), advantage, value_target,
+``state_value`` (the value at collection, for value clipping) and, for the decoupled forms, the
+proximal policy's distribution parameters under the ``proximal`` sub-tensordict.
 
-``forward`` returns a TensorDict whose ``loss_*`` entries sum to the loss to minimize and whose other
-entries are diagnostics (scalars, detached).
+Output contract (`check_loss_output`): ``forward`` returns a TensorDict whose ``loss_*`` entries are
+the terms of the loss to minimize (the module sums `LOSS_TERMS`; PPG's phases sum subsets,
+`ppo_lightning.algos.ppg.PHASE_TERMS`) and whose other entries are detached diagnostics, logged as
+``train/<name>``; `REQUIRED_ENTRIES` must be there (``kl_anchor``, the mean KL to the anchor, drives
+the adaptive beta). Every entry is a scalar, or ``[S]`` with ``stacked_seeds`` (one per seed; a
+scalar is taken as every seed's).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -23,22 +30,72 @@ from torch import nn
 from torchrl.objectives import LossModule
 
 from ppo_lightning.algos import objectives as F
+from ppo_lightning.algos.registry import SurrogateInputs, get_objective, objective_names
 from ppo_lightning.nets.models import dist_param_keys, make_distribution
 
-OBJECTIVES = ("clip", "kl", "adaptive_kl")
-
-
 KL_FORMS = ("analytic", "sq_logratio")
+# The terms the module sums into the loss it minimizes (PPO's joint step).
+LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
+# Entries the module reads besides the loss terms.
+REQUIRED_ENTRIES = LOSS_TERMS + ("kl_anchor",)
+# Diagnostics that are maxima: over a minibatch's micro-batches they combine by maximum, the others
+# by size-weighted mean.
+MAX_ENTRIES = ("importance_ratio_max",)
+
+
+def __getattr__(name: str):
+    if name == "OBJECTIVES":  # the registered names (objectives can be registered after import)
+        return objective_names()
+    raise AttributeError(name)
+
+
+def check_loss_output(out, num_seeds: int | None = None) -> None:
+    """The output contract of a PPO-family loss (module docstring): the required entries are there
+    and every entry is a scalar (``[S]`` or a scalar with ``num_seeds``); one-line error otherwise."""
+    missing = [k for k in REQUIRED_ENTRIES if k not in out.keys()]
+    if missing:
+        raise ValueError(f"the loss module's output lacks {', '.join(missing)} (required: {', '.join(REQUIRED_ENTRIES)}; "
+                         "ppo_lightning.algos.loss)")
+    for key in out.keys():
+        shape = tuple(out[key].shape)
+        if shape not in ((), (num_seeds,) if num_seeds else ()):
+            want = f"a scalar or [{num_seeds}] (one per seed)" if num_seeds else "a scalar"
+            raise ValueError(f"the loss module's entry {key!r} has shape {list(shape)}, not {want}")
+
+
+def check_loss_settings(objective: str = "clip", objective_args: dict | None = None, clip_eps: float = 0.2,
+                        kl_beta: float = 1.0, kl_target: float = 0.01, max_importance_ratio: float | None = None,
+                        value_coef: float = 0.5, entropy_coef: float = 0.01, value_clip_eps: float | None = None,
+                        kl_form: str = "analytic", **_) -> None:
+    """One-line errors naming ``model.<setting>`` for invalid loss settings (the loss and the module call it)."""
+    get_objective(objective).check_args(objective_args)
+    for name, value in {"clip_eps": clip_eps, "kl_target": kl_target}.items():
+        if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+            raise ValueError(f"model.{name} must be > 0, got {value!r}")
+    for name, value in {"kl_beta": kl_beta, "value_coef": value_coef, "entropy_coef": entropy_coef}.items():
+        if value < 0:
+            raise ValueError(f"model.{name} must be >= 0, got {value!r}")
+    if max_importance_ratio is not None and max_importance_ratio <= 1:
+        raise ValueError(f"model.max_importance_ratio must be > 1, got {max_importance_ratio}")
+    if value_clip_eps is not None and value_clip_eps <= 0:
+        raise ValueError(f"model.value_clip_eps must be > 0, got {value_clip_eps}")
+    if kl_form not in KL_FORMS:
+        raise ValueError(f"model.kl_form must be one of {KL_FORMS}, got {kl_form!r}")
 
 
 class PPOFamilyLoss(LossModule):
     """PPO losses of Schulman et al. (2017) and their decoupled forms (Hilton et al. 2021).
 
+    Its keyword settings (`LOSS_SETTINGS`) are the module's too (`ppo_lightning.training.module`), by
+    the same names and defaults.
+
     Args:
         network: an actor-critic whose ``forward(obs)`` returns ``(*dist_params, value)``.
         action_space: plain dict (see `ppo_lightning.nets.models`).
-        objective: "clip", "kl" (fixed beta) or "adaptive_kl" (beta adapted once per iteration
-            by `update_kl_beta`, never inside ``forward``).
+        objective: a name of `ppo_lightning.algos.registry`: "clip", "kl" (fixed beta), "adaptive_kl"
+            (beta adapted once per iteration by `update_kl_beta`, never inside ``forward``), a
+            registered one, or a function's import path.
+        objective_args: the objective's own settings (keyword arguments of its function).
         decoupled: use the proximal policy as the anchor of the clip / KL term and the behavior
             policy for importance sampling.
         clip_eps, kl_beta, kl_target, max_importance_ratio: see `ppo_lightning.algos.objectives`.
@@ -71,6 +128,7 @@ class PPOFamilyLoss(LossModule):
         action_space: dict,
         *,
         objective: str = "clip",
+        objective_args: dict | None = None,
         decoupled: bool = False,
         clip_eps: float = 0.2,
         kl_beta: float = 1.0,
@@ -86,14 +144,14 @@ class PPOFamilyLoss(LossModule):
         if kl_form not in KL_FORMS:
             raise ValueError(f"model.kl_form must be one of {KL_FORMS}, got {kl_form!r}")
         self.kl_form = kl_form
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        self.objective_spec = get_objective(objective)
+        self.objective_args = self.objective_spec.check_args(objective_args)
         # Not registered as a submodule: the LightningModule owns the network (one copy of the
         # weights in its state_dict, and FSDP wraps it there).
         self.__dict__["network"] = network
         self.action_space = action_space
         self.param_keys = dist_param_keys(action_space)
-        self.objective = objective
+        self.objective = self.objective_spec.name
         self.decoupled = decoupled
         self.clip_eps = clip_eps
         self.kl_target = kl_target
@@ -113,16 +171,24 @@ class PPOFamilyLoss(LossModule):
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         pass  # GAE runs on the data side; nothing to forward.
 
-    def _kl(self, anchor_params, params):
+    def kl(self, anchor_params, params):
+        """Exact ``KL[anchor || current]`` per sample from the two distributions' parameters."""
         if self.action_space["type"] == "discrete":
             return F.categorical_kl(anchor_params[0], params[0])
         return F.diagonal_normal_kl(anchor_params[0], anchor_params[1], params[0], params[1])
+
+    _kl = kl
+
+    def surrogate(self, x: SurrogateInputs) -> torch.Tensor:
+        """The per-sample surrogate to maximize: the registered objective's function with
+        ``objective_args``. A subclass may override this one method instead of registering a function."""
+        return self.objective_spec.fn(x, **self.objective_args)
 
     def update_kl_beta(self, mean_kl: float, seed: int | None = None) -> float:
         """Adapt beta once per iteration (PPO paper rule); returns the new beta. ``seed``: that seed's
         beta of a vectorized group, on its own mean KL. A non-finite KL leaves beta as it is."""
         beta = self.kl_beta if seed is None else self.kl_beta[seed]
-        if self.objective == "adaptive_kl" and math.isfinite(mean_kl):
+        if self.objective_spec.adaptive_beta and math.isfinite(mean_kl):
             beta.fill_(F.adaptive_kl_beta(float(beta), mean_kl, self.kl_target))
         return float(beta)
 
@@ -155,18 +221,12 @@ class PPOFamilyLoss(LossModule):
         else:
             anchor_params, proximal_log_prob, anchor_log_prob = behavior_params, None, behavior_log_prob
 
-        kl_anchor = self._kl([p.detach() for p in anchor_params], params)
+        kl_anchor = self.kl([p.detach() for p in anchor_params], params)
         if self.kl_form == "sq_logratio":  # the reference code's penalty: 0.5 (log pi - log pi_anchor)^2
             kl_anchor = F.squared_log_ratio_kl(log_prob, anchor_log_prob.detach())
-        if self.objective == "clip":
-            surrogate = F.clipped_surrogate(
-                log_prob, behavior_log_prob, advantage, self.clip_eps, proximal_log_prob, self.max_importance_ratio
-            )
-        else:
-            surrogate = F.kl_penalized_surrogate(
-                log_prob, behavior_log_prob, advantage, kl_anchor,
-                self.kl_beta.float().unsqueeze(-1) if self.stacked_seeds else self.kl_beta.float(), self.max_importance_ratio
-            )
+        beta = self.kl_beta.float().unsqueeze(-1) if self.stacked_seeds else self.kl_beta.float()
+        surrogate = self.surrogate(SurrogateInputs(log_prob, behavior_log_prob, advantage, proximal_log_prob,
+                                                   kl_anchor, beta, self.clip_eps, self.max_importance_ratio))
 
         value = value.reshape(log_prob.shape)
         value_target = tensordict.get(keys.value_target).reshape(log_prob.shape)
@@ -204,3 +264,11 @@ class PPOFamilyLoss(LossModule):
                 }
             )
         return out
+
+
+# The loss settings, in the loss's signature order: the module (`ppo_lightning.training.module`) takes
+# them by these names and defaults and passes them on (tests/test_extending.py checks both signatures).
+LOSS_SETTINGS: dict[str, object] = {
+    p.name: p.default for p in inspect.signature(PPOFamilyLoss.__init__).parameters.values()
+    if p.kind == p.KEYWORD_ONLY and p.name != "stacked_seeds"
+}

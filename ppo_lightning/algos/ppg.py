@@ -18,7 +18,9 @@ Built as the reference code of the batch-size-invariance paper builds it (openai
   The EWMA moves after every optimizer step that changes the policy, never after value-only or
   auxiliary steps.
 
-Lightning structure: one Lightning epoch is one iteration, as for PPO; the auxiliary phase's
+The optimizers and the gradient step are `ppo_lightning.training.update.PPGUpdate`'s (the same
+micro-batch accumulation, guard and clipping as PPO's). Lightning structure: one Lightning epoch is
+one iteration, as for PPO; the auxiliary phase's
 minibatches are extra training steps at the end of the ``n_pi``-th iteration's epoch. Every step
 is one ``training_step`` (manual optimization: one step picks one of up to three optimizers);
 callbacks see its phase in ``outputs["ppg_phase"]`` and ``pl_module.ppg_phases.last_step_phase``
@@ -384,131 +386,13 @@ class PhaseBufferState:
         self.phases.restart_pending = False
 
 
-# ---------------------------------------------------------------------- optimization
-def _adam(params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
-    fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
-    return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas), fused=fused)
-
-
-def optimizer_names(module) -> list[str]:
-    """``["policy", "aux"]``, or ``["policy", "value", "aux"]`` when E_V != E_pi (reference ``opt_keys``)."""
-    e_v = module.ppg_phases.cfg["epochs_value"]
-    dm = module.trainer.datamodule if module._trainer is not None else None
-    separate = e_v is not None and dm is not None and e_v != dm.update_epochs
-    return ["policy", "value", "aux"] if separate else ["policy", "aux"]
-
-
-def configure_optimizers(module) -> list[torch.optim.Optimizer]:
-    """Policy(-phase) optimizer, a value optimizer when E_V != E_pi, the auxiliary Adam; every one
-    over all parameters, as in the reference code."""
-    h, cfg = module.hparams, module.ppg_phases.cfg
-    wrapped = module.trainer.model if module._trainer is not None else None
-    if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and not wrapped.find_unused_parameters:
-        raise ValueError("model.ppg under DDP: its policy steps leave the auxiliary value head unused; use "
-                         "trainer.strategy ddp_find_unused_parameters_true (the CLI does so for 'ddp')")
-    params = list(module.network.parameters())
-    names = optimizer_names(module)
-    module._ppg_optimizer_index = {n: i for i, n in enumerate(names)}
-    module._ppg_optimizer_index["joint"] = 0
-    opts = []
-    for name in names:
-        if name == "aux":
-            opts.append(_adam(params, cfg["aux_lr"], cfg["aux_betas"], h.adam_eps))
-        elif h.optimizer == "sgd":
-            opts.append(torch.optim.SGD(params, lr=h.lr))
-        else:
-            opts.append(_adam(params, h.lr, h.adam_betas, h.adam_eps))
-    return opts
-
-
-def _accumulate(module, batch: TensorDictBase, loss_and_stats, names=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backward of ``loss_and_stats(batch)`` (in micro-batches of ``model.micro_batch_size``, each
-    weighted into the minibatch mean); returns the minibatch loss (detached) and the size-weighted
-    mean of the stats (the maximum for ``importance_ratio_max`` among ``names()``)."""
-    n, m = batch.shape[0], module.hparams.micro_batch_size
-    chunks = batch.split(m) if m is not None and m < n else [batch]
-    chunk_stats, total_loss = [], 0.0
-    for chunk in chunks:
-        w = chunk.shape[0] / n
-        loss, stats = loss_and_stats(chunk)
-        module.manual_backward(loss * w)
-        chunk_stats.append((w, stats))
-        total_loss = total_loss + w * loss.detach()
-    total = sum(w * st for w, st in chunk_stats)
-    if len(chunk_stats) > 1 and names is not None and "importance_ratio_max" in names():
-        k = names().index("importance_ratio_max")
-        total[k] = max(st[k] for _, st in chunk_stats)
-    return total_loss, total
-
-
-def training_step(module, batch, batch_idx: int) -> dict[str, Any]:
-    """One gradient step of either phase (manual optimization). A vectorized seed group
-    (``module.seed_group``) steps every seed at once: the loss is the sum of the seeds' losses (each
-    seed's gradient is its own loss's), the guard and gradient clipping act per seed."""
-    phases = module.ppg_phases
-    group = module.seed_group
-    phase = phases.phase_of(batch_idx)
-    opt = module.optimizers()[module._ppg_optimizer_index[phase]]
-    opt.zero_grad()
-    guard = module.numerical_guard  # the same skip / stop rules as PPO's automatic optimization
-    if phase == "aux":
-        device = next(module.network.parameters()).device
-        phases.start_aux_step(module.network, device)
-        mb = phases.gather(batch, device)
-        guard.check_batch(mb)
-        if group is None:
-            loss, stats = _accumulate(module, mb, lambda c: aux_loss_and_stats(module, c))
-        else:
-            per_seed, stats = aux_loss_and_stats(module, mb)
-            loss, guard.seed_losses = _group_backward(module, per_seed)
-        phases.record_aux_stats(stats)
-    else:
-        guard.check_batch(batch)
-        if module.loss_module.decoupled and phase == "value":  # the value loss ignores the anchor: no EWMA forward
-            batch.set("proximal", batch.select(*module.param_keys))
-        elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
-            batch = module.add_proximal(batch)
-        terms = PHASE_TERMS[phase]
-        if group is None:
-            loss, stats = _accumulate(module, batch, lambda c: module._loss_and_stats(c, terms), lambda: module._stat_names)
-        else:
-            _, stats, per_seed = group.loss_and_stats(module, batch, terms, detach=False)
-            module._stat_names = group.stat_names
-            loss, guard.seed_losses = _group_backward(module, per_seed)
-        module._step_stats.append(stats)
-    clip = phases.cfg["max_grad_norm"]
-    if group is not None:  # per seed: a bad seed's step is undone after the update, the others proceed
-        guard.after_backward(module, opt.optimizer)
-        if clip is not None:
-            group.clip_grad_norm_(module.network.parameters(), clip)
-    elif guard.after_backward(module, opt.optimizer, loss):  # else the gradients are dropped: no update
-        if clip is not None:
-            module.clip_gradients(opt, gradient_clip_val=clip, gradient_clip_algorithm="norm")
-    opt.step()
-    guard.check_parameters(module, opt.optimizer)
-    phases.last_step_phase = phase
-    module._policy_step = phase in ("joint", "policy")
-    if phase == "aux" and batch_idx == len(phases.plan) - 1:
-        phases.finish_aux_phase()
-        if module.proximal_source is not None:
-            module.proximal_source.reset(module.network)
-    return {"loss": loss, "ppg_phase": phase}
-
-
-def _group_backward(module, per_seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Back-propagate the sum of a seed group's losses ``[S]``; returns it and the losses, detached."""
-    loss = per_seed.sum()
-    module.manual_backward(loss)
-    return loss.detach(), per_seed.detach()
-
-
 def aux_loss_and_stats(module, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
     """`ppg_auxiliary_loss` on an auxiliary (micro)batch; stats in `AUX_STATS` order. For a seed
     group's ``[S, B]`` batch: the losses ``[S]`` (each seed's mean over its samples), stats ``[K, S]``."""
     cfg = module.ppg_phases.cfg
     *params, value, aux_value = module.network.forward_aux(batch.get(OBS_KEY))
     old = [batch.get(OLD_PREFIX + k) for k in module.param_keys]
-    kl = module.loss_module._kl(old, params)
+    kl = module.loss_module.kl(old, params)
     target = batch.get(TARGET_KEY).reshape(kl.shape)
     out = F.ppg_auxiliary_loss(kl, aux_value.reshape(kl.shape), value.reshape(kl.shape), target,
                                cfg["beta_clone"], cfg["vf_true_weight"], dim=None if module.seed_group is None else -1)

@@ -122,6 +122,7 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
     c = _check_c(c)
     chosen = parse_rules(rules, scale_adam_betas)
     data, model = cfg.data, cfg.model
+    model = model.init_args if "init_args" in model else model  # a class path and its init arguments
     report: dict[str, dict[str, Any]] = {}
 
     def setv(ns, section: str, key: str, value) -> None:

@@ -4,8 +4,10 @@
     ppo-lightning export-hf CKPT OUT_DIR [--max-shard-size 2GB] [--dtype bfloat16] [--overwrite]
 
 The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model``
-(`PPOLightningModule`), ``data`` (`RolloutDataModule`), plus ``mlflow``, ``checkpoint_every`` and
-``run_dir``. The data module supplies the observation and action spaces to the model.
+(`PPOLightningModule`, or a subclass: ``--model my_pkg.MyModule`` / ``model.class_path``, whose
+checkpoints resume as that class), ``data`` (`RolloutDataModule`), plus ``mlflow``,
+``checkpoint_every`` and ``run_dir``. The data module supplies the observation and action spaces to
+the model.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from ppo_lightning.training.callbacks import (
@@ -38,9 +40,7 @@ from ppo_lightning.training.precision import PPOTrainer
 from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger, view_hints
 from ppo_lightning.core.faults import TrainingFault
 from ppo_lightning.algos import scaling
-from ppo_lightning.algos import staleness
 from ppo_lightning.training.preemption import Preemption, SignalStop
-from ppo_lightning.algos.ppg import check_phase_buffer_memory
 from ppo_lightning.core.configs import resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
@@ -62,7 +62,31 @@ class SaveRunConfig(SaveConfigCallback):
             trainer.logger.log_file(path)
 
 
+MODEL_CLASS_PATH = "ppo_lightning.training.module.PPOLightningModule"
+
+
+def model_config(cfg):
+    """The model's settings in a parsed config: ``model.init_args`` (the model is a class path and
+    its init arguments, `PPOLightningModule` or a subclass)."""
+    model = cfg.model
+    return model.init_args if "init_args" in model else model
+
+
 _TRAINING_STARTED = False  # errors after this point are not configuration errors
+
+
+class _TrainingStarted(Callback):
+    """Marks the end of configuration: the library's own checks (staleness against the objective,
+    PPG's phase buffer against memory: in the data module and the model) run before ``on_train_start``."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        global _TRAINING_STARTED
+        _TRAINING_STARTED = True
+
+
+def default_run_dir(cfg, run_name: str) -> Path:
+    """``--run_dir``, else ``runs/<mlflow.experiment>/<run_name>``."""
+    return Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / run_name)
 
 
 def fill_data_seed(cfg) -> None:
@@ -102,10 +126,13 @@ class PPOCLI(LightningCLI):
         return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("data.observation_space", "model.observation_space", apply_on="instantiate")
-        parser.link_arguments("data.action_space", "model.action_space", apply_on="instantiate")
-        parser.link_arguments("data.seeds", "model.seeds", apply_on="instantiate")  # vectorized seeds
-        parser.link_arguments("data.member_hparams", "model.member_hparams", apply_on="instantiate")  # their own settings
+        # `--model my_pkg.MyModule` (or `model: {class_path: ..., init_args: ...}`) picks a subclass;
+        # without one, `model:` / `--model.X` configure PPOLightningModule as before.
+        parser.set_defaults({"model": {"class_path": MODEL_CLASS_PATH}})
+        parser.link_arguments("data.observation_space", "model.init_args.observation_space", apply_on="instantiate")
+        parser.link_arguments("data.action_space", "model.init_args.action_space", apply_on="instantiate")
+        parser.link_arguments("data.seeds", "model.init_args.seeds", apply_on="instantiate")  # vectorized seeds
+        parser.link_arguments("data.member_hparams", "model.init_args.member_hparams", apply_on="instantiate")
         parser.add_argument("--seeds", type=int | None, default=None,
                             help="train this many seeds in one process, vectorized (sets data.num_seeds)")
         parser.add_argument("--mlflow.enabled", type=bool, default=True, help="track the run in MLflow")
@@ -149,12 +176,21 @@ class PPOCLI(LightningCLI):
         if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
             # sharded checkpoints written to a temporary folder and swapped in (never half-written)
             strategy.class_path = "ppo_lightning.training.sharded.AtomicModelParallelStrategy"
-        if cfg.model.get("ppg") is not None and strategy == "ddp":
+        if model_config(cfg).get("ppg") is not None and strategy == "ddp":
             # PPG's steps leave parameters unused (the auxiliary value head in policy steps)
             cfg.trainer.strategy = "ddp_find_unused_parameters_true"
-        staleness.validate_staleness(cfg.data.get("staleness", 0), cfg.data.get("staleness_mode", "decoupled"),
-                                     decoupled=cfg.model.get("decoupled"), proximal_com=cfg.model.get("proximal_com"))
         resolve_config_precision(cfg)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # jsonargparse wraps the model's own one-line error (class path mode)
+            root = err
+            while isinstance(root.__cause__ or root.__context__, ValueError):
+                root = root.__cause__ or root.__context__
+            if root is err:
+                raise
+            raise root from None
 
     def instantiate_trainer(self, **kwargs):
         cfg = self.config[self.subcommand]
@@ -165,7 +201,7 @@ class PPOCLI(LightningCLI):
 
         # under SLURM: named after the job, so that a requeued job finds its run folder again
         run_name = cfg.mlflow.run_name or slurm_run_name() or time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(cfg.run_dir or resumed.get("run_dir") or Path("runs") / cfg.mlflow.experiment / run_name)
+        run_dir = Path(resumed["run_dir"]) if not cfg.run_dir and resumed.get("run_dir") else default_run_dir(cfg, run_name)
         self.run_dir = run_dir
         if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -244,11 +280,12 @@ class PPOCLI(LightningCLI):
         cfg = self.config[sub] if sub else None
         keep = None
         if cfg is not None and cfg.get("ckpt_path") and cfg.get("scale") is not None:
-            keep = {k: copy.deepcopy(cfg.model[k]) for k in self.SCALED_MODEL_KEYS if k in cfg.model}
+            model = model_config(cfg)
+            keep = {k: copy.deepcopy(model[k]) for k in self.SCALED_MODEL_KEYS if k in model}
         super()._parse_ckpt_path()
         if keep is not None:
             for k, v in keep.items():
-                self.config[sub].model[k] = v
+                model_config(self.config[sub])[k] = v
 
     @staticmethod
     def _check_resumed_scaled_settings(cfg) -> None:
@@ -259,9 +296,9 @@ class PPOCLI(LightningCLI):
         saved = read_checkpoint_meta(cfg.ckpt_path).get("hyper_parameters") or {}
         diffs = []
         for key in ("lr", "proximal_com", "adam_betas"):
-            if key not in saved or key not in cfg.model:
+            if key not in saved or key not in model_config(cfg):
                 continue
-            a, b = saved[key], cfg.model[key]
+            a, b = saved[key], model_config(cfg)[key]
             same = (a is None) == (b is None) and (a is None or all(
                 math.isclose(float(x), float(y), rel_tol=1e-9) for x, y in zip(*(
                     (list(v) if isinstance(v, (list, tuple)) else [v]) for v in (a, b)))))
@@ -271,7 +308,7 @@ class PPOCLI(LightningCLI):
                                                      "[" + ", ".join(f"{float(x):.4g}" for x in v) + "]")
                 diffs.append(f"model.{key} {show(a)} in the checkpoint, {show(b)} after --scale {cfg.scale:g}")
         saved_n_pi = (saved.get("ppg") or {}).get("n_pi")
-        n_pi = (dict(cfg.model.get("ppg") or {})).get("n_pi")
+        n_pi = (dict(model_config(cfg).get("ppg") or {})).get("n_pi")
         if saved_n_pi is not None and n_pi is not None and int(saved_n_pi) != int(n_pi):
             diffs.append(f"model.ppg.n_pi {saved_n_pi} in the checkpoint, {n_pi} after --scale {cfg.scale:g}")
         if diffs:
@@ -298,7 +335,7 @@ class PPOCLI(LightningCLI):
         sub = self.config["subcommand"]
         cfg = self.config[sub]
         fill_data_seed(cfg)
-        run_dir = Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / (cfg.mlflow.run_name or "<time>"))
+        run_dir = default_run_dir(cfg, cfg.mlflow.run_name or "<time>")
         user_has_bar = any(_is_progress_bar(getattr(c, "class_path", "")) for c in cfg.trainer.get("callbacks") or [])
         logger = cfg.trainer.get("logger")
         entry = None
@@ -322,7 +359,7 @@ class PPOCLI(LightningCLI):
         name = slurm_run_name()
         if name is None:
             return None
-        found = find_resume_checkpoint(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / (cfg.mlflow.run_name or name))
+        found = find_resume_checkpoint(default_run_dir(cfg, cfg.mlflow.run_name or name))
         if found is not None:
             restart = os.environ.get("SLURM_RESTART_COUNT")
             print(f"SLURM job {name[len('slurm-'):]}{f' (restart {restart})' if restart else ''}: resuming from {found}",
@@ -330,11 +367,6 @@ class PPOCLI(LightningCLI):
         return None if found is None else str(found)
 
     def before_fit(self) -> None:
-        global _TRAINING_STARTED
-
-        # PPG's phase buffer must fit in this host's memory (one buffer per data-parallel rank here).
-        check_phase_buffer_memory(self.model.hparams, self.datamodule,
-                                  processes=max(1, self.trainer.world_size // max(1, self.trainer.num_nodes)))
         cfg = self.config[self.subcommand]
         if cfg.get("ckpt_path"):  # another world size / num_envs: --rescale applies the scaling rules, else refused
             from ppo_lightning.algos.scaling import parse_rules
@@ -345,7 +377,7 @@ class PPOCLI(LightningCLI):
             self.trainer.callbacks.append(ElasticResume(plan(cfg.ckpt_path, world, self.datamodule, cfg.rescale, rules)))
         elif cfg.get("rescale"):
             raise ValueError("--rescale applies to a resumed run: give --ckpt_path")
-        _TRAINING_STARTED = True
+        self.trainer.callbacks.append(_TrainingStarted())  # errors before it are configuration errors
         self.model.log_every_frames = cfg.get("log_every_frames") or 0
 
         # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c
@@ -392,7 +424,7 @@ def resolve_config_precision(cfg) -> None:
     ``auto`` resolves for this machine, logged once (`ppo_lightning.training.precision`)."""
     from ppo_lightning.training.precision import resolve, take_precision_aliases
 
-    alias = take_precision_aliases(cfg.model, trainer_precision=cfg.trainer.get("precision"))
+    alias = take_precision_aliases(model_config(cfg), trainer_precision=cfg.trainer.get("precision"))
     if alias is not None and cfg.trainer.get("precision") is None:
         cfg.trainer.precision = alias
     data = cfg.data
@@ -422,6 +454,7 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         args=args,
+        subclass_mode_model=True,  # --model my_pkg.MyModule: a PPOLightningModule subclass
         auto_configure_optimizers=False,
         extra_callbacks=extra_callbacks,
     )

@@ -1,4 +1,4 @@
-"""The training runtime: the LightningModule (`module`), callbacks (`callbacks`), atomic checkpoint
+"""The training runtime: the LightningModule (`module`) and its update (`update`), callbacks (`callbacks`), atomic checkpoint
 writing (`checkpointing`), small-batch diagnostics (`diagnostics`), the gradient noise scale
 (`noise_scale`), MLflow tracking (`tracking`) and its background sender that outlives a tracking
 server's outage (`mlflow_sender`), the run's storage faults: pre-flight and resume hint (`storage_faults`), vectorized seed groups (`seed_group`), ``model.compile``

@@ -6,6 +6,8 @@ as one stacked tensor per step and logged once per iteration, so the hot path do
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import time
 import warnings
@@ -13,11 +15,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.parsing import collect_init_args
 from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.data import parallel
 from ppo_lightning.core.faults import NumericalGuard, finite_mean
-from ppo_lightning.algos.loss import OBJECTIVES, PPOFamilyLoss
+from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, PPOFamilyLoss, check_loss_output, check_loss_settings
 from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
 from ppo_lightning.training.precision import take_precision_aliases
 from ppo_lightning.algos import ppg as ppg_lib
@@ -28,10 +31,21 @@ from ppo_lightning.training.compiled import validate_compile
 from ppo_lightning.training.seed_group import MemberAdam, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
 from ppo_lightning.algos.proximal import ProximalEWMAStep
-from ppo_lightning.algos.ppg import training_step
+from ppo_lightning.training.update import PPGUpdate, accumulate
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
+
+
+def _plain(value):
+    """A config value as plain dicts and lists (jsonargparse namespaces and tuples are not)."""
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 class PPOLightningModule(pl.LightningModule):
@@ -42,7 +56,13 @@ class PPOLightningModule(pl.LightningModule):
         network: ``{"name": "mlp", "hidden_sizes": [64, 64], "activation": "tanh",
             "shared_trunk": False}`` or ``{"name": "impala_cnn", ...}``; ``arch`` ("dual", "shared",
             "detach") and ``aux_value_head`` select PPG's layouts (`ppo_lightning.nets.models.resolve_arch`).
-        objective: "clip", "kl" or "adaptive_kl".
+        objective: "clip", "kl", "adaptive_kl", another name registered in
+            `ppo_lightning.algos.registry`, or a function's import path (``my_pkg.variants.clip_higher``).
+        objective_args: the objective's own settings (keyword arguments of its function), e.g.
+            ``{eps_high: 0.28}``; saved with the other hyperparameters (a resume keeps them).
+        loss: the loss module's factory, ``{class_path: ..., init_args: {...}}``: a subclass of
+            `ppo_lightning.algos.loss.PPOFamilyLoss` (e.g. one overriding ``surrogate``), built by
+            `make_loss` with the loss settings below and its ``init_args``. None: ``PPOFamilyLoss``.
         decoupled: decoupled objective (Hilton et al. 2021): behavior policy for importance
             sampling, proximal policy as the anchor.
         proximal_com: with ``decoupled``, keep the proximal policy as an EWMA of the weights with
@@ -92,6 +112,7 @@ class PPOLightningModule(pl.LightningModule):
         action_space: dict | None = None,
         network: dict[str, Any] | None = None,
         objective: str = "clip",
+        objective_args: dict[str, Any] | None = None,
         decoupled: bool = False,
         proximal_com: float | None = None,
         clip_eps: float = 0.2,
@@ -115,6 +136,7 @@ class PPOLightningModule(pl.LightningModule):
         compile: bool | str = False,
         seeds: list[int] | None = None,
         member_hparams: dict[str, list] | None = None,
+        loss: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         network = dict(network or {"name": "mlp"})
@@ -124,37 +146,24 @@ class PPOLightningModule(pl.LightningModule):
         ppg = ppg_lib.resolve_ppg_config(ppg)
         if ppg is not None:
             network = ppg_lib.ppg_network_config(network)
-        adam_betas = tuple(float(b) for b in adam_betas)
-        self.save_hyperparameters(
-            {
-                "observation_space": observation_space,
-                "action_space": action_space,
-                "network": network,
-                "objective": objective,
-                "decoupled": decoupled,
-                "proximal_com": proximal_com,
-                "clip_eps": clip_eps,
-                "kl_beta": kl_beta,
-                "kl_target": kl_target,
-                "max_importance_ratio": max_importance_ratio,
-                "value_coef": value_coef,
-                "entropy_coef": entropy_coef,
-                "value_clip_eps": value_clip_eps,
-                "lr": lr,
-                "adam_eps": adam_eps,
-                "adam_betas": adam_betas,
-                "optimizer": optimizer,
-                "init_from": init_from,
-                "micro_batch_size": micro_batch_size,
-                "ppg": ppg,
-                "kl_form": kl_form,
-                "lr_schedule": lr_schedule,
-                "max_bad_steps": max_bad_steps,
-                "compile": compile,
-                "seeds": None if seeds is None else [int(s) for s in seeds],
-                "member_hparams": None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()},
-            }
+        # The hyperparameters are the init arguments of this class and of a subclass (its own
+        # settings then resume with --ckpt_path), normalized to plain values; a subclass's class path
+        # goes with them, so that the CLI rebuilds the same class from a checkpoint.
+        hparams = collect_init_args(inspect.currentframe(), [], classes=(pl.LightningModule,))
+        hparams = {k: v for d in hparams for k, v in d.items() if k not in ("self", "__class__")}
+        hparams.update(
+            network=network,
+            ppg=ppg,
+            adam_betas=tuple(float(b) for b in adam_betas),
+            seeds=None if seeds is None else [int(s) for s in seeds],
+            member_hparams=None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()},
+            objective_args=None if objective_args is None else _plain(objective_args),
+            loss=None if loss is None else _plain(loss),
         )
+        hparams.pop("proximal_precision", None)
+        if type(self) is not PPOLightningModule:
+            hparams["_class_path"] = f"{type(self).__module__}.{type(self).__qualname__}"
+        self.save_hyperparameters(hparams)
         self.validate_config()
         self.network = build_network(observation_space, action_space, network)
         self.seed_group = None
@@ -165,23 +174,7 @@ class PPOLightningModule(pl.LightningModule):
             self.network = self.seed_group.network
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
-        self.loss_module = PPOFamilyLoss(
-            self.network,
-            action_space,
-            objective=objective,
-            decoupled=decoupled,
-            clip_eps=clip_eps,
-            kl_beta=kl_beta,
-            kl_target=kl_target,
-            max_importance_ratio=max_importance_ratio,
-            value_coef=value_coef,
-            entropy_coef=entropy_coef,
-            value_clip_eps=value_clip_eps,
-            kl_form=kl_form,
-            stacked_seeds=self.seed_group is not None,
-        )
-        if self.seed_group is not None:
-            self.loss_module.behavior_anchor = self.seed_group.behavior_anchor  # PPO members of a mixed group
+        self.loss_module = self.make_loss()
         self.param_keys = dist_param_keys(action_space)
         com = proximal_com if self.seed_group is None else self.seed_group.proximal_com(proximal_com)
         self.proximal_source = None
@@ -193,6 +186,7 @@ class PPOLightningModule(pl.LightningModule):
             self.proximal_source = ProximalPolicyEWMA(com=com)
         # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
         self.ppg_phases = None if ppg is None else ppg_lib.PPGPhases(ppg, action_space)
+        self.ppg_update = None if ppg is None else PPGUpdate()  # PPG's optimizers and its manual step
         self.automatic_optimization = ppg is None
         self._policy_step = True  # the last optimizer step changed the policy (EWMA moves after it)
         self._step_stats: list[torch.Tensor] = []
@@ -220,24 +214,18 @@ class PPOLightningModule(pl.LightningModule):
         h = self.hparams
         if h.observation_space is None or h.action_space is None:
             raise ValueError("model.observation_space and model.action_space are required (the CLI takes them from data)")
-        if h.objective not in OBJECTIVES:
-            raise ValueError(f"model.objective must be one of {OBJECTIVES}, got {h.objective!r}")
-        positive = {"lr": h.lr, "clip_eps": h.clip_eps, "adam_eps": h.adam_eps, "kl_target": h.kl_target}
-        for name, value in positive.items():
+        check_loss_settings(**self.loss_settings())
+        for name, value in {"lr": h.lr, "adam_eps": h.adam_eps}.items():
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"model.{name} must be > 0, got {value!r}")
-        for name in ("kl_beta", "value_coef", "entropy_coef"):
-            if getattr(h, name) < 0:
-                raise ValueError(f"model.{name} must be >= 0, got {getattr(h, name)!r}")
+        if h.get("loss") is not None and not (isinstance(h.loss, dict) and isinstance(h.loss.get("class_path"), str)
+                                              and set(h.loss) <= {"class_path", "init_args"}):
+            raise ValueError(f"model.loss must be {{class_path: ..., init_args: {{...}}}} or null, got {h.loss!r}")
         if h.proximal_com is not None:
             if h.proximal_com < 0:
                 raise ValueError(f"model.proximal_com (center of mass, gradient steps) must be >= 0, got {h.proximal_com}")
             if not h.decoupled:
                 raise ValueError("model.proximal_com needs model.decoupled=true (the EWMA is the decoupled anchor)")
-        if h.max_importance_ratio is not None and h.max_importance_ratio <= 1:
-            raise ValueError(f"model.max_importance_ratio must be > 1, got {h.max_importance_ratio}")
-        if h.value_clip_eps is not None and h.value_clip_eps <= 0:
-            raise ValueError(f"model.value_clip_eps must be > 0, got {h.value_clip_eps}")
         if h.optimizer not in ("adam", "sgd"):
             raise ValueError(f"model.optimizer must be 'adam' or 'sgd', got {h.optimizer!r}")
         if h.micro_batch_size is not None and not (isinstance(h.micro_batch_size, int) and h.micro_batch_size > 0):
@@ -259,6 +247,27 @@ class PPOLightningModule(pl.LightningModule):
             validate_ppg_config(h.ppg, h)
             if h.lr_schedule != "constant":
                 raise ValueError("model.lr_schedule must be 'constant' with model.ppg (PPG steps its optimizers manually)")
+
+    def loss_settings(self) -> dict[str, Any]:
+        """The loss module's settings (`ppo_lightning.algos.loss.LOSS_SETTINGS`) from the hyperparameters."""
+        return {k: self.hparams.get(k, default) for k, default in LOSS_SETTINGS.items()}
+
+    def make_loss(self) -> torch.nn.Module:
+        """The loss module: ``model.loss``'s class (default `PPOFamilyLoss`) built on this module's
+        network with the loss settings and the class's own ``init_args``. Override to build another."""
+        spec = self.hparams.get("loss") or {}
+        cls = PPOFamilyLoss
+        if spec.get("class_path"):
+            module, _, name = spec["class_path"].rpartition(".")
+            try:
+                cls = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError, ValueError) as err:
+                raise ValueError(f"model.loss.class_path {spec['class_path']!r}: cannot import it ({err})") from None
+        loss = cls(self.network, self.hparams.action_space, **self.loss_settings(),
+                   stacked_seeds=self.seed_group is not None, **(spec.get("init_args") or {}))
+        if self.seed_group is not None:
+            loss.behavior_anchor = self.seed_group.behavior_anchor  # PPO members of a mixed group
+        return loss
 
     def make_network(self) -> torch.nn.Module:
         """A fresh, unsharded network of this module's architecture."""
@@ -290,7 +299,7 @@ class PPOLightningModule(pl.LightningModule):
             self.proximal_source.update()
 
     def on_fit_start(self) -> None:
-        if self.ppg_phases is not None and self.trainer.datamodule is not None:  # also checked by the CLI
+        if self.ppg_phases is not None and self.trainer.datamodule is not None:  # before the first rollout
             from ppo_lightning.algos.ppg import check_phase_buffer_memory
 
             t = self.trainer
@@ -335,9 +344,7 @@ class PPOLightningModule(pl.LightningModule):
 
     def configure_optimizers(self):
         if self.ppg_phases is not None:  # manual optimization: its own optimizers, constant lr
-            from ppo_lightning.algos.ppg import configure_optimizers
-
-            return configure_optimizers(self)
+            return self.ppg_update.configure_optimizers(self)
         optimizer = self._make_optimizer()
         dm = self.trainer.datamodule if self._trainer is not None else None
         if self.hparams.lr_schedule == "constant" or dm is None:
@@ -391,7 +398,7 @@ class PPOLightningModule(pl.LightningModule):
 
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         if self.ppg_phases is not None:
-            return training_step(self, batch, batch_idx)
+            return self.ppg_update.training_step(self, batch, batch_idx)
         if self.seed_group is not None:
             loss, stats, self.numerical_guard.seed_losses = self.seed_group.loss_and_stats(self, batch)
             self._stat_names = self.seed_group.stat_names
@@ -400,32 +407,22 @@ class PPOLightningModule(pl.LightningModule):
         n, m = batch.shape[0], self.hparams.micro_batch_size
         self.numerical_guard.check_batch(batch)
         self._micro_batched = m is not None and m < n
-        if not self._micro_batched:
-            loss, stats = self._loss_and_stats(batch)
-            self._step_stats.append(stats)
-            return loss
-        # Gradient accumulation over chunks inside one optimizer step. Lightning zeroes gradients
-        # between training_step and backward, so we zero here instead (see optimizer_zero_grad),
-        # back-propagate all chunks but the last ourselves, and return the last one to Lightning.
-        if batch_idx % self.trainer.accumulate_grad_batches == 0:
-            self.optimizers(use_pl_optimizer=False).zero_grad()
-        if self.loss_module.decoupled:  # one no-grad pass for the whole minibatch, not one per chunk
-            batch = self.add_proximal(batch)
-        chunks = batch.split(m)
-        chunk_stats = []
-        for i, chunk in enumerate(chunks):
-            weight = chunk.shape[0] / n  # chunk losses are means: weight them into the minibatch mean
-            loss, stats = self._loss_and_stats(chunk)
-            loss = loss * weight
-            chunk_stats.append((weight, stats))
-            if i < len(chunks) - 1:  # frees this chunk's activations; Lightning back-propagates the last
-                parallel.backward_chunk(self, loss)
-        total = sum(w * st for w, st in chunk_stats)
-        if "importance_ratio_max" in self._stat_names:  # a maximum, not a mean
-            k = self._stat_names.index("importance_ratio_max")
-            total[k] = torch.stack([st[k] for _, st in chunk_stats]).max()  # on device: no host sync
-        self._step_stats.append(total)
+        if self._micro_batched:
+            # Lightning zeroes gradients between training_step and backward, so we zero here instead
+            # (see optimizer_zero_grad); `accumulate` back-propagates all chunks but the last, and
+            # Lightning the returned one.
+            if batch_idx % self.trainer.accumulate_grad_batches == 0:
+                self.optimizers(use_pl_optimizer=False).zero_grad()
+            if self.loss_module.decoupled:  # one no-grad pass for the whole minibatch, not one per chunk
+                batch = self.add_proximal(batch)
+        loss, _, stats = accumulate(self, batch, self._loss_and_stats, lambda chunk_loss: parallel.backward_chunk(self, chunk_loss),
+                                    lambda: self._stat_names, backward_last=False)
+        self._step_stats.append(stats)
         return loss
+
+    @property
+    def _ppg_optimizer_index(self) -> dict[str, int]:
+        return self.ppg_update.optimizer_index
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         # Non-finite steps are skipped inside the closure (`NumericalGuard`); parameters that
@@ -444,7 +441,7 @@ class PPOLightningModule(pl.LightningModule):
             optimizer.zero_grad()
 
     def _loss_and_stats(
-        self, batch: TensorDictBase, terms: tuple[str, ...] = ("loss_objective", "loss_critic", "loss_entropy")
+        self, batch: TensorDictBase, terms: tuple[str, ...] = LOSS_TERMS
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss (the sum of ``terms``) of a (micro)batch and its diagnostics stacked in
         ``self._stat_names`` order."""
@@ -452,6 +449,7 @@ class PPOLightningModule(pl.LightningModule):
             batch = self.add_proximal(batch)
         out = self.loss_module(batch)
         if self._stat_names is None:
+            check_loss_output(out)
             self._stat_names = list(out.keys())
         stats = torch.stack([out[k].detach().float() for k in self._stat_names])
         return sum(out[k] for k in terms), stats
@@ -487,7 +485,7 @@ class PPOLightningModule(pl.LightningModule):
             metrics.update({f"train/{k}": finite_mean(stats[:, i]) for i, k in enumerate(self._stat_names)})
             # Adaptive beta: once per iteration, on the mean KL of the last update epoch (all ranks').
             per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
-            kl_last_epoch = parallel.mean_over_ranks(self, finite_mean(stats[-per_epoch:, self._stat_names.index("kl_anchor")]))
+            kl_last_epoch = parallel.mean_over_ranks(self, finite_mean(self.step_stat("kl_anchor")[-per_epoch:]))
             metrics["train/kl_anchor_last_epoch"] = kl_last_epoch
             metrics["train/kl_beta"] = self.loss_module.update_kl_beta(kl_last_epoch)  # a NaN never reaches beta
         metrics.update(self.numerical_guard.metrics())
@@ -500,13 +498,15 @@ class PPOLightningModule(pl.LightningModule):
                 metrics["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
-        if self.proximal_source is not None:
-            metrics.update(self.proximal_source.metrics())
-        if self.ppg_phases is not None:
-            metrics.update(self.ppg_phases.iteration_metrics())
+        metrics.update(self._component_metrics())
         metrics.update(self._recorded)
         self._recorded = {}
         self.publish_metrics(metrics, self._logging_due(dm))
+
+    def _component_metrics(self) -> dict[str, float]:
+        """The iteration's metrics of the EWMA proximal policy and of PPG's phases (where they are on)."""
+        metrics = {} if self.proximal_source is None else self.proximal_source.metrics()
+        return metrics if self.ppg_phases is None else {**metrics, **self.ppg_phases.iteration_metrics()}
 
     def _group_epoch_end(self, dm) -> None:
         shared: dict[str, float] = {}
@@ -523,11 +523,8 @@ class PPOLightningModule(pl.LightningModule):
                 shared["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
-        if self.proximal_source is not None:
-            shared.update(self.proximal_source.metrics())
-        if self.ppg_phases is not None:
-            shared.update(self.ppg_phases.iteration_metrics())
-        if self._step_stats and self.loss_module.objective == "adaptive_kl":
+        shared.update(self._component_metrics())
+        if self._step_stats and self.loss_module.objective_spec.adaptive_beta:
             shared.update(self._group_adapt_kl_beta(dm))
         shared.update(self._recorded)
         self._recorded = {}
@@ -539,9 +536,8 @@ class PPOLightningModule(pl.LightningModule):
     def _group_adapt_kl_beta(self, dm) -> dict[str, float]:
         """Adaptive beta of each seed of a group, as a single run adapts its own (`on_train_epoch_end`):
         once per iteration, on the seed's mean KL of the last update epoch; a NaN never reaches beta."""
-        stats = torch.stack(self._step_stats)  # [steps, K, S]
         per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
-        kl = stats[-per_epoch:, self._stat_names.index("kl_anchor")]
+        kl = self.step_stat("kl_anchor")[-per_epoch:]  # [steps, S]
         out = {}
         for k in range(self.seed_group.num_seeds):
             mean_kl = finite_mean(kl[:, k])
@@ -550,6 +546,11 @@ class PPOLightningModule(pl.LightningModule):
         return out
 
     # ------------------------------------------------------------------ per-iteration metrics
+    def step_stat(self, name: str) -> torch.Tensor:
+        """This iteration's per-step values of the loss's diagnostic ``name``: ``[steps]``, or
+        ``[steps, S]`` for a seed group (every step's diagnostics are stacked in ``_stat_names`` order)."""
+        return torch.stack(self._step_stats)[:, self._stat_names.index(name)]
+
     def record_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics (from callbacks) to this iteration's batch, published at the iteration's end."""
         self._recorded.update(metrics)

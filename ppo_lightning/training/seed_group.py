@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ppo_lightning.algos.loss import LOSS_TERMS, check_loss_output
 from ppo_lightning.core.faults import NumericalFault, finite_mean
 from ppo_lightning.data.seed_group import validate_member_hparams
 from ppo_lightning.nets.models import OBS_KEY
@@ -117,7 +118,7 @@ class SeedGroup:
         return [0.0 if c is None else float(c) for c in coms]
 
     # ---------------------------------------------------------------- the loss
-    def loss_and_stats(self, module, batch, terms: tuple[str, ...] = ("loss_objective", "loss_critic", "loss_entropy"),
+    def loss_and_stats(self, module, batch, terms: tuple[str, ...] = LOSS_TERMS,
                        detach: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sum over seeds of each seed's loss (the sum of ``terms``), stats ``[K, S]``, per-seed
         losses ``[S]``, detached unless ``detach`` is False)."""
@@ -128,6 +129,7 @@ class SeedGroup:
         # per-seed reductions (``stacked_seeds``): every loss term and diagnostic is [S].
         out = lm(batch)
         if self._names is None:
+            check_loss_output(out, self.num_seeds)
             self._names = list(out.keys())
         per_seed = sum(out[k] for k in terms)
         stats = torch.stack([out[k].detach().expand(self.num_seeds) for k in self._names]).float()

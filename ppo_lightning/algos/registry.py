@@ -1,0 +1,168 @@
+"""Objectives by name: the surrogate `ppo_lightning.algos.loss.PPOFamilyLoss` maximizes, chosen with
+``model.objective``.
+
+An objective is a pure function ``fn(x: SurrogateInputs, **settings) -> Tensor`` returning the
+per-sample surrogate to MAXIMIZE, shaped like ``x.log_prob`` (``[B]``, or ``[S, B]`` for a seed
+group: every input carries the seed dimension, so an elementwise function works unchanged); the loss
+negates and averages it. ``settings`` are the objective's own keyword arguments (with defaults),
+given as ``model.objective_args`` and saved in the checkpoint with the other hyperparameters.
+
+``model.objective`` names a registered objective (`objective_names`) or the import path of a
+function (``my_pkg.variants.clip_higher``): importing its module registers what it decorates with
+`register_objective`, so a checkpoint resumes by the same name. The names are checked here and only
+here (`get_objective`), for the loss, the module and the command line alike.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ppo_lightning.algos import objectives as F
+
+__all__ = ["SurrogateInputs", "Objective", "register_objective", "get_objective", "objective_names"]
+
+
+@dataclass(frozen=True)
+class SurrogateInputs:
+    """What an objective receives, per sample (``[B]``, or ``[S, B]`` for a seed group).
+
+    Attributes:
+        log_prob: ``log pi(a|s)`` of the current policy; carries the gradient.
+        behavior_log_prob: ``log pi_behav(a|s)``, the collector's (batch key ``action_log_prob``), uncapped.
+        advantage: the advantage (normalized as the data side configures).
+        proximal_log_prob: ``log pi_prox(a|s)`` in the decoupled form (``model.decoupled``), else None.
+        kl: ``KL[pi_anchor || pi]`` per sample in ``model.kl_form``, with gradient (the anchor is the
+            proximal policy in the decoupled form, the behavior policy otherwise).
+        beta: the KL coefficient (a tensor broadcastable to ``log_prob``; adapted per iteration by
+            objectives registered with ``adaptive_beta``).
+        clip_eps, max_importance_ratio: ``model.clip_eps`` and ``model.max_importance_ratio``.
+    """
+
+    log_prob: Tensor
+    behavior_log_prob: Tensor
+    advantage: Tensor
+    proximal_log_prob: Tensor | None
+    kl: Tensor
+    beta: Tensor
+    clip_eps: float
+    max_importance_ratio: float | None
+
+    @property
+    def capped_behavior_log_prob(self) -> Tensor:
+        """The behavior log-prob raised so that ``pi / pi_behav <= max_importance_ratio``
+        (`ppo_lightning.algos.objectives.cap_behavior_log_prob`)."""
+        return F.cap_behavior_log_prob(self.log_prob, self.behavior_log_prob, self.max_importance_ratio)
+
+    @property
+    def anchor_log_prob(self) -> Tensor:
+        """The anchor of the trust region: the proximal policy's (decoupled) or the capped behavior log-prob."""
+        return self.capped_behavior_log_prob if self.proximal_log_prob is None else self.proximal_log_prob
+
+    @property
+    def ratio(self) -> Tensor:
+        """``r = pi / pi_anchor``, with gradient."""
+        return torch.exp(self.log_prob - self.anchor_log_prob)
+
+    @property
+    def weight(self) -> Tensor | float:
+        """The decoupled form's importance weight ``pi_prox / pi_behav`` without gradient; 1.0 in the
+        standard form. ``weight * g(ratio)`` is the decoupled form of a surrogate ``g(r)`` (Hilton et
+        al. 2021, eq. 2)."""
+        if self.proximal_log_prob is None:
+            return 1.0
+        return torch.exp(self.proximal_log_prob - self.capped_behavior_log_prob).detach()
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A registered objective: its name, its function, whether ``beta`` adapts once per iteration
+    (`ppo_lightning.algos.objectives.adaptive_kl_beta` on the mean ``kl_anchor``), and its settings
+    (the function's keyword arguments after ``x``, with their defaults)."""
+
+    name: str
+    fn: Callable[..., Tensor]
+    adaptive_beta: bool = False
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        params = list(inspect.signature(self.fn).parameters.values())[1:]
+        return {p.name: p.default for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    def check_args(self, args: dict[str, Any] | None) -> dict[str, Any]:
+        """``model.objective_args`` for this objective (one-line error for a setting it does not have)."""
+        args = dict(args or {})
+        known = self.settings
+        for key in args:
+            if key not in known:
+                raise ValueError(f"model.objective_args: {key!r} is not a setting of objective {self.name!r} "
+                                 f"(its settings: {', '.join(known) or 'none'})")
+        missing = [k for k, v in known.items() if v is inspect.Parameter.empty and k not in args]
+        if missing:
+            raise ValueError(f"model.objective_args: objective {self.name!r} needs {', '.join(missing)}")
+        return args
+
+
+_OBJECTIVES: dict[str, Objective] = {}
+
+
+def register_objective(name: str, fn: Callable[..., Tensor] | None = None, *, adaptive_beta: bool = False):
+    """Register ``fn`` as objective ``name`` (usable as a decorator: ``@register_objective("name")``).
+    Registering a name again replaces it (re-importing a user module is harmless). Returns ``fn``."""
+    def add(f: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        if not callable(f) or not list(inspect.signature(f).parameters):
+            raise ValueError(f"objective {name!r}: a function of (x: SurrogateInputs, **settings) is needed")
+        _OBJECTIVES[name] = Objective(name, f, adaptive_beta)
+        if not hasattr(f, "__ppo_objective__"):
+            f.__ppo_objective__ = name
+        return f
+
+    return add if fn is None else add(fn)
+
+
+def objective_names() -> tuple[str, ...]:
+    """The registered names, built-ins first."""
+    return tuple(_OBJECTIVES)
+
+
+def get_objective(name: str) -> Objective:
+    """The objective ``model.objective`` names: a registered name or a function's import path
+    (``pkg.module.fn``; importing it registers what it decorates). The one check of the names."""
+    if isinstance(name, str) and name in _OBJECTIVES:
+        return _OBJECTIVES[name]
+    if isinstance(name, str) and "." in name:
+        module, _, attr = name.rpartition(".")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"model.objective {name!r}: cannot import it ({err})") from None
+        registered = getattr(fn, "__ppo_objective__", None)
+        if registered in _OBJECTIVES and _OBJECTIVES[registered].fn is fn:
+            spec = _OBJECTIVES[registered]
+            return _OBJECTIVES.setdefault(name, Objective(name, fn, spec.adaptive_beta))
+        register_objective(name, fn)
+        return _OBJECTIVES[name]
+    raise ValueError(f"model.objective must be one of {objective_names()} or the import path of a function "
+                     f"(pkg.module.fn), got {name!r}")
+
+
+# ---------------------------------------------------------------------- the built-ins
+def clip(x: SurrogateInputs) -> Tensor:
+    """Clipped surrogate, standard or decoupled (`ppo_lightning.algos.objectives.clipped_surrogate`)."""
+    return F.clipped_surrogate(x.log_prob, x.behavior_log_prob, x.advantage, x.clip_eps, x.proximal_log_prob,
+                               x.max_importance_ratio)
+
+
+def kl(x: SurrogateInputs) -> Tensor:
+    """KL-penalized surrogate with the anchor's KL (`ppo_lightning.algos.objectives.kl_penalized_surrogate`)."""
+    return F.kl_penalized_surrogate(x.log_prob, x.behavior_log_prob, x.advantage, x.kl, x.beta, x.max_importance_ratio)
+
+
+register_objective("clip", clip)
+register_objective("kl", kl)  # fixed beta
+register_objective("adaptive_kl", kl, adaptive_beta=True)  # beta adapted once per iteration (PPO paper)
