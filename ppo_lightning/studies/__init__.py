@@ -1,0 +1,7 @@
+"""Studies: arms x environments x seeds as a file (`spec`), run on any number of workers through
+submitit (`runner`), recorded per cell (`records`), analysed with rliable (`analysis`) and reported
+in the reader's terms (`report`); ``ppo-lightning study run|status|report FILE`` (`command`).
+
+May import: every layer below it (training for ``fit``, data for the per-member settings); only
+cli imports it.
+"""
