@@ -1,5 +1,5 @@
 """The package layout stays what its folders say (issue 22): imports point one way, down the layers
-core < envs < nets < algos < data < interop < training < cli, with no import cycles, and the old
+core < envs < nets < algos < data < interop < training < studies < cli, with no import cycles, and the old
 flat paths of 0.1 still resolve, with one FutureWarning naming the new path."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "ppo_lightning"
-LAYERS = ("core", "envs", "nets", "algos", "data", "interop", "training", "cli")
+LAYERS = ("core", "envs", "nets", "algos", "data", "interop", "training", "studies", "cli")
 
 
 def _module_name(path: Path) -> str:

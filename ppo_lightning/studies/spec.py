@@ -75,6 +75,7 @@ class Comparison:
     margin: float | None = None
     envs: tuple[str, ...] | None = None
     figure: str | None = None
+    pool: tuple[str, ...] = ()  # factors this comparison pools across besides the study's (precision: its point)
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def parse_study(data: Any, path: Path) -> Study:
     for i, c in enumerate(data.get("comparisons") or []):
         at = f"comparisons[{i}]"
         _need(isinstance(c, dict), where, f"{at}: a mapping {{claim, a, b, test, metric}}, got {c!r}")
-        _keys(c, ("claim", "a", "b", "test", "margin", "metric", "envs", "figure"), where, f"{at}.")
+        _keys(c, ("claim", "a", "b", "test", "margin", "metric", "envs", "figure", "pool"), where, f"{at}.")
         _need(isinstance(c.get("claim"), str) and c["claim"].strip() != "", where, f"{at}.claim: the hypothesis in words, missing")
         for side in ("a", "b"):
             _need(c.get(side) in arms, where, f"{at}.{side}: {c.get(side)!r} is not an arm; arms: {', '.join(arms)}")
@@ -236,8 +237,11 @@ def parse_study(data: Any, path: Path) -> Study:
             cenvs = _str_list(c["envs"], where, f"{at}.envs")
             for e in cenvs:
                 _need(e in envs, where, f"{at}.envs: {e} is not one of the study's envs")
+        cpool = tuple(c.get("pool") or ())
+        for p in cpool:
+            _need(p in POOLABLE, where, f"{at}.pool: {p!r} is not a factor; pool across {', '.join(POOLABLE)}")
         comparisons.append(Comparison(c["claim"], c["a"], c["b"], test, metrics,
-                                      None if margin is None else float(margin), cenvs, c.get("figure")))
+                                      None if margin is None else float(margin), cenvs, c.get("figure"), tuple(pool) + cpool))
 
     records = None
     if data.get("records") is not None:
