@@ -171,8 +171,10 @@ def test_two_local_workers_run_a_study_and_a_killed_runner_resumes(tmp_path, mon
     kept = {p: p.stat().st_mtime_ns for p in cells if p not in breakout}
     for p in breakout:
         p.unlink()
+    study.cells_csv.unlink()  # killed before its export
     assert [g.env for g in runner.plan(study, set(runner.done_cells(study, root)), 2)] == ["minatar:breakout"] * 2
     assert runner.run_study(study, workers=1, executor="local", run_root=root, tracking_uri=uri, poll_s=1) == 0
     assert {p: p.stat().st_mtime_ns for p in kept} == kept and len(list((root / "cells").glob("*.json"))) == 4
+    assert len(study.cells_csv.read_text().splitlines()) == 5
     text = runner.status_text(study, root)
     assert "4 done, 0 running, 0 pending" in text

@@ -358,8 +358,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         if ex.cluster == "slurm":
             ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
         planning_s = time.perf_counter() - t0
-        jobs = ex.map_array(lambda w: w(), [Worker(str(study.path), b, str(run_root), tracking_uri, parent) for b in bins]) \
-            if False else [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, parent)) for b in bins]
+        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, parent)) for b in bins]
         start, last = time.perf_counter(), -1
         while not all(j.done() for j in jobs):
             n = len(recorded(run_root))
@@ -374,18 +373,21 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
             except Exception as err:  # noqa: BLE001 - report every worker's failure, then exit non-zero
                 failed.append(f"job {j.job_id}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}")
         t1 = time.perf_counter()
+        overhead = planning_s
+    else:
+        t1, overhead, failed = time.perf_counter(), time.perf_counter() - t0, []
+    mine = {k: c for k, c in recorded(run_root).items() if c.arm in study.arms and c.env in study.envs}
+    if mine:  # the CSV export next to the study file: its own cells (committed records stay where they are)
         cells = export_cells(study, curves=True)
-        for c in recorded(run_root).values():
-            if c.arm in study.arms and c.env in study.envs:
-                cells[c.key] = c
+        cells.update(mine)
         write_export(study, list(cells.values()))
-        compute = sum(c.train_s * 1 for c in recorded(run_root).values())
-        overhead = planning_s + (time.perf_counter() - t1)
+        compute = sum(c.train_s for c in mine.values() if math.isfinite(c.train_s))
+        overhead += time.perf_counter() - t1
         print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
               f"(planning + records) against {compute:.0f} s of training", flush=True)
-        if failed:
-            print("[study] failed: " + "; ".join(failed), flush=True)
-            return 1
+    if failed:
+        print("[study] failed: " + "; ".join(failed), flush=True)
+        return 1
     return 0
 
 
