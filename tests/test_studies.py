@@ -178,3 +178,37 @@ def test_two_local_workers_run_a_study_and_a_killed_runner_resumes(tmp_path, mon
     assert len(study.cells_csv.read_text().splitlines()) == 5
     text = runner.status_text(study, root)
     assert "4 done, 0 running, 0 pending" in text
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    """Stopped by SIGTERM in iteration 2 (the project's preemption: checkpoint, exit 143, nothing
+    recorded), the group's rerun continues from its last checkpoint and records the cells an
+    uninterrupted group records, then drops its checkpoints."""
+    import sys
+
+    from ppo_lightning.studies import runner
+
+    sys.path.insert(0, str(ROOT / "tests"))  # cluster_helpers.SignalAt, by class path
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "CHECKPOINT_FRAMES", 64)  # every iteration (4 envs x 16 steps)
+    signal_at = {"class_path": "cluster_helpers.SignalAt", "init_args": {"signum": "SIGTERM", "phase": "update", "iteration": 2}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    stopped = load_study(tiny(tmp_path / "a", fit={**TINY_FIT, "trainer.callbacks+": json.dumps(signal_at)}))
+    plain = load_study(tiny(tmp_path / "b"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    group = runner.plan(stopped, set(), 1)[0]
+    with pytest.raises(SystemExit) as stop:
+        runner.run_group(stopped, group, tmp_path / "a" / "runs", uri)
+    assert stop.value.code == 143 and not (tmp_path / "a" / "runs" / "cells").exists()
+    ckpt = tmp_path / "a" / "runs" / "groups" / group.name / "checkpoints"
+    assert (ckpt / "last.ckpt").exists()
+    resumes = []
+    original = runner.resume_args
+    monkeypatch.setattr(runner, "resume_args", lambda *a: resumes.append(original(*a)) or resumes[-1])
+    resumed = runner.run_group(stopped, group, tmp_path / "a" / "runs", uri)
+    assert "--ckpt_path" in resumes[-1] and not ckpt.exists()
+    whole = runner.run_group(plain, runner.plan(plain, set(), 1)[0], tmp_path / "b" / "runs", uri)
+    assert [(c.arm, c.curve, c.auc_return, c.final_return) for c in resumed] == [
+        (c.arm, c.curve, c.auc_return, c.final_return) for c in whole]

@@ -218,8 +218,17 @@ def resume_args(args: list[str], run_dir: Path, study: Study) -> list[str]:
     the same arguments left one (other arguments: the old folder is set aside and the group starts over)."""
     from ppo_lightning.training.checkpointing import check_checkpoint_file  # start-up cost: only in a worker
 
-    fit = {**study.fit}
-    per_iteration = 4096 / float(fit.get("scale", 1.0))
+    # the group's frames per iteration: its envs x steps (the last value given, else its configs'), / --scale
+    val = lambda k, d: args[len(args) - 1 - args[::-1].index(k) + 1] if k in args else d  # noqa: E731
+    cfg = {}
+    for k, c in enumerate(args):
+        if c == "--config":
+            for section, values in (yaml.safe_load(Path(args[k + 1]).read_text()) or {}).items():
+                if isinstance(values, dict):
+                    cfg.setdefault(section, {}).update(values)
+    envs = float(val("--data.num_envs", cfg.get("data", {}).get("num_envs", 64)))
+    steps = float(val("--data.rollout_steps", cfg.get("data", {}).get("rollout_steps", 64)))
+    per_iteration = envs * steps / float(val("--scale", 1.0))
     every = max(1, round(CHECKPOINT_FRAMES / per_iteration))
     extra = ["--trainer.enable_checkpointing", "true", "--checkpoint_every", str(every)]
     stamp, last = run_dir / "group_args.json", run_dir / "checkpoints" / "last.ckpt"
