@@ -77,7 +77,7 @@ def analyse(study: Study, cells: dict | None = None) -> list[analysis.Result]:
                 if len(envs) > 1:
                     for j, e in enumerate(envs):
                         per_env[e] = analysis.compare(x[:, [j]], y[:, [j]], test="difference", margin=None,
-                                                      target=study.target_half_width, reps=500)
+                                                      target=study.target_half_width, reps=300)
                         per_env[e] = (per_env[e]["effect"], per_env[e]["low"], per_env[e]["high"])
                 used = [c for c in sa + sb if c.env in envs]
                 results.append(analysis.Result(
@@ -108,7 +108,7 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
              f"{len(own)} of {planned} planned cells recorded, {study.frames:,} frames per run, "
              f"{hours:.1f} h of one core summed over runs; cells: {holds_under(own)}. Scores: {study.score}; "
              f"95% CIs; a verdict is resolved at a CI half-width <= {study.target_half_width:g}.", ""]
-    lines += [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed (old driver) | cells | seeds/arm for ±{study.target_half_width:g} |",
+    lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed (old driver) | cells | seeds/arm for ±{study.target_half_width:g} |",
               "|---|---|---|---|---|---|---|---|---|"]
     changed = []
     for r in results:
@@ -134,9 +134,16 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
               "resampled a seed's games together, so chance correlations between games across the few seeds entered "
               "them, while rliable's stratified bootstrap resamples each game's runs independently (runs of one seed "
               "on two games share only the seed number)."]
+    lines += arm_table(study, cells)
+    if len(study.seeds) == 1:  # one run per env (a reference): its numbers per env
+        lines += ["", f"Per run (score: {study.score}):", "", "| arm | env | seed | frames | AUC | final | cell |", "|---|---|---|---|---|---|---|"]
+        norm = normalizer(study)
+        for c in sorted(cells.values(), key=lambda c: (c.arm, c.env)):
+            lines.append(f"| {labels[c.arm]} | {env_game(c.env)} | {c.seed} | {c.frames:,} | {norm(c.env, c.auc_return):.3f} | "
+                         f"{norm(c.env, c.final_return):.3f} | {c.precision} on {cpu_short(c.cpu)} |")
     multi = [r for r in results if r.per_env]
     if multi:
-        lines += ["", "Per environment (effect a - b [95% CI]):", "",
+        lines += ["", "Per environment (effect a - b [95% CI]; 300 bootstrap replicates):", "",
                   "| comparison | metric | " + " | ".join(env_game(e) for e in study.envs) + " |",
                   "|---|---|" + "---|" * len(study.envs)]
         for r in multi:
@@ -145,6 +152,35 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
     for name, path in plots.items():
         lines += ["", f"![{study.name} {name}]({path})"]
     return "\n".join(lines) + "\n"
+
+
+def arm_table(study: Study, cells: dict, reps: int = 500) -> list[str]:
+    """Per arm, over the seeds with every env of the study: mean and IQM of the normalized AUC and final
+    return with 95% stratified-bootstrap CIs (rliable); with one seed, its score."""
+    norm = normalizer(study)
+    rows = ["", f"Arms (all {len(study.envs)} envs; mean and interquartile mean over runs, 95% stratified bootstrap, "
+            f"{reps} replicates):", "", "| arm | seeds | AUC mean | AUC IQM | final mean | final IQM | cells |", "|---|---|---|---|---|---|---|"]
+    scores: dict[str, dict[str, np.ndarray]] = {"auc": {}, "final": {}}
+    for arm in study.arms:
+        mine = [c for c in cells.values() if c.arm == arm]
+        for metric in scores:
+            m, _ = _matrix(mine, study.envs, metric, norm)
+            if len(m):
+                scores[metric][arm] = m
+    est = {metric: analysis.interval_estimates({a: m for a, m in d.items() if len(m) >= 2}, reps=reps) for metric, d in scores.items()}
+    for arm, label in ((a, x.label) for a, x in study.arms.items()):
+        if arm not in scores["auc"]:
+            continue
+        n = len(scores["auc"][arm])
+        def fmt(metric, stat):
+            if arm in est[metric]:
+                v, lo, hi = est[metric][arm][stat]
+                return f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+            return f"{scores[metric][arm].mean():.3f}" if stat == "mean" else ""
+        used = [c for c in cells.values() if c.arm == arm]
+        rows.append(f"| {label} | {n} | {fmt('auc', 'mean')} | {fmt('auc', 'iqm')} | {fmt('final', 'mean')} | "
+                    f"{fmt('final', 'iqm')} | {holds_under(used)} |")
+    return rows
 
 
 def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, points: int = 40) -> dict[str, Path]:
