@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     except StudyError as err:
         print(f"error: {err}")
         return 2
-    if a.action == "report":
+    if a.action == "report":  # start-up cost: the report needs rliable and matplotlib, not the runner
         from ppo_lightning.studies.report import report
 
         report(study, a.out, a.into, plots=not a.no_plots)
