@@ -197,8 +197,8 @@ def compare(x: np.ndarray, y: np.ndarray, *, test: str, margin: float | None, ta
     if test == "equivalence":
         p = tost(sx, sy, margin) if min(len(sx), len(sy)) > 1 else float("nan")
         out["tost_p"] = p
-        if p < 0.05:
-            out["verdict"] = f"equal within ±{margin:g} (TOST p = {p:.3f})"
+        if p < 0.05:  # within the margin; a resolved sign is said too (a small difference inside the margin)
+            out["verdict"] = ("" if sign == "no difference resolved" else f"{sign}, and ") + f"equal within ±{margin:g} (TOST p = {p:.3f})"
         elif sign != "no difference resolved":
             out["verdict"] = f"{sign} (not equal within ±{margin:g}: TOST p = {p:.2f})"
         else:

@@ -258,6 +258,7 @@ def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, par
 
     run_dir = run_root / "groups" / group.name
     extra = resume_args(group.args, run_dir, study)
+    _write_json(run_dir / "members.json", {"env": group.env, "members": group.members})  # for `study status`
     t0 = time.perf_counter()
     cli = fit_main(["fit", *group.args, *extra, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", study.name,
                     "--mlflow.run_name", group.name, "--run_dir", str(run_dir)])
@@ -414,21 +415,17 @@ def status_text(study: Study, run_root: Path | None = None) -> str:
     """Done / running / pending cells, and the time left at the recorded cells' mean time per cell."""
     run_root = (run_root or default_run_root(study)).resolve()
     done = done_cells(study, run_root)
-    running = set()
-    for stamp in (run_root / "groups").glob("*/group_args.json") if (run_root / "groups").exists() else []:
-        if (stamp.parent / "checkpoints").exists() or not any(True for _ in stamp.parent.glob("checkpoints")):
-            args = json.loads(stamp.read_text())
-            env = args[args.index("--data.env_id") + 1]
-            seeds = json.loads(args[args.index("--data.member_seeds") + 1]) if "--data.member_seeds" in args else [int(args[args.index("--data.seed") + 1])]
-            for arm in study.arms:
-                for s in seeds:
-                    if (arm, env, s) not in done and (stamp.parent / "checkpoints").exists():
-                        running.add((arm, env, s))
+    running = set()  # members of groups that have started (checkpoints) and are not recorded: running or interrupted
+    for stamp in sorted((run_root / "groups").glob("*/members.json")):
+        if (stamp.parent / "checkpoints").exists():
+            d = json.loads(stamp.read_text())
+            running |= {(a, d["env"], s) for a, s in d["members"] if (a, d["env"], s) not in done}
     pending = [c for c in study.cells() if c not in done and c not in running]
     times = [c.train_s for c in done.values() if math.isfinite(c.train_s) and c.train_s > 0]
     per = sum(times) / len(times) if times else float("nan")
     left = per * (len(pending) + len(running))
-    lines = [f"{study.name}: {len(done)} done, {len(running)} running, {len(pending)} pending of {len(study.cells())} cells"]
+    lines = [f"{study.name}: {len(done)} done, {len(running)} running (or interrupted: a rerun resumes them), "
+             f"{len(pending)} pending of {len(study.cells())} cells"]
     if math.isfinite(left):
         lines.append(f"time left: ~{left / 3600:.1f} h of one core ({per:.0f} s per cell, the recorded cells' mean); "
                      f"divide by the workers")
