@@ -24,6 +24,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--executor", choices=["auto", "local", "slurm"], default="auto", help="run: submitit executor")
     p.add_argument("--run-root", type=Path, default=None, help="run: the folder of the runs (default runs/studies/<study>)")
     p.add_argument("--tracking-uri", default=None, help="run: MLflow store (default sqlite in the run root)")
+    p.add_argument("--checkpoint-frames", type=int, default=None,
+                   help="run: a group checkpoints every this many frames per member (default 65536)")
     p.add_argument("--into", type=Path, default=None, help="report: also replace the study's block in this docs page")
     p.add_argument("--out", type=Path, default=None, help="report: folder (default experiments/results/studies)")
     p.add_argument("--no-plots", action="store_true", help="report: tables only")
@@ -44,4 +46,5 @@ def main(argv: list[str]) -> int:
     if a.action == "status":
         print(runner.status_text(study, a.run_root))
         return 0
-    return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root, tracking_uri=a.tracking_uri)
+    return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root, tracking_uri=a.tracking_uri,
+                            checkpoint_frames=a.checkpoint_frames)

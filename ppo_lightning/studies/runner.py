@@ -213,7 +213,7 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def resume_args(args: list[str], run_dir: Path, study: Study) -> list[str]:
+def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames: int | None = None) -> list[str]:
     """Periodic checkpoints in ``run_dir``, and ``--ckpt_path`` to its ``last.ckpt`` when an attempt with
     the same arguments left one (other arguments: the old folder is set aside and the group starts over)."""
     from ppo_lightning.training.checkpointing import check_checkpoint_file  # start-up cost: only in a worker
@@ -229,7 +229,7 @@ def resume_args(args: list[str], run_dir: Path, study: Study) -> list[str]:
     envs = float(val("--data.num_envs", cfg.get("data", {}).get("num_envs", 64)))
     steps = float(val("--data.rollout_steps", cfg.get("data", {}).get("rollout_steps", 64)))
     per_iteration = envs * steps / float(val("--scale", 1.0))
-    every = max(1, round(CHECKPOINT_FRAMES / per_iteration))
+    every = max(1, round((checkpoint_frames or CHECKPOINT_FRAMES) / per_iteration))
     extra = ["--trainer.enable_checkpointing", "true", "--checkpoint_every", str(every)]
     stamp, last = run_dir / "group_args.json", run_dir / "checkpoints" / "last.ckpt"
     if last.exists():
@@ -249,7 +249,8 @@ def resume_args(args: list[str], run_dir: Path, study: Study) -> list[str]:
     return extra
 
 
-def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, parent_run_id: str | None = None) -> list[Cell]:
+def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, parent_run_id: str | None = None,
+              checkpoint_frames: int | None = None) -> list[Cell]:
     """Train one group in this process and record its cells (skipped when all are recorded)."""
     have = recorded(run_root)
     if all((a, group.env, s) in have for a, s in group.members):
@@ -257,7 +258,7 @@ def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, par
     from ppo_lightning.cli.fit import fit_main  # start-up cost: the training stack only in a worker
 
     run_dir = run_root / "groups" / group.name
-    extra = resume_args(group.args, run_dir, study)
+    extra = resume_args(group.args, run_dir, study, checkpoint_frames)
     _write_json(run_dir / "members.json", {"env": group.env, "members": group.members})  # for `study status`
     t0 = time.perf_counter()
     cli = fit_main(["fit", *group.args, *extra, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", study.name,
@@ -297,19 +298,22 @@ class Worker:
     submitit (`checkpoint`) and runs them again: recorded groups are skipped, the interrupted one
     resumes from its checkpoint."""
 
-    def __init__(self, study_path: str, groups: list[Group], run_root: str, tracking_uri: str, parent: str | None) -> None:
+    def __init__(self, study_path: str, groups: list[Group], run_root: str, tracking_uri: str, parent: str | None,
+                 checkpoint_frames: int | None = None) -> None:
         self.study_path, self.groups, self.run_root, self.tracking_uri, self.parent = study_path, groups, run_root, tracking_uri, parent
+        self.checkpoint_frames = checkpoint_frames
 
     def __call__(self) -> int:
         study = load_study(self.study_path)
         for g in self.groups:
-            run_group(study, g, Path(self.run_root), self.tracking_uri, self.parent)
+            run_group(study, g, Path(self.run_root), self.tracking_uri, self.parent, self.checkpoint_frames)
         return len(self.groups)
 
     def checkpoint(self, *args, **kwargs):
         import submitit
 
-        return submitit.helpers.DelayedSubmission(Worker(self.study_path, self.groups, self.run_root, self.tracking_uri, self.parent))
+        return submitit.helpers.DelayedSubmission(Worker(self.study_path, self.groups, self.run_root, self.tracking_uri,
+                                                         self.parent, self.checkpoint_frames))
 
 
 def default_run_root(study: Study) -> Path:
@@ -345,7 +349,7 @@ def _parent_run(study: Study, tracking_uri: str) -> str | None:
 
 
 def run_study(study: Study, workers: int | None = None, executor: str = "auto", run_root: Path | None = None,
-              tracking_uri: str | None = None, poll_s: float = 5.0) -> int:
+              tracking_uri: str | None = None, poll_s: float = 5.0, checkpoint_frames: int | None = None) -> int:
     import submitit
 
     run_root = (run_root or default_run_root(study)).resolve()
@@ -368,7 +372,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         if ex.cluster == "slurm":
             ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
         planning_s = time.perf_counter() - t0
-        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, parent)) for b in bins]
+        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, parent, checkpoint_frames)) for b in bins]
         start, last = time.perf_counter(), -1
         while not all(j.done() for j in jobs):
             n = len(recorded(run_root))
