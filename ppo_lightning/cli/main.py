@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: ppo-lightning {fit,export-hf,evaluate,configs} ...
+USAGE = """usage: ppo-lightning {fit,export-hf,evaluate,configs,study} ...
 
 commands:
   fit        train from a YAML config (LightningCLI), a path or a shipped name: ppo-lightning fit --config cartpole/ppo_ewma
@@ -14,6 +14,8 @@ commands:
   evaluate   score a checkpoint or an exported folder over N episodes, optionally record a video:
              ppo-lightning evaluate SOURCE [--episodes 10] [--deterministic] [--video OUT.mp4] [--json PATH]
   configs    list the configs shipped with the package (the names --config takes) and where they are
+  study      run, follow and report a study file (arms x envs x seeds, with its comparisons):
+             ppo-lightning study run|status|report experiments/studies/minatar_fig4_500k.yaml
 
 ppo-lightning COMMAND --help shows the options of a command."""
 
@@ -34,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from ppo_lightning.interop.hf.writer import export_main
 
         return export_main(args[1:])
+    if args[0] == "study":  # start-up cost, as above: reports need no training stack
+        from ppo_lightning.studies.command import main as study_main
+
+        return study_main(args[1:])
     if args[0] == "evaluate":  # start-up cost, as above
         from ppo_lightning.cli.evaluate import evaluate_main
 
