@@ -16,7 +16,7 @@ import yaml
 from ppo_lightning.studies.spec import StudyError, load_study, parse_study
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = str(ROOT / "experiments" / "minatar" / "ppo.yaml")
+BASE = "minatar/ppo"  # a shipped config name
 TINY_FIT = {"data.num_envs": 4, "data.rollout_steps": 16, "data.num_minibatches": 2, "data.update_epochs": 1,
             "trainer.precision": "32-true", "checkpoint_every": 1000000, "video_every": None, "log_every_frames": 64}
 

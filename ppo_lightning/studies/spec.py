@@ -117,9 +117,7 @@ class Study:
         """A file the study names: absolute, under the repository root, beside the study file, or a
         config shipped with the package (``minatar/ppo``: `ppo_lightning.core.configs`)."""
         p = Path(path)
-        if p.is_absolute():
-            return p
-        for candidate in (self.root / p, self.path.parent / p):
+        for candidate in (p, self.root / p, self.path.parent / p) if p.is_absolute() else (self.root / p, self.path.parent / p):
             if candidate.exists():
                 return candidate
         try:
