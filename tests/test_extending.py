@@ -65,7 +65,7 @@ TINY = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "
         "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "1", "--checkpoint_every", "1"]
 
 
-GROUP = ["--config", str(ROOT / "experiments/minatar/ppo_ewma.yaml"), *TINY, "--seeds", "2", "--model.network.hidden", "16",
+GROUP = ["--config", str(ROOT / "ppo_lightning/configs/minatar/ppo_ewma.yaml"), *TINY, "--seeds", "2", "--model.network.hidden", "16",
          "--data.num_threads", "1", "--video_every", "null"]
 
 
@@ -85,7 +85,7 @@ def test_guide_objective_trains_as_ewma_seed_group_and_resumes(user_module):
 
 def test_model_and_loss_subclasses_from_the_cli_resume_with_their_settings(user_module):
     loss = "{class_path: my_variants.ClippedAdvantageLoss, init_args: {adv_clip: 2.0}}"
-    base = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), *TINY, "--run_dir", str(user_module / "run")]
+    base = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), *TINY, "--run_dir", str(user_module / "run")]
     first = fit_main(base + ["--model", "my_variants.EntropyDecay", "--model.entropy_decay", "0.5",
                              "--model.entropy_coef", "0.01", "--model.loss", loss, "--data.total_frames", "128"])
     assert type(first.model).__name__ == "EntropyDecay" and first.model.loss_module.adv_clip == 2.0
@@ -103,7 +103,7 @@ def test_model_and_loss_subclasses_from_the_cli_resume_with_their_settings(user_
     (["--model.loss", "{class_path: nowhere.Loss}"], "model.loss.class_path 'nowhere.Loss': cannot import it"),
 ])
 def test_unknown_objectives_and_settings_are_one_line_errors(tmp_path, capsys, override, message):
-    code = main(["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), "--run_dir", str(tmp_path),
+    code = main(["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), "--run_dir", str(tmp_path),
                  "--mlflow.enabled", "false", *override])
     err = capsys.readouterr().err
     assert code == 2 and f"error: {message}" in err, err[-2000:]
@@ -118,7 +118,7 @@ def test_loss_settings_are_the_modules_by_name_and_default():
 def test_a_checkpoint_from_before_the_registry_resumes(tmp_path):
     """Checkpoints written before ``objective_args``, ``loss`` and class paths (hyperparameters without
     them) resume with the defaults."""
-    base = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), *TINY, "--run_dir", str(tmp_path)]
+    base = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo.yaml"), *TINY, "--run_dir", str(tmp_path)]
     fit_main(base + ["--data.total_frames", "128"])
     ckpt = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
     for key in ("objective_args", "loss", "_class_path"):

@@ -1,18 +1,18 @@
 """Normalized return for MinAtar: ``(R - R_random) / (R_ref - R_random)`` with per-game constants.
 
 MinAtar has no published normalization constants, so both are measured by this project
-(issue 11), with MinAtar's defaults (sticky actions 0.1, difficulty ramping, all 6 actions):
+with MinAtar's defaults (sticky actions 0.1, difficulty ramping, all 6 actions):
 
 * ``R_random``: mean episode return of a uniform random policy, 300 episodes per game (32 envs,
-  seed 12345): ``python experiments/minatar_figures.py random`` ->
+  seed 12345): ``python experiments/minatar_random.py`` ->
   ``experiments/results/minatar/random_returns.csv``.
 * ``R_ref``: the project's own longer PPO run per game: ppo_lightning/configs/minatar/ppo.yaml (MinAtar CNN,
   64 envs x 64 steps, 8 minibatches x 3 epochs, Adam 5e-4, reward normalization), 303,104 frames
   (74 iterations; 3x the experiments' 100k-frame runs), one seed (1000, disjoint from the
   experiments' seeds); R_ref = the mean over the last 10% of its frames of the mean return of the
   last 20 episodes:
-  ``python experiments/minatar_figures.py reference --games breakout,space_invaders,asterix --seeds 1
-  --frames 300000`` (and ``--games freeway,seaquest``) -> ``experiments/results/minatar/reference_runs.csv``.
+  ``ppo-lightning study run experiments/studies/minatar_reference_100k.yaml`` (records:
+  ``experiments/results/minatar/reference_runs.csv``).
 
 So 0 = random play and 1 = what PPO at the base configuration reaches in 300k frames; longer or
 better runs exceed 1. One seed makes R_ref itself noisy: it scales every arm of a game alike, so
@@ -27,8 +27,8 @@ Games the experiments leave out of the pooled statistics (uninformative at their
   episodes end after 160k frames: a 100k-frame run has no finished episode, hence no learning
   curve (R_ref 18.85 after 303k frames; fewer envs or longer runs would make it informative).
 
-A 1M+-frame reference on all five games is the first thing to run with more CPU:
-``python experiments/minatar_figures.py reference --seeds 2 --frames 1000000``.
+A 1M+-frame reference on all five games is the first thing to run with more CPU: a copy of
+``experiments/studies/minatar_reference_100k.yaml`` with ``frames: 1000000`` and ``seeds: {count: 2}``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def return_range(game: str) -> tuple[float, float]:
     r_random, r_ref = RETURN_RANGES[game]
     if not math.isfinite(r_ref):
         raise ValueError(f"no R_ref measured for MinAtar game {game!r} (no reference run at this project's budget: "
-                         f"python experiments/minatar_figures.py reference --games {game})")
+                         "ppo-lightning study run experiments/studies/minatar_reference_100k.yaml)")
     return r_random, r_ref
 
 
