@@ -72,7 +72,7 @@ class StorageFull(TrainingFault):
         super().__init__()
 
     def __str__(self) -> str:
-        from ppo_lightning.core.storage import human_bytes
+        from ppo_lightning.core.storage import human_bytes  # storage imports this module: no cycle at load
 
         need = f"needs {human_bytes(self.needed)}" if self.needed is not None else "size unknown"
         free = f", {human_bytes(self.free)} free" if self.free is not None else ""

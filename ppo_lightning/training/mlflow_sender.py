@@ -309,7 +309,7 @@ class MlflowSender:
     def _remove_partial_artifact(self, record: dict) -> None:
         """A local artifact store copies the file: a copy cut by a full disk is removed."""
         try:
-            from ppo_lightning.training.tracking import local_artifact_folder
+            from ppo_lightning.training.tracking import local_artifact_folder  # tracking imports us: no cycle
 
             folder = local_artifact_folder(self.client.get_run(self.run_id).info.artifact_uri)
             if folder is not None:
@@ -410,7 +410,7 @@ class MlflowSender:
 
 def create_run(client, experiment_name: str, tags: dict[str, str]) -> str:
     """Create a run in the experiment (made, with the training-view tag, if needed); its id."""
-    from ppo_lightning.training.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+    from ppo_lightning.training.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG  # tracking imports us: no cycle
 
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None or experiment.lifecycle_stage == "deleted":

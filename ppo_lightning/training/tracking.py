@@ -131,7 +131,7 @@ class SafeMLFlowLogger(MLFlowLogger):
     def __init__(self, experiment_name: str, tracking_uri: str, run_name: str | None = None,
                  run_id: str | None = None, spool: str | None = None, **kwargs) -> None:
         kwargs.pop("log_model", None)  # we upload the checkpoints we want at the end (finalize)
-        from ppo_lightning.training.mlflow_sender import configure_http
+        from ppo_lightning.training.mlflow_sender import configure_http  # imports this module: no cycle at load
 
         configure_http()  # short requests, no client-side retries: the sender retries
         super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name,
@@ -171,7 +171,7 @@ class SafeMLFlowLogger(MLFlowLogger):
         if self.failed:
             return
         if self.sender is None:
-            from ppo_lightning.training.mlflow_sender import MlflowSender
+            from ppo_lightning.training.mlflow_sender import MlflowSender  # imports this module: no cycle at load
 
             self.sender = MlflowSender(self._mlflow_client, self.tracking_uri, self._run_id, self.spool,
                                        local=is_local_store(self.tracking_uri), resumed=self.resumed,
@@ -268,6 +268,8 @@ def quiet_mlflow() -> None:
     first use of a database: nothing a user can act on."""
     for name in ("mlflow.store.db.utils", "alembic", "alembic.runtime.migration"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # its SQLAlchemy errors (a full disk under the store) come with a traceback; the sender reports them in one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 @contextlib.contextmanager
@@ -362,6 +364,7 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
     A server that cannot be reached at start does not stop or hold the run: its run is created, and
     everything sent, when the server is back (`ppo_lightning.training.mlflow_sender`).
     """
+    # mlflow_sender imports this module: imported here, no cycle at load
     from ppo_lightning.training.mlflow_sender import configure_http, create_run, is_unreachable, read_spool, short_reason
 
     configure_http()  # short requests without client retries: the sender retries, the loop never waits
