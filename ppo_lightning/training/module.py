@@ -318,7 +318,11 @@ class PPOLightningModule(pl.LightningModule):
         if self.proximal_source is not None:
             self.proximal_source.stop()
         if self.seed_group is not None:
-            self.seed_group.runs.finalize()
+            # preempted: the members' runs are KILLED, as the group's run (a resume continues them)
+            from ppo_lightning.training.preemption import preempted  # start-up cost: only at teardown
+
+            stopped = self._trainer is not None and preempted(self.trainer) is not None
+            self.seed_group.runs.finalize("KILLED" if stopped else "success")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["numerical_guard"] = self.numerical_guard.state_dict()

@@ -54,6 +54,7 @@ from ppo_lightning.core.faults import NumericalFault, finite_mean
 from ppo_lightning.data.seed_group import validate_member_hparams
 from ppo_lightning.nets.models import OBS_KEY
 from ppo_lightning.nets.seed_stack import SeedStack
+from ppo_lightning.training.mlflow_sender import create_run
 from ppo_lightning.training.tracking import SafeMLFlowLogger
 
 
@@ -275,15 +276,27 @@ class SeedRuns:
 
     def _start(self, module, parent) -> None:
         name = parent._run_name or parent.run_id or "group"  # no request to the server in the loop
+        previous = self._run_ids  # a resumed group's runs (read before `loggers` takes over `run_ids`)
         self.loggers = []
         for k, seed in enumerate(self.seeds):
-            run_id = self.run_ids[k] if self.run_ids and k < len(self.run_ids) else None
+            run_id = previous[k] if previous and k < len(previous) else None
+            created = False
+            tags = {"mlflow.parentRunId": parent.run_id, "seed": str(seed)}
+            member_name = f"{name}-member{k}-seed{seed}" if module.hparams.get("member_hparams") else f"{name}-seed{seed}"
+            if run_id is None and parent.run_id is not None and not (parent.sender is not None and parent.sender.down):
+                # the parent's server answered: create the member's run now, so that the next checkpoint
+                # holds its id (a resume continues it) instead of the id the sender would give it later
+                try:
+                    run_id = create_run(parent.experiment, parent.experiment_name, {**tags, "mlflow.runName": member_name})
+                    created = True
+                except Exception:  # noqa: BLE001 - gone since: the member's sender creates it when it is back
+                    run_id = None
             logger = SafeMLFlowLogger(experiment_name=parent.experiment_name, tracking_uri=parent.tracking_uri,
-                                      run_name=f"{name}-member{k}-seed{seed}" if module.hparams.get("member_hparams")
-                                      else f"{name}-seed{seed}", run_id=run_id,
-                                      tags={"mlflow.parentRunId": parent.run_id, "seed": str(seed)},
+                                      run_name=member_name, run_id=run_id, tags=tags,
                                       spool=None if parent.spool is None else
                                       str(Path(parent.spool).with_name(f"{Path(parent.spool).stem}-seed{k}.jsonl")))
+            if created:
+                logger.resumed = False  # a new run: nothing logged yet
             params = {k2: v for k2, v in dict(module.hparams).items() if k2 not in ("seeds", "member_hparams")}
             own = {n: v[k] for n, v in (module.hparams.get("member_hparams") or {}).items()}  # this member's values
             logger.log_hyperparams({**params, **own, "seed": seed, "seed_index": k, "group_run_id": parent.run_id})
@@ -301,6 +314,8 @@ class SeedRuns:
     def finalize(self, status: str = "success") -> None:
         for logger in self.loggers or []:
             logger.finalize(status)
+        if self.loggers is not None:
+            self._run_ids = [lg.run_id for lg in self.loggers]  # kept: read after fit (`run_ids`)
         self.loggers = None
 
 
