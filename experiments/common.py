@@ -203,3 +203,75 @@ def cpu_label() -> str:
     flags = set(info.get("Flags", "").split())
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     return f"CPU: {model}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"
+
+
+# ----------------------------------------------------------------------------------- CSV records and intervals
+# (the CSV I/O of the old MinAtar driver, kept for precision_parity.py and procgen/compare.py; studies
+# record through ppo_lightning.studies)
+from ppo_lightning.studies.records import curve_auc, final_value  # noqa: E402,F401  (re-exported)
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def append_row(path: Path, row: dict, fields: list[str]) -> None:
+    """Append ``row``; a CSV of an older layout (other columns) is first rewritten with ``fields``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    if not new:
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != fields:
+            old = read_rows(path)
+            with open(path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=fields)
+                w.writeheader()
+                w.writerows({k: r.get(k, "") for k in fields} for r in old)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            w.writeheader()
+        w.writerow({k: row.get(k, "") for k in fields})
+
+
+def record_run(runs_csv: Path, curves_csv: Path, row: dict, curve: list[tuple[float, float]], fields: list[str]) -> None:
+    """A finished run: its curve to ``curves_csv``, then its row to ``runs_csv`` (a row means both are complete)."""
+    for f, v in curve:
+        append_row(curves_csv, {"arm": row["arm"], "game": row["game"], "seed": row["seed"], "frames": int(f),
+                                "return": round(v, 4)}, ["arm", "game", "seed", "frames", "return"])
+    append_row(runs_csv, row, fields)
+
+
+def bootstrap_ci(x: list[float]) -> tuple[float, float, float]:
+    """``(mean, low, high)`` over seeds: rliable's bootstrap (one environment); nan below 2 seeds."""
+    import numpy as np
+
+    from ppo_lightning.studies.analysis import interval_estimates
+
+    x = np.asarray([v for v in x if math.isfinite(v)], dtype=float)
+    if x.size < 2:
+        return (float(x[0]) if x.size else float("nan")), float("nan"), float("nan")
+    return interval_estimates({"x": x[:, None]})["x"]["mean"]
+
+
+def bootstrap_diff_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """``(mean(a) - mean(b), low, high)``: rliable's bootstrap of independent samples; nan below 2 seeds."""
+    import numpy as np
+
+    from ppo_lightning.studies.analysis import difference
+
+    a = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
+    b = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
+    if a.size < 2 or b.size < 2:
+        return float(a.mean() - b.mean()) if a.size and b.size else float("nan"), float("nan"), float("nan")
+    return difference(a[:, None], b[:, None])
+
+
+def save_labelled(fig, path: Path) -> None:
+    """Write a figure with this machine's CPU in its corner (machines differ)."""
+    fig.text(0.01, 0.005, cpu_label(), fontsize=6)
+    save_figure(fig, path)

@@ -1,6 +1,6 @@
 """Gradient noise scale at fixed parameters on MinAtar: is the c = 1 minibatch above it? (issue 11)
 
-The batch-size-invariance figure (`minatar_figures.py bsi`) found c = 4 and 16 learning faster per
+The batch-size-invariance figure (`experiments/studies/minatar_fig23_table5_100k.yaml`) found c = 4 and 16 learning faster per
 frame than c = 1 (minibatch 512), while c = 4 and 16 (128, 32) agree. The paper's lr / sqrt(c) rule
 assumes the minibatch is below the gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et
 al. 2018). The in-run estimate (`ppo_lightning.training.noise_scale.GradientNoiseScale` during training) mixes
@@ -34,8 +34,10 @@ import numpy as np
 from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, finished, write_csv  # noqa: E402
-from minatar_figures import CONFIG, EWMA  # noqa: E402
+from common import RESULTS, ROOT, finished, write_csv  # noqa: E402
+
+CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
+EWMA = ["--model.decoupled", "true", "--model.proximal_com", "8"]  # PPO-EWMA, proximal COM 8 gradient steps
 
 PROBE_STEPS, PROBE_MINIBATCH = 256, 32  # x the config's 64 envs: 16,384 frames per probe rollout
 
@@ -200,7 +202,7 @@ def plot_along(rows: list[dict], path: Path) -> None:
     """B_simple (policy, value, total) against frames trained, one panel per game, with the
     minibatch of each c (512 / c) as horizontal lines: below a line, that c's minibatch is above B_simple."""
     from common import plt
-    from minatar_figures import save_labelled
+    from common import save_labelled
 
     games = list(dict.fromkeys(r["game"] for r in rows))
     if not games:

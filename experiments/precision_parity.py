@@ -5,7 +5,7 @@ MinAtar Breakout and SpaceInvaders at the experiments' base configuration
 same seeds under ``--trainer.precision 32-true`` and ``bf16-mixed``. Per run: AUC (mean return over
 the run's frames) and final return (last 10% of frames), normalized per game
 (`ppo_lightning.envs.minatar_scores`); per seed the mean over the games; then the seed-bootstrap
-95% CI of the difference bf16 - fp32 (`experiments/stats.py`). Verdict: "same" when the CI lies
+95% CI of the difference bf16 - fp32 (rliable's bootstrap, `experiments/common.py`). Verdict: "same" when the CI lies
 within +-0.05 (normalized return) and contains 0; "resolved" when its half-width is <= 0.05.
 
 Resumable: every finished run is a row of ``<out>/parity_runs.csv`` (its curve in
@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, RESULTS, cpu_label, run  # noqa: E402
-from minatar_figures import read_rows, record_run  # noqa: E402
-from stats import bootstrap_ci, bootstrap_diff_ci, curve_auc, final_value  # noqa: E402
+from common import (ROOT, RESULTS, bootstrap_ci, bootstrap_diff_ci, cpu_label, curve_auc, final_value, read_rows,  # noqa: E402
+                    record_run, run)
 
 CONFIG = ROOT / "experiments" / "minatar" / "ppo.yaml"
 OUT = RESULTS / "precision"

@@ -162,43 +162,6 @@ def test_a_ppo_members_loss_is_ppos_with_the_importance_ratio_cap_biting():
     assert not torch.allclose(standard(batch.clone())["loss_objective"], plain(batch.clone())["loss_objective"])
 
 
-def test_figure_driver_mixes_table5_arms_into_one_group(tmp_path):
-    """``minatar_figures --mix``: all rules (with and without Adam's betas rule), no advantage-span rule and
-    PPO at c = 4 train as one group of 4 arms x 2 seeds; one row per (arm, seed), and each member's own
-    MLflow run carries the lr, EWMA center of mass, span and betas that the arm's single run resolves
-    from its --scale rules."""
-    import csv
-    import sys
-    from ast import literal_eval
-    from pathlib import Path
-
-    import mlflow
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    import minatar_figures as mf
-
-    small = ["--data.num_envs", "8", "--data.rollout_steps", "32", "--data.update_epochs", "1", "--model.network.hidden", "16"]
-    arms = {k: v + small for k, v in mf._scaled_arms(4, kinds=("all", "no_adv_span", "ppo")).items()}
-    arms["c4_all_betas"] = mf.EWMA + ["--scale", "4", "--scale_adam_betas", "true"] + small
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mf.sweep_mixed("bsi", arms, ["breakout"], [0, 1], 256, tmp_path / "m", uri, tmp_path / "runs")
-    rows = list(csv.DictReader(open(tmp_path / "m/bsi_runs.csv")))
-    assert sorted((r["arm"], r["seed"]) for r in rows) == sorted((a, str(s)) for a in arms for s in (0, 1))
-    assert len({r["mlflow_run_id"] for r in rows}) == 8 and all(int(r["frames"]) == 256 for r in rows)
-    mf.sweep("bsi", {k: arms[k] for k in ("c4_no_adv_span", "c4_ppo", "c4_all_betas")}, ["breakout"], [1], 256,
-             tmp_path / "s", uri, tmp_path / "runs")
-    client = mlflow.MlflowClient(uri)
-    singles = {r["arm"]: client.get_run(r["mlflow_run_id"]).data.params for r in csv.DictReader(open(tmp_path / "s/bsi_runs.csv"))}
-    for arm, single in singles.items():
-        (row,) = [r for r in rows if r["arm"] == arm and r["seed"] == "1"]
-        member = client.get_run(row["mlflow_run_id"]).data.params
-        assert float(member["lr"]) == pytest.approx(float(single["lr"]))
-        assert float(member["advantage_norm_span"]) == pytest.approx(float(single["advantage_norm_span"])), arm
-        assert member["proximal_com"] == single["proximal_com"] and (single["proximal_com"] == "None") == (arm == "c4_ppo")
-        assert literal_eval(member["adam_betas"]) == pytest.approx(literal_eval(single["adam_betas"])), arm
-    assert literal_eval(singles["c4_all_betas"]["adam_betas"])[1] == pytest.approx(0.999 ** 0.25)
-
-
 def test_member_adam_steps_each_member_bitwise_as_adam_at_its_lr():
     """`MemberAdam` on stacked parameters [4, ...] with lrs (1e-3, 1e-3, 5e-4, 2e-3) and member 1's betas
     (0.8, 0.95): after 6 steps each member's slice, and its moments, equal torch's fused Adam with that
@@ -238,25 +201,3 @@ def test_a_mixed_group_refuses_to_rescale_its_batch(tmp_path):
     with pytest.raises(ValueError, match="members have their own hyperparameters"):
         fit_main(BASE + ["--data.total_frames", "64", "--run_dir", str(tmp_path / "a"), "--data.num_envs", "4",
                          "--rescale", "true", "--ckpt_path", str(tmp_path / "a/checkpoints/last.ckpt")])
-
-
-def test_table5_at_c64_in_fp32_is_one_mixed_group_with_its_own_all_rules_arm():
-    """bsi500k's c = 64 Table 5 arms pinned to 32-true (all rules and the four ablations) share every
-    argument but the members' own values, so ``--mix`` trains them as one group; each removes exactly
-    its rule: lr 4e-3 / sqrt(64), EWMA COM 8 x 64, span 64, or the rule's c = 1 value (PPO: no EWMA)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    import minatar_figures as mf
-
-    arms = {a: v for a, v in mf.FIGURES["bsi500k"]["arms"].items() if a.startswith("c64_") and a.endswith("_fp32")}
-    specs = {a.removeprefix("c64_").removesuffix("_lr8x_fp32"): mf.member_spec(v) for a, v in arms.items()}
-    assert set(specs) == {"all", "no_lr", "no_com", "no_adv_span", "ppo"}
-    assert len({tuple(shared) for shared, _ in specs.values()}) == 1
-    shared = specs["all"][0]
-    assert shared[shared.index("--trainer.precision") + 1] == "32-true"
-    values = {k: (v["lr"], v["proximal_com"], v["advantage_norm_span"]) for k, (_, v) in specs.items()}
-    assert values == {"all": (5e-4, 512.0, 64.0), "no_lr": (4e-3, 512.0, 64.0), "no_com": (5e-4, 8.0, 64.0),
-                      "no_adv_span": (5e-4, 512.0, 1.0), "ppo": (5e-4, None, 64.0)}
-    assert (f"c64_no_com_{mf.LR}_fp32", f"c64_all_{mf.LR}_fp32") in mf.FIGURES["bsi500k"]["compare"]

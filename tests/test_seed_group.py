@@ -368,26 +368,3 @@ def test_log_every_frames_thins_what_the_loggers_get(tmp_path):
             assert [m.step for m in client.get_metric_history(run.info.run_id, "frames")] == expected
     with pytest.raises(ValueError, match="log_every_frames must be >= 0"):
         fit_main(common + ["--log_every_frames", "-1", "--run_dir", str(tmp_path / "bad")])
-
-
-def test_figure_driver_runs_an_arms_seeds_as_one_group(tmp_path):
-    """minatar_figures' default sweep trains seeds 0 and 1 of an arm as one group and writes one row per
-    seed (its own MLflow run, learning curve, noise scale); seed 1's row matches seed 1 run alone."""
-    import csv
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    import minatar_figures as mf
-
-    arms = {"ppo_ewma": mf.EWMA + ["--data.num_envs", "4", "--data.rollout_steps", "32", "--data.update_epochs", "1",
-                                   "--model.network.hidden", "16"]}
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mf.sweep_grouped("ewma", arms, ["breakout"], [0, 1], 1024, tmp_path / "g", uri, tmp_path / "runs")
-    rows = list(csv.DictReader(open(tmp_path / "g/ewma_runs.csv")))
-    assert [r["seed"] for r in rows] == ["0", "1"] and rows[0]["mlflow_run_id"] != rows[1]["mlflow_run_id"]
-    assert all(r["B_simple"] and int(r["frames"]) == 1024 for r in rows)
-    mf.sweep("ewma", arms, ["breakout"], [1], 1024, tmp_path / "s", uri, tmp_path / "runs")
-    (alone,) = list(csv.DictReader(open(tmp_path / "s/ewma_runs.csv")))
-    for key in ("final_return", "auc_return", "iterations", "gradient_steps", "args"):
-        assert alone[key] == rows[1][key], key

@@ -25,8 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import ROOT, mean_curve, mean_std, plt, run, save_figure  # noqa: E402
-from minatar_figures import append_row, read_rows  # noqa: E402  (CSV I/O: a file of an older layout is rewritten)
-from stats import bootstrap_diff_ci, curve_auc  # noqa: E402
+from common import append_row, bootstrap_diff_ci, curve_auc, read_rows  # noqa: E402  (CSV I/O: a file of an older layout is rewritten)
 
 RUN_FIELDS = ["variant", "seed", "frames", "final_normalized_return", "final_return", "auc_normalized_return",
               "clip_fraction_mean", "wall_s", "mlflow_run_id"]

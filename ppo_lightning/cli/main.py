@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: ppo-lightning {fit,export-hf,evaluate} ...
+USAGE = """usage: ppo-lightning {fit,export-hf,evaluate,study} ...
 
 commands:
   fit        train from a YAML config (LightningCLI): ppo-lightning fit --config experiments/cartpole/ppo_ewma.yaml
@@ -13,6 +13,8 @@ commands:
              measured mean return, replay.mp4): ppo-lightning export-hf CKPT OUT_DIR
   evaluate   score a checkpoint or an exported folder over N episodes, optionally record a video:
              ppo-lightning evaluate SOURCE [--episodes 10] [--deterministic] [--video OUT.mp4] [--json PATH]
+  study      run, follow and report a study file (arms x envs x seeds, with its comparisons):
+             ppo-lightning study run|status|report experiments/studies/minatar_fig4_500k.yaml
 
 ppo-lightning COMMAND --help shows the options of a command."""
 
@@ -27,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from ppo_lightning.interop.hf.writer import export_main
 
         return export_main(args[1:])
+    if args[0] == "study":  # start-up cost, as above: reports need no training stack
+        from ppo_lightning.studies.command import main as study_main
+
+        return study_main(args[1:])
     if args[0] == "evaluate":  # start-up cost, as above
         from ppo_lightning.cli.evaluate import evaluate_main
 

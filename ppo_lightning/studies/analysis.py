@@ -1,0 +1,209 @@
+"""Statistics of a study, from rliable where it has the method (Agarwal et al. 2021, "Deep RL at the
+edge of the statistical precipice"): interquartile mean and mean with stratified bootstrap CIs
+(runs resampled within each environment), probability of improvement, performance profiles and
+sample-efficiency curves with bands; and a few formulas rliable does not have, written here:
+
+- `welch_diff_ci`: the CI of a difference of two arms from fewer than `MIN_SEEDS_FOR_BOOTSTRAP`
+  seeds. A percentile bootstrap can only resample the few values seen and comes out too narrow;
+  rliable offers only the bootstrap.
+- `tost`: two one-sided tests of equivalence within a margin (Schuirmann 1987) on the per-seed
+  scores, with Welch's t. rliable has no hypothesis tests.
+- `seeds_needed`: the seeds per arm a CI of a target half-width needs (normal approximation).
+
+A seed's score on a metric is the mean over the comparison's environments of its normalized
+per-environment statistic (AUC or final return), as the paper pools games.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+Z95 = 1.959963984540054
+MIN_SEEDS_FOR_BOOTSTRAP = 5
+REPS = 1000  # bootstrap replicates per interval (arch's bootstrap loops in Python: ~0.3 s per interval here)
+
+
+def rliable():
+    """``(library, metrics)`` of rliable. rliable needs arch < 8 (arch 8 dropped ``random_state``,
+    which rliable passes); arch 7 calls pandas' private ``deprecate_kwarg(old, new)``, whose pandas 3
+    form takes the warning class first: give arch the form it calls."""
+    import pandas.util._decorators as decorators
+
+    original = decorators.deprecate_kwarg
+    if "klass" in inspect.signature(original).parameters:
+        def deprecate_kwarg(old, new=None, *args, **kwargs):
+            if isinstance(old, type):
+                return original(old, new, *args, **kwargs)
+            return original(FutureWarning, old, new, *args, **kwargs)
+        decorators.deprecate_kwarg = deprecate_kwarg
+        try:
+            from rliable import library, metrics
+        finally:
+            decorators.deprecate_kwarg = original
+    else:
+        from rliable import library, metrics
+    warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)  # arch 7, rliable's call
+    return library, metrics
+
+
+# ----------------------------------------------------------------------------------- hand-written
+def welch_diff_ci(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:
+    """``(mean(a) - mean(b), low, high)``: Welch's t interval, with the Welch-Satterthwaite degrees
+    of freedom ``(va + vb)^2 / (va^2 / (na - 1) + vb^2 / (nb - 1))``, ``va = s_a^2 / n_a``."""
+    from scipy.stats import t
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = float(a.mean() - b.mean())
+    if a.size < 2 or b.size < 2:
+        return d, float("nan"), float("nan")
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return d, d, d
+    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    half = t.ppf(1 - alpha / 2, dof) * math.sqrt(va + vb)
+    return d, d - half, d + half
+
+
+def tost(a: Sequence[float], b: Sequence[float], margin: float) -> float:
+    """p-value of two one-sided tests that ``|mean(a) - mean(b)| < margin`` (Welch's t): the larger
+    of the p-values of H0: d <= -margin and H0: d >= +margin. Equivalence at level alpha when
+    p < alpha, which is the (1 - 2 alpha) Welch interval lying inside (-margin, +margin)."""
+    from scipy.stats import t
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if margin <= 0:
+        raise ValueError(f"tost: the margin must be > 0, got {margin}")
+    d = a.mean() - b.mean()
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return 0.0 if abs(d) < margin else 1.0
+    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    p_low = t.sf((d + margin) / se, dof)    # H0: d <= -margin
+    p_high = t.cdf((d - margin) / se, dof)  # H0: d >= +margin
+    return float(max(p_low, p_high))
+
+
+def seeds_needed(sd: float, half_width: float, arms: int = 2) -> int:
+    """Seeds per arm for a 95% CI of half-width ``half_width``: ``arms (z sd / h)^2`` (``arms=2``: the
+    difference of two independent arms with the same sd; 1: one mean). At least 2."""
+    if not (sd >= 0) or half_width <= 0:
+        return 0
+    return max(2, math.ceil(arms * (Z95 * sd / half_width) ** 2))
+
+
+# ----------------------------------------------------------------------------------- rliable
+def interval_estimates(scores: dict[str, np.ndarray], reps: int = REPS, seed: int = 0) -> dict[str, dict[str, tuple]]:
+    """Per arm (``scores[arm]``: seeds x environments): mean and IQM, each ``(value, low, high)``,
+    95% stratified bootstrap (rliable)."""
+    library, metrics = rliable()
+    fn = lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_iqm(s)])  # noqa: E731
+    points, cis = library.get_interval_estimates(scores, fn, reps=reps, random_state=np.random.RandomState(seed))
+    return {arm: {"mean": (float(points[arm][0]), float(cis[arm][0, 0]), float(cis[arm][1, 0])),
+                  "iqm": (float(points[arm][1]), float(cis[arm][0, 1]), float(cis[arm][1, 1]))} for arm in scores}
+
+
+def difference(x: np.ndarray, y: np.ndarray, reps: int = REPS, seed: int = 0) -> tuple[float, float, float]:
+    """``mean(x) - mean(y)`` with its 95% CI: rliable's stratified bootstrap of independent samples
+    (each arm's seeds resampled within each environment, the two arms independently)."""
+    library, metrics = rliable()
+    fn = lambda a, b: np.array([metrics.aggregate_mean(a) - metrics.aggregate_mean(b)])  # noqa: E731
+    points, cis = library.get_interval_estimates({"d": (x, y)}, fn, reps=reps, random_state=np.random.RandomState(seed))
+    return float(points["d"][0]), float(cis["d"][0, 0]), float(cis["d"][1, 0])
+
+
+def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
+    """P(a run of x scores above a run of y), averaged over environments (rliable's Mann-Whitney
+    form). Its bootstrap CI is left out: rliable computes it pair by pair in Python, ~25 s per
+    comparison here, which would put a report over its 30 s."""
+    _, metrics = rliable()
+    return float(metrics.probability_of_improvement(x, y))
+
+
+def sample_efficiency(curves: dict[str, np.ndarray], reps: int = 500, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per arm (``curves[arm]``: seeds x environments x points): the mean over runs at every point
+    with a 95% stratified-bootstrap band (rliable)."""
+    library, metrics = rliable()
+    fn = lambda s: np.array([metrics.aggregate_mean(s[..., t]) for t in range(s.shape[-1])])  # noqa: E731
+    points, cis = library.get_interval_estimates(curves, fn, reps=reps, random_state=np.random.RandomState(seed))
+    return {arm: (points[arm], cis[arm][0], cis[arm][1]) for arm in curves}
+
+
+def performance_profiles(scores: dict[str, np.ndarray], taus: np.ndarray, reps: int = 500, seed: int = 0):
+    """rliable's score distributions: the fraction of runs above each tau, with bands."""
+    library, _ = rliable()
+    return library.create_performance_profile(scores, taus, reps=reps)
+
+
+# ----------------------------------------------------------------------------------- verdicts
+@dataclass
+class Result:
+    """One comparison on one metric, in one stratum of cells (a CPU type and a precision, or pooled)."""
+    claim: str
+    a: str
+    b: str
+    metric: str
+    test: str
+    envs: tuple[str, ...]
+    n_a: int
+    n_b: int
+    effect: float
+    low: float
+    high: float
+    method: str
+    p_improve: float | None
+    verdict: str
+    resolved: bool
+    seeds_for_target: int
+    tost_p: float | None = None
+    margin: float | None = None
+    stratum: str = ""
+    per_env: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+
+def direction(low: float, high: float) -> str:
+    """The sign a CI resolves: ``a > b``, ``a < b``, or ``no difference resolved``."""
+    if low > 0:
+        return "a > b"
+    if high < 0:
+        return "a < b"
+    return "no difference resolved"
+
+
+def compare(x: np.ndarray, y: np.ndarray, *, test: str, margin: float | None, target: float,
+            reps: int = REPS) -> dict:
+    """Effect of arm x over arm y (seeds x environments each): ``{effect, low, high, method,
+    p_improve, verdict, resolved, seeds_for_target, tost_p}``."""
+    sx, sy = x.mean(1), y.mean(1)  # per-seed scores pooled over environments
+    small = min(len(sx), len(sy)) < MIN_SEEDS_FOR_BOOTSTRAP
+    if small:
+        d, lo, hi = welch_diff_ci(sx, sy)
+        method = f"Welch t (n = {len(sx)}, {len(sy)})"
+        p_imp = None
+    else:
+        d, lo, hi = difference(x, y, reps)
+        method = "stratified bootstrap"
+        p_imp = probability_of_improvement(x, y)
+    sd = math.sqrt((np.var(sx, ddof=1) + np.var(sy, ddof=1)) / 2) if min(len(sx), len(sy)) > 1 else float("nan")
+    out = {"effect": d, "low": lo, "high": hi, "method": method, "p_improve": p_imp,
+           "resolved": bool(hi - lo <= 2 * target), "seeds_for_target": seeds_needed(sd, target), "tost_p": None}
+    sign = direction(lo, hi)
+    if test == "equivalence":
+        p = tost(sx, sy, margin) if min(len(sx), len(sy)) > 1 else float("nan")
+        out["tost_p"] = p
+        if p < 0.05:  # within the margin; a resolved sign is said too (a small difference inside the margin)
+            out["verdict"] = ("" if sign == "no difference resolved" else f"{sign}, and ") + f"equal within ±{margin:g} (TOST p = {p:.3f})"
+        elif sign != "no difference resolved":
+            out["verdict"] = f"{sign} (not equal within ±{margin:g}: TOST p = {p:.2f})"
+        else:
+            out["verdict"] = f"not shown equal within ±{margin:g} (TOST p = {p:.2f})"
+    else:
+        out["verdict"] = sign + ("" if sign != "no difference resolved" else
+                                 f" (equal within ±{max(abs(lo), abs(hi)):.3f})" if out["resolved"] else " (CI wider than the target)")
+    return out

@@ -1,0 +1,50 @@
+"""``ppo-lightning study run|status|report FILE``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ppo_lightning.studies.spec import StudyError, load_study
+
+USAGE = """ppo-lightning study {run,status,report} FILE [options]
+
+  run     train the study's pending cells: arms x seeds that differ only in per-member settings train as
+          one vectorized group; groups are split over --workers (submitit: SLURM where srun exists,
+          local processes otherwise); finished cells are skipped on a rerun
+  status  done / running / pending cells, with an estimate of the time left
+  report  verdicts, tables and plots from the recorded cells (experiments/results/studies/)"""
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ppo-lightning study", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["run", "status", "report"])
+    p.add_argument("file", type=Path)
+    p.add_argument("--workers", type=int, default=None, help="run: parallel workers (default: the CPU count, or SLURM's)")
+    p.add_argument("--executor", choices=["auto", "local", "slurm"], default="auto", help="run: submitit executor")
+    p.add_argument("--run-root", type=Path, default=None, help="run: the folder of the runs (default runs/studies/<study>)")
+    p.add_argument("--tracking-uri", default=None, help="run: MLflow store (default sqlite in the run root)")
+    p.add_argument("--checkpoint-frames", type=int, default=None,
+                   help="run: a group checkpoints every this many frames per member (default 65536)")
+    p.add_argument("--into", type=Path, default=None, help="report: also replace the study's block in this docs page")
+    p.add_argument("--out", type=Path, default=None, help="report: folder (default experiments/results/studies)")
+    p.add_argument("--no-plots", action="store_true", help="report: tables only")
+    a = p.parse_args(argv)
+    try:
+        study = load_study(a.file.resolve())
+    except StudyError as err:
+        print(f"error: {err}")
+        return 2
+    if a.action == "report":  # start-up cost: the report needs rliable and matplotlib, not the runner
+        from ppo_lightning.studies.report import report
+
+        report(study, a.out, a.into, plots=not a.no_plots)
+        return 0
+    # start-up cost: the runner imports submitit and, in its workers, the training stack
+    from ppo_lightning.studies import runner
+
+    if a.action == "status":
+        print(runner.status_text(study, a.run_root))
+        return 0
+    return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root, tracking_uri=a.tracking_uri,
+                            checkpoint_frames=a.checkpoint_frames)

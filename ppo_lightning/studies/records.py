@@ -1,0 +1,223 @@
+"""A study's cells: one finished run each (arm, env, seed), with its CPU and precision.
+
+Two sources, read into the same `Cell`: the study's own CSV export next to the study file
+(``<study>.cells.csv``, ``<study>.curves.csv``; written by the runner from its MLflow runs) and the
+committed CSVs of the old driver (``records:`` in the study file; ``<figure>_runs.csv``,
+``<figure>_curves.csv``, read as they are, bytes untouched). A cell the export has wins over a
+committed one; among committed sources of an arm, the first that has an (env, seed) gives it.
+
+Precision of a committed row: the ``--trainer.precision`` in its arguments, else what ``auto``
+resolved to when it ran: bf16-mixed on a CPU with AMX (before issue 21's minibatch threshold),
+32-true elsewhere and for the 100k runs (which predate ``auto`` and recorded no CPU).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ppo_lightning.studies.spec import Study
+
+CELL_FIELDS = ["study", "arm", "env", "seed", "frames", "auc_return", "final_return", "cpu", "precision",
+               "wall_s", "train_s", "group", "mlflow_run_id", "source"]
+CURVE_FIELDS = ["arm", "env", "seed", "frames", "return"]
+
+
+@dataclass
+class Cell:
+    arm: str
+    env: str
+    seed: int
+    frames: int
+    auc_return: float   # mean raw return over the run's frames (step-interpolated curve)
+    final_return: float  # mean raw return over the last 10% of the frames
+    cpu: str = "not recorded"
+    precision: str = "32-true"
+    wall_s: float = float("nan")
+    train_s: float = float("nan")
+    group: str = ""
+    mlflow_run_id: str = ""
+    source: str = ""
+    curve: list[tuple[float, float]] = field(default_factory=list, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.arm, self.env, self.seed
+
+
+def cpu_short(label: str) -> str:
+    """A CPU label (``cpu_label()``: model, cores, ISA flags) in three words: Xeon-AMX, EPYC-AVX512, EPYC-AVX2."""
+    if not label or label == "not recorded":
+        return "CPU not recorded"
+    name = "Xeon" if "Xeon" in label else "EPYC" if "EPYC" in label else label.split(",")[0].replace("CPU: ", "")
+    isa = "AMX" if "amx_bf16" in label else "AVX512" if "avx512" in label else "AVX2" if "avx2" in label else ""
+    return f"{name}-{isa}" if isa else name
+
+
+def legacy_precision(args: list[str], cpu: str) -> str:
+    if "--trainer.precision" in args:
+        return args[args.index("--trainer.precision") + 1]
+    return "bf16-mixed" if "amx_bf16" in (cpu or "") else "32-true"
+
+
+def _read(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _float(x: str) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def env_game(env: str) -> str:
+    return env.split(":", 1)[1] if env.startswith("minatar:") else env
+
+
+def legacy_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int], Cell]:
+    """The committed cells of the old driver's CSVs that the study file maps to its arms."""
+    rec = study.records
+    if rec is None:
+        return {}
+    games = {env_game(e): e for e in study.envs}
+    out: dict[tuple[str, str, int], Cell] = {}
+    cache: dict[str, list[dict]] = {}
+    for arm in study.arms:
+        for figure, src in rec.arms.get(arm, ((rec.figure, arm),)):
+            rows = cache.setdefault(figure, _read(rec.dir / f"{figure}_runs.csv"))
+            have = {k for k in out if k[0] == arm}
+            new: dict[tuple[str, str, int], Cell] = {}
+            for r in rows:  # the last row of a run wins (a rerun of it)
+                if r["arm"] != src or r["game"] not in games:
+                    continue
+                key = (arm, games[r["game"]], int(r["seed"]))
+                if key in have:
+                    continue
+                args = json.loads(r.get("args") or "[]")
+                cpu = r.get("cpu") or "not recorded"
+                new[key] = Cell(arm, key[1], key[2], int(r["frames"]), float(r["auc_return"]), float(r["final_return"]),
+                                cpu, legacy_precision(args, r.get("cpu", "")), _float(r.get("wall_s")), _float(r.get("train_s")),
+                                "", r.get("mlflow_run_id", ""), f"{figure}/{src}")
+            out.update(new)
+    if curves:
+        by_src: dict[tuple[str, str, str, int], Cell] = {}
+        for c in out.values():
+            figure, src = c.source.split("/")
+            by_src[(figure, src, env_game(c.env), c.seed)] = c
+        for figure in {k[0] for k in by_src}:
+            points: dict[tuple, dict[float, float]] = {}
+            for r in _read(rec.dir / f"{figure}_curves.csv"):
+                k = (figure, r["arm"], r["game"], int(r["seed"]))
+                if k in by_src:
+                    points.setdefault(k, {})[float(r["frames"])] = float(r["return"])
+            for k, pts in points.items():
+                by_src[k].curve = sorted(pts.items())
+    return out
+
+
+def export_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int], Cell]:
+    """The cells of the study's own CSV export (``<study>.cells.csv``)."""
+    out = {}
+    for r in _read(study.cells_csv):
+        c = Cell(r["arm"], r["env"], int(r["seed"]), int(r["frames"]), float(r["auc_return"]), float(r["final_return"]),
+                 r["cpu"], r["precision"], _float(r["wall_s"]), _float(r["train_s"]), r["group"], r["mlflow_run_id"], "run")
+        if c.arm in study.arms and c.env in study.envs:
+            out[c.key] = c
+    if curves:
+        for r in _read(study.curves_csv):
+            k = (r["arm"], r["env"], int(r["seed"]))
+            if k in out:
+                out[k].curve.append((float(r["frames"]), float(r["return"])))
+    return out
+
+
+def load_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int], Cell]:
+    """Every recorded cell of the study: its own export first, then committed records."""
+    cells = legacy_cells(study, curves)
+    cells.update(export_cells(study, curves))
+    return cells
+
+
+def write_export(study: Study, cells: list[Cell]) -> None:
+    """Rewrite the study's CSV export (cells sorted by arm, env, seed; curves likewise)."""
+    cells = sorted(cells, key=lambda c: (list(study.arms).index(c.arm), c.env, c.seed))
+    with open(study.cells_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CELL_FIELDS)
+        w.writeheader()
+        for c in cells:
+            d = asdict(c)
+            d["study"] = study.name
+            w.writerow({k: (round(d[k], 4) if isinstance(d[k], float) and math.isfinite(d[k]) else d[k]) for k in CELL_FIELDS})
+    with open(study.curves_csv, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CURVE_FIELDS)
+        for c in cells:
+            for fr, v in c.curve:
+                w.writerow([c.arm, c.env, c.seed, int(fr), round(v, 4)])
+
+
+# ----------------------------------------------------------------------------------- scores
+def curve_auc(curve, total: float) -> float:
+    """Mean of a step-interpolated learning curve ``[(frames, value), ...]`` over ``[0, total]``
+    (each value holds from its frame count to the next point; before the first, the first value)."""
+    pts = sorted((float(f), float(v)) for f, v in curve if math.isfinite(v))
+    if not pts or total <= 0:
+        return float("nan")
+    area, prev_f, prev_v = 0.0, 0.0, pts[0][1]
+    for f, v in pts:
+        f = min(f, total)
+        area += prev_v * (f - prev_f)
+        prev_f, prev_v = f, v
+    area += prev_v * max(total - prev_f, 0.0)
+    return area / total
+
+
+def final_value(curve, total: float, tail: float = 0.1) -> float:
+    """Mean of the curve points in the last ``tail`` fraction of ``total`` frames (else the last point)."""
+    pts = [(f, v) for f, v in curve if math.isfinite(v)]
+    if not pts:
+        return float("nan")
+    last = [v for f, v in pts if f >= (1 - tail) * total]
+    return sum(last) / len(last) if last else float(pts[-1][1])
+
+
+def reference_returns(root: Path) -> dict[str, float]:
+    """R_ref of the 500k base per game: the mean final return of its longest reference runs (arm
+    ``ppo_ewma_lr8x`` of ``experiments/results/minatar/reference_runs.csv``, >= 1M frames)."""
+    rows = [r for r in _read(root / "experiments" / "results" / "minatar" / "reference_runs.csv")
+            if r["arm"] == "ppo_ewma_lr8x" and int(r["frames"]) >= 1_000_000]
+    out = {}
+    for game in {r["game"] for r in rows}:
+        mine = [r for r in rows if r["game"] == game]
+        longest = max(int(r["frames"]) for r in mine)
+        finals = [float(r["final_return"]) for r in mine if int(r["frames"]) == longest]
+        out[game] = sum(finals) / len(finals)
+    return out
+
+
+def normalizer(study: Study):
+    """``(env, raw return) -> score`` by the study's ``score``: raw; minatar (issue 11's R_random and
+    R_ref constants, `ppo_lightning.envs.minatar_scores`); minatar-500k (R_random the same, R_ref
+    the 500k base run 2-4x as long, `reference_returns`)."""
+    if study.score == "raw":
+        return lambda env, r: r
+    from ppo_lightning.envs.minatar_scores import RETURN_RANGES, normalized_return
+
+    if study.score == "minatar":
+        return lambda env, r: normalized_return(env_game(env), r)
+    ref = reference_returns(study.root)
+
+    def norm(env: str, r: float) -> float:
+        game = env_game(env)
+        if game not in ref:
+            raise ValueError(f"score minatar-500k: no R_ref for {game} (experiments/studies/minatar_reference_500k.yaml)")
+        lo = RETURN_RANGES[game][0]
+        return (r - lo) / (ref[game] - lo)
+    return norm

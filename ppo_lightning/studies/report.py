@@ -1,0 +1,269 @@
+"""``ppo-lightning study report FILE``: a study's verdicts, tables and plots from its recorded cells,
+in the reader's terms (the arms' labels, the claims of the file), each with its CPU, precision and
+budget.
+
+Writes ``experiments/results/studies/<study file stem>.md`` (the tables) and ``..._curves.png``
+(sample efficiency: mean normalized return against frames, 95% stratified-bootstrap bands) and
+``..._effects.png`` (every comparison's effect with its CI); ``--into PAGE`` also replaces the
+block between ``<!-- study-report: FILE -->`` and ``<!-- end study-report -->`` of a docs page
+with the tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from ppo_lightning.studies import analysis
+from ppo_lightning.studies.records import Cell, cpu_short, env_game, load_cells, normalizer
+from ppo_lightning.studies.spec import Study
+
+METRIC_NAME = {"auc": "AUC", "final": "final return"}
+
+
+def _matrix(cells: list[Cell], envs: tuple[str, ...], metric: str, norm) -> tuple[np.ndarray, list[int]]:
+    """Seeds x envs of the normalized metric, for the seeds that have every env."""
+    by: dict[int, dict[str, float]] = {}
+    for c in cells:
+        by.setdefault(c.seed, {})[c.env] = norm(c.env, c.auc_return if metric == "auc" else c.final_return)
+    seeds = sorted(s for s, e in by.items() if all(x in e for x in envs))
+    return np.array([[by[s][e] for e in envs] for s in seeds], dtype=float).reshape(len(seeds), len(envs)), seeds
+
+
+def _factor(c: Cell, pool: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(v for f, v in (("cpu", cpu_short(c.cpu)), ("precision", c.precision)) if f not in pool)
+
+
+def holds_under(cells: list[Cell]) -> str:
+    """The CPUs and precisions of ``cells``, with their counts: '32-true on EPYC-AVX2 (24)'."""
+    n = Counter((c.precision, cpu_short(c.cpu)) for c in cells)
+    return " + ".join(f"{p} on {cpu} ({k})" for (p, cpu), k in sorted(n.items()))
+
+
+def committed_rows(study: Study) -> dict[tuple[str, str], dict]:
+    if study.records is None or study.records.committed is None:
+        return {}
+    with open(study.records.committed, newline="") as f:
+        return {(r["row"], r["stat"]): r for r in csv.DictReader(f) if " - " in r["row"]}
+
+
+def analyse(study: Study, cells: dict | None = None) -> list[analysis.Result]:
+    """Every comparison of the study, per metric and per stratum of the factors it does not pool."""
+    cells = load_cells(study) if cells is None else cells
+    norm = normalizer(study)
+    results = []
+    for comp in study.comparisons:
+        envs = comp.envs or study.envs
+        ca = [c for c in cells.values() if c.arm == comp.a and c.env in envs]
+        cb = [c for c in cells.values() if c.arm == comp.b and c.env in envs]
+        strata: dict[tuple, tuple[list, list]] = {}
+        for side, group in ((0, ca), (1, cb)):
+            for c in group:
+                strata.setdefault(_factor(c, comp.pool), ([], []))[side].append(c)
+        for key, (sa, sb) in sorted(strata.items()):
+            for metric in comp.metrics:
+                x, _ = _matrix(sa, envs, metric, norm)
+                y, _ = _matrix(sb, envs, metric, norm)
+                if len(x) < 2 or len(y) < 2:
+                    continue
+                out = analysis.compare(x, y, test=comp.test, margin=comp.margin, target=study.target_half_width)
+                per_env = {}
+                if len(envs) > 1:
+                    for j, e in enumerate(envs):
+                        per_env[e] = analysis.compare(x[:, [j]], y[:, [j]], test="difference", margin=None,
+                                                      target=study.target_half_width, reps=300)
+                        per_env[e] = (per_env[e]["effect"], per_env[e]["low"], per_env[e]["high"])
+                used = [c for c in sa + sb if c.env in envs]
+                results.append(analysis.Result(
+                    comp.claim, comp.a, comp.b, metric, comp.test, tuple(envs), len(x), len(y), out["effect"], out["low"],
+                    out["high"], out["method"], out["p_improve"], out["verdict"], out["resolved"], out["seeds_for_target"],
+                    out["tost_p"], comp.margin, ", ".join(key) if key else holds_under(used), per_env))
+                results[-1].cells = holds_under(used)  # type: ignore[attr-defined]
+    return results
+
+
+def _ci(v: float, lo: float, hi: float, bold: bool = False) -> str:
+    s = f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return f"**{s}**" if bold else s
+
+
+def _envs(envs) -> str:
+    return " + ".join(env_game(e) for e in envs)
+
+
+def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: dict[str, str]) -> str:
+    """The report's tables (links to plots relative to the docs page of experiments/)."""
+    labels = {a: arm.label for a, arm in study.arms.items()}
+    committed = committed_rows(study)
+    planned = len(study.cells())
+    own = [c for c in cells.values()]
+    hours = sum(c.wall_s for c in own if math.isfinite(c.wall_s)) / 3600
+    lines = [f"**{study.title}** (`{study.path.relative_to(study.root) if study.path.is_absolute() else study.path}`): "
+             f"{len(own)} of {planned} planned cells recorded, {study.frames:,} frames per run, "
+             f"{hours:.1f} h of one core summed over runs; cells: {holds_under(own)}. Scores: {study.score}; "
+             f"95% CIs; a verdict is resolved at a CI half-width <= {study.target_half_width:g}.", ""]
+    lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed (old driver) | cells | seeds/arm for ±{study.target_half_width:g} |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    changed = []
+    for r in results:
+        c = committed.get((f"{r.a} - {r.b}", r.metric))
+        old = ""
+        if c is not None:
+            lo, hi = float(c["ci_low"]), float(c["ci_high"])
+            old = f"{_ci(float(c['mean']), lo, hi)}: {analysis.direction(lo, hi)}"
+            if analysis.direction(lo, hi) != analysis.direction(r.low, r.high):
+                old += " (**changed**)"
+                changed.append((r, c))
+        bold = r.low > 0 or r.high < 0
+        pi = "" if r.p_improve is None else f"{r.p_improve:.2f}"
+        lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | {_envs(r.envs)} | "
+                     f"{_ci(r.effect, r.low, r.high, bold)} ({r.n_a} vs {r.n_b} seeds; {r.method}) | {pi} | {r.verdict} | "
+                     f"{old} | {getattr(r, 'cells', '')} | {r.seeds_for_target} |")
+    if changed:
+        lines += ["", "Where these intervals change a committed verdict: " + "; ".join(
+            f"{labels[r.a]} vs {labels[r.b]} ({METRIC_NAME[r.metric]}): committed [{float(c['ci_low']):+.3f}, "
+            f"{float(c['ci_high']):+.3f}], now [{r.low:+.3f}, {r.high:+.3f}]" for r, c in changed)
+            + ". Why: below 5 seeds an arm's interval is Welch's t here, where the committed one was a percentile "
+              "bootstrap (too narrow: it resamples only the few values seen); at 5 or more seeds the committed CIs "
+              "resampled a seed's games together, so chance correlations between games across the few seeds entered "
+              "them, while rliable's stratified bootstrap resamples each game's runs independently (runs of one seed "
+              "on two games share only the seed number)."]
+    lines += arm_table(study, cells)
+    if len(study.seeds) == 1:  # one run per env (a reference): its numbers per env
+        lines += ["", f"Per run (score: {study.score}):", "", "| arm | env | seed | frames | AUC | final | cell |", "|---|---|---|---|---|---|---|"]
+        norm = normalizer(study)
+        for c in sorted(cells.values(), key=lambda c: (c.arm, c.env)):
+            lines.append(f"| {labels[c.arm]} | {env_game(c.env)} | {c.seed} | {c.frames:,} | {norm(c.env, c.auc_return):.3f} | "
+                         f"{norm(c.env, c.final_return):.3f} | {c.precision} on {cpu_short(c.cpu)} |")
+    multi = [r for r in results if r.per_env]
+    if multi:
+        lines += ["", "Per environment (effect a - b [95% CI]; 300 bootstrap replicates):", "",
+                  "| comparison | metric | " + " | ".join(env_game(e) for e in study.envs) + " |",
+                  "|---|---|" + "---|" * len(study.envs)]
+        for r in multi:
+            row = [(_ci(*r.per_env[e], bold=r.per_env[e][1] > 0 or r.per_env[e][2] < 0) if e in r.per_env else "-") for e in study.envs]
+            lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | " + " | ".join(row) + " |")
+    for name, path in plots.items():
+        lines += ["", f"![{study.name} {name}]({path})"]
+    return "\n".join(lines) + "\n"
+
+
+def arm_table(study: Study, cells: dict, reps: int = 500) -> list[str]:
+    """Per arm, over the seeds with every env of the study: mean and IQM of the normalized AUC and final
+    return with 95% stratified-bootstrap CIs (rliable); with one seed, its score."""
+    norm = normalizer(study)
+    rows = ["", f"Arms (all {len(study.envs)} envs; mean and interquartile mean over runs, 95% stratified bootstrap, "
+            f"{reps} replicates):", "", "| arm | seeds | AUC mean | AUC IQM | final mean | final IQM | cells |", "|---|---|---|---|---|---|---|"]
+    scores: dict[str, dict[str, np.ndarray]] = {"auc": {}, "final": {}}
+    for arm in study.arms:
+        mine = [c for c in cells.values() if c.arm == arm]
+        for metric in scores:
+            m, _ = _matrix(mine, study.envs, metric, norm)
+            if len(m):
+                scores[metric][arm] = m
+    est = {metric: analysis.interval_estimates({a: m for a, m in d.items() if len(m) >= 2}, reps=reps) for metric, d in scores.items()}
+    for arm, label in ((a, x.label) for a, x in study.arms.items()):
+        if arm not in scores["auc"]:
+            continue
+        n = len(scores["auc"][arm])
+        def fmt(metric, stat):
+            if arm in est[metric]:
+                v, lo, hi = est[metric][arm][stat]
+                return f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+            return f"{scores[metric][arm].mean():.3f}" if stat == "mean" else ""
+        used = [c for c in cells.values() if c.arm == arm]
+        rows.append(f"| {label} | {n} | {fmt('auc', 'mean')} | {fmt('auc', 'iqm')} | {fmt('final', 'mean')} | "
+                    f"{fmt('final', 'iqm')} | {holds_under(used)} |")
+    return rows
+
+
+def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, points: int = 40) -> dict[str, Path]:
+    """Sample-efficiency curves of the compared arms and a forest plot of the effects."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    norm = normalizer(study)
+    labels = {a: arm.label for a, arm in study.arms.items()}
+    made = {}
+    arms = list(dict.fromkeys(x for comp in study.comparisons for x in (comp.a, comp.b))) or list(study.arms)
+    grid = np.linspace(study.frames / points, study.frames, points)
+    curves = {}
+    for arm in arms[:10]:
+        by: dict[int, dict[str, Cell]] = {}
+        for c in cells.values():
+            if c.arm == arm and c.curve:
+                by.setdefault(c.seed, {})[c.env] = c
+        seeds = [s for s, e in by.items() if all(x in e for x in study.envs)]
+        if len(seeds) < 2:
+            continue
+        arr = np.zeros((len(seeds), len(study.envs), points))
+        for i, s in enumerate(seeds):
+            for j, e in enumerate(study.envs):
+                pts = sorted(by[s][e].curve)
+                fr = np.array([p[0] for p in pts])
+                val = np.array([norm(e, p[1]) for p in pts])
+                idx = np.clip(np.searchsorted(fr, grid, side="right") - 1, 0, len(fr) - 1)
+                arr[i, j] = val[idx]
+        curves[arm] = arr
+    cpus = holds_under(list(cells.values()))
+    if curves:
+        bands = analysis.sample_efficiency(curves, reps=200)
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        for arm, (m, lo, hi) in bands.items():
+            line, = ax.plot(grid, m, label=f"{labels[arm]} (n={len(curves[arm])})")
+            ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2)
+        ax.set(xlabel="environment frames", ylabel=f"normalized return, mean of {len(study.envs)} envs",
+               title=f"{study.title}"[:90])
+        ax.title.set_fontsize(8)
+        ax.legend(fontsize=6)
+        fig.text(0.01, 0.005, f"cells: {cpus}; 95% stratified bootstrap bands (rliable)", fontsize=5)
+        made["sample efficiency"] = out.with_name(out.stem + "_curves.png")
+        fig.savefig(made["sample efficiency"], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    if results:
+        fig, ax = plt.subplots(figsize=(8, 0.3 * len(results) + 1.2))
+        for i, r in enumerate(results):
+            ax.errorbar(r.effect, i, xerr=[[r.effect - r.low], [r.high - r.effect]], fmt="o", capsize=3,
+                        color="C0" if r.metric == "auc" else "C1")
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_yticks(range(len(results)))
+        ax.set_yticklabels([f"{labels[r.a]} - {labels[r.b]} ({METRIC_NAME[r.metric]})"[:80] for r in results], fontsize=6)
+        ax.invert_yaxis()
+        ax.set_xlabel("effect, normalized (95% CI): AUC blue, final return orange")
+        fig.text(0.01, 0.001, f"cells: {cpus}", fontsize=5)
+        made["effects"] = out.with_name(out.stem + "_effects.png")
+        fig.savefig(made["effects"], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    return made
+
+
+def report(study: Study, out_dir: Path | None = None, into: Path | None = None, plots: bool = True) -> str:
+    """Write the study's report (markdown and plots); returns the markdown."""
+    t0 = time.perf_counter()
+    out_dir = out_dir or study.root / "experiments" / "results" / "studies"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cells = load_cells(study, curves=plots)
+    results = analyse(study, cells)
+    out = out_dir / f"{study.path.stem}.md"
+    made = plot(study, cells, results, out) if plots else {}
+    # beside the report, the figures by name; a docs page of experiments/ links them as results/studies/...
+    rel = {k: (f"results/studies/{v.name}" if into is not None else v.name) for k, v in made.items()}
+    text = markdown(study, results, cells, rel)
+    out.write_text(text)
+    if into is not None:
+        page = into.read_text()
+        tag = f"<!-- study-report: {study.path.relative_to(study.root).as_posix()} -->"
+        pattern = re.compile(re.escape(tag) + r"\n.*?<!-- end study-report -->", re.S)
+        if not pattern.search(page):
+            raise ValueError(f"--into {into}: no block '{tag}' ... '<!-- end study-report -->' in the page")
+        into.write_text(pattern.sub(lambda _: f"{tag}\n{text}<!-- end study-report -->", page))
+    print(f"{study.name}: {len(results)} verdicts from {len(cells)} cells in {time.perf_counter() - t0:.1f} s -> {out}")
+    return text

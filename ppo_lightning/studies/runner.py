@@ -1,0 +1,439 @@
+"""``ppo-lightning study run|status``: a study's pending cells, packed into vectorized groups, run on
+submitit's executors (SLURM where ``srun`` exists, local processes otherwise).
+
+Packing: per environment, the arms that differ only in settings a group member may carry (the lr,
+Adam's betas, the EWMA's center of mass or none, the advantage span:
+`ppo_lightning.data.seed_group.MEMBER_HPARAMS`) train as one group of all their pending (arm, seed)
+cells (``data.member_seeds``, ``data.member_hparams``; member k is tested equal to its single run);
+an arm that cannot be a member (PPG, another config) trains its seeds as a group of its own;
+artificial staleness runs seed by seed. Groups are split in halves until there are as many as
+workers, then dealt to the workers longest first; each worker is one submitit job.
+
+A rerun skips recorded cells. A group checkpoints every `CHECKPOINT_FRAMES` frames per member; a
+killed or preempted group continues from its last checkpoint, bitwise, when its arguments are the
+ones that wrote it (the project's resume). On SLURM, submitit's checkpointing hook requeues a
+preempted job, which runs its groups again: finished ones are skipped, the interrupted one resumes.
+
+Records: an MLflow parent run per study (experiment = the study's name), a run per group attempt and
+one per cell (tags study, arm, env, seed, cpu, precision; curves by frames); each finished cell also
+lands in ``<run root>/cells/*.json`` and, at the end of ``run``, in the CSV export next to the
+study file (`ppo_lightning.studies.records`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from ppo_lightning.studies.records import Cell, curve_auc, export_cells, final_value, legacy_cells, write_export
+from ppo_lightning.studies.spec import Study, load_study
+
+CHECKPOINT_FRAMES = 65_536
+MEMBER_KEYS = ("model.lr", "model.proximal_com", "model.decoupled", "model.adam_betas", "data.advantage_norm_span",
+               "scale_rules", "scale_adam_betas")
+ADAM_BETAS = [0.9, 0.999]
+
+
+def cpu_label() -> str:
+    """``lscpu``'s model name, the core count and the ISA flags that matter for torch on a CPU."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "CPU: unknown"
+    info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = set(info.get("Flags", "").split())
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"CPU: {info.get('Model name', '?').strip()}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _flags(fit: dict) -> list[str]:
+    out = []
+    for k, v in fit.items():
+        out += [f"--{k}={_value(v)}"] if k.endswith("+") else [f"--{k}", _value(v)]
+    return out
+
+
+def cell_args(study: Study, arm: str, env: str, seed: int) -> list[str]:
+    """The ``fit`` arguments of one cell as a single run."""
+    a = study.arms[arm]
+    configs = [str(study.resolve(c)) for c in (*study.base, *a.configs)]
+    return ([x for c in configs for x in ("--config", c)] + _flags(study.fit) + _flags(a.fit)
+            + ["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", env,
+               "--data.total_frames", str(study.frames), "--trainer.enable_progress_bar", "false"])
+
+
+def _base_config(study: Study, arm: str) -> dict:
+    merged: dict = {}
+    for c in (*study.base, *study.arms[arm].configs):
+        for section, values in (yaml.safe_load(study.resolve(c).read_text()) or {}).items():
+            if isinstance(values, dict):
+                merged.setdefault(section, {}).update(values)
+            else:
+                merged[section] = values
+    return merged
+
+
+def member_values(study: Study, arm: str) -> tuple[str, dict] | None:
+    """``(shared key, the member's own settings after its --scale rules)`` for an arm that can be a
+    member of a mixed group, else None (another config than the base, staleness, decoupled
+    without an EWMA)."""
+    from ppo_lightning.algos import scaling  # start-up cost: the member arithmetic only where a study runs
+
+    a = study.arms[arm]
+    if a.configs or any(k.startswith("data.staleness") for k in a.fit):
+        return None
+    cfg = _base_config(study, arm)
+    fit = {**study.fit, **a.fit}
+    get = lambda k, d=None: fit.get(k, cfg.get(k.split(".")[0], {}).get(k.split(".")[1], d) if "." in k else d)  # noqa: E731
+    decoupled = bool(get("model.decoupled", False))
+    com = get("model.proximal_com")
+    if decoupled and com is None:
+        return None
+    values = {"lr": float(get("model.lr")), "proximal_com": float(com) if decoupled else None,
+              "advantage_norm_span": float(get("data.advantage_norm_span", 1.0)),
+              "adam_betas": [float(b) for b in (get("model.adam_betas") or ADAM_BETAS)]}
+    c = float(fit.get("scale") or 1.0)
+    rules = scaling.parse_rules(str(fit.get("scale_rules", "all")), bool(fit.get("scale_adam_betas", False)))
+    shared = {k: v for k, v in fit.items() if k not in MEMBER_KEYS}
+    return json.dumps(shared, sort_keys=True), scaling.scale_member(c, values, rules)
+
+
+@dataclass
+class Group:
+    """Cells that train as one process: ``members`` (arm, seed) on ``env``, with its fit arguments."""
+    env: str
+    members: list[tuple[str, int]]
+    args: list[str]
+
+    @property
+    def name(self) -> str:
+        h = hashlib.sha1(json.dumps([self.env, self.members, self.args]).encode()).hexdigest()[:10]
+        return f"{self.env.replace(':', '-')}-{len(self.members)}m-{h}"
+
+
+def group_args(study: Study, env: str, members: list[tuple[str, int]]) -> list[str]:
+    arms = list(dict.fromkeys(a for a, _ in members))
+    seeds = [s for _, s in members]
+    if len(members) == 1:
+        return cell_args(study, arms[0], env, seeds[0])
+    if len(arms) == 1:
+        return cell_args(study, arms[0], env, seeds[0]) + ["--data.member_seeds", json.dumps(seeds)]
+    specs = {a: member_values(study, a)[1] for a in arms}
+    values = {n: [specs[a][n] for a, _ in members] for n in ("lr", "proximal_com", "advantage_norm_span", "adam_betas")}
+    if all(v is None for v in values["proximal_com"]):
+        del values["proximal_com"]
+    if all(list(v) == ADAM_BETAS for v in values["adam_betas"]):
+        del values["adam_betas"]
+    # the shared options (those of the first arm without its member settings), the members' own values in full
+    first = study.arms[arms[0]]
+    shared_fit = {k: v for k, v in first.fit.items() if k not in MEMBER_KEYS}
+    configs = [str(study.resolve(c)) for c in study.base]
+    ewma = {"model.decoupled": True, "model.proximal_com": 8} if "proximal_com" in values else {}
+    return ([x for c in configs for x in ("--config", c)] + _flags(study.fit) + _flags(shared_fit) + _flags(ewma)
+            + ["--scale_rules", "none", "--seed_everything", str(seeds[0]), "--data.seed", str(seeds[0]),
+               "--data.env_id", env, "--data.total_frames", str(study.frames), "--trainer.enable_progress_bar", "false",
+               "--data.member_seeds", json.dumps(seeds), "--data.member_hparams", json.dumps(values)])
+
+
+def plan(study: Study, done: set, workers: int = 1) -> list[Group]:
+    """The groups that train the pending cells, split to give ``workers`` workers one each at least."""
+    kinds: dict[str, list[str]] = {}
+    single = []
+    for arm in study.arms:
+        spec = member_values(study, arm)
+        if spec is not None:
+            kinds.setdefault(spec[0], []).append(arm)
+        elif any(k.startswith("data.staleness") for k in study.arms[arm].fit):
+            single.append(arm)
+        else:
+            kinds.setdefault(f"arm:{arm}", []).append(arm)
+    groups = []
+    for env in study.envs:
+        for arms in kinds.values():
+            members = [(a, s) for a in arms for s in study.seeds if (a, env, s) not in done]
+            if members:
+                groups.append((env, members))
+        for arm in single:
+            groups += [(env, [(arm, s)]) for s in study.seeds if (arm, env, s) not in done]
+    while len(groups) < workers and max((len(m) for _, m in groups), default=0) > 1:
+        i = max(range(len(groups)), key=lambda k: len(groups[k][1]))
+        env, members = groups.pop(i)
+        half = len(members) // 2
+        groups += [(env, members[:half]), (env, members[half:])]
+    return [Group(env, members, group_args(study, env, members)) for env, members in groups]
+
+
+def deal(groups: list[Group], workers: int) -> list[list[Group]]:
+    """Longest first to the least loaded worker (cost: members; a group's frames are the study's)."""
+    bins: list[list[Group]] = [[] for _ in range(max(1, min(workers, len(groups))))]
+    for g in sorted(groups, key=lambda g: -len(g.members)):
+        min(bins, key=lambda b: sum(len(x.members) for x in b)).append(g)
+    return [b for b in bins if b]
+
+
+# ----------------------------------------------------------------------------------- records
+def _cell_path(run_root: Path, arm: str, env: str, seed: int) -> Path:
+    return run_root / "cells" / f"{arm}__{env.replace(':', '-')}__{seed}.json"
+
+
+def recorded(run_root: Path) -> dict[tuple[str, str, int], Cell]:
+    out = {}
+    for p in sorted((run_root / "cells").glob("*.json")):
+        d = json.loads(p.read_text())
+        d["curve"] = [tuple(x) for x in d["curve"]]
+        c = Cell(**d)
+        out[c.key] = c
+    return out
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames: int | None = None) -> list[str]:
+    """Periodic checkpoints in ``run_dir``, and ``--ckpt_path`` to its ``last.ckpt`` when an attempt with
+    the same arguments left one (other arguments: the old folder is set aside and the group starts over)."""
+    from ppo_lightning.training.checkpointing import check_checkpoint_file  # start-up cost: only in a worker
+
+    # the group's frames per iteration: its envs x steps (the last value given, else its configs'), / --scale
+    val = lambda k, d: args[len(args) - 1 - args[::-1].index(k) + 1] if k in args else d  # noqa: E731
+    cfg = {}
+    for k, c in enumerate(args):
+        if c == "--config":
+            for section, values in (yaml.safe_load(Path(args[k + 1]).read_text()) or {}).items():
+                if isinstance(values, dict):
+                    cfg.setdefault(section, {}).update(values)
+    envs = float(val("--data.num_envs", cfg.get("data", {}).get("num_envs", 64)))
+    steps = float(val("--data.rollout_steps", cfg.get("data", {}).get("rollout_steps", 64)))
+    per_iteration = envs * steps / float(val("--scale", 1.0))
+    every = max(1, round((checkpoint_frames or CHECKPOINT_FRAMES) / per_iteration))
+    extra = ["--trainer.enable_checkpointing", "true", "--checkpoint_every", str(every)]
+    stamp, last = run_dir / "group_args.json", run_dir / "checkpoints" / "last.ckpt"
+    if last.exists():
+        try:
+            if json.loads(stamp.read_text()) != args:
+                raise ValueError("written by a run with other arguments")
+            check_checkpoint_file(last)
+        except Exception as err:  # noqa: BLE001 - any reason not to resume: start over, keep the old files
+            aside = run_dir.with_name(f"{run_dir.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
+            print(f"[study] not resuming {run_dir.name} ({str(err).splitlines()[0]}); old folder: {aside}", flush=True)
+            run_dir.rename(aside)
+        else:
+            print(f"[study] {run_dir.name}: continuing from {last}", flush=True)
+            return extra + ["--ckpt_path", str(last)]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(args))
+    return extra
+
+
+def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, parent_run_id: str | None = None,
+              checkpoint_frames: int | None = None) -> list[Cell]:
+    """Train one group in this process and record its cells (skipped when all are recorded)."""
+    have = recorded(run_root)
+    if all((a, group.env, s) in have for a, s in group.members):
+        return [have[(a, group.env, s)] for a, s in group.members]
+    from ppo_lightning.cli.fit import fit_main  # start-up cost: the training stack only in a worker
+
+    run_dir = run_root / "groups" / group.name
+    extra = resume_args(group.args, run_dir, study, checkpoint_frames)
+    _write_json(run_dir / "members.json", {"env": group.env, "members": group.members})  # for `study status`
+    t0 = time.perf_counter()
+    cli = fit_main(["fit", *group.args, *extra, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", study.name,
+                    "--mlflow.run_name", group.name, "--run_dir", str(run_dir)])
+    code = getattr(cli, "exit_code", None)
+    if code:  # stopped by a signal (preemption): resumable from its checkpoint, nothing recorded
+        raise SystemExit(code)
+    wall = time.perf_counter() - t0
+    logger = cli.trainer.logger
+    client, dm = logger.experiment, cli.datamodule
+    elapsed = client.get_metric_history(logger.run_id, "time/elapsed_s")
+    train_s = elapsed[-1].value if elapsed else wall
+    precision = str(cli.trainer.precision)
+    cpu = cpu_label()
+    if parent_run_id:
+        client.set_tag(logger.run_id, "mlflow.parentRunId", parent_run_id)
+    group_obj = getattr(cli.model, "seed_group", None)
+    run_ids = group_obj.runs.run_ids if group_obj is not None else [logger.run_id]
+    cells = []
+    for (arm, seed), run_id in zip(group.members, run_ids):
+        hist = lambda key: {m.step: m.value for m in client.get_metric_history(run_id, key)}  # noqa: E731
+        fr, rets = hist("frames"), hist("episode/return_mean20")
+        curve = sorted((fr[k], r) for k, r in rets.items() if k in fr)
+        cell = Cell(arm, group.env, seed, int(dm.frames), curve_auc(curve, dm.frames), final_value(curve, dm.frames), cpu,
+                    precision, wall / len(group.members), train_s / len(group.members), group.name, run_id, "run", curve)
+        for k, v in {"study": study.name, "arm": arm, "env": group.env, "seed": seed, "cpu": cpu, "precision": precision,
+                     "label": study.arms[arm].label}.items():
+            client.set_tag(run_id, k, str(v))
+        _write_json(_cell_path(run_root, arm, group.env, seed), asdict(cell))
+        cells.append(cell)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return cells
+
+
+class Worker:
+    """One submitit job: its groups one after the other. On SLURM, a preempted job is requeued by
+    submitit (`checkpoint`) and runs them again: recorded groups are skipped, the interrupted one
+    resumes from its checkpoint."""
+
+    def __init__(self, study_path: str, groups: list[Group], run_root: str, tracking_uri: str, parent: str | None,
+                 checkpoint_frames: int | None = None) -> None:
+        self.study_path, self.groups, self.run_root, self.tracking_uri, self.parent = study_path, groups, run_root, tracking_uri, parent
+        self.checkpoint_frames = checkpoint_frames
+
+    def __call__(self) -> int:
+        study = load_study(self.study_path)
+        for g in self.groups:
+            run_group(study, g, Path(self.run_root), self.tracking_uri, self.parent, self.checkpoint_frames)
+        return len(self.groups)
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(Worker(self.study_path, self.groups, self.run_root, self.tracking_uri,
+                                                         self.parent, self.checkpoint_frames))
+
+
+def default_run_root(study: Study) -> Path:
+    return study.root / "runs" / "studies" / study.name
+
+
+def done_cells(study: Study, run_root: Path) -> dict:
+    cells = legacy_cells(study)
+    cells.update(export_cells(study))
+    cells.update({k: v for k, v in recorded(run_root).items() if k[0] in study.arms and k[1] in study.envs})
+    return cells
+
+
+def _parent_run(study: Study, tracking_uri: str) -> str | None:
+    try:
+        from mlflow.tracking import MlflowClient
+
+        from ppo_lightning.training.tracking import probe_tracking_store  # start-up cost: MLflow only for run
+
+        probe_tracking_store(tracking_uri, study.name)
+        client = MlflowClient(tracking_uri)
+        exp = client.get_experiment_by_name(study.name)
+        found = client.search_runs([exp.experiment_id], filter_string="tags.study_parent = 'true'")
+        if found:
+            return found[0].info.run_id
+        run = client.create_run(exp.experiment_id, run_name=study.name, tags={"study_parent": "true", "study": study.name,
+                                                                              "study_file": str(study.path)})
+        client.log_dict(run.info.run_id, json.loads(json.dumps(yaml.safe_load(study.path.read_text()))), "study.json")
+        return run.info.run_id
+    except Exception as err:  # noqa: BLE001 - records still go to the cell files and the CSV export
+        print(f"[study] MLflow parent run not made ({str(err).splitlines()[0]}); cells are recorded in files", flush=True)
+        return None
+
+
+def run_study(study: Study, workers: int | None = None, executor: str = "auto", run_root: Path | None = None,
+              tracking_uri: str | None = None, poll_s: float = 5.0, checkpoint_frames: int | None = None) -> int:
+    import submitit
+
+    run_root = (run_root or default_run_root(study)).resolve()
+    run_root.mkdir(parents=True, exist_ok=True)
+    tracking_uri = tracking_uri or f"sqlite:///{run_root / 'mlflow.db'}"
+    if workers is None:
+        workers = int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
+    t0 = time.perf_counter()
+    done = done_cells(study, run_root)
+    groups = plan(study, set(done), workers)
+    total = len(study.cells())
+    print(f"[study] {study.name}: {len(done)} of {total} cells recorded; {sum(len(g.members) for g in groups)} to run "
+          f"in {len(groups)} groups on {workers} worker(s)", flush=True)
+    if groups:
+        parent = _parent_run(study, tracking_uri)
+        bins = deal(groups, workers)
+        cluster = {"local": "local", "slurm": "slurm", "auto": None}[executor]
+        ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster=cluster)
+        ex.update_parameters(timeout_min=60 * 24 * 3, cpus_per_task=1, name=study.name)
+        if ex.cluster == "slurm":
+            ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
+        planning_s = time.perf_counter() - t0
+        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, parent, checkpoint_frames)) for b in bins]
+        start, last = time.perf_counter(), -1
+        while not all(j.done() for j in jobs):
+            n = len(recorded(run_root))
+            if n != last:
+                print(f"[study] {status_line(study, run_root, start)}", flush=True)
+                last = n
+            time.sleep(poll_s)
+        failed = []
+        for j in jobs:
+            try:
+                j.result()
+            except Exception as err:  # noqa: BLE001 - report every worker's failure, then exit non-zero
+                failed.append(f"job {j.job_id}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}")
+        t1 = time.perf_counter()
+        overhead = planning_s
+    else:
+        t1, overhead, failed = time.perf_counter(), time.perf_counter() - t0, []
+    mine = {k: c for k, c in recorded(run_root).items() if c.arm in study.arms and c.env in study.envs}
+    if mine:  # the CSV export next to the study file: its own cells (committed records stay where they are)
+        cells = export_cells(study, curves=True)
+        cells.update(mine)
+        write_export(study, list(cells.values()))
+        compute = sum(c.train_s for c in mine.values() if math.isfinite(c.train_s))
+        overhead += time.perf_counter() - t1
+        print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
+              f"(planning + records) against {compute:.0f} s of training", flush=True)
+    if failed:
+        print("[study] failed: " + "; ".join(failed), flush=True)
+        return 1
+    return 0
+
+
+def status_line(study: Study, run_root: Path, since: float | None = None) -> str:
+    done = done_cells(study, run_root)
+    total = len(study.cells())
+    mine = [c for c in recorded(run_root).values() if math.isfinite(c.train_s)]
+    line = f"{len(done)}/{total} cells done"
+    if since is not None and mine:
+        line += f", {time.perf_counter() - since:.0f} s"
+    return line
+
+
+def status_text(study: Study, run_root: Path | None = None) -> str:
+    """Done / running / pending cells, and the time left at the recorded cells' mean time per cell."""
+    run_root = (run_root or default_run_root(study)).resolve()
+    done = done_cells(study, run_root)
+    running = set()  # members of groups that have started (checkpoints) and are not recorded: running or interrupted
+    for stamp in sorted((run_root / "groups").glob("*/members.json")):
+        if (stamp.parent / "checkpoints").exists():
+            d = json.loads(stamp.read_text())
+            running |= {(a, d["env"], s) for a, s in d["members"] if (a, d["env"], s) not in done}
+    pending = [c for c in study.cells() if c not in done and c not in running]
+    times = [c.train_s for c in done.values() if math.isfinite(c.train_s) and c.train_s > 0]
+    per = sum(times) / len(times) if times else float("nan")
+    left = per * (len(pending) + len(running))
+    lines = [f"{study.name}: {len(done)} done, {len(running)} running (or interrupted: a rerun resumes them), "
+             f"{len(pending)} pending of {len(study.cells())} cells"]
+    if math.isfinite(left):
+        lines.append(f"time left: ~{left / 3600:.1f} h of one core ({per:.0f} s per cell, the recorded cells' mean); "
+                     f"divide by the workers")
+    for arm in study.arms:
+        n = sum(1 for c in done if c[0] == arm)
+        lines.append(f"  {study.arms[arm].label}: {n}/{len(study.envs) * len(study.seeds)} done")
+    return "\n".join(lines)

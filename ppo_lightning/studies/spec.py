@@ -1,0 +1,283 @@
+"""A study file (YAML), validated before anything runs: every error is one line naming the field.
+
+```yaml
+study: fig4-500k                      # name: MLflow experiment, record files, plots
+title: "Fig. 4 at 500k frames"        # optional, for the report
+base: experiments/minatar/ppo.yaml    # the base config (a path, or a list applied in order)
+fit: {model.max_importance_ratio: 100}  # fit options every arm shares (dotted keys, as on the CLI)
+envs: [minatar:space_invaders, minatar:asterix]
+seeds: {count: 8, first: 0}
+frames: 500000                        # the budget per run, in environment frames
+score: minatar-500k                   # how returns are normalized: raw | minatar | minatar-500k
+pool: [cpu]                           # factors a verdict may pool cells across: cpu, precision
+target_half_width: 0.05               # the CI half-width a verdict is resolved at
+arms:
+  - {name: ppo, label: "PPO", fit: {model.lr: 0.004}}
+  - {name: ppo_ewma, label: "PPO-EWMA (COM 8)", fit: {model.lr: 0.004, model.decoupled: true, model.proximal_com: 8}}
+comparisons:
+  - {claim: "PPO-EWMA learns faster than PPO", a: ppo_ewma, b: ppo, test: difference, metric: auc}
+  - {claim: "PPG-EWMA equals PPG", a: ppg_ewma, b: ppg, test: equivalence, margin: 0.02, metric: [auc, final]}
+records:                              # optional: committed records of the old driver, read as cells
+  dir: experiments/results/minatar
+  figure: ewma500k                    # <figure>_runs.csv / _curves.csv; an arm's rows are its name's
+  arms: {ppo_ewma: [lr500k/c1_lr8x, ewma500k/ppo_ewma_lr8x]}  # or other figures' arms, in order
+  committed: ewma500k_summary.csv     # its committed verdicts, compared in the report
+```
+
+An arm may add config files after the base (``configs: [experiments/minatar/ppg.yaml]``). A
+comparison may restrict the environments it pools (``envs``) and name its figure (``figure``).
+Paths are relative to the repository root (the folder holding ``pyproject.toml`` above the file),
+else to the study file.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SCORES = ("raw", "minatar", "minatar-500k")
+POOLABLE = ("cpu", "precision")
+TESTS = ("difference", "equivalence")
+METRICS = ("auc", "final")
+# fit options outside the model / data / trainer / mlflow sections that an arm may set
+TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "seed_everything", "log_every_frames",
+                 "checkpoint_every", "video_every", "trainer.callbacks+")
+FIT_SECTIONS = ("model", "data", "trainer")
+RESERVED_FIT = ("data.env_id", "data.seed", "data.total_frames", "seed_everything", "data.member_seeds",
+                "data.member_hparams", "data.num_seeds", "seeds", "run_dir", "ckpt_path")
+NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class StudyError(ValueError):
+    """A study file that cannot run: the message is one line, naming the file and the field."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    label: str
+    fit: dict[str, Any] = field(default_factory=dict)
+    configs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    claim: str
+    a: str
+    b: str
+    test: str = "difference"
+    metrics: tuple[str, ...] = ("auc",)
+    margin: float | None = None
+    envs: tuple[str, ...] | None = None
+    figure: str | None = None
+    pool: tuple[str, ...] = ()  # factors this comparison pools across besides the study's (precision: its point)
+
+
+@dataclass(frozen=True)
+class Records:
+    dir: Path
+    figure: str
+    arms: dict[str, tuple[tuple[str, str], ...]]
+    committed: Path | None = None
+
+
+@dataclass(frozen=True)
+class Study:
+    path: Path
+    name: str
+    title: str
+    base: tuple[str, ...]
+    fit: dict[str, Any]
+    envs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    frames: int
+    score: str
+    pool: tuple[str, ...]
+    target_half_width: float
+    arms: dict[str, Arm]
+    comparisons: tuple[Comparison, ...]
+    records: Records | None
+    root: Path
+
+    def arm(self, name: str) -> Arm:
+        return self.arms[name]
+
+    def cells(self) -> list[tuple[str, str, int]]:
+        """Every (arm, env, seed) the study asks for."""
+        return [(a, e, s) for e in self.envs for a in self.arms for s in self.seeds]
+
+    def resolve(self, path: str | Path) -> Path:
+        p = Path(path)
+        if p.is_absolute():
+            return p
+        return self.root / p if (self.root / p).exists() or not (self.path.parent / p).exists() else self.path.parent / p
+
+    @property
+    def cells_csv(self) -> Path:
+        return self.path.with_name(f"{self.path.stem}.cells.csv")
+
+    @property
+    def curves_csv(self) -> Path:
+        return self.path.with_name(f"{self.path.stem}.curves.csv")
+
+
+def _root_of(path: Path) -> Path:
+    for parent in [path.parent, *path.parents]:
+        if (parent / "pyproject.toml").exists():
+            return parent
+    return path.parent
+
+
+def _need(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise StudyError(f"{where}: {msg}")
+
+
+def _str_list(value: Any, where: str, field_name: str) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    _need(isinstance(items, list) and items and all(isinstance(x, str) and x for x in items), where,
+          f"{field_name} must be a non-empty string or list of strings, got {value!r}")
+    return tuple(items)
+
+
+def _fit(value: Any, where: str, field_name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    _need(isinstance(value, dict), where, f"{field_name} must be a mapping of fit options, got {value!r}")
+    for key in value:
+        _need(isinstance(key, str) and (key in TOP_LEVEL_FIT or key.split(".")[0] in FIT_SECTIONS + ("mlflow",)),
+              where, f"{field_name}.{key}: not a fit option (model.*, data.*, trainer.*, or one of {', '.join(TOP_LEVEL_FIT)})")
+        _need(key not in RESERVED_FIT, where, f"{field_name}.{key}: set by the study itself (envs, seeds, frames), not by fit")
+    return dict(value)
+
+
+def _keys(d: dict, allowed: tuple[str, ...], where: str, prefix: str = "") -> None:
+    for key in d:
+        _need(key in allowed, where, f"{prefix}{key}: unknown field; fields: {', '.join(allowed)}")
+
+
+def parse_study(data: Any, path: Path) -> Study:
+    """A `Study` from a loaded YAML mapping (``path``: where it came from, for messages and paths)."""
+    where = str(path)
+    _need(isinstance(data, dict), where, "a study file is a YAML mapping")
+    _keys(data, ("study", "title", "base", "fit", "envs", "seeds", "frames", "score", "pool", "target_half_width",
+                 "arms", "comparisons", "records"), where)
+    for required in ("study", "base", "envs", "seeds", "frames", "arms"):
+        _need(required in data, where, f"{required}: missing")
+    name = data["study"]
+    _need(isinstance(name, str) and bool(NAME.match(name)), where, f"study: a name of letters, digits, _ . -, got {name!r}")
+    root = _root_of(path.resolve())
+    base = _str_list(data["base"], where, "base")
+    for b in base:
+        _need((root / b).exists() or (path.parent / b).exists(), where, f"base: {b} does not exist")
+    envs = _str_list(data["envs"], where, "envs")
+    _need(len(set(envs)) == len(envs), where, "envs: listed twice")
+    seeds = data["seeds"]
+    _need(isinstance(seeds, dict), where, f"seeds: a mapping {{count: N, first: S}}, got {seeds!r}")
+    _keys(seeds, ("count", "first"), where, "seeds.")
+    count, first = seeds.get("count"), seeds.get("first", 0)
+    _need(isinstance(count, int) and not isinstance(count, bool) and count >= 1, where, f"seeds.count: an integer >= 1, got {count!r}")
+    _need(isinstance(first, int) and not isinstance(first, bool) and first >= 0, where, f"seeds.first: an integer >= 0, got {first!r}")
+    frames = data["frames"]
+    _need(isinstance(frames, int) and not isinstance(frames, bool) and frames > 0, where, f"frames: a positive integer, got {frames!r}")
+    score = data.get("score", "raw")
+    _need(score in SCORES, where, f"score: one of {', '.join(SCORES)}, got {score!r}")
+    pool = tuple(data.get("pool") or ())
+    for p in pool:
+        _need(p in POOLABLE, where, f"pool: {p!r} is not a factor; pool across {', '.join(POOLABLE)}")
+    target = data.get("target_half_width", 0.05)
+    _need(isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0, where,
+          f"target_half_width: a positive number, got {target!r}")
+    shared = _fit(data.get("fit"), where, "fit")
+
+    arms: dict[str, Arm] = {}
+    _need(isinstance(data["arms"], list) and data["arms"], where, "arms: a non-empty list")
+    for i, a in enumerate(data["arms"]):
+        at = f"arms[{i}]"
+        _need(isinstance(a, dict), where, f"{at}: a mapping {{name, label, fit}}, got {a!r}")
+        _keys(a, ("name", "label", "fit", "configs"), where, f"{at}.")
+        n = a.get("name")
+        _need(isinstance(n, str) and bool(NAME.match(n)), where, f"{at}.name: a name of letters, digits, _ . -, got {n!r}")
+        _need(n not in arms, where, f"{at}.name: {n!r} is used twice")
+        label = a.get("label")
+        _need(isinstance(label, str) and label.strip() != "", where, f"{at}.label ({n}): the label plots and tables show, missing")
+        configs = _str_list(a["configs"], where, f"{at}.configs") if "configs" in a else ()
+        for c in configs:
+            _need((root / c).exists() or (path.parent / c).exists(), where, f"{at}.configs: {c} does not exist")
+        arms[n] = Arm(n, label, _fit(a.get("fit"), where, f"{at}.fit ({n})"), configs)
+
+    comparisons = []
+    for i, c in enumerate(data.get("comparisons") or []):
+        at = f"comparisons[{i}]"
+        _need(isinstance(c, dict), where, f"{at}: a mapping {{claim, a, b, test, metric}}, got {c!r}")
+        _keys(c, ("claim", "a", "b", "test", "margin", "metric", "envs", "figure", "pool"), where, f"{at}.")
+        _need(isinstance(c.get("claim"), str) and c["claim"].strip() != "", where, f"{at}.claim: the hypothesis in words, missing")
+        for side in ("a", "b"):
+            _need(c.get(side) in arms, where, f"{at}.{side}: {c.get(side)!r} is not an arm; arms: {', '.join(arms)}")
+        _need(c["a"] != c["b"], where, f"{at}: a and b are the same arm")
+        test = c.get("test", "difference")
+        _need(test in TESTS, where, f"{at}.test: one of {', '.join(TESTS)}, got {test!r}")
+        margin = c.get("margin")
+        if test == "equivalence":
+            _need(isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > 0 and math.isfinite(margin),
+                  where, f"{at}.margin: an equivalence needs a positive margin (the largest difference that counts as equal), got {margin!r}")
+        else:
+            _need(margin is None, where, f"{at}.margin: only an equivalence has a margin")
+        metrics = c.get("metric", "auc")
+        metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics) if isinstance(metrics, list) else (metrics,)
+        for m in metrics:
+            _need(m in METRICS, where, f"{at}.metric: one of {', '.join(METRICS)}, got {m!r}")
+        cenvs = None
+        if "envs" in c:
+            cenvs = _str_list(c["envs"], where, f"{at}.envs")
+            for e in cenvs:
+                _need(e in envs, where, f"{at}.envs: {e} is not one of the study's envs")
+        cpool = tuple(c.get("pool") or ())
+        for p in cpool:
+            _need(p in POOLABLE, where, f"{at}.pool: {p!r} is not a factor; pool across {', '.join(POOLABLE)}")
+        comparisons.append(Comparison(c["claim"], c["a"], c["b"], test, metrics,
+                                      None if margin is None else float(margin), cenvs, c.get("figure"), tuple(pool) + cpool))
+
+    records = None
+    if data.get("records") is not None:
+        r = data["records"]
+        _need(isinstance(r, dict), where, "records: a mapping {dir, arms, committed}")
+        _keys(r, ("dir", "figure", "arms", "committed"), where, "records.")
+        _need(isinstance(r.get("figure"), str), where, "records.figure: the old driver's figure whose CSVs hold the cells, missing")
+        _need(isinstance(r.get("dir"), str), where, "records.dir: the folder of the committed CSVs, missing")
+        rdir = (root / r["dir"]) if (root / r["dir"]).exists() else path.parent / r["dir"]
+        _need(rdir.is_dir(), where, f"records.dir: {r['dir']} is not a folder")
+        mapping = {}
+        for arm, sources in (r.get("arms") or {}).items():
+            _need(arm in arms, where, f"records.arms.{arm}: not an arm of the study")
+            srcs = _str_list(sources, where, f"records.arms.{arm}")
+            for s in srcs:
+                _need(s.count("/") == 1, where, f"records.arms.{arm}: {s!r} is not FIGURE/ARM")
+            mapping[arm] = tuple(tuple(s.split("/")) for s in srcs)
+        committed = None
+        if r.get("committed"):
+            committed = rdir / r["committed"]
+            _need(committed.exists(), where, f"records.committed: {committed} does not exist")
+        _need((rdir / f"{r['figure']}_runs.csv").exists(), where, f"records.figure: no {r['figure']}_runs.csv in {r['dir']}")
+        records = Records(rdir, r["figure"], mapping, committed)
+
+    return Study(path=path, name=name, title=str(data.get("title") or name), base=base, fit=shared, envs=envs,
+                 seeds=tuple(range(first, first + count)), frames=frames, score=score, pool=pool,
+                 target_half_width=float(target), arms=arms, comparisons=tuple(comparisons), records=records, root=root)
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study file (`StudyError`, one line, on the first bad field)."""
+    path = Path(path)
+    if not path.exists():
+        raise StudyError(f"{path}: no such study file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise StudyError(f"{path}: not YAML ({str(err).splitlines()[0]})") from None
+    return parse_study(data, path)

@@ -1,0 +1,217 @@
+"""Issue 36: a study is a file (validated before anything runs), its analysis comes from rliable with
+TOST and Welch where rliable has none, its runner packs cells into vectorized groups over submitit
+workers and resumes without redoing a finished cell."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from ppo_lightning.studies.spec import StudyError, load_study, parse_study
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = str(ROOT / "experiments" / "minatar" / "ppo.yaml")
+TINY_FIT = {"data.num_envs": 4, "data.rollout_steps": 16, "data.num_minibatches": 2, "data.update_epochs": 1,
+            "trainer.precision": "32-true", "checkpoint_every": 1000000, "video_every": None, "log_every_frames": 64}
+
+
+def tiny(tmp_path: Path, **over) -> Path:
+    d = {"study": "tiny", "base": BASE, "fit": TINY_FIT, "envs": ["minatar:breakout"], "seeds": {"count": 1, "first": 0},
+         "frames": 256, "score": "raw",
+         "arms": [{"name": "ppo_ewma", "label": "PPO-EWMA", "fit": {"model.decoupled": True, "model.proximal_com": 4}},
+                  {"name": "ppo_hi", "label": "PPO, lr 1e-3", "fit": {"model.lr": 0.001}}],
+         "comparisons": [{"claim": "EWMA equals PPO", "a": "ppo_ewma", "b": "ppo_hi", "test": "equivalence", "margin": 1.0}]}
+    d.update(over)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+# ----------------------------------------------------------------------------------- study files
+@pytest.mark.parametrize("change, field", [
+    ({"seeds": {"count": 0}}, "seeds.count"),
+    ({"seeds": {"count": 2, "frist": 1}}, "seeds.frist"),
+    ({"frames": "100k"}, "frames"),
+    ({"base": "experiments/minatar/nope.yaml"}, "base"),
+    ({"score": "normalized"}, "score"),
+    ({"pool": ["gpu"]}, "pool"),
+    ({"arms": [{"name": "a", "fit": {}}]}, "arms[0].label"),
+    ({"arms": [{"name": "a", "label": "A", "fit": {"model.lr": 1}}, {"name": "a", "label": "B"}]}, "arms[1].name"),
+    ({"arms": [{"name": "a", "label": "A", "fit": {"lr": 1}}]}, "arms[0].fit (a).lr"),
+    ({"arms": [{"name": "a", "label": "A", "fit": {"data.seed": 3}}]}, "arms[0].fit (a).data.seed"),
+    ({"comparisons": [{"claim": "x", "a": "ppo_ewma", "b": "ppo"}]}, "comparisons[0].b"),
+    ({"comparisons": [{"claim": "x", "a": "ppo_ewma", "b": "ppo_hi", "test": "equivalence"}]}, "comparisons[0].margin"),
+    ({"comparisons": [{"claim": "x", "a": "ppo_ewma", "b": "ppo_hi", "margin": 0.1}]}, "comparisons[0].margin"),
+    ({"comparisons": [{"claim": "x", "a": "ppo_ewma", "b": "ppo_hi", "metric": "iqm"}]}, "comparisons[0].metric"),
+    ({"colour": "red"}, "colour"),
+])
+def test_a_bad_field_is_one_line_naming_it(tmp_path, change, field):
+    with pytest.raises(StudyError) as err:
+        load_study(tiny(tmp_path, **change))
+    msg = str(err.value)
+    assert "\n" not in msg and f": {field}" in msg, msg
+
+
+def test_the_papers_studies_are_valid_files():
+    files = sorted((ROOT / "experiments" / "studies").glob("*.yaml"))
+    assert len(files) >= 10
+    for f in files:
+        study = load_study(f)
+        assert all(arm.label for arm in study.arms.values())
+
+
+# ----------------------------------------------------------------------------------- statistics
+def test_tost_on_cases_with_a_known_answer():
+    from scipy.stats import ttest_ind
+
+    from ppo_lightning.studies.analysis import tost
+
+    a = np.array([0.0, 0.1, 0.2, 0.3, 0.4])
+    b = a + 0.05
+    # Welch: d = -0.05, se = sqrt(2 * 0.025 / 5) = 0.1, dof 8; p = max(P(T > (d + m) / se), P(T < (d - m) / se))
+    from scipy.stats import t
+
+    for m in (0.1, 0.3, 1.0):
+        expected = max(t.sf((-0.05 + m) / 0.1, 8), t.cdf((-0.05 - m) / 0.1, 8))
+        assert tost(a, b, m) == pytest.approx(expected, rel=1e-12)
+        # the same two one-sided tests by scipy (shifted samples)
+        p1 = ttest_ind(a + m, b, equal_var=False, alternative="greater").pvalue
+        p2 = ttest_ind(a - m, b, equal_var=False, alternative="less").pvalue
+        assert tost(a, b, m) == pytest.approx(max(p1, p2), rel=1e-9)
+    assert tost(a, b, 1.0) < 0.001      # far inside the margin: equivalent
+    assert tost(a, b, 0.05) == pytest.approx(0.5)  # the difference is the margin: p = 1/2 exactly
+    assert tost(a, a + 2.0, 1.0) > 0.99  # far outside
+
+
+def test_welch_interval_and_seed_count():
+    from ppo_lightning.studies.analysis import seeds_needed, welch_diff_ci
+
+    d, lo, hi = welch_diff_ci([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert d == 0 and lo == pytest.approx(-hi) and hi == pytest.approx(2.776445 * math.sqrt(2 / 3), rel=1e-5)
+    assert seeds_needed(0.05, 0.05) == math.ceil(2 * 1.959963984540054 ** 2)
+
+
+def test_rliable_difference_covers_the_truth_and_verdicts_follow_the_ci():
+    from ppo_lightning.studies.analysis import compare, difference
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(0.6, 0.02, (8, 3)), rng.normal(0.4, 0.02, (8, 3))
+    d, lo, hi = difference(x, y, reps=300)
+    assert lo < 0.2 < hi and d == pytest.approx(x.mean() - y.mean())
+    assert compare(x, y, test="difference", margin=None, target=0.05)["verdict"] == "a > b"
+    out = compare(x, x + 0.001, test="equivalence", margin=0.05, target=0.05, reps=300)
+    assert out["verdict"].startswith("equal within ±0.05")
+    small = compare(x, x - 0.03, test="equivalence", margin=0.05, target=0.05, reps=300)  # resolved, inside the margin
+    assert small["verdict"].startswith("a > b, and equal within ±0.05"), small["verdict"]
+
+
+def test_report_regenerates_a_committed_500k_verdict(tmp_path):
+    from ppo_lightning.studies.report import report
+
+    study = load_study(ROOT / "experiments" / "studies" / "minatar_fig4_500k.yaml")
+    text = report(study, tmp_path, plots=False)
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA") and "| AUC |" in line and "seaquest |" in line)
+    assert "+0.033" in row and "(8 vs 8 seeds" in row  # the committed pooled AUC +0.033 [-0.007, +0.074]
+    assert "bf16-mixed on Xeon-AMX" in row
+
+
+# ----------------------------------------------------------------------------------- runner
+def test_arms_that_differ_only_in_member_settings_pack_into_one_group(tmp_path):
+    from ppo_lightning.studies import runner
+
+    study = load_study(tiny(tmp_path, seeds={"count": 2, "first": 0}))
+    groups = runner.plan(study, set(), workers=1)
+    assert len(groups) == 1 and len(groups[0].members) == 4
+    assert "--data.member_hparams" in groups[0].args
+    assert len(runner.plan(study, set(), workers=2)) == 2  # split to fill the workers
+    assert len(runner.plan(study, {("ppo_ewma", "minatar:breakout", 0), ("ppo_ewma", "minatar:breakout", 1)}, 1)[0].members) == 2
+
+
+@pytest.mark.timeout(300)
+def test_packed_rows_equal_single_runs_and_a_rerun_redoes_nothing(tmp_path, monkeypatch):
+    from ppo_lightning.studies import runner
+
+    monkeypatch.chdir(tmp_path)
+    study = load_study(tiny(tmp_path))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    packed = runner.plan(study, set(), workers=1)[0]
+    cells = runner.run_group(study, packed, tmp_path / "packed", uri)
+    for cell in cells:  # each member against its single run
+        single = runner.Group(cell.env, [(cell.arm, cell.seed)], runner.cell_args(study, cell.arm, cell.env, cell.seed))
+        alone = runner.run_group(study, single, tmp_path / f"single-{cell.arm}", uri)[0]
+        assert [v for _, v in cell.curve] == pytest.approx([v for _, v in alone.curve], abs=1e-6)
+        assert cell.auc_return == pytest.approx(alone.auc_return, abs=1e-6)
+    # the runner, rerun on the same root: every cell is recorded, no group trains again
+    stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "packed" / "cells").glob("*.json")}
+    assert runner.plan(study, set(runner.done_cells(study, tmp_path / "packed")), 2) == []
+    assert runner.run_study(study, workers=2, executor="local", run_root=tmp_path / "packed", tracking_uri=uri) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
+    exported = study.cells_csv.read_text().splitlines()
+    assert len(exported) == 3 and "32-true" in exported[1]
+
+
+@pytest.mark.timeout(600)
+def test_two_local_workers_run_a_study_and_a_killed_runner_resumes(tmp_path, monkeypatch):
+    """Two environments: two groups on two submitit workers (local processes). Then one cell's record
+    is removed, as if the runner had been killed before it: the rerun trains only that cell's group."""
+    from ppo_lightning.studies import runner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    study = load_study(tiny(tmp_path, envs=["minatar:breakout", "minatar:space_invaders"]))
+    root, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert runner.run_study(study, workers=2, executor="local", run_root=root, tracking_uri=uri, poll_s=1) == 0
+    cells = sorted((root / "cells").glob("*.json"))
+    assert len(cells) == 4
+    breakout = [p for p in cells if "breakout" in p.name]
+    kept = {p: p.stat().st_mtime_ns for p in cells if p not in breakout}
+    for p in breakout:
+        p.unlink()
+    study.cells_csv.unlink()  # killed before its export
+    assert [g.env for g in runner.plan(study, set(runner.done_cells(study, root)), 2)] == ["minatar:breakout"] * 2
+    assert runner.run_study(study, workers=1, executor="local", run_root=root, tracking_uri=uri, poll_s=1) == 0
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept and len(list((root / "cells").glob("*.json"))) == 4
+    assert len(study.cells_csv.read_text().splitlines()) == 5
+    text = runner.status_text(study, root)
+    assert "4 done, 0 running" in text and "0 pending" in text
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    """Stopped by SIGTERM in iteration 2 (the project's preemption: checkpoint, exit 143, nothing
+    recorded), the group's rerun continues from its last checkpoint and records the cells an
+    uninterrupted group records, then drops its checkpoints."""
+    import sys
+
+    from ppo_lightning.studies import runner
+
+    sys.path.insert(0, str(ROOT / "tests"))  # cluster_helpers.SignalAt, by class path
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "CHECKPOINT_FRAMES", 64)  # every iteration (4 envs x 16 steps)
+    signal_at = {"class_path": "cluster_helpers.SignalAt", "init_args": {"signum": "SIGTERM", "phase": "update", "iteration": 2}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    stopped = load_study(tiny(tmp_path / "a", fit={**TINY_FIT, "trainer.callbacks+": json.dumps(signal_at)}))
+    plain = load_study(tiny(tmp_path / "b"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    group = runner.plan(stopped, set(), 1)[0]
+    with pytest.raises(SystemExit) as stop:
+        runner.run_group(stopped, group, tmp_path / "a" / "runs", uri)
+    assert stop.value.code == 143 and not (tmp_path / "a" / "runs" / "cells").exists()
+    ckpt = tmp_path / "a" / "runs" / "groups" / group.name / "checkpoints"
+    assert (ckpt / "last.ckpt").exists()
+    assert "0 done, 2 running" in runner.status_text(stopped, tmp_path / "a" / "runs")
+    resumes = []
+    original = runner.resume_args
+    monkeypatch.setattr(runner, "resume_args", lambda *a, **k: resumes.append(original(*a, **k)) or resumes[-1])
+    resumed = runner.run_group(stopped, group, tmp_path / "a" / "runs", uri)
+    assert "--ckpt_path" in resumes[-1] and not ckpt.exists()
+    whole = runner.run_group(plain, runner.plan(plain, set(), 1)[0], tmp_path / "b" / "runs", uri)
+    assert [(c.arm, c.curve, c.auc_return, c.final_return) for c in resumed] == [
+        (c.arm, c.curve, c.auc_return, c.final_return) for c in whole]
