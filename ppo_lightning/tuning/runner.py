@@ -275,11 +275,11 @@ def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me:
         if not worker_gone(run_root, worker, started, stale_after):
             continue
         try:
+            study._storage.set_trial_user_attr(t._trial_id, "failed_because", f"worker {worker} is gone")
             if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
                 continue
         except UpdateFinishedTrialError:  # another worker failed it first (and enqueued it)
             continue
-        study._storage.set_trial_user_attr(t._trial_id, "failed_because", f"worker {worker} is gone")
         study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
         failed.append(t.number)
     if failed:
@@ -425,6 +425,8 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
     args = group_args(space, members) + ["--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false",
                                          "--video_every", "null", "--mlflow.enabled", "false", "--run_dir", str(run_dir),
                                          *(fit_extra or [])]
+    for trial, _ in group:
+        trial.set_user_attr("group", name)
     t0 = time.perf_counter()
     try:
         cli = fit_main(["fit", *args], extra_callbacks=[reporter])
@@ -441,6 +443,8 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
                 study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
         raise SystemExit(cli.exit_code)
     frames = float(cli.datamodule.frames)
+    if frames < space.frames:
+        print(f"[tune] {name}: every trial pruned; the group stopped at {frames:.0f} of {space.frames} frames", flush=True)
     for i, (trial, params) in enumerate(group):
         curves = reporter.curves[i * per_trial:(i + 1) * per_trial]
         if trial.number in states:  # pruned: its curve up to the milestone
