@@ -190,7 +190,7 @@ def test_pruned_trials_are_told_at_a_milestone_and_a_group_of_pruned_trials_stop
 def test_two_concurrent_workers_share_one_study_and_the_command_summarizes_it(tmp_path):
     """Two `ppo-lightning tune` processes on one run root (as two machines on a shared filesystem):
     the search gets exactly its trials, from both workers, and ends with its best settings."""
-    space = tiny(tmp_path, trials=6)
+    space = tiny(tmp_path, trials=4)
     root = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "ppo_lightning.cli.main", "tune", "--space", str(space), "--run-root", str(root),
@@ -203,7 +203,7 @@ def test_two_concurrent_workers_share_one_study_and_the_command_summarizes_it(tm
 
     trials = _study(load_space(space, {"frames": 512}), root).get_trials()
     real = [t for t in trials if not t.user_attrs.get("surplus")]
-    assert [t.state for t in real] == [TrialState.COMPLETE] * 6
+    assert [t.state for t in real] == [TrialState.COMPLETE] * 4
     assert len({t.user_attrs["worker"] for t in real}) == 2
     assert all("[tune] best: trial" in o and "train it on 8 fresh seeds: ppo-lightning fit" in o for o in outs)
     best = json.loads((root / "best.json").read_text())
