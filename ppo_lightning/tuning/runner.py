@@ -132,13 +132,15 @@ def single_args(space: Space, params: dict[str, Any], seed: int) -> list[str]:
 
 def group_args(space: Space, members: list[tuple[dict[str, Any], int]]) -> list[str]:
     """The ``fit`` arguments of a group of ``(trial values, seed)`` members that share their group settings."""
+    seeds = [s for _, s in members]
     if len(members) == 1:
         return single_args(space, *members[0])
+    if all(p == members[0][0] for p, _ in members):  # one trial's seeds: a plain seed group, no member settings
+        return single_args(space, members[0][0], seeds[0]) + ["--data.member_seeds", json.dumps(seeds)]
     _, shared = split_params(space, members[0][0])
     values = [scaled(space, member_values(space, p)) for p, _ in members]
     names = list(values[0])
     hparams = {n: [v[n] for v in values] for n in names}
-    seeds = [s for _, s in members]
     configs = [x for c in space.base for x in ("--config", str(space.resolve(c)))]
     ewma = {"model.proximal_com": 8.0} if "proximal_com" in hparams else {}  # a placeholder: the members' values rule
     return (configs + _flags({**space.fit, **shared, **ewma})
@@ -149,9 +151,10 @@ def group_args(space: Space, members: list[tuple[dict[str, Any], int]]) -> list[
 
 def plan_groups(space: Space, asked: list[tuple[Any, dict[str, Any]]]) -> list[list[tuple[Any, dict[str, Any]]]]:
     """Trials ``(trial, values)`` asked together, in groups of equal group settings (asked order kept)."""
+    ppg = space.setting("model.ppg") is not None  # PPG groups take no per-member settings: a group per trial
     groups: dict[str, list] = {}
     for trial, params in asked:
-        key = json.dumps(split_params(space, params)[1], sort_keys=True)
+        key = json.dumps(params if ppg else split_params(space, params)[1], sort_keys=True)
         groups.setdefault(key, []).append((trial, params))
     return list(groups.values())
 
@@ -490,7 +493,8 @@ def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracki
                 break
             groups = plan_groups(space, asked)
             if len(groups) > 1:
-                split = sorted({k for _, p in asked for k in split_params(space, p)[1]})
+                split = (["the settings of a PPG trial"] if space.setting("model.ppg") is not None
+                         else sorted({k for _, p in asked for k in split_params(space, p)[1]}))
                 print(f"[tune] {len(asked)} trials train as {len(groups)} groups ({', '.join(str(len(g)) for g in groups)} "
                       f"trials): {', '.join(split)} cannot differ within a group", flush=True)
             for group in groups:
