@@ -113,3 +113,17 @@ def test_loss_settings_are_the_modules_by_name_and_default():
     module = inspect.signature(PPOLightningModule.__init__).parameters
     for name, default in LOSS_SETTINGS.items():
         assert name in module and module[name].default == default, name
+
+
+def test_a_checkpoint_from_before_the_registry_resumes(tmp_path):
+    """Checkpoints written before ``objective_args``, ``loss`` and class paths (hyperparameters without
+    them) resume with the defaults."""
+    base = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo.yaml"), *TINY, "--run_dir", str(tmp_path)]
+    fit_main(base + ["--data.total_frames", "128"])
+    ckpt = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
+    for key in ("objective_args", "loss", "_class_path"):
+        ckpt["hyper_parameters"].pop(key, None)
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    resumed = fit_main(base + ["--data.total_frames", "192", "--ckpt_path", str(tmp_path / "old.ckpt")])
+    assert type(resumed.model) is PPOLightningModule and resumed.model.loss_module.objective == "clip"
+    assert resumed.model.hparams.objective_args is None and resumed.datamodule.frames == 192

@@ -103,6 +103,7 @@ def test_rliable_difference_covers_the_truth_and_verdicts_follow_the_ci():
     rng = np.random.default_rng(0)
     x, y = rng.normal(0.6, 0.02, (8, 3)), rng.normal(0.4, 0.02, (8, 3))
     d, lo, hi = difference(x, y, reps=300)
+    assert difference(x, y, reps=300) == (d, lo, hi)  # the same interval every time (a report is reproducible)
     assert lo < 0.2 < hi and d == pytest.approx(x.mean() - y.mean())
     assert compare(x, y, test="difference", margin=None, target=0.05)["verdict"] == "a > b"
     out = compare(x, x + 0.001, test="equivalence", margin=0.05, target=0.05, reps=300)

@@ -4,8 +4,10 @@
     ppo-lightning export-hf CKPT OUT_DIR [--max-shard-size 2GB] [--dtype bfloat16] [--overwrite]
 
 The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model``
-(`PPOLightningModule`), ``data`` (`RolloutDataModule`), plus ``mlflow``, ``checkpoint_every`` and
-``run_dir``. The data module supplies the observation and action spaces to the model.
+(`PPOLightningModule`, or a subclass: ``--model my_pkg.MyModule`` / ``model.class_path``, whose
+checkpoints resume as that class), ``data`` (`RolloutDataModule`), plus ``mlflow``,
+``checkpoint_every`` and ``run_dir``. The data module supplies the observation and action spaces to
+the model.
 """
 
 from __future__ import annotations

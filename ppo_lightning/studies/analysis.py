@@ -99,12 +99,29 @@ def seeds_needed(sd: float, half_width: float, arms: int = 2) -> int:
 
 
 # ----------------------------------------------------------------------------------- rliable
+class _seeded:
+    """rliable 1.2 draws its bootstrap indices from numpy's global generator (``np.random.choice``),
+    not from the ``random_state`` it passes to arch: seed that generator for the call (and restore it),
+    so that a report is the same every time it is made."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self):
+        self.state = np.random.get_state()
+        np.random.seed(self.seed)
+
+    def __exit__(self, *exc):
+        np.random.set_state(self.state)
+
+
 def interval_estimates(scores: dict[str, np.ndarray], reps: int = REPS, seed: int = 0) -> dict[str, dict[str, tuple]]:
     """Per arm (``scores[arm]``: seeds x environments): mean and IQM, each ``(value, low, high)``,
     95% stratified bootstrap (rliable)."""
     library, metrics = rliable()
     fn = lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_iqm(s)])  # noqa: E731
-    points, cis = library.get_interval_estimates(scores, fn, reps=reps, random_state=np.random.RandomState(seed))
+    with _seeded(seed):
+        points, cis = library.get_interval_estimates(scores, fn, reps=reps, random_state=np.random.RandomState(seed))
     return {arm: {"mean": (float(points[arm][0]), float(cis[arm][0, 0]), float(cis[arm][1, 0])),
                   "iqm": (float(points[arm][1]), float(cis[arm][0, 1]), float(cis[arm][1, 1]))} for arm in scores}
 
@@ -114,7 +131,8 @@ def difference(x: np.ndarray, y: np.ndarray, reps: int = REPS, seed: int = 0) ->
     (each arm's seeds resampled within each environment, the two arms independently)."""
     library, metrics = rliable()
     fn = lambda a, b: np.array([metrics.aggregate_mean(a) - metrics.aggregate_mean(b)])  # noqa: E731
-    points, cis = library.get_interval_estimates({"d": (x, y)}, fn, reps=reps, random_state=np.random.RandomState(seed))
+    with _seeded(seed):
+        points, cis = library.get_interval_estimates({"d": (x, y)}, fn, reps=reps, random_state=np.random.RandomState(seed))
     return float(points["d"][0]), float(cis["d"][0, 0]), float(cis["d"][1, 0])
 
 
@@ -131,14 +149,16 @@ def sample_efficiency(curves: dict[str, np.ndarray], reps: int = 500, seed: int 
     with a 95% stratified-bootstrap band (rliable)."""
     library, metrics = rliable()
     fn = lambda s: np.array([metrics.aggregate_mean(s[..., t]) for t in range(s.shape[-1])])  # noqa: E731
-    points, cis = library.get_interval_estimates(curves, fn, reps=reps, random_state=np.random.RandomState(seed))
+    with _seeded(seed):
+        points, cis = library.get_interval_estimates(curves, fn, reps=reps, random_state=np.random.RandomState(seed))
     return {arm: (points[arm], cis[arm][0], cis[arm][1]) for arm in curves}
 
 
 def performance_profiles(scores: dict[str, np.ndarray], taus: np.ndarray, reps: int = 500, seed: int = 0):
     """rliable's score distributions: the fraction of runs above each tau, with bands."""
     library, _ = rliable()
-    return library.create_performance_profile(scores, taus, reps=reps)
+    with _seeded(seed):
+        return library.create_performance_profile(scores, taus, reps=reps)
 
 
 # ----------------------------------------------------------------------------------- verdicts

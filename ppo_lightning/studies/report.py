@@ -228,6 +228,25 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         made["sample efficiency"] = out.with_name(out.stem + "_curves.png")
         fig.savefig(made["sample efficiency"], dpi=110, bbox_inches="tight")
         plt.close(fig)
+    scores = {}
+    for arm in arms[:10]:  # performance profiles: the fraction of runs above each normalized AUC (rliable)
+        m, _ = _matrix([c for c in cells.values() if c.arm == arm], study.envs, "auc", norm)
+        if len(m) >= 2:
+            scores[arm] = m
+    if scores:
+        allv = np.concatenate([m.ravel() for m in scores.values()])
+        taus = np.linspace(allv.min(), allv.max(), 60)
+        prof, bands = analysis.performance_profiles(scores, taus, reps=200)
+        fig, ax = plt.subplots(figsize=(7.5, 4.5))
+        for arm in scores:
+            line, = ax.plot(taus, prof[arm], label=f"{labels[arm]} (n={len(scores[arm])})")
+            ax.fill_between(taus, bands[arm][0], bands[arm][1], color=line.get_color(), alpha=0.2)
+        ax.set(xlabel="normalized AUC (tau)", ylabel="fraction of runs with AUC > tau", title="performance profiles"[:90])
+        ax.legend(fontsize=6)
+        fig.text(0.01, 0.005, f"cells: {cpus}; 95% stratified bootstrap bands (rliable)", fontsize=5)
+        made["performance profiles"] = out.with_name(out.stem + "_profiles.png")
+        fig.savefig(made["performance profiles"], dpi=110, bbox_inches="tight")
+        plt.close(fig)
     if results:
         fig, ax = plt.subplots(figsize=(8, 0.3 * len(results) + 1.2))
         for i, r in enumerate(results):

@@ -498,13 +498,15 @@ class PPOLightningModule(pl.LightningModule):
                 metrics["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
-        if self.proximal_source is not None:
-            metrics.update(self.proximal_source.metrics())
-        if self.ppg_phases is not None:
-            metrics.update(self.ppg_phases.iteration_metrics())
+        metrics.update(self._component_metrics())
         metrics.update(self._recorded)
         self._recorded = {}
         self.publish_metrics(metrics, self._logging_due(dm))
+
+    def _component_metrics(self) -> dict[str, float]:
+        """The iteration's metrics of the EWMA proximal policy and of PPG's phases (where they are on)."""
+        metrics = {} if self.proximal_source is None else self.proximal_source.metrics()
+        return metrics if self.ppg_phases is None else {**metrics, **self.ppg_phases.iteration_metrics()}
 
     def _group_epoch_end(self, dm) -> None:
         shared: dict[str, float] = {}
@@ -521,10 +523,7 @@ class PPOLightningModule(pl.LightningModule):
                 shared["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
-        if self.proximal_source is not None:
-            shared.update(self.proximal_source.metrics())
-        if self.ppg_phases is not None:
-            shared.update(self.ppg_phases.iteration_metrics())
+        shared.update(self._component_metrics())
         if self._step_stats and self.loss_module.objective_spec.adaptive_beta:
             shared.update(self._group_adapt_kl_beta(dm))
         shared.update(self._recorded)
