@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: ppo-lightning {fit,export-hf,evaluate,configs,study} ...
+USAGE = """usage: ppo-lightning {fit,export-hf,evaluate,configs,study,tune} ...
 
 commands:
   fit        train from a YAML config (LightningCLI), a path or a shipped name: ppo-lightning fit --config cartpole/ppo_ewma
@@ -16,6 +16,8 @@ commands:
   configs    list the configs shipped with the package (the names --config takes) and where they are
   study      run, follow and report a study file (arms x envs x seeds, with its comparisons):
              ppo-lightning study run|status|report experiments/studies/minatar_fig4_500k.yaml
+  tune       search settings with Optuna, trials packed as members of vectorized groups:
+             ppo-lightning tune --space experiments/tuning/minatar_breakout_500k.yaml
 
 ppo-lightning COMMAND --help shows the options of a command."""
 
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         from ppo_lightning.studies.command import main as study_main
 
         return study_main(args[1:])
+    if args[0] == "tune":  # start-up cost, as above: the search imports Optuna and, in its workers, fit
+        from ppo_lightning.tuning.command import main as tune_main
+
+        return tune_main(args[1:])
     if args[0] == "evaluate":  # start-up cost, as above
         from ppo_lightning.cli.evaluate import evaluate_main
 

@@ -1,0 +1,106 @@
+"""``ppo-lightning tune --space SPACE.yaml [--config BASE] [--trials N] [--members S] [--frames F]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ppo_lightning.tuning.space import SpaceError, load_space
+
+USAGE = """ppo-lightning tune --space SPACE.yaml [--config BASE] [--trials N] [--members S] [--frames F] [options]
+
+  Optuna's ask-and-tell over a search-space file: S / seeds.count trials asked at once train as one
+  vectorized group whose members carry their own settings (lr, EWMA age or PPO, advantage span, Adam
+  betas); trials that differ in other settings split into groups. Several workers (--workers, or this
+  command started on several machines with the same --run-root on a shared filesystem) share the
+  study through Optuna's journal file; a rerun continues the search (a killed worker's trials are
+  asked again). Ends with the best settings, their CI over seeds, plots and the command that trains them."""
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ppo-lightning tune", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--space", type=Path, required=True, help="the search-space file (experiments/tuning/*.yaml)")
+    p.add_argument("--config", action="append", default=None, help="base config(s), instead of the file's base")
+    p.add_argument("--trials", type=int, default=None, help="trials in the search (all workers together)")
+    p.add_argument("--members", type=int, default=None, help="members of a group: trials x seeds per trial")
+    p.add_argument("--frames", type=int, default=None, help="frames per trial and seed")
+    p.add_argument("--workers", type=int, default=1,
+                   help="parallel workers started here (submitit: SLURM where srun exists, local processes otherwise); "
+                        "1: this process")
+    p.add_argument("--executor", choices=["auto", "local", "slurm"], default="auto", help="submitit executor for --workers > 1")
+    p.add_argument("--run-root", type=Path, default=None, help="the search's folder: journal, leases, groups, plots "
+                                                              "(default runs/tuning/<name>; shared between machines)")
+    p.add_argument("--tracking-uri", default=None, help="MLflow store (default sqlite in the run root)")
+    p.add_argument("--stale-after", type=float, default=None,
+                   help="seconds without a heartbeat after which a worker on another host counts as gone (default 120)")
+    p.add_argument("--summary-only", action="store_true", help="train nothing: print the best settings and plot the search")
+    p.add_argument("--no-plots", action="store_true", help="no plots in the summary")
+    a = p.parse_args(argv)
+    base = None if a.config is None else [str(Path(c).resolve()) if Path(c).exists() else c for c in a.config]
+    overrides = {"base": base, "trials": a.trials, "members": a.members, "frames": a.frames}
+    try:
+        space = load_space(a.space.resolve(), overrides)
+    except SpaceError as err:
+        print(f"error: {err}")
+        return 2
+    if a.workers < 1:
+        print(f"error: --workers must be >= 1, got {a.workers}")
+        return 2
+    # start-up cost: the runner imports Lightning and, in its workers, the training stack
+    from ppo_lightning.tuning import runner
+    from ppo_lightning.tuning.summary import summarize
+
+    run_root = (a.run_root or space.root / "runs" / "tuning" / space.name).resolve()
+    stale = a.stale_after if a.stale_after is not None else runner.STALE_AFTER_S
+    if not a.summary_only:
+        code = run_workers(space, run_root, a.workers, a.executor, a.tracking_uri, stale)
+        if code:
+            return code
+    summarize(space, runner.open_study(space, runner.journal_path(run_root)), run_root, plots=not a.no_plots)
+    return 0
+
+
+class _Job:
+    """One submitit job: a worker of the search."""
+
+    def __init__(self, space_path: str, overrides: dict, run_root: str, tracking_uri: str | None, stale: float) -> None:
+        self.space_path, self.overrides, self.run_root, self.tracking_uri, self.stale = space_path, overrides, run_root, tracking_uri, stale
+
+    def __call__(self) -> int:
+        from ppo_lightning.tuning import runner  # start-up cost: the training stack only in a worker
+
+        space = load_space(self.space_path, self.overrides)
+        return runner.run_worker(space, Path(self.run_root), tracking_uri=self.tracking_uri, stale_after=self.stale)
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(_Job(self.space_path, self.overrides, self.run_root, self.tracking_uri,
+                                                       self.stale))
+
+
+def run_workers(space, run_root: Path, workers: int, executor: str, tracking_uri: str | None, stale: float) -> int:
+    from ppo_lightning.tuning import runner  # start-up cost, as above
+
+    if workers == 1:
+        runner.run_worker(space, run_root, tracking_uri=tracking_uri, stale_after=stale)
+        return 0
+    import submitit
+
+    overrides = {k: v for k, v in {"base": list(space.base), "trials": space.trials, "members": space.members,
+                                   "frames": space.frames}.items()}
+    ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster={"local": "local", "slurm": "slurm", "auto": None}[executor])
+    ex.update_parameters(timeout_min=60 * 24 * 3, cpus_per_task=1, name=space.name)
+    if ex.cluster == "slurm":
+        ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
+    jobs = [ex.submit(_Job(str(space.path), overrides, str(run_root), tracking_uri, stale)) for _ in range(workers)]
+    failed = []
+    for j in jobs:
+        try:
+            j.result()
+        except Exception as err:  # noqa: BLE001 - report every worker's failure, then exit non-zero
+            failed.append(f"job {j.job_id}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}")
+    if failed:
+        print("[tune] failed: " + "; ".join(failed), flush=True)
+        return 1
+    return 0

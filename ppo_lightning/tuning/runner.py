@@ -1,0 +1,505 @@
+"""The search's worker: Optuna's ask-and-tell around vectorized groups whose members are trials.
+
+A worker asks for as many trials as a group holds (``members / seeds.count``), samples each one's
+settings, and trains them as groups: member k of a group is one seed of one trial, with that
+trial's lr, EWMA age (or PPO), advantage span and Adam betas (``data.member_seeds``,
+``data.member_hparams``; each member is its single run, `tests/test_group_members.py`). Trials
+asked together that differ in a setting a member cannot carry (the network, num_envs, the
+minibatches) split into one group per value, and the worker says so in one line. At the end of a
+group each trial is told its objective: the mean over its seeds of the normalized AUC or final
+return of its learning curve (`ppo_lightning.studies.records`). With a pruner, each trial reports
+the objective so far at every milestone (frames) and is told PRUNED when Optuna says so; a pruned
+member trains on to its group's end (its slot is not refilled), and a group whose trials are all
+pruned stops.
+
+Storage: Optuna's `JournalStorage` on a `JournalFileBackend` (an append-only file with a lock file
+beside it) in the run root. Any number of workers on machines that share the folder (NFS, Lustre)
+work on one study with no server to keep up; SQLite's locking is unreliable on network
+filesystems and a PostgreSQL server is one more service every node must reach.
+
+Resume: every worker keeps a lease file (``<run root>/workers/<id>.json``, its host, pid and a
+heartbeat time refreshed every `HEARTBEAT_S`) and tags its trials with its id. A RUNNING trial whose
+worker is gone (its process ended on this host, or its heartbeat is older than ``stale_after``
+seconds) is failed and its settings enqueued, so the next ask trains it again; finished trials stay
+in the journal. Journal storage has no heartbeat of Optuna's own (only `RDBStorage` has), hence the
+lease.
+
+Records: one MLflow parent run per search (experiment = the search's name) and one run per trial
+under it, with its settings, objective, per-seed objectives, state and learning curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from ppo_lightning.studies.records import curve_auc, final_value
+from ppo_lightning.tuning.space import Space
+
+HEARTBEAT_S = 10.0
+STALE_AFTER_S = 120.0
+
+
+# ----------------------------------------------------------------------------------- objective
+def score_curve(space: Space, curve: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A raw learning curve in the objective's score (MinAtar: normalized return)."""
+    if space.score == "raw":
+        return list(curve)
+    from ppo_lightning.envs.minatar_scores import normalized_return  # the constants, only for a normalized score
+
+    game = space.env.split(":", 1)[1]
+    return [(f, normalized_return(game, r)) for f, r in curve]
+
+
+def objective(space: Space, curves: list[list[tuple[float, float]]], total: float) -> tuple[float, list[float]]:
+    """(mean over the trial's seeds, per seed) of the AUC or final value of each seed's curve
+    over ``[0, total]`` frames (points past ``total`` are left out)."""
+    per_seed = []
+    for curve in curves:
+        pts = [(f, v) for f, v in score_curve(space, curve) if f <= total]
+        per_seed.append(curve_auc(pts, total) if space.metric == "auc" else final_value(pts, total))
+    finite = [v for v in per_seed if math.isfinite(v)]
+    return (sum(finite) / len(finite) if len(finite) == len(per_seed) and finite else float("nan")), per_seed
+
+
+# ----------------------------------------------------------------------------------- groups
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _flags(fit: dict) -> list[str]:
+    return [x for k, v in fit.items() for x in (f"--{k}", _value(v))]
+
+
+def split_params(space: Space, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(member-carried settings, group settings) of a trial's sampled values."""
+    member = {k: v for k, v in params.items() if space.params[k].member}
+    group = {k: v for k, v in params.items() if not space.params[k].member}
+    return member, group
+
+
+def member_values(space: Space, params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's member settings (``MEMBER_HPARAMS`` names), from its values, the fit and the base,
+    before the ``--scale`` rules: lr, the advantage span, the EWMA's center of mass where decoupled
+    (None: PPO), Adam's betas where given."""
+    out = {"lr": float(space.setting("model.lr", params, 1e-3)),
+           "advantage_norm_span": float(space.setting("data.advantage_norm_span", params, 1.0))}
+    if space.setting("model.decoupled", params, False):
+        com = space.setting("model.proximal_com", params)
+        out["proximal_com"] = None if com is None else float(com)
+    betas = space.setting("model.adam_betas", params)
+    if betas is not None:
+        out["adam_betas"] = [float(b) for b in betas]
+    return out
+
+
+def scaled(space: Space, values: dict[str, Any]) -> dict[str, Any]:
+    """A member's settings after the search's ``--scale`` rules, as a single run with them scales its own."""
+    from ppo_lightning.algos import scaling  # start-up cost: the member arithmetic only where a search runs
+
+    c = float(space.setting("scale") or 1.0)
+    rules = scaling.parse_rules(str(space.setting("scale_rules") or "all"), bool(space.setting("scale_adam_betas") or False))
+    return scaling.scale_member(c, values, rules)
+
+
+def trial_fit(space: Space, params: dict[str, Any]) -> dict[str, Any]:
+    """The fit options that train a trial as a single run: the space's fit, then its values."""
+    return {**space.fit, **params}
+
+
+def single_args(space: Space, params: dict[str, Any], seed: int) -> list[str]:
+    """The ``fit`` arguments of one trial with one seed as a single run."""
+    configs = [x for c in space.base for x in ("--config", str(space.resolve(c)))]
+    return (configs + _flags(trial_fit(space, params))
+            + ["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", space.env,
+               "--data.total_frames", str(space.frames)])
+
+
+def group_args(space: Space, members: list[tuple[dict[str, Any], int]]) -> list[str]:
+    """The ``fit`` arguments of a group of ``(trial values, seed)`` members that share their group settings."""
+    seeds = [s for _, s in members]
+    if len(members) == 1:
+        return single_args(space, *members[0])
+    if all(p == members[0][0] for p, _ in members):  # one trial's seeds: a plain seed group, no member settings
+        return single_args(space, members[0][0], seeds[0]) + ["--data.member_seeds", json.dumps(seeds)]
+    _, shared = split_params(space, members[0][0])
+    values = [scaled(space, member_values(space, p)) for p, _ in members]
+    names = list(values[0])
+    hparams = {n: [v[n] for v in values] for n in names}
+    configs = [x for c in space.base for x in ("--config", str(space.resolve(c)))]
+    ewma = {"model.proximal_com": 8.0} if "proximal_com" in hparams else {}  # a placeholder: the members' values rule
+    return (configs + _flags({**space.fit, **shared, **ewma})
+            + ["--scale_rules", "none", "--seed_everything", str(seeds[0]), "--data.seed", str(seeds[0]),
+               "--data.env_id", space.env, "--data.total_frames", str(space.frames),
+               "--data.member_seeds", json.dumps(seeds), "--data.member_hparams", json.dumps(hparams)])
+
+
+def plan_groups(space: Space, asked: list[tuple[Any, dict[str, Any]]]) -> list[list[tuple[Any, dict[str, Any]]]]:
+    """Trials ``(trial, values)`` asked together, in groups of equal group settings (asked order kept)."""
+    ppg = space.setting("model.ppg") is not None  # PPG groups take no per-member settings: a group per trial
+    groups: dict[str, list] = {}
+    for trial, params in asked:
+        key = json.dumps(params if ppg else split_params(space, params)[1], sort_keys=True)
+        groups.setdefault(key, []).append((trial, params))
+    return list(groups.values())
+
+
+class TrialReporter(Callback):
+    """Every member's learning curve ``(frames, mean return of the last 20 episodes)`` after each
+    iteration, and ``on_milestone(frames, curves)`` at each pruning milestone (True: stop the group)."""
+
+    def __init__(self, members: int, milestones: tuple[int, ...] = (), on_milestone=None) -> None:
+        self.curves: list[list[tuple[float, float]]] = [[] for _ in range(members)]
+        self.milestones, self.on_milestone, self.next = list(milestones), on_milestone, 0
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
+        frames = float(dm.frames)
+        for curve, st in zip(self.curves, states):
+            curve.append((frames, float(st.episodes.mean_return(20))))
+        while self.next < len(self.milestones) and frames >= self.milestones[self.next]:
+            stop = self.on_milestone(self.milestones[self.next], self.curves) if self.on_milestone else False
+            self.next += 1
+            if stop:
+                trainer.should_stop = True
+
+
+# ----------------------------------------------------------------------------------- storage and leases
+def journal_path(run_root: Path) -> Path:
+    return run_root / "journal.log"
+
+
+def open_study(space: Space, storage: Path, seed_offset: int = 0):
+    """The search's Optuna study on its journal file (created on first use, loaded after)."""
+    import optuna  # start-up cost: Optuna only where a search runs
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage.parent.mkdir(parents=True, exist_ok=True)
+    backend = JournalStorage(JournalFileBackend(str(storage)))
+    seed = space.sampler_seed + seed_offset
+    sampler = (optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=min(10, space.trials))
+               if space.sampler == "tpe" else optuna.samplers.RandomSampler(seed=seed))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(study_name=space.name, storage=backend, load_if_exists=True, direction="maximize",
+                               sampler=sampler, pruner=space.pruner.make())
+
+
+class Lease:
+    """``<run root>/workers/<id>.json``: this worker's host, pid and heartbeat, refreshed by a thread."""
+
+    def __init__(self, run_root: Path, worker_id: str | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.path = run_root / "workers" / f"{self.id}.json"
+        self.heartbeat_s = heartbeat_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}))
+        os.replace(tmp, self.path)
+
+    def __enter__(self) -> "Lease":
+        self.beat()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="tuning-lease")
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.beat()
+            except OSError:
+                pass
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.path.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_gone(run_root: Path, worker: str | None, started: float | None, stale_after: float) -> bool:
+    """Whether the worker that runs a trial is gone: its process ended (same host), its heartbeat is
+    older than ``stale_after`` seconds, or it has no lease and the trial started that long ago."""
+    now = time.time()
+    path = run_root / "workers" / f"{worker}.json"
+    try:
+        info = json.loads(path.read_text()) if worker else None
+    except (OSError, ValueError):
+        info = None
+    if info is None:
+        return started is None or now - started > stale_after
+    if info.get("host") == socket.gethostname() and not _pid_alive(int(info.get("pid", -1))):
+        return True
+    return now - float(info.get("time", 0)) > stale_after
+
+
+def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me: str | None = None) -> list[int]:
+    """Fail the RUNNING trials of workers that are gone and enqueue their settings again (the next
+    ask trains them); returns the numbers of the trials failed here."""
+    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
+    from optuna.trial import TrialState
+
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker")
+        if worker == me:
+            continue
+        started = t.datetime_start.timestamp() if t.datetime_start else None
+        if not worker_gone(run_root, worker, started, stale_after):
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "failed_because", f"worker {worker} is gone")
+            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                continue
+        except UpdateFinishedTrialError:  # another worker failed it first (and enqueued it)
+            continue
+        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+        failed.append(t.number)
+    if failed:
+        print(f"[tune] re-asking trials {failed}: their worker is gone", flush=True)
+    return failed
+
+
+def counted(study) -> list:
+    """The trials that count towards the search's size: every one not failed (a failed trial that
+    was re-asked counts through its retry)."""
+    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
+
+    return [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL]
+
+
+# ----------------------------------------------------------------------------------- MLflow
+def parent_run(space: Space, run_root: Path, tracking_uri: str) -> str | None:
+    """The search's MLflow parent run: made by the first worker (an exclusive file in the run root
+    names it; the others read it)."""
+    marker = run_root / "mlflow_parent.json"
+    try:
+        from mlflow.tracking import MlflowClient  # start-up cost: MLflow only where a search runs
+
+        from ppo_lightning.training.tracking import probe_tracking_store  # the store's one-line check, as fit's
+
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            for _ in range(300):
+                text = marker.read_text() if marker.exists() else ""
+                if text:
+                    return json.loads(text)["run_id"]
+                time.sleep(0.1)
+            return None
+        probe_tracking_store(tracking_uri, space.name)
+        client = MlflowClient(tracking_uri)
+        exp = client.get_experiment_by_name(space.name)
+        run = client.create_run(exp.experiment_id, run_name=space.name,
+                                tags={"tuning_parent": "true", "tuning": space.name, "space_file": str(space.path)})
+        client.log_dict(run.info.run_id, json.loads(json.dumps(space.raw)), "space.json")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"run_id": run.info.run_id, "tracking_uri": tracking_uri}))
+        return run.info.run_id
+    except Exception as err:  # noqa: BLE001 - the search's results are in the journal either way
+        print(f"[tune] MLflow parent run not made ({str(err).splitlines()[0]}); trials are recorded in the journal", flush=True)
+        return None
+
+
+def record_trial(space: Space, tracking_uri: str, parent: str | None, trial, params: dict, state: str,
+                 value: float | None, per_seed: list[float], curves: list[list[tuple[float, float]]], group: str) -> str | None:
+    """One MLflow run for a trial under the search's parent run; returns its id."""
+    if parent is None:
+        return None
+    try:
+        from mlflow.entities import Metric, Param, RunTag  # start-up cost: MLflow only where a search runs
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        exp = client.get_experiment_by_name(space.name)
+        run = client.create_run(exp.experiment_id, run_name=f"{space.name}-trial{trial.number}",
+                                tags={"mlflow.parentRunId": parent, "tuning": space.name, "trial": str(trial.number),
+                                      "state": state, "group": group})
+        now = int(time.time() * 1000)
+        metrics = []
+        if value is not None and math.isfinite(value):
+            metrics.append(Metric("objective", value, now, 0))
+        for k, v in enumerate(per_seed):
+            if math.isfinite(v):
+                metrics.append(Metric(f"seed{k}/objective", v, now, 0))
+        for k, curve in enumerate(curves):
+            for f, r in curve:
+                if math.isfinite(r):
+                    metrics.append(Metric(f"seed{k}/episode/return_mean20", r, now, int(f)))
+        ps = [Param(k, json.dumps(v) if isinstance(v, list) else str(v)) for k, v in params.items()]
+        ps += [Param("seeds", json.dumps(list(space.seeds))), Param("frames", str(space.frames))]
+        for i in range(0, max(len(metrics), 1), 1000):
+            client.log_batch(run.info.run_id, metrics=metrics[i:i + 1000], params=ps if i == 0 else [],
+                             tags=[RunTag("metric", space.metric), RunTag("score", space.score)] if i == 0 else [])
+        client.set_terminated(run.info.run_id, "FINISHED" if state != "FAIL" else "FAILED")
+        return run.info.run_id
+    except Exception as err:  # noqa: BLE001 - the trial's result is in the journal
+        print(f"[tune] trial {trial.number}: MLflow run not made ({str(err).splitlines()[0]})", flush=True)
+        return None
+
+
+# ----------------------------------------------------------------------------------- the worker
+def _ask(study, space: Space, me: str) -> tuple[Any, dict[str, Any]] | None:
+    """One trial within the search's size, its values sampled; None when the search is full."""
+    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
+
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if len(counted(study)) >= space.trials and not waiting:
+        return None
+    trial = study.ask()
+    mine = [t for t in counted(study) if t.number <= trial.number]
+    if len(mine) > space.trials:  # another worker asked the last ones at the same moment
+        trial.set_user_attr("surplus", True)
+        study.tell(trial, state=TrialState.FAIL)
+        return None
+    trial.set_user_attr("worker", me)
+    return trial, {name: p.suggest(trial) for name, p in space.params.items()}
+
+
+def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], run_root: Path, tracking_uri: str,
+                parent: str | None, fit_extra: list[str] | None = None) -> dict[int, str]:
+    """Train one group of trials and tell each its result; returns ``{trial number: state}``."""
+    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
+    from optuna.trial import TrialState
+
+    from ppo_lightning.cli.fit import fit_main  # start-up cost: the training stack only in a worker
+
+    per_trial = len(space.seeds)
+    members = [(params, s) for _, params in group for s in space.seeds]
+    name = f"trials-{'-'.join(str(t.number) for t, _ in group)}"
+    run_dir = run_root / "groups" / name
+    states: dict[int, str] = {}
+    pruned_at: dict[int, float] = {}
+
+    def tell(trial, **kw) -> bool:
+        try:
+            study.tell(trial, **kw)
+            return True
+        except UpdateFinishedTrialError:  # failed by a worker that took this one for gone
+            print(f"[tune] trial {trial.number} was failed by another worker meanwhile; not told", flush=True)
+            return False
+
+    def on_milestone(frames: int, curves) -> bool:
+        for i, (trial, _) in enumerate(group):
+            if trial.number in states:
+                continue
+            value, _ = objective(space, curves[i * per_trial:(i + 1) * per_trial], frames)
+            if not math.isfinite(value):
+                continue
+            trial.report(value, step=frames)
+            if trial.should_prune():
+                if tell(trial, state=TrialState.PRUNED):
+                    states[trial.number] = "PRUNED"
+                    pruned_at[trial.number] = frames
+                    print(f"[tune] trial {trial.number} pruned at {frames} frames ({space.metric} {value:.4f})", flush=True)
+        return all(t.number in states for t, _ in group)
+
+    reporter = TrialReporter(len(members), space.pruner.milestones if space.pruner.name != "none" else (), on_milestone)
+    args = group_args(space, members) + ["--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false",
+                                         "--video_every", "null", "--mlflow.enabled", "false", "--run_dir", str(run_dir),
+                                         *(fit_extra or [])]
+    for trial, _ in group:
+        trial.set_user_attr("group", name)
+    t0 = time.perf_counter()
+    try:
+        cli = fit_main(["fit", *args], extra_callbacks=[reporter])
+    except BaseException as err:
+        for trial, _ in group:
+            if trial.number not in states:
+                trial.set_user_attr("error", str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+                tell(trial, state=TrialState.FAIL)
+        raise
+    wall = time.perf_counter() - t0
+    if getattr(cli, "exit_code", None):  # stopped by a signal: its trials are asked again by the next worker
+        for trial, params in group:
+            if trial.number not in states and tell(trial, state=TrialState.FAIL):
+                study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
+        raise SystemExit(cli.exit_code)
+    frames = float(cli.datamodule.frames)
+    if frames < space.frames:
+        print(f"[tune] {name}: every trial pruned; the group stopped at {frames:.0f} of {space.frames} frames", flush=True)
+    for i, (trial, params) in enumerate(group):
+        curves = reporter.curves[i * per_trial:(i + 1) * per_trial]
+        if trial.number in states:  # pruned: its curve up to the milestone
+            cut = pruned_at[trial.number]
+            record_trial(space, tracking_uri, parent, trial, params, "PRUNED", None, [],
+                         [[p for p in c if p[0] <= cut] for c in curves], name)
+            continue
+        value, per_seed = objective(space, curves, frames)
+        trial.set_user_attr("seed_values", per_seed)
+        trial.set_user_attr("train_s", wall * per_trial / len(members))
+        if math.isfinite(value) and tell(trial, values=value):
+            states[trial.number] = "COMPLETE"
+        else:
+            trial.set_user_attr("error", "no finished episode in a seed (objective undefined)")
+            tell(trial, state=TrialState.FAIL)
+            states[trial.number] = "FAIL"
+        record_trial(space, tracking_uri, parent, trial, params, states[trial.number], value, per_seed, curves, name)
+    return states
+
+
+def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracking_uri: str | None = None,
+               stale_after: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S, worker_id: str | None = None,
+               fit_extra: list[str] | None = None) -> int:
+    """Ask, train and tell until the search has its trials; returns how many trials this worker told."""
+    run_root = Path(run_root).resolve()
+    run_root.mkdir(parents=True, exist_ok=True)
+    storage = Path(storage) if storage else journal_path(run_root)
+    tracking_uri = tracking_uri or f"sqlite:///{run_root / 'mlflow.db'}"
+    told = 0
+    with Lease(run_root, worker_id, heartbeat_s) as lease:
+        probe = open_study(space, storage)
+        study = open_study(space, storage, seed_offset=len(probe.trials))  # concurrent workers sample differently
+        parent = parent_run(space, run_root, tracking_uri)
+        while True:
+            requeue_stale(study, run_root, stale_after, me=lease.id)
+            asked = []
+            while len(asked) < space.trials_per_group:
+                got = _ask(study, space, lease.id)
+                if got is None:
+                    break
+                asked.append(got)
+            if not asked:
+                break
+            groups = plan_groups(space, asked)
+            if len(groups) > 1:
+                split = (["the settings of a PPG trial"] if space.setting("model.ppg") is not None
+                         else sorted({k for _, p in asked for k in split_params(space, p)[1]}))
+                print(f"[tune] {len(asked)} trials train as {len(groups)} groups ({', '.join(str(len(g)) for g in groups)} "
+                      f"trials): {', '.join(split)} cannot differ within a group", flush=True)
+            for group in groups:
+                print(f"[tune] trials {[t.number for t, _ in group]}: one group of {len(group) * len(space.seeds)} members",
+                      flush=True)
+                states = train_group(space, study, group, run_root, tracking_uri, parent, fit_extra)
+                told += len(states)
+    return told

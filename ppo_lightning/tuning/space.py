@@ -1,0 +1,335 @@
+"""A search-space file (YAML), validated before anything runs: every error is one line naming the field.
+
+```yaml
+tuning: breakout-lr-com               # name: the Optuna study, the MLflow experiment, the run folder
+base: experiments/minatar/ppo_ewma.yaml   # the base config (a path, or a list applied in order)
+fit: {scale: 16}                      # fit options every trial shares (dotted keys, as on the CLI)
+env: minatar:breakout
+frames: 500000                        # the budget of a trial, per seed, in environment frames
+trials: 40                            # the search's size (trials of every worker together)
+members: 16                           # S: members of one group (trials x seeds per trial)
+seeds: {count: 2, first: 0}           # every trial trains these seeds; its objective is their mean
+objective: {metric: auc, score: minatar}  # auc | final; raw | minatar (normalized return)
+sampler: {name: tpe, seed: 0}         # tpe (constant liar: trials asked together differ) | random
+pruner: {name: median, milestones: [125000, 250000]}  # none | median | percentile | halving
+params:
+  model.lr: {type: float, low: 0.0005, high: 0.01, log: true}
+  model.proximal_com: {type: categorical, choices: [null, 4, 8, 16]}   # null: PPO (behavior anchor)
+  data.num_minibatches: {type: categorical, choices: [4, 8]}           # splits trials into groups
+```
+
+Parameters a group member carries (`MEMBER_PARAMS`: the lr, the EWMA's center of mass or none,
+the advantage span, Adam's betas) differ freely within a group; any other fit option is a
+*group* parameter: trials that differ in it train in separate groups. A parameter is ``float``
+or ``int`` (``low``, ``high``, optional ``log`` or ``step``) or ``categorical`` (``choices``; a
+list as a choice, for ``model.adam_betas``). ``--config``, ``--trials``, ``--members`` and
+``--frames`` of ``ppo-lightning tune`` replace the file's values before it is validated.
+Paths are relative to the repository root (the folder holding ``pyproject.toml`` above the file),
+else to the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# a fit option's name -> the member setting it is (ppo_lightning.data.seed_group.MEMBER_HPARAMS)
+MEMBER_PARAMS = {"model.lr": "lr", "model.proximal_com": "proximal_com", "data.advantage_norm_span": "advantage_norm_span",
+                 "model.adam_betas": "adam_betas"}
+KINDS = ("float", "int", "categorical")
+METRICS = ("auc", "final")
+SCORES = ("raw", "minatar")
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("none", "median", "percentile", "halving")
+TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "log_every_frames")
+FIT_SECTIONS = ("model", "data", "trainer")
+RESERVED_FIT = ("data.env_id", "data.seed", "data.total_frames", "seed_everything", "data.member_seeds",
+                "data.member_hparams", "data.num_seeds", "seeds", "run_dir", "ckpt_path")
+FIELDS = ("tuning", "title", "base", "fit", "env", "frames", "trials", "members", "seeds", "objective", "sampler",
+          "pruner", "params")
+NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class SpaceError(ValueError):
+    """A search-space file that cannot run: the message is one line, naming the file and the field."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched fit option and its distribution."""
+    name: str
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple = ()
+
+    @property
+    def member(self) -> str | None:
+        """The member setting this option is (a member carries it), else None (it splits groups)."""
+        return MEMBER_PARAMS.get(self.name)
+
+    def suggest(self, trial) -> Any:
+        """The trial's value (Optuna's ``suggest_*``; a list choice travels as its JSON text)."""
+        if self.kind == "float":
+            return trial.suggest_float(self.name, self.low, self.high, log=self.log, step=self.step)
+        if self.kind == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        encoded = [json.dumps(c) if isinstance(c, list) else c for c in self.choices]
+        v = trial.suggest_categorical(self.name, encoded)
+        return json.loads(v) if isinstance(v, str) and v.startswith("[") else v
+
+
+@dataclass(frozen=True)
+class Pruner:
+    name: str = "none"
+    milestones: tuple[int, ...] = ()
+    n_startup_trials: int = 4
+    percentile: float = 25.0
+
+    def make(self):
+        import optuna  # start-up cost: Optuna only where a search runs
+
+        if self.name == "none":
+            return optuna.pruners.NopPruner()
+        if self.name == "median":
+            return optuna.pruners.MedianPruner(n_startup_trials=self.n_startup_trials, n_warmup_steps=0)
+        if self.name == "percentile":
+            return optuna.pruners.PercentilePruner(self.percentile, n_startup_trials=self.n_startup_trials)
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=self.milestones[0], reduction_factor=2)
+
+
+@dataclass(frozen=True)
+class Space:
+    path: Path
+    name: str
+    title: str
+    base: tuple[str, ...]
+    fit: dict[str, Any]
+    env: str
+    frames: int
+    trials: int
+    members: int
+    seeds: tuple[int, ...]
+    metric: str
+    score: str
+    sampler: str
+    sampler_seed: int
+    pruner: Pruner
+    params: dict[str, Param]
+    root: Path
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def trials_per_group(self) -> int:
+        return self.members // len(self.seeds)
+
+    def resolve(self, path: str | Path) -> Path:
+        p = Path(path)
+        if p.is_absolute():
+            return p
+        return self.root / p if (self.root / p).exists() or not (self.path.parent / p).exists() else self.path.parent / p
+
+    def base_config(self) -> dict:
+        """The base configs merged (a later file's section values over an earlier one's)."""
+        merged: dict = {}
+        for c in self.base:
+            for section, values in (yaml.safe_load(self.resolve(c).read_text()) or {}).items():
+                if isinstance(values, dict):
+                    merged.setdefault(section, {}).update(values)
+                else:
+                    merged[section] = values
+        return merged
+
+    def setting(self, key: str, params: dict[str, Any] | None = None, default: Any = None) -> Any:
+        """A fit option's value for a trial: its params, else the space's fit, else the base configs'."""
+        if params and key in params:
+            return params[key]
+        if key in self.fit:
+            return self.fit[key]
+        section, _, name = key.partition(".")
+        cfg = self.base_config()
+        if not name:
+            return cfg.get(section, default)
+        return (cfg.get(section) or {}).get(name, default)
+
+
+def _root_of(path: Path) -> Path:
+    for parent in [path.parent, *path.parents]:
+        if (parent / "pyproject.toml").exists():
+            return parent
+    return path.parent
+
+
+def _need(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise SpaceError(f"{where}: {msg}")
+
+
+def _int(v: Any, lo: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _keys(d: dict, allowed: tuple[str, ...], where: str, prefix: str = "") -> None:
+    for key in d:
+        _need(key in allowed, where, f"{prefix}{key}: unknown field; fields: {', '.join(allowed)}")
+
+
+def _fit_key(key: Any, where: str, at: str) -> None:
+    _need(isinstance(key, str) and (key in TOP_LEVEL_FIT or key.split(".")[0] in FIT_SECTIONS and "." in key), where,
+          f"{at}: not a fit option (model.*, data.*, trainer.*, or one of {', '.join(TOP_LEVEL_FIT)})")
+    _need(key not in RESERVED_FIT, where, f"{at}: set by the search itself (env, seeds, frames), not by the file")
+
+
+def _member_value_ok(setting: str, v: Any) -> bool:
+    if setting == "adam_betas":
+        return isinstance(v, list) and len(v) == 2 and all(_num(b) and 0 <= b < 1 for b in v)
+    if setting == "proximal_com":
+        return v is None or _num(v) and v >= 0
+    if setting == "lr":
+        return _num(v) and v > 0
+    return _num(v) and v >= 1  # advantage_norm_span
+
+
+def _param(name: Any, spec: Any, where: str) -> Param:
+    at = f"params.{name}"
+    _fit_key(name, where, at)
+    _need(isinstance(spec, dict), where, f"{at}: a mapping {{type, low, high}} or {{type: categorical, choices}}, got {spec!r}")
+    kind = spec.get("type")
+    _need(kind in KINDS, where, f"{at}.type: one of {', '.join(KINDS)}, got {kind!r}")
+    setting = MEMBER_PARAMS.get(name)
+    if kind == "categorical":
+        _keys(spec, ("type", "choices"), where, f"{at}.")
+        choices = spec.get("choices")
+        _need(isinstance(choices, list) and len(choices) >= 1, where, f"{at}.choices: a non-empty list, got {choices!r}")
+        for c in choices:
+            _need(c is None or isinstance(c, (bool, int, float, str, list)), where, f"{at}.choices: {c!r} is not a value")
+            if setting is not None:
+                _need(_member_value_ok(setting, c), where, f"{at}.choices: {c!r} is not a valid {setting}")
+        _need(len({json.dumps(c) for c in choices}) == len(choices), where, f"{at}.choices: a value is listed twice")
+        _need(name == "model.adam_betas" or not any(isinstance(c, list) for c in choices), where,
+              f"{at}.choices: lists only for model.adam_betas")
+        return Param(name, kind, choices=tuple(choices))
+    _keys(spec, ("type", "low", "high", "log", "step"), where, f"{at}.")
+    _need(name != "model.adam_betas", where, f"{at}: a pair of betas is searched as categorical choices")
+    low, high, log, step = spec.get("low"), spec.get("high"), spec.get("log", False), spec.get("step")
+    check = (lambda v: isinstance(v, int) and not isinstance(v, bool)) if kind == "int" else _num
+    _need(check(low), where, f"{at}.low: {'an integer' if kind == 'int' else 'a number'}, got {low!r}")
+    _need(check(high), where, f"{at}.high: {'an integer' if kind == 'int' else 'a number'}, got {high!r}")
+    _need(low < high, where, f"{at}: low ({low}) must be below high ({high})")
+    _need(isinstance(log, bool), where, f"{at}.log: true or false, got {log!r}")
+    _need(not log or low > 0, where, f"{at}.log: a log scale needs low > 0, got {low}")
+    _need(step is None or (check(step) and step > 0), where, f"{at}.step: a positive {kind}, got {step!r}")
+    _need(not (log and step is not None), where, f"{at}: log and step exclude each other (Optuna)")
+    if setting is not None:
+        for end, v in (("low", low), ("high", high)):
+            _need(_member_value_ok(setting, v), where, f"{at}.{end}: {v!r} is not a valid {setting}")
+    return Param(name, kind, float(low), float(high), log, None if step is None else float(step))
+
+
+def parse_space(data: Any, path: Path) -> Space:
+    """A `Space` from a loaded YAML mapping (``path``: where it came from, for messages and paths)."""
+    where = str(path)
+    _need(isinstance(data, dict), where, "a search-space file is a YAML mapping")
+    _keys(data, FIELDS, where)
+    for required in ("tuning", "base", "env", "frames", "trials", "members", "params"):
+        _need(data.get(required) is not None, where, f"{required}: missing")
+    name = data["tuning"]
+    _need(isinstance(name, str) and bool(NAME.match(name)), where, f"tuning: a name of letters, digits, _ . -, got {name!r}")
+    root = _root_of(path.resolve())
+    base = [data["base"]] if isinstance(data["base"], str) else data["base"]
+    _need(isinstance(base, list) and base and all(isinstance(b, str) and b for b in base), where,
+          f"base: a path or a list of paths, got {data['base']!r}")
+    for b in base:
+        _need(Path(b).is_absolute() and Path(b).exists() or (root / b).exists() or (path.parent / b).exists(), where,
+              f"base: {b} does not exist")
+    env = data["env"]
+    _need(isinstance(env, str) and env != "", where, f"env: an environment id (minatar:<game>), got {env!r}")
+    for key in ("frames", "trials", "members"):
+        _need(_int(data[key], 1), where, f"{key}: a positive integer, got {data[key]!r}")
+    seeds = data.get("seeds") or {"count": 1}
+    _need(isinstance(seeds, dict), where, f"seeds: a mapping {{count: N, first: S}}, got {seeds!r}")
+    _keys(seeds, ("count", "first"), where, "seeds.")
+    count, first = seeds.get("count", 1), seeds.get("first", 0)
+    _need(_int(count, 1), where, f"seeds.count: an integer >= 1, got {count!r}")
+    _need(_int(first, 0), where, f"seeds.first: an integer >= 0, got {first!r}")
+    members = data["members"]
+    _need(members % count == 0, where, f"members: {members} members do not hold whole trials of {count} seeds "
+                                        f"(seeds.count); use a multiple of {count}")
+    objective = data.get("objective") or {}
+    _need(isinstance(objective, dict), where, f"objective: a mapping {{metric, score}}, got {objective!r}")
+    _keys(objective, ("metric", "score"), where, "objective.")
+    metric, score = objective.get("metric", "auc"), objective.get("score", "raw")
+    _need(metric in METRICS, where, f"objective.metric: one of {', '.join(METRICS)}, got {metric!r}")
+    _need(score in SCORES, where, f"objective.score: one of {', '.join(SCORES)}, got {score!r}")
+    if score == "minatar":
+        from ppo_lightning.envs.minatar_scores import RETURN_RANGES  # plain constants: a one-line check of the game
+
+        game = env.split(":", 1)[1] if env.startswith("minatar:") else None
+        _need(game in RETURN_RANGES, where, f"objective.score: minatar normalizes MinAtar games, env is {env!r}")
+    sampler = data.get("sampler") or {}
+    _need(isinstance(sampler, dict), where, f"sampler: a mapping {{name, seed}}, got {sampler!r}")
+    _keys(sampler, ("name", "seed"), where, "sampler.")
+    sname, sseed = sampler.get("name", "tpe"), sampler.get("seed", 0)
+    _need(sname in SAMPLERS, where, f"sampler.name: one of {', '.join(SAMPLERS)}, got {sname!r}")
+    _need(_int(sseed, 0), where, f"sampler.seed: an integer >= 0, got {sseed!r}")
+    pr = data.get("pruner") or {}
+    _need(isinstance(pr, dict), where, f"pruner: a mapping {{name, milestones}}, got {pr!r}")
+    _keys(pr, ("name", "milestones", "n_startup_trials", "percentile"), where, "pruner.")
+    pname = pr.get("name", "none")
+    _need(pname in PRUNERS, where, f"pruner.name: one of {', '.join(PRUNERS)}, got {pname!r}")
+    frames = data["frames"]
+    milestones = pr.get("milestones", [frames // 4, frames // 2] if pname != "none" else [])
+    _need(isinstance(milestones, list) and all(_int(m, 1) and m < frames for m in milestones)
+          and milestones == sorted(set(milestones)), where,
+          f"pruner.milestones: increasing frame counts below frames ({frames}), got {milestones!r}")
+    _need(pname == "none" or milestones, where, f"pruner.milestones: pruner {pname} needs at least one milestone")
+    startup = pr.get("n_startup_trials", 4)
+    _need(_int(startup, 0), where, f"pruner.n_startup_trials: an integer >= 0, got {startup!r}")
+    pct = pr.get("percentile", 25.0)
+    _need(_num(pct) and 0 < pct < 100, where, f"pruner.percentile: a number in (0, 100), got {pct!r}")
+    fit = data.get("fit") or {}
+    _need(isinstance(fit, dict), where, f"fit: a mapping of fit options, got {fit!r}")
+    for key in fit:
+        _fit_key(key, where, f"fit.{key}")
+    params_in = data["params"]
+    _need(isinstance(params_in, dict) and params_in, where, "params: a non-empty mapping {fit option: distribution}")
+    params = {}
+    for pname_, spec in params_in.items():
+        params[pname_] = _param(pname_, spec, where)
+        _need(pname_ not in fit, where, f"params.{pname_}: also set in fit; search it or fix it, not both")
+    space = Space(path=path, name=name, title=str(data.get("title") or name), base=tuple(base), fit=dict(fit), env=env,
+                  frames=frames, trials=data["trials"], members=members, seeds=tuple(range(first, first + count)),
+                  metric=metric, score=score, sampler=sname, sampler_seed=sseed,
+                  pruner=Pruner(pname, tuple(milestones), startup, float(pct)), params=params, root=root, raw=dict(data))
+    if "model.proximal_com" in params:
+        _need(space.setting("model.decoupled") is True, where,
+              "params.model.proximal_com: the EWMA is the decoupled objective's anchor; set model.decoupled: true "
+              "(in fit or the base; null among the choices is PPO)")
+    return space
+
+
+def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Space:
+    """Read and validate a search-space file (`SpaceError`, one line, on the first bad field);
+    ``overrides`` (``base``, ``trials``, ``members``, ``frames``: the command's options) replace its values first."""
+    path = Path(path)
+    if not path.exists():
+        raise SpaceError(f"{path}: no such search-space file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpaceError(f"{path}: not YAML ({str(err).splitlines()[0]})") from None
+    if isinstance(data, dict):
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return parse_space(data, path)

@@ -1,0 +1,113 @@
+"""What ``tune`` ends with: the best settings, their interval over seeds, plots of the search
+(Optuna's matplotlib visualization) and the command that trains them."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import warnings
+from pathlib import Path
+
+from ppo_lightning.tuning.runner import _value, trial_fit
+from ppo_lightning.tuning.space import Space
+
+FRESH_SEEDS = 8
+FRESH_FIRST = 1000
+
+
+def seed_interval(values: list[float]) -> tuple[float, float, float, str]:
+    """(mean, low, high, method) of a 95% interval of the mean over seeds: rliable's bootstrap from
+    5 seeds on (the studies' rule), a t interval below (nan with one seed)."""
+    from ppo_lightning.studies.analysis import MIN_SEEDS_FOR_BOOTSTRAP  # the studies' threshold
+
+    vals = [v for v in values if math.isfinite(v)]
+    if not vals:
+        return float("nan"), float("nan"), float("nan"), "none"
+    mean = sum(vals) / len(vals)
+    if len(vals) >= MIN_SEEDS_FOR_BOOTSTRAP:
+        import numpy as np
+
+        from ppo_lightning.studies.analysis import interval_estimates  # start-up cost: rliable only for 5+ seeds
+
+        est = interval_estimates({"best": np.array(vals)[:, None]})["best"]["mean"]
+        return est[0], est[1], est[2], "rliable stratified bootstrap"
+    if len(vals) < 2:
+        return mean, float("nan"), float("nan"), "one seed: no interval"
+    from scipy import stats  # start-up cost: the t quantile only for an interval
+
+    sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
+    half = stats.t.ppf(0.975, len(vals) - 1) * sd / math.sqrt(len(vals))
+    return mean, mean - half, mean + half, f"t interval, {len(vals)} seeds"
+
+
+def train_command(space: Space, params: dict, seeds: int = FRESH_SEEDS, first: int = FRESH_FIRST) -> str:
+    """``ppo-lightning fit`` with the best settings, ``seeds`` seeds the search never used, as one group."""
+    parts = ["ppo-lightning", "fit"]
+    for c in space.base:
+        parts += ["--config", str(c)]
+    for k, v in trial_fit(space, params).items():
+        parts += [f"--{k}", _value(v)]
+    parts += ["--data.env_id", space.env, "--data.total_frames", str(space.frames), "--seed_everything", str(first),
+              "--data.seed", str(first)]
+    if seeds > 1:
+        parts += ["--seeds", str(seeds)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def summarize(space: Space, study, out_dir: Path, plots: bool = True) -> dict:
+    """Print and write (``best.json``, ``history.png``, ``slice.png``) the search's outcome."""
+    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
+
+    trials = study.get_trials(deepcopy=False)
+    by_state = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
+    print(f"[tune] {space.name}: {by_state['COMPLETE']} complete, {by_state['PRUNED']} pruned, {by_state['RUNNING']} running, "
+          f"{by_state['FAIL']} failed (of {space.trials} asked for)", flush=True)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not complete:
+        print("[tune] no complete trial yet", flush=True)
+        return {}
+    best = max(complete, key=lambda t: t.value)
+    params = {name: _decode(best.params[name]) for name in space.params if name in best.params}
+    mean, low, high, method = seed_interval(list(best.user_attrs.get("seed_values", [best.value])))
+    command = train_command(space, params)
+    out = {"tuning": space.name, "best_trial": best.number, "params": params, "objective": best.value,
+           "metric": space.metric, "score": space.score, "frames": space.frames, "seeds": list(space.seeds),
+           "seed_values": best.user_attrs.get("seed_values"), "interval": [low, high], "interval_method": method,
+           "command": command}
+    shown = ", ".join(f"{k} = {_value(v)}" for k, v in params.items())
+    print(f"[tune] best: trial {best.number}: {shown}", flush=True)
+    print(f"[tune]   {space.metric} ({space.score}) {mean:.4f}, 95% CI [{low:.4f}, {high:.4f}] over the search's seeds "
+          f"{list(space.seeds)} ({method}; selected on these seeds: rerun on fresh ones to confirm)", flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if plots:
+        out["plots"] = plot(study, out_dir)
+        print(f"[tune]   plots: {', '.join(out['plots'])}", flush=True)
+    (out_dir / "best.json").write_text(json.dumps(out, indent=1))
+    print(f"[tune]   train it on {FRESH_SEEDS} fresh seeds: {command}", flush=True)
+    return out
+
+
+def _decode(v):
+    return json.loads(v) if isinstance(v, str) and v.startswith("[") else v
+
+
+def plot(study, out_dir: Path) -> list[str]:
+    """The objective by trial (best so far) and the objective against each parameter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as vis
+
+    paths = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks its matplotlib backend experimental
+        for name, fn in (("history", vis.plot_optimization_history), ("slice", vis.plot_slice)):
+            ax = fn(study)
+            fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
+            path = out_dir / f"{name}.png"
+            fig.savefig(path, dpi=100, bbox_inches="tight")
+            plt.close(fig)
+            paths.append(str(path))
+    return paths
