@@ -2,7 +2,7 @@
 with the server up throughout (issue 38).
 
 A real ``mlflow server`` (SQLite backend) on 127.0.0.1; the same CartPole PPO-EWMA fit (``ppo-lightning
-fit`` as a subprocess, ``experiments/cartpole/ppo_ewma.yaml``, the return threshold removed so that both
+fit`` as a subprocess, the shipped config ``cartpole/ppo_ewma``, the return threshold removed so that both
 runs do the same work) is run:
 
 1. with the server up throughout;
@@ -75,7 +75,7 @@ def fit(uri: str, experiment: str, frames: int, run_dir: Path) -> subprocess.Pop
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PYTHONWARNINGS": "ignore"}
     return subprocess.Popen([sys.executable, "-m", "ppo_lightning.cli.main", "fit", "--config",
-                             str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), "--trainer.callbacks=[]",
+                             str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), "--trainer.callbacks=[]",
                              "--trainer.enable_progress_bar", "false", "--video_every", "null",
                              "--data.total_frames", str(frames), "--run_dir", str(run_dir),
                              "--mlflow.tracking_uri", uri, "--mlflow.experiment", experiment],

@@ -17,7 +17,7 @@ from ppo_lightning.cli.fit import main
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--trainer.enable_progress_bar", "false", "--data.num_envs", "4", "--data.rollout_steps", "16",
         "--data.num_minibatches", "2", "--data.update_epochs", "1", "--video_every", "null"]
-EWMA = ["fit", "--config", str(ROOT / "experiments/cartpole/ppo_ewma.yaml"), *TINY]
+EWMA = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), *TINY]
 
 
 def _mount(folder: Path, options: str) -> None:

@@ -4,7 +4,7 @@
     python experiments/tuning/packing_benchmark.py --scale 1 --frames 65536
 
 The trials are those `ppo-lightning tune` asks for from experiments/tuning/minatar_breakout_500k.yaml
-(random sampler, one seed each), at ``--scale c`` (experiments/minatar/ppo.yaml: 64/c envs x 64
+(random sampler, one seed each), at ``--scale c`` (the shipped config minatar/ppo: 64/c envs x 64
 steps, 8 minibatches, 3 epochs). Packed: the trials as one group (the tuner's own fit arguments,
 `ppo_lightning.tuning.runner.group_args`). One per process: ``--singles`` of the same trials as
 single runs (the arguments a trial of its own gets, `single_args`), plus the start-up of a Python

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from ppo_lightning.studies.records import Cell, curve_auc, export_cells, final_value, legacy_cells, write_export
-from ppo_lightning.studies.spec import Study, load_study
+from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
 CHECKPOINT_FRAMES = 65_536
 MEMBER_KEYS = ("model.lr", "model.proximal_com", "model.decoupled", "model.adam_betas", "data.advantage_norm_span",
@@ -83,14 +83,7 @@ def cell_args(study: Study, arm: str, env: str, seed: int) -> list[str]:
 
 
 def _base_config(study: Study, arm: str) -> dict:
-    merged: dict = {}
-    for c in (*study.base, *study.arms[arm].configs):
-        for section, values in (yaml.safe_load(study.resolve(c).read_text()) or {}).items():
-            if isinstance(values, dict):
-                merged.setdefault(section, {}).update(values)
-            else:
-                merged[section] = values
-    return merged
+    return merge_configs([study.resolve(c) for c in (*study.base, *study.arms[arm].configs)])
 
 
 def member_values(study: Study, arm: str) -> tuple[str, dict] | None:

@@ -114,16 +114,8 @@ class Study:
         return [(a, e, s) for e in self.envs for a in self.arms for s in self.seeds]
 
     def resolve(self, path: str | Path) -> Path:
-        """A file the study names: absolute, under the repository root, beside the study file, or a
-        config shipped with the package (``minatar/ppo``: `ppo_lightning.core.configs`)."""
-        p = Path(path)
-        for candidate in (p, self.root / p, self.path.parent / p) if p.is_absolute() else (self.root / p, self.path.parent / p):
-            if candidate.exists():
-                return candidate
-        try:
-            return resolve_config(p)
-        except ValueError:
-            return self.root / p
+        """A file the study names (`resolve_ref`)."""
+        return resolve_ref(self.root, self.path, path)
 
     @property
     def cells_csv(self) -> Path:
@@ -134,7 +126,8 @@ class Study:
         return self.path.with_name(f"{self.path.stem}.curves.csv")
 
 
-def _root_of(path: Path) -> Path:
+def find_root(path: Path) -> Path:
+    """The repository root above ``path`` (the folder with pyproject.toml), else its folder."""
     for parent in [path.parent, *path.parents]:
         if (parent / "pyproject.toml").exists():
             return parent
@@ -169,15 +162,34 @@ def _keys(d: dict, allowed: tuple[str, ...], where: str, prefix: str = "") -> No
         _need(key in allowed, where, f"{prefix}{key}: unknown field; fields: {', '.join(allowed)}")
 
 
-def _config_exists(root: Path, path: Path, config: str) -> bool:
-    """A config named by a study: a file under the repository root or beside the study, or a shipped name."""
-    if (root / config).exists() or (path.parent / config).exists():
-        return True
+def resolve_ref(root: Path, spec_path: Path, ref: str | Path) -> Path:
+    """A config a study or search-space file names: absolute, under the repository ``root``, beside
+    the file, or a config shipped with the package (``minatar/ppo``: `ppo_lightning.core.configs`)."""
+    p = Path(ref)
+    for candidate in (p, root / p, spec_path.parent / p) if p.is_absolute() else (root / p, spec_path.parent / p):
+        if candidate.exists():
+            return candidate
     try:
-        resolve_config(config)
-        return True
+        return resolve_config(p)
     except ValueError:
-        return False
+        return root / p
+
+
+def ref_exists(root: Path, spec_path: Path, ref: str) -> bool:
+    """Whether `resolve_ref` finds the file."""
+    return resolve_ref(root, spec_path, ref).exists()
+
+
+def merge_configs(paths: list[Path]) -> dict:
+    """YAML configs merged in order (a later file's section values over an earlier one's)."""
+    merged: dict = {}
+    for path in paths:
+        for section, values in (yaml.safe_load(Path(path).read_text()) or {}).items():
+            if isinstance(values, dict):
+                merged.setdefault(section, {}).update(values)
+            else:
+                merged[section] = values
+    return merged
 
 
 def parse_study(data: Any, path: Path) -> Study:
@@ -190,10 +202,10 @@ def parse_study(data: Any, path: Path) -> Study:
         _need(required in data, where, f"{required}: missing")
     name = data["study"]
     _need(isinstance(name, str) and bool(NAME.match(name)), where, f"study: a name of letters, digits, _ . -, got {name!r}")
-    root = _root_of(path.resolve())
+    root = find_root(path.resolve())
     base = _str_list(data["base"], where, "base")
     for b in base:
-        _need(_config_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
+        _need(ref_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
     envs = _str_list(data["envs"], where, "envs")
     _need(len(set(envs)) == len(envs), where, "envs: listed twice")
     seeds = data["seeds"]
@@ -227,7 +239,7 @@ def parse_study(data: Any, path: Path) -> Study:
         _need(isinstance(label, str) and label.strip() != "", where, f"{at}.label ({n}): the label plots and tables show, missing")
         configs = _str_list(a["configs"], where, f"{at}.configs") if "configs" in a else ()
         for c in configs:
-            _need(_config_exists(root, path, c), where, f"{at}.configs: {c} is neither a file nor a shipped config name")
+            _need(ref_exists(root, path, c), where, f"{at}.configs: {c} is neither a file nor a shipped config name")
         arms[n] = Arm(n, label, _fit(a.get("fit"), where, f"{at}.fit ({n})"), configs)
 
     comparisons = []

@@ -2,7 +2,7 @@
 
 ```yaml
 tuning: breakout-lr-com               # name: the Optuna study, the MLflow experiment, the run folder
-base: experiments/minatar/ppo_ewma.yaml   # the base config (a path, or a list applied in order)
+base: minatar/ppo_ewma   # the base config: a shipped name or a path (or a list applied in order)
 fit: {scale: 16}                      # fit options every trial shares (dotted keys, as on the CLI)
 env: minatar:breakout
 frames: 500000                        # the budget of a trial, per seed, in environment frames
@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ppo_lightning.studies.spec import find_root, merge_configs, ref_exists, resolve_ref
 
 # a fit option's name -> the member setting it is (ppo_lightning.data.seed_group.MEMBER_HPARAMS)
 MEMBER_PARAMS = {"model.lr": "lr", "model.proximal_com": "proximal_com", "data.advantage_norm_span": "advantage_norm_span",
@@ -132,21 +134,12 @@ class Space:
         return self.members // len(self.seeds)
 
     def resolve(self, path: str | Path) -> Path:
-        p = Path(path)
-        if p.is_absolute():
-            return p
-        return self.root / p if (self.root / p).exists() or not (self.path.parent / p).exists() else self.path.parent / p
+        """A file the space names: a path or a shipped config name (`ppo_lightning.studies.spec.resolve_ref`)."""
+        return resolve_ref(self.root, self.path, path)
 
     def base_config(self) -> dict:
         """The base configs merged (a later file's section values over an earlier one's)."""
-        merged: dict = {}
-        for c in self.base:
-            for section, values in (yaml.safe_load(self.resolve(c).read_text()) or {}).items():
-                if isinstance(values, dict):
-                    merged.setdefault(section, {}).update(values)
-                else:
-                    merged[section] = values
-        return merged
+        return merge_configs([self.resolve(c) for c in self.base])
 
     def setting(self, key: str, params: dict[str, Any] | None = None, default: Any = None) -> Any:
         """A fit option's value for a trial: its params, else the space's fit, else the base configs'."""
@@ -159,13 +152,6 @@ class Space:
         if not name:
             return cfg.get(section, default)
         return (cfg.get(section) or {}).get(name, default)
-
-
-def _root_of(path: Path) -> Path:
-    for parent in [path.parent, *path.parents]:
-        if (parent / "pyproject.toml").exists():
-            return parent
-    return path.parent
 
 
 def _need(cond: bool, where: str, msg: str) -> None:
@@ -247,13 +233,12 @@ def parse_space(data: Any, path: Path) -> Space:
         _need(data.get(required) is not None, where, f"{required}: missing")
     name = data["tuning"]
     _need(isinstance(name, str) and bool(NAME.match(name)), where, f"tuning: a name of letters, digits, _ . -, got {name!r}")
-    root = _root_of(path.resolve())
+    root = find_root(path.resolve())
     base = [data["base"]] if isinstance(data["base"], str) else data["base"]
     _need(isinstance(base, list) and base and all(isinstance(b, str) and b for b in base), where,
           f"base: a path or a list of paths, got {data['base']!r}")
     for b in base:
-        _need(Path(b).is_absolute() and Path(b).exists() or (root / b).exists() or (path.parent / b).exists(), where,
-              f"base: {b} does not exist")
+        _need(ref_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
     env = data["env"]
     _need(isinstance(env, str) and env != "", where, f"env: an environment id (minatar:<game>), got {env!r}")
     for key in ("frames", "trials", "members"):
