@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import logging
 import math
 import os
@@ -189,20 +188,7 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-@functools.cache  # the machine does not change within a process; a group row per member called lscpu each time
-def cpu_label() -> str:
-    """``lscpu`` model name, core count and the ISA flags that matter for torch on CPU (for figures)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "CPU: unknown"
-    info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    model = info.get("Model name", "?").strip()
-    flags = set(info.get("Flags", "").split())
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"CPU: {model}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"
+from ppo_lightning.studies.runner import cpu_label  # noqa: E402,F401  (re-exported: figures name their CPU)
 
 
 # ----------------------------------------------------------------------------------- CSV records and intervals

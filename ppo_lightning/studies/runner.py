@@ -23,6 +23,7 @@ study file (`ppo_lightning.studies.records`).
 from __future__ import annotations
 
 import hashlib
+import functools
 import json
 import math
 import os
@@ -44,6 +45,7 @@ MEMBER_KEYS = ("model.lr", "model.proximal_com", "model.decoupled", "model.adam_
 ADAM_BETAS = [0.9, 0.999]
 
 
+@functools.cache  # the machine does not change within a process
 def cpu_label() -> str:
     """``lscpu``'s model name, the core count and the ISA flags that matter for torch on a CPU."""
     try:
@@ -56,7 +58,8 @@ def cpu_label() -> str:
     return f"CPU: {info.get('Model name', '?').strip()}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"
 
 
-def _value(v) -> str:
+def fit_value(v) -> str:
+    """A fit option's value as the command line writes it (YAML's true/false/null, JSON for lists and maps)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
@@ -66,10 +69,11 @@ def _value(v) -> str:
     return str(v)
 
 
-def _flags(fit: dict) -> list[str]:
+def fit_flags(fit: dict) -> list[str]:
+    """``--key value`` pairs of fit options (``--key+=value`` for the append form ``key+``)."""
     out = []
     for k, v in fit.items():
-        out += [f"--{k}={_value(v)}"] if k.endswith("+") else [f"--{k}", _value(v)]
+        out += [f"--{k}={fit_value(v)}"] if k.endswith("+") else [f"--{k}", fit_value(v)]
     return out
 
 
@@ -77,7 +81,7 @@ def cell_args(study: Study, arm: str, env: str, seed: int) -> list[str]:
     """The ``fit`` arguments of one cell as a single run."""
     a = study.arms[arm]
     configs = [str(study.resolve(c)) for c in (*study.base, *a.configs)]
-    return ([x for c in configs for x in ("--config", c)] + _flags(study.fit) + _flags(a.fit)
+    return ([x for c in configs for x in ("--config", c)] + fit_flags(study.fit) + fit_flags(a.fit)
             + ["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", env,
                "--data.total_frames", str(study.frames), "--trainer.enable_progress_bar", "false"])
 
@@ -142,7 +146,7 @@ def group_args(study: Study, env: str, members: list[tuple[str, int]]) -> list[s
     shared_fit = {k: v for k, v in first.fit.items() if k not in MEMBER_KEYS}
     configs = [str(study.resolve(c)) for c in study.base]
     ewma = {"model.decoupled": True, "model.proximal_com": 8} if "proximal_com" in values else {}
-    return ([x for c in configs for x in ("--config", c)] + _flags(study.fit) + _flags(shared_fit) + _flags(ewma)
+    return ([x for c in configs for x in ("--config", c)] + fit_flags(study.fit) + fit_flags(shared_fit) + fit_flags(ewma)
             + ["--scale_rules", "none", "--seed_everything", str(seeds[0]), "--data.seed", str(seeds[0]),
                "--data.env_id", env, "--data.total_frames", str(study.frames), "--trainer.enable_progress_bar", "false",
                "--data.member_seeds", json.dumps(seeds), "--data.member_hparams", json.dumps(values)])

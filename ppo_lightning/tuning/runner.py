@@ -43,6 +43,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from ppo_lightning.studies.records import curve_auc, final_value
+from ppo_lightning.studies.runner import fit_flags
 from ppo_lightning.tuning.space import Space
 
 HEARTBEAT_S = 10.0
@@ -72,18 +73,6 @@ def objective(space: Space, curves: list[list[tuple[float, float]]], total: floa
 
 
 # ----------------------------------------------------------------------------------- groups
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return str(v)
-
-
-def _flags(fit: dict) -> list[str]:
-    return [x for k, v in fit.items() for x in (f"--{k}", _value(v))]
 
 
 def split_params(space: Space, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -125,7 +114,7 @@ def trial_fit(space: Space, params: dict[str, Any]) -> dict[str, Any]:
 def single_args(space: Space, params: dict[str, Any], seed: int) -> list[str]:
     """The ``fit`` arguments of one trial with one seed as a single run."""
     configs = [x for c in space.base for x in ("--config", str(space.resolve(c)))]
-    return (configs + _flags(trial_fit(space, params))
+    return (configs + fit_flags(trial_fit(space, params))
             + ["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", space.env,
                "--data.total_frames", str(space.frames)])
 
@@ -143,7 +132,7 @@ def group_args(space: Space, members: list[tuple[dict[str, Any], int]]) -> list[
     hparams = {n: [v[n] for v in values] for n in names}
     configs = [x for c in space.base for x in ("--config", str(space.resolve(c)))]
     ewma = {"model.proximal_com": 8.0} if "proximal_com" in hparams else {}  # a placeholder: the members' values rule
-    return (configs + _flags({**space.fit, **shared, **ewma})
+    return (configs + fit_flags({**space.fit, **shared, **ewma})
             + ["--scale_rules", "none", "--seed_everything", str(seeds[0]), "--data.seed", str(seeds[0]),
                "--data.env_id", space.env, "--data.total_frames", str(space.frames),
                "--data.member_seeds", json.dumps(seeds), "--data.member_hparams", json.dumps(hparams)])

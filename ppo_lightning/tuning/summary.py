@@ -9,7 +9,8 @@ import shlex
 import warnings
 from pathlib import Path
 
-from ppo_lightning.tuning.runner import _value, trial_fit
+from ppo_lightning.studies.runner import fit_value
+from ppo_lightning.tuning.runner import trial_fit
 from ppo_lightning.tuning.space import Space
 
 FRESH_SEEDS = 8
@@ -47,7 +48,7 @@ def train_command(space: Space, params: dict, seeds: int = FRESH_SEEDS, first: i
     for c in space.base:
         parts += ["--config", str(c)]
     for k, v in trial_fit(space, params).items():
-        parts += [f"--{k}", _value(v)]
+        parts += [f"--{k}", fit_value(v)]
     parts += ["--data.env_id", space.env, "--data.total_frames", str(space.frames), "--seed_everything", str(first),
               "--data.seed", str(first)]
     if seeds > 1:
@@ -75,7 +76,7 @@ def summarize(space: Space, study, out_dir: Path, plots: bool = True) -> dict:
            "metric": space.metric, "score": space.score, "frames": space.frames, "seeds": list(space.seeds),
            "seed_values": best.user_attrs.get("seed_values"), "interval": [low, high], "interval_method": method,
            "command": command}
-    shown = ", ".join(f"{k} = {_value(v)}" for k, v in params.items())
+    shown = ", ".join(f"{k} = {fit_value(v)}" for k, v in params.items())
     print(f"[tune] best: trial {best.number}: {shown}", flush=True)
     print(f"[tune]   {space.metric} ({space.score}) {mean:.4f}, 95% CI [{low:.4f}, {high:.4f}] over the search's seeds "
           f"{list(space.seeds)} ({method}; selected on these seeds: rerun on fresh ones to confirm)", flush=True)
