@@ -50,16 +50,17 @@ def run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW_QUERY}"
 
 
-def view_hints(tracking_uri: str, experiment_id: str, run_id: str) -> list[str]:
+def view_hints(tracking_uri: str, experiment_id: str | None, run_id: str | None) -> list[str]:
     """How to look at a finished run, for its tracking URI: a tracking server (``http(s)://``) is
     opened in a browser at the run's URL; a local store (``sqlite:///...``, a folder) is served by
     ``mlflow ui`` first, then the run's URL under ``mlflow ui``'s default address."""
+    known = experiment_id is not None and run_id is not None  # not yet when the server was away to the end
     if tracking_uri.startswith(("http://", "https://")):
-        return [f"  open: {run_url(tracking_uri, experiment_id, run_id)}"]
+        return [f"  open: {run_url(tracking_uri, experiment_id, run_id)}" if known else f"  open: {tracking_uri}"]
     if tracking_uri.startswith("databricks"):
         return []
     return [f"  view with: mlflow ui --backend-store-uri {tracking_uri}",
-            f"  then open: {run_url(MLFLOW_UI_URL, experiment_id, run_id)}"]
+            *([f"  then open: {run_url(MLFLOW_UI_URL, experiment_id, run_id)}"] if known else [])]
 
 
 def _warn(message: str) -> None:
@@ -155,6 +156,17 @@ class SafeMLFlowLogger(MLFlowLogger):
     @property
     def run_id(self) -> str | None:
         return self._run_id
+
+    @property
+    def experiment_id(self) -> str | None:
+        """The run's experiment id, asked of the store once (for the end-of-run hints); None while the
+        server is away or the run does not exist yet."""
+        if self._experiment_id is None and self._run_id is not None and not (self.sender is not None and self.sender.down):
+            try:
+                self._experiment_id = self._mlflow_client.get_run(self._run_id).info.experiment_id
+            except Exception:  # noqa: BLE001 - only a hint depends on it
+                return None
+        return self._experiment_id
 
     @property
     def name(self) -> str:
@@ -387,7 +399,10 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
             run_id = None
     header_run = next((r.get("run_id") for r in spooled if r.get("kind") == "header" and r.get("run_id")), None)
     run_id = run_id or header_run
-    if run_id is None and not away and not any(r.get("kind") == "create_run" for r in spooled):
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if (run_id is None and not away and rank_zero_only.rank == 0  # other ranks log nothing: no run of their own
+            and not any(r.get("kind") == "create_run" for r in spooled)):
         import mlflow
 
         try:  # created now (the server answered the probe): its id goes into the first checkpoint
