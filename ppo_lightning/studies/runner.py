@@ -58,6 +58,18 @@ def cpu_label() -> str:
     return f"CPU: {info.get('Model name', '?').strip()}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"
 
 
+def job_failures(jobs) -> list[str]:
+    """Waits for every submitit job; one line per job that failed (its error's last line), so that a
+    runner reports every worker's failure, then exits non-zero."""
+    failed = []
+    for j in jobs:
+        try:
+            j.result()
+        except Exception as err:  # noqa: BLE001 - every worker's failure is reported
+            failed.append(f"job {j.job_id}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}")
+    return failed
+
+
 def fit_value(v) -> str:
     """A fit option's value as the command line writes it (YAML's true/false/null, JSON for lists and maps)."""
     if isinstance(v, bool):
@@ -377,12 +389,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
                 print(f"[study] {status_line(study, run_root, start)}", flush=True)
                 last = n
             time.sleep(poll_s)
-        failed = []
-        for j in jobs:
-            try:
-                j.result()
-            except Exception as err:  # noqa: BLE001 - report every worker's failure, then exit non-zero
-                failed.append(f"job {j.job_id}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}")
+        failed = job_failures(jobs)
         t1 = time.perf_counter()
         overhead = planning_s
     else:

@@ -94,12 +94,9 @@ def run_workers(space, run_root: Path, workers: int, executor: str, tracking_uri
     if ex.cluster == "slurm":
         ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
     jobs = [ex.submit(_Job(str(space.path), overrides, str(run_root), tracking_uri, stale)) for _ in range(workers)]
-    failed = []
-    for j in jobs:
-        try:
-            j.result()
-        except Exception as err:  # noqa: BLE001 - report every worker's failure, then exit non-zero
-            failed.append(f"job {j.job_id}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}")
+    from ppo_lightning.studies.runner import job_failures  # start-up cost: only with workers
+
+    failed = job_failures(jobs)
     if failed:
         print("[tune] failed: " + "; ".join(failed), flush=True)
         return 1
