@@ -114,7 +114,7 @@ def test_signals_checkpoint_at_the_iteration_end_exit_128_plus_n_and_resume_bitw
         assert iteration_of(ckpt) == iteration
     out = run([*args, "--run_dir", str(run_dir), "--ckpt_path", str(ckpt)], check=0)
     assert f"checkpoint: {ckpt}\n" in out.stdout  # the same last.ckpt on (no last-v1.ckpt)
-    assert_same_state(state(tmp_path / "reference/checkpoints/last.ckpt"), state(ckpt))
+    assert_same_state(state(reference), state(ckpt))
 
 
 def test_a_signal_without_checkpointing_still_exits_128_plus_n(tmp_path):
@@ -165,14 +165,27 @@ FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",
 
 
 def test_fsdp2_sigkill_resumes_bitwise_and_sharded_checkpoints_are_never_half_written(tmp_path):
-    """PPO-EWMA sharded over 2 gloo ranks, killed (SIGKILL) while rank 0 writes last.ckpt's meta.pt:
-    last.ckpt stays the previous complete checkpoint (the new one was
-    being written to .last.ckpt.tmp); the resumed run ends bitwise where the uninterrupted one ends
-    (network and Adam state read back from the shards, EWMA). A truncated shard is refused in one line."""
+    """PPO-EWMA sharded over 2 gloo ranks (micro-batched: minibatch 32 in chunks of 24 and 8) writes
+    a sharded checkpoint whose EWMA state is full and pickle-free. Killed (SIGKILL) while rank 0 writes
+    last.ckpt's meta.pt: last.ckpt stays the previous complete checkpoint (the new one was being
+    written to .last.ckpt.tmp); the resumed run ends bitwise where the uninterrupted one ends
+    (network and Adam state read back from the shards, EWMA). A truncated shard is refused in one line.
+    Exporting a sharded checkpoint: tests/test_export.py and the FSDP2 guide test."""
+    from ppo_lightning.nets.models import build_network
     from ppo_lightning.training.checkpointing import check_checkpoint_file
 
-    args = [*PPO_EWMA, *TINY, *FSDP2, "--checkpoint_every", "1", "--data.total_frames", str(4 * 128)]
-    run([*args, "--run_dir", str(tmp_path / "reference")], check=0)
+    args = [*PPO_EWMA, *TINY, *FSDP2, "--checkpoint_every", "1", "--data.total_frames", str(4 * 128),
+            "--model.micro_batch_size", "24"]
+    out = run([*args, "--run_dir", str(tmp_path / "reference")], check=0)
+    assert out.stdout.count("finished:") == 1 and "512 frames (all ranks), 4 iterations" in out.stdout
+    reference = tmp_path / "reference/checkpoints/last.ckpt"
+    assert {p.name for p in reference.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"}
+    meta = torch.load(reference / "meta.pt", weights_only=True)
+    h = meta["hyper_parameters"]
+    full = build_network(h["observation_space"], h["action_space"], h["network"]).state_dict()
+    ewma = meta["proximal_ewma"]
+    assert {k: v.shape for k, v in ewma["proximal"].items()} == {k: v.shape for k, v in full.items()}
+    assert ewma["num_updates"] == meta["global_step"] == 4 * 2 * 2  # iterations x epochs x minibatches
     run_dir, ckpt = tmp_path / "killed", tmp_path / "killed/checkpoints/last.ckpt"
     # killed in the 2nd checkpoint write of iteration 3 (last.ckpt; iteration-00003.ckpt is complete)
     out = run([*args, "--run_dir", str(run_dir), callback("robust_helpers.KillAt", phase="checkpoint", iteration=3,
@@ -183,7 +196,7 @@ def test_fsdp2_sigkill_resumes_bitwise_and_sharded_checkpoints_are_never_half_wr
     assert (run_dir / "checkpoints/.last.ckpt.tmp").is_dir()  # the kill did hit the write
     out = run([*args, "--run_dir", str(run_dir), "--ckpt_path", str(ckpt)], check=0)
     assert not (run_dir / "checkpoints/.last.ckpt.tmp").exists()
-    assert_same_state(state(tmp_path / "reference/checkpoints/last.ckpt"), state(ckpt))
+    assert_same_state(state(reference), state(ckpt))
 
     shard = ckpt / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])

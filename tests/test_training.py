@@ -216,44 +216,6 @@ def test_deprecated_proximal_precision_warns_once_and_bad_values_are_refused():
         PPOLightningModule(dm.observation_space, dm.action_space, decoupled=True, proximal_precision="fp16")
 
 
-FSDP2 = ["--trainer.accelerator", "cpu", "--trainer.devices", "2",
-         "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
-         "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1",
-         "--data.num_threads", "1", "--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false"]
-
-
-def test_fsdp2_two_ranks_train_checkpoint_resume_and_export(tmp_path):
-    """PPO-EWMA sharded with FSDP2 over 2 gloo ranks (micro-batched): trains, writes a sharded
-    checkpoint whose EWMA state is full and pickle-free, resumes from it, exports to HF."""
-    from ppo_lightning.interop.export import load_pretrained
-    from ppo_lightning.nets.models import build_network
-
-    config = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), *FSDP2,
-              "--model.micro_batch_size", "24"]
-    out = run_cli(*config, "--data.total_frames", "1024", "--run_dir", str(tmp_path / "run"), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.count("finished:") == 1 and "1024 frames (all ranks), 2 iterations" in out.stdout
-    ckpt = tmp_path / "run/checkpoints/last.ckpt"
-    assert {p.name for p in ckpt.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"}
-    meta = torch.load(ckpt / "meta.pt", weights_only=True)
-    h = meta["hyper_parameters"]
-    full = build_network(h["observation_space"], h["action_space"], h["network"]).state_dict()
-    ewma = meta["proximal_ewma"]
-    assert {k: v.shape for k, v in ewma["proximal"].items()} == {k: v.shape for k, v in full.items()}
-    assert ewma["num_updates"] == meta["global_step"] == 2 * 40
-    assert meta["RolloutDataModule"]["frames"] == 1024
-
-    out = run_cli(*config, "--data.total_frames", "1536", "--run_dir", str(tmp_path / "run2"),
-                  "--ckpt_path", str(ckpt), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "1536 frames (all ranks), 3 iterations" in out.stdout
-
-    out = run_cli("export-hf", str(tmp_path / "run2/checkpoints/last.ckpt"), str(tmp_path / "hf"))
-    assert out.returncode == 0, out.stderr[-3000:]
-    net = load_pretrained(tmp_path / "hf")
-    assert net.policy(torch.zeros(3, 4))[0].shape == (3, 2)
-
-
 def test_guide_fsdp2_script_trains_logs_and_acts(tmp_path):
     """The Python guide's own Trainer script (FSDP2 over 2 gloo ranks, the project's MLflow logger, a
     forward on every rank after the sharded fit), as printed, on a small budget; then its sharded
