@@ -21,8 +21,11 @@ install: $(STAMP)
 train: $(STAMP)
 	$(BIN)/ppo-lightning fit --config $(CONFIG)
 
+# Two test workers (pytest-xdist, one file per worker): most tests train in one thread, so a single
+# worker leaves a core idle. TEST_WORKERS=1 for one worker.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/cartpole.py
