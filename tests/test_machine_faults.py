@@ -337,3 +337,83 @@ def test_full_disk_under_videos_and_mlflow_artifacts_warns_once_and_training_goe
     partial = [p for p in artifacts.rglob("*") if p.is_file() and p.name != "filler" and p.stat().st_size == 0]
     assert not list(artifacts.rglob("last.ckpt")) and not partial
     assert (run_dir / "checkpoints/last.ckpt").exists()
+
+
+_KILLED_SENDER = """
+import json, os, signal, sys
+import mlflow
+from ppo_lightning.training.mlflow_sender import MlflowSender, configure_http
+
+spool, uri, sent_log = sys.argv[1:4]
+configure_http()
+client = mlflow.MlflowClient(tracking_uri=uri)
+log_batch = client.log_batch
+
+def counted(run_id, metrics=(), **kw):
+    log_batch(run_id, metrics=metrics, **kw)  # the server has it ...
+    if metrics:
+        with open(sent_log, "a") as f:
+            f.write(json.dumps(sorted({m.step for m in metrics})) + "\\n")
+        if sum(1 for _ in open(sent_log)) == 3:
+            os.kill(os.getpid(), signal.SIGKILL)  # ... and the sender dies before it notes so
+
+client.log_batch = counted
+sender = MlflowSender(client, uri, None, spool, local=False)
+for i in range(41, 46):  # taken while the backlog is being sent: kept on disk too
+    sender.submit({"kind": "metrics", "step": i, "timestamp": 1000 + i, "metrics": {"frames": float(i), **{f"m/{k}": i + k for k in range(49)}}})
+sender.flush(120)
+"""
+
+
+def test_sender_killed_while_sending_the_backlog_resends_nothing_and_loses_nothing(tmp_path, monkeypatch):
+    """A spool of 40 iterations (the server was away, the run never created) is being sent to a real
+    ``mlflow server`` when the sender is SIGKILLed right after the server took its third metrics batch
+    (before the sender could note it), while 5 new iterations wait behind the backlog. The next sender
+    creates no second run, sends no (metric, step) the server already has, and delivers all 45."""
+    import mlflow
+
+    from ppo_lightning.training.mlflow_sender import MlflowSender, load_spool
+
+    def metrics(i):
+        return {"kind": "metrics", "step": i, "timestamp": 1000 + i,
+                "metrics": {"frames": float(i), **{f"m/{k}": i + k for k in range(49)}}}
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # as SafeMLFlowLogger sets it: the sender retries
+    spool, sent_log = tmp_path / "checkpoints/mlflow-spool.jsonl", tmp_path / "sent.jsonl"
+    away = MlflowSender(mlflow.MlflowClient(tracking_uri=f"http://127.0.0.1:{_free_port()}"),
+                        f"http://127.0.0.1:{_free_port()}", None, spool, local=False, away=True)
+    for record in [{"kind": "create_run", "experiment": "killed", "tags": {"mlflow.runName": "r"}},
+                   {"kind": "params", "params": {"lr": "0.1"}}, *map(metrics, range(1, 41))]:
+        away.submit(record)
+    away.stop()
+    assert away.persist() == 42
+
+    port = _free_port()
+    uri, health = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/health"
+    server = _start_server(tmp_path / "server.db", port, tmp_path / "server.log", tmp_path / "server.pid")
+    try:
+        if not _wait_healthy(health, 150):
+            pytest.skip(f"mlflow server did not start within 150 s: {(tmp_path / 'server.log').read_text()[-500:]}")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        out = subprocess.run([sys.executable, "-c", _KILLED_SENDER, str(spool), uri, str(sent_log)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+        first = [step for line in sent_log.read_text().splitlines() for step in json.loads(line)]
+        assert first == list(range(1, 16)), first  # batches of 250 values: 5 iterations each
+        header, unsent = load_spool(spool)
+        assert header["run_id"] is not None and [r["step"] for r in unsent] == list(range(11, 46))
+
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        log_batch, second = client.log_batch, []
+        client.log_batch = lambda run_id, metrics=(), **kw: (second.extend(m.step for m in metrics if m.key == "frames"),
+                                                             log_batch(run_id, metrics=metrics, **kw))
+        resumed = MlflowSender(client, uri, None, spool, local=False)
+        assert resumed.flush(120)
+        resumed.stop()
+        assert second == list(range(16, 46)) and not spool.exists()
+        (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+        assert run.info.run_name == "r" and run.data.params == {"lr": "0.1"}
+        history = client.get_metric_history(run.info.run_id, "frames")
+        assert sorted(m.step for m in history) == list(range(1, 46))
+    finally:
+        _stop(server)
