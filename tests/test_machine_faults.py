@@ -417,3 +417,104 @@ def test_sender_killed_while_sending_the_backlog_resends_nothing_and_loses_nothi
         assert sorted(m.step for m in history) == list(range(1, 46))
     finally:
         _stop(server)
+
+
+# ---------------------------------------------------------------------------- disk full under data parallelism
+
+
+class FillDisk(Callback):
+    """Test helper (named on the command line): on global rank 0, at the end of iteration ``at`` (before
+    that iteration's checkpoint is written), fills the file system of ``folder`` to leave half the size
+    of the newest checkpoint there (file or sharded folder) free: the next checkpoint write runs out of space."""
+
+    def __init__(self, folder: str, at: int = 2) -> None:
+        self.folder, self.at = folder, at
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.datamodule.iteration == self.at and trainer.global_rank == 0:
+            from ppo_lightning.core.storage import tree_bytes
+
+            folder = Path(self.folder)
+            newest = max((p for p in folder.rglob("*.ckpt") if not p.name.startswith(".")),
+                         key=lambda p: p.stat().st_mtime)
+            _fill(folder, tree_bytes(newest) // 2)
+
+
+def _run_ranks(args: list[str], timeout_s: float) -> tuple[int, str, float]:
+    """``ppo-lightning fit`` with its ranks in a new session: (exit code, stderr, seconds); fails if a
+    rank is still alive ``timeout_s`` after the start (killing them all)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "ppo_lightning.cli.main", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+        while time.monotonic() - t0 < timeout_s:  # the other ranks (Lightning's subprocesses) leave too
+            alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _session(p) == proc.pid]
+            if not alive:
+                return proc.returncode, err, time.monotonic() - t0
+            time.sleep(0.2)
+        raise AssertionError(f"a rank was still running {timeout_s} s after the start:\n{err[-3000:]}")
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"rank 0 did not end within {timeout_s} s (hang):\n{err[-3000:]}") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _session(proc_dir: Path) -> int | None:
+    try:
+        stat = (proc_dir / "stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[3])  # the fields after the name: state, ppid, pgrp, session
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+DDP = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), *TINY, "--trainer.accelerator",
+       "cpu", "--trainer.devices", "2", "--data.num_threads", "1", "--mlflow.enabled", "false",
+       "--checkpoint_every", "1", "--data.total_frames", str(4 * 128)]
+
+
+def test_disk_full_at_a_ddp_checkpoint_ends_every_rank_in_one_line(tmp_path, mount):
+    """2 DDP ranks (gloo, CPU), the run folder on a tmpfs that fills before iteration 2's checkpoint:
+    rank 0's write fails while rank 1 waits at the save's barrier. Every rank leaves (none hangs)
+    with exit code 5 and one line naming the last good checkpoint; no partial file is left."""
+    disk = mount("disk", "size=4m")
+    fill = {"class_path": "test_machine_faults.FillDisk", "init_args": {"folder": str(disk), "at": 2}}
+    code, err, seconds = _run_ranks([*DDP, "--trainer.strategy", "ddp", "--run_dir", str(disk / "run"),
+                                     f"--trainer.callbacks+={json.dumps(fill)}"], timeout_s=300)
+    assert code == 5, err[-3000:]
+    line = _one_error_line(err)
+    ckpts = disk / "run/checkpoints"
+    assert line.startswith(f"error: no space left on device while writing checkpoint {ckpts}/"), line
+    assert f"the last good checkpoint is {ckpts / 'last.ckpt'}; free space, then resume with: ppo-lightning fit" in line
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iteration-00001.ckpt", "last.ckpt"]
+    assert torch.load(ckpts / "last.ckpt", weights_only=True)["RolloutDataModule"]["iteration"] == 1
+
+
+def test_disk_full_at_an_fsdp2_sharded_checkpoint_ends_every_rank_in_one_line(tmp_path, mount):
+    """FSDP2 over 2 gloo ranks, each writing its shard of iteration 2's checkpoint folder on a tmpfs that
+    fills first: exit code 5 and one line naming the last good (complete) sharded checkpoint; no
+    temporary or partial folder is left for a resume to pick."""
+    from ppo_lightning.training.checkpointing import check_checkpoint_file, last_good_checkpoint
+
+    disk = mount("disk", "size=4m")
+    fill = {"class_path": "test_machine_faults.FillDisk", "init_args": {"folder": str(disk), "at": 2}}
+    code, err, seconds = _run_ranks([*DDP, "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+                                     "--trainer.strategy.data_parallel_size", "2",
+                                     "--trainer.strategy.tensor_parallel_size", "1", "--run_dir", str(disk / "run"),
+                                     f"--trainer.callbacks+={json.dumps(fill)}"], timeout_s=300)
+    assert code == 5, err[-3000:]
+    line = _one_error_line(err)
+    ckpts = disk / "run/checkpoints"
+    assert line.startswith(f"error: no space left on device while writing sharded checkpoint {ckpts}/"), line
+    assert f"the last good checkpoint is {ckpts / 'last.ckpt'}; free space, then resume with: ppo-lightning fit" in line
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iteration-00001.ckpt", "last.ckpt"]  # no .tmp folder
+    check_checkpoint_file(ckpts / "last.ckpt")
+    assert last_good_checkpoint(ckpts) == ckpts / "last.ckpt"
+    assert torch.load(ckpts / "last.ckpt/meta.pt", weights_only=True)["RolloutDataModule"]["iteration"] == 1
