@@ -513,6 +513,10 @@ def test_disk_full_at_an_fsdp2_sharded_checkpoint_ends_every_rank_in_one_line(tm
     line = _one_error_line(err)
     ckpts = disk / "run/checkpoints"
     assert line.startswith(f"error: no space left on device while writing sharded checkpoint {ckpts}/"), line
+    import re
+
+    needed, free = (float(x) for x in re.search(r"\(needs ([0-9.]+) kB, ([0-9.]+) kB free\)", line).groups())
+    assert needed > free  # the last good folder's size, and the space left after the temporary folder went
     assert f"the last good checkpoint is {ckpts / 'last.ckpt'}; free space, then resume with: ppo-lightning fit" in line
     assert sorted(p.name for p in ckpts.iterdir()) == ["iteration-00001.ckpt", "last.ckpt"]  # no .tmp folder
     check_checkpoint_file(ckpts / "last.ckpt")

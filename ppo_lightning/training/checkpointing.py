@@ -158,6 +158,7 @@ def save_checkpoint_on_all_ranks(trainer, filepath, weights_only: bool | None = 
     `StorageFull` for the same checkpoint (or a `TrainingFault` saying that another rank could not
     write it). Both marked ``all_ranks``: one line per node. One process: Lightning's own method."""
     import lightning.pytorch as pl
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught as Exception
 
     strategy = trainer.strategy
     if trainer.world_size == 1 or trainer.model is None:
@@ -167,7 +168,7 @@ def save_checkpoint_on_all_ranks(trainer, filepath, weights_only: bool | None = 
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only)
         try:
             strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-        except Exception as err:  # noqa: BLE001 - every rank learns of it below, none is left waiting
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank learns of it below
             failure = err
         if strategy.reduce_boolean_decision(failure is not None, all=False):
             full = strategy.reduce_boolean_decision(failure is not None and out_of_space(failure), all=False)
