@@ -365,7 +365,7 @@ sender.flush(120)
 """
 
 
-def test_sender_killed_while_sending_the_backlog_resends_nothing_and_loses_nothing(tmp_path, monkeypatch):
+def test_sender_killed_while_sending_the_backlog_resends_nothing_and_loses_nothing(tmp_path, monkeypatch, capfd):
     """A spool of 40 iterations (the server was away, the run never created) is being sent to a real
     ``mlflow server`` when the sender is SIGKILLed right after the server took its third metrics batch
     (before the sender could note it), while 5 new iterations wait behind the backlog. The next sender
@@ -407,7 +407,9 @@ def test_sender_killed_while_sending_the_backlog_resends_nothing_and_loses_nothi
         log_batch, second = client.log_batch, []
         client.log_batch = lambda run_id, metrics=(), **kw: (second.extend(m.step for m in metrics if m.key == "frames"),
                                                              log_batch(run_id, metrics=metrics, **kw))
+        capfd.readouterr()
         resumed = MlflowSender(client, uri, None, spool, local=False)
+        assert f"MLflow: 35 records kept in {spool} by an earlier run; sending them first" in capfd.readouterr().err
         assert resumed.flush(120)
         resumed.stop()
         assert second == list(range(16, 46)) and not spool.exists()
