@@ -337,3 +337,190 @@ def test_full_disk_under_videos_and_mlflow_artifacts_warns_once_and_training_goe
     partial = [p for p in artifacts.rglob("*") if p.is_file() and p.name != "filler" and p.stat().st_size == 0]
     assert not list(artifacts.rglob("last.ckpt")) and not partial
     assert (run_dir / "checkpoints/last.ckpt").exists()
+
+
+_KILLED_SENDER = """
+import json, os, signal, sys
+import mlflow
+from ppo_lightning.training.mlflow_sender import MlflowSender, configure_http
+
+spool, uri, sent_log = sys.argv[1:4]
+configure_http()
+client = mlflow.MlflowClient(tracking_uri=uri)
+log_batch = client.log_batch
+
+def counted(run_id, metrics=(), **kw):
+    log_batch(run_id, metrics=metrics, **kw)  # the server has it ...
+    if metrics:
+        with open(sent_log, "a") as f:
+            f.write(json.dumps(sorted({m.step for m in metrics})) + "\\n")
+        if sum(1 for _ in open(sent_log)) == 3:
+            os.kill(os.getpid(), signal.SIGKILL)  # ... and the sender dies before it notes so
+
+client.log_batch = counted
+sender = MlflowSender(client, uri, None, spool, local=False)
+for i in range(41, 46):  # taken while the backlog is being sent: kept on disk too
+    sender.submit({"kind": "metrics", "step": i, "timestamp": 1000 + i, "metrics": {"frames": float(i), **{f"m/{k}": i + k for k in range(49)}}})
+sender.flush(120)
+"""
+
+
+def test_sender_killed_while_sending_the_backlog_resends_nothing_and_loses_nothing(tmp_path, monkeypatch, capfd):
+    """A spool of 40 iterations (the server was away, the run never created) is being sent to a real
+    ``mlflow server`` when the sender is SIGKILLed right after the server took its third metrics batch
+    (before the sender could note it), while 5 new iterations wait behind the backlog. The next sender
+    creates no second run, sends no (metric, step) the server already has, and delivers all 45."""
+    import mlflow
+
+    from ppo_lightning.training.mlflow_sender import MlflowSender, load_spool
+
+    def metrics(i):
+        return {"kind": "metrics", "step": i, "timestamp": 1000 + i,
+                "metrics": {"frames": float(i), **{f"m/{k}": i + k for k in range(49)}}}
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # as SafeMLFlowLogger sets it: the sender retries
+    spool, sent_log = tmp_path / "checkpoints/mlflow-spool.jsonl", tmp_path / "sent.jsonl"
+    away = MlflowSender(mlflow.MlflowClient(tracking_uri=f"http://127.0.0.1:{_free_port()}"),
+                        f"http://127.0.0.1:{_free_port()}", None, spool, local=False, away=True)
+    for record in [{"kind": "create_run", "experiment": "killed", "tags": {"mlflow.runName": "r"}},
+                   {"kind": "params", "params": {"lr": "0.1"}}, *map(metrics, range(1, 41))]:
+        away.submit(record)
+    away.stop()
+    assert away.persist() == 42
+
+    port = _free_port()
+    uri, health = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/health"
+    server = _start_server(tmp_path / "server.db", port, tmp_path / "server.log", tmp_path / "server.pid")
+    try:
+        if not _wait_healthy(health, 150):
+            pytest.skip(f"mlflow server did not start within 150 s: {(tmp_path / 'server.log').read_text()[-500:]}")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        out = subprocess.run([sys.executable, "-c", _KILLED_SENDER, str(spool), uri, str(sent_log)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+        first = [step for line in sent_log.read_text().splitlines() for step in json.loads(line)]
+        assert first == list(range(1, 16)), first  # batches of 250 values: 5 iterations each
+        header, unsent = load_spool(spool)
+        assert header["run_id"] is not None and [r["step"] for r in unsent] == list(range(11, 46))
+
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        log_batch, second = client.log_batch, []
+        client.log_batch = lambda run_id, metrics=(), **kw: (second.extend(m.step for m in metrics if m.key == "frames"),
+                                                             log_batch(run_id, metrics=metrics, **kw))
+        capfd.readouterr()
+        resumed = MlflowSender(client, uri, None, spool, local=False)
+        assert f"MLflow: 35 records kept in {spool} by an earlier run; sending them first" in capfd.readouterr().err
+        assert resumed.flush(120)
+        resumed.stop()
+        assert second == list(range(16, 46)) and not spool.exists()
+        (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+        assert run.info.run_name == "r" and run.data.params == {"lr": "0.1"}
+        history = client.get_metric_history(run.info.run_id, "frames")
+        assert sorted(m.step for m in history) == list(range(1, 46))
+    finally:
+        _stop(server)
+
+
+# ---------------------------------------------------------------------------- disk full under data parallelism
+
+
+class FillDisk(Callback):
+    """Test helper (named on the command line): on global rank 0, at the end of iteration ``at`` (before
+    that iteration's checkpoint is written), fills the file system of ``folder`` to leave half the size
+    of the newest checkpoint there (file or sharded folder) free: the next checkpoint write runs out of space."""
+
+    def __init__(self, folder: str, at: int = 2) -> None:
+        self.folder, self.at = folder, at
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.datamodule.iteration == self.at and trainer.global_rank == 0:
+            from ppo_lightning.core.storage import tree_bytes
+
+            folder = Path(self.folder)
+            newest = max((p for p in folder.rglob("*.ckpt") if not p.name.startswith(".")),
+                         key=lambda p: p.stat().st_mtime)
+            _fill(folder, tree_bytes(newest) // 2)
+
+
+def _run_ranks(args: list[str], timeout_s: float) -> tuple[int, str, float]:
+    """``ppo-lightning fit`` with its ranks in a new session: (exit code, stderr, seconds); fails if a
+    rank is still alive ``timeout_s`` after the start (killing them all)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "ppo_lightning.cli.main", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+        while time.monotonic() - t0 < timeout_s:  # the other ranks (Lightning's subprocesses) leave too
+            alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _session(p) == proc.pid]
+            if not alive:
+                return proc.returncode, err, time.monotonic() - t0
+            time.sleep(0.2)
+        raise AssertionError(f"a rank was still running {timeout_s} s after the start:\n{err[-3000:]}")
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"rank 0 did not end within {timeout_s} s (hang):\n{err[-3000:]}") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _session(proc_dir: Path) -> int | None:
+    try:
+        stat = (proc_dir / "stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[3])  # the fields after the name: state, ppid, pgrp, session
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+DDP = ["fit", "--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), *TINY, "--trainer.accelerator",
+       "cpu", "--trainer.devices", "2", "--data.num_threads", "1", "--mlflow.enabled", "false",
+       "--checkpoint_every", "1", "--data.total_frames", str(4 * 128)]
+
+
+def test_disk_full_at_a_ddp_checkpoint_ends_every_rank_in_one_line(tmp_path, mount):
+    """2 DDP ranks (gloo, CPU), the run folder on a tmpfs that fills before iteration 2's checkpoint:
+    rank 0's write fails while rank 1 waits at the save's barrier. Every rank leaves (none hangs)
+    with exit code 5 and one line naming the last good checkpoint; no partial file is left."""
+    disk = mount("disk", "size=4m")
+    fill = {"class_path": "test_machine_faults.FillDisk", "init_args": {"folder": str(disk), "at": 2}}
+    code, err, seconds = _run_ranks([*DDP, "--trainer.strategy", "ddp", "--run_dir", str(disk / "run"),
+                                     f"--trainer.callbacks+={json.dumps(fill)}"], timeout_s=300)
+    assert code == 5, err[-3000:]
+    line = _one_error_line(err)
+    ckpts = disk / "run/checkpoints"
+    assert line.startswith(f"error: no space left on device while writing checkpoint {ckpts}/"), line
+    assert f"the last good checkpoint is {ckpts / 'last.ckpt'}; free space, then resume with: ppo-lightning fit" in line
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iteration-00001.ckpt", "last.ckpt"]
+    assert torch.load(ckpts / "last.ckpt", weights_only=True)["RolloutDataModule"]["iteration"] == 1
+
+
+def test_disk_full_at_an_fsdp2_sharded_checkpoint_ends_every_rank_in_one_line(tmp_path, mount):
+    """FSDP2 over 2 gloo ranks, each writing its shard of iteration 2's checkpoint folder on a tmpfs that
+    fills first: exit code 5 and one line naming the last good (complete) sharded checkpoint; no
+    temporary or partial folder is left for a resume to pick."""
+    from ppo_lightning.training.checkpointing import check_checkpoint_file, last_good_checkpoint
+
+    disk = mount("disk", "size=4m")
+    fill = {"class_path": "test_machine_faults.FillDisk", "init_args": {"folder": str(disk), "at": 2}}
+    code, err, seconds = _run_ranks([*DDP, "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+                                     "--trainer.strategy.data_parallel_size", "2",
+                                     "--trainer.strategy.tensor_parallel_size", "1", "--run_dir", str(disk / "run"),
+                                     f"--trainer.callbacks+={json.dumps(fill)}"], timeout_s=300)
+    assert code == 5, err[-3000:]
+    line = _one_error_line(err)
+    ckpts = disk / "run/checkpoints"
+    assert line.startswith(f"error: no space left on device while writing sharded checkpoint {ckpts}/"), line
+    import re
+
+    needed, free = (float(x) for x in re.search(r"\(needs ([0-9.]+) kB, ([0-9.]+) kB free\)", line).groups())
+    assert needed > free  # the last good folder's size, and the space left after the temporary folder went
+    assert f"the last good checkpoint is {ckpts / 'last.ckpt'}; free space, then resume with: ppo-lightning fit" in line
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iteration-00001.ckpt", "last.ckpt"]  # no .tmp folder
+    check_checkpoint_file(ckpts / "last.ckpt")
+    assert last_good_checkpoint(ckpts) == ckpts / "last.ckpt"
+    assert torch.load(ckpts / "last.ckpt/meta.pt", weights_only=True)["RolloutDataModule"]["iteration"] == 1

@@ -14,6 +14,13 @@ the folder, so the target is always either the previous complete checkpoint or t
 FSDP2's sharded checkpoints (folders written by ``torch.distributed.checkpoint``) do not go through
 this plugin: `ppo_lightning.training.sharded` writes them atomically, `check_sharded_checkpoint`
 refuses incomplete ones.
+
+Under data parallelism a save is collective: Lightning's ``Trainer.save_checkpoint`` has rank 0 write
+(DDP) and then every rank wait at a barrier, so a rank 0 that fails (a full disk) leaves the others
+waiting for a peer that is gone (a hang, or a gloo traceback when its socket closes).
+`save_checkpoint_on_all_ranks` (the ``ppo-lightning fit`` trainer's ``save_checkpoint``) has the ranks
+agree on the outcome first: a write that failed on one rank raises on every rank (`StorageFull` for a
+full disk, printed once per node, exit code 5).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ppo_lightning.core.faults import CheckpointError, StorageFull
+from ppo_lightning.core.faults import CheckpointError, StorageFull, TrainingFault
 from ppo_lightning.core.storage import counted_bytes, free_bytes, out_of_space, space_error_text
 
 TMP_SUFFIX = ".tmp"
@@ -140,6 +147,47 @@ def check_sharded_checkpoint(path: Path) -> None:
         if have is None or have < size:
             state = "missing" if have is None else f"truncated ({have} of {size} bytes)"
             raise CheckpointError(f"checkpoint folder {path} is incomplete: shard {name} is {state}")
+
+
+def save_checkpoint_on_all_ranks(trainer, filepath, weights_only: bool | None = None,
+                                 storage_options: Any | None = None) -> None:
+    """``Trainer.save_checkpoint`` whose ranks agree on a failed write before the closing barrier.
+
+    Every rank takes part in one all-reduce (did a rank fail?) and, only after a failure, a second (was
+    it a full disk?); then each rank raises: the rank that failed its own error, the others a
+    `StorageFull` for the same checkpoint (or a `TrainingFault` saying that another rank could not
+    write it). Both marked ``all_ranks``: one line per node. One process: Lightning's own method."""
+    import lightning.pytorch as pl
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught as Exception
+
+    strategy = trainer.strategy
+    if trainer.world_size == 1 or trainer.model is None:
+        return pl.Trainer.save_checkpoint(trainer, filepath, weights_only, storage_options)
+    failure: BaseException | None = None
+    with trainer.profiler.profile("save_checkpoint"):
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only)
+        try:
+            strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank learns of it below
+            failure = err
+        if strategy.reduce_boolean_decision(failure is not None, all=False):
+            full = strategy.reduce_boolean_decision(failure is not None and out_of_space(failure), all=False)
+            if isinstance(failure, TrainingFault):
+                failure.all_ranks = True
+                raise failure
+            path = Path(str(filepath))
+            if full:
+                if failure is not None:  # a write that is not ours (storage_options, a remote path): same line
+                    raise StorageFull("checkpoint", path, None, free_bytes(path.parent), space_error_text(failure),
+                                      last_good_checkpoint(path.parent), all_ranks=True) from None
+                raise StorageFull("checkpoint", path, None, free_bytes(path.parent), "no space left on device",
+                                  last_good_checkpoint(path.parent), all_ranks=True)
+            if failure is not None:
+                raise failure
+            fault = TrainingFault(f"another rank could not write checkpoint {path} (that rank printed why)")
+            fault.all_ranks = True
+            raise fault
+        strategy.barrier("Trainer.save_checkpoint")
 
 
 def _atomic_checkpoint_io_class():

@@ -11,6 +11,18 @@ backlog and removes the spool. What is still unsent when the process ends stays 
 resumed from that folder sends it first (into the same MLflow run), and
 ``python -m ppo_lightning.training.mlflow_sender SPOOL`` imports it by hand.
 
+The spool is a journal, so that a process killed at any moment (SIGKILL while the backlog is being
+sent) neither loses a record nor sends one twice:
+- while it holds unsent records, every new record is appended to it too (a record taken after the
+  server came back is on disk until sent, like the backlog before it);
+- after each batch the server acknowledged, a line ``{"kind": "sent", "n": K}`` (fsynced) says that the
+  next K records are sent, and once the server created the run, ``{"kind": "run", "run_id": ...}``
+  names it; a reader (`load_spool`) skips what is acknowledged;
+- a kill between the server's answer and that line leaves one batch unacknowledged: a resumed sender
+  asks the server once for the run's last ``frames`` step and drops metrics at or below it (sends are
+  in order, so the server has every one of them). The other records are idempotent (a tag, a status,
+  an artifact of the same path) or checked (parameters already logged are not logged again).
+
 Why not MLflow's own asynchronous logging (``log_batch(..., synchronous=False)``): it does keep the
 loop from waiting, but a batch whose send fails after the client's retries is dropped (an error in the
 log, not kept), its queue has no bound, and nothing says when the server is away or back. Its
@@ -78,7 +90,7 @@ def short_reason(err: BaseException | str) -> str:
 
 
 def read_spool(path: str | os.PathLike) -> list[dict]:
-    """The records of a spool file (a last line cut by a kill is skipped)."""
+    """The lines of a spool file, as written (a last line cut by a kill is skipped)."""
     out = []
     try:
         lines = Path(path).read_text().splitlines()
@@ -90,6 +102,25 @@ def read_spool(path: str | os.PathLike) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def load_spool(path: str | os.PathLike) -> tuple[dict, list[dict]]:
+    """The header of a spool file (``run_id`` updated by its ``run`` lines) and the records it holds
+    that no ``sent`` line acknowledges, in order."""
+    header: dict = {}
+    records: list[dict] = []
+    acknowledged = 0
+    for line in read_spool(path):
+        kind = line.get("kind")
+        if kind == "header":
+            header = {**line, "run_id": header.get("run_id") or line.get("run_id")}
+        elif kind == "run":
+            header["run_id"] = line.get("run_id")
+        elif kind == "sent":
+            acknowledged += int(line.get("n", 0))
+        else:
+            records.append(line)
+    return header, records[acknowledged:]
 
 
 class MlflowSender:
@@ -123,13 +154,16 @@ class MlflowSender:
         self._floor: float | None = None
         self._warned: set[str] = set()
         self._artifact_space_warned = False
-        for record in read_spool(self.spool) if self.spool is not None else []:  # an earlier process's
-            if record.get("kind") == "header":
-                self.run_id = self.run_id or record.get("run_id")
-                continue
+        header, kept = load_spool(self.spool) if self.spool is not None else ({}, [])  # an earlier process's
+        self.run_id = self.run_id or header.get("run_id")
+        for record in kept:
             record["live"] = False
             self._pending.append(record)
         self._spooled = len(self._pending)
+        if self.spool is not None and self.spool.exists() and not kept:  # everything in it was sent
+            self.spool.unlink(missing_ok=True)
+        elif kept and self.spool is not None:  # rewritten with the unsent records only: acks start from 0
+            self.persist()
         if any(r["kind"] == "metrics" for r in self._pending):
             self.resumed = True  # live metrics at or below the spooled ones' last step are dropped
         if self._pending:
@@ -154,9 +188,7 @@ class MlflowSender:
         except queue.Full:  # a long outage: straight to the backlog (and its spool), never waiting
             with self._lock:
                 self._pending.append(record)
-                if self.down:
-                    self._write_spool([record])
-                    self._spooled = len(self._pending)
+                self._journal()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every record to be sent; True if they were."""
@@ -219,9 +251,7 @@ class MlflowSender:
                     continue
                 with self._lock:
                     self._pending.append(record)
-                    if self.down:  # away: every record is kept on disk as it comes
-                        self._write_spool([record])
-                        self._spooled = len(self._pending)
+                    self._journal()
             batch = self._metrics_run() if record["kind"] == "metrics" else [record]
             try:
                 if record["kind"] == "metrics":
@@ -279,11 +309,25 @@ class MlflowSender:
                 self._clear_spool()
                 self._idle.set()
 
+    def _journal(self) -> None:
+        """(Lock held.) Away, or with unsent records in the spool: the records not in it yet go to it."""
+        if (self.down or self._spooled) and len(self._pending) > self._spooled:
+            self._write_spool(list(self._pending)[self._spooled:])
+            self._spooled = len(self._pending)
+
     def _drop_first(self, n: int = 1) -> None:
+        """The first ``n`` records are done (sent, or refused): their spool lines are acknowledged."""
         with self._lock:
-            for _ in range(min(n, len(self._pending))):
+            n = min(n, len(self._pending))
+            for _ in range(n):
                 self._pending.popleft()
-                self._spooled = max(0, self._spooled - 1)
+            done = min(n, self._spooled)
+            self._spooled -= done
+            if done and self.spool is not None:
+                if self._spooled == 0:  # nothing unsent left in the file
+                    self.spool.unlink(missing_ok=True)
+                else:
+                    self._append_line({"kind": "sent", "n": done})
 
     def _metrics_run(self, limit: int = 250) -> list[dict]:
         """The metrics records at the head of the backlog (queued ones taken in first), up to ``limit``
@@ -295,9 +339,7 @@ class MlflowSender:
                 except queue.Empty:
                     break
                 self._pending.append(record)
-                if self.down:
-                    self._write_spool([record])
-                    self._spooled = len(self._pending)
+                self._journal()
             out, n = [], 0
             for record in self._pending:
                 if record["kind"] != "metrics" or (out and n + len(record["metrics"]) > limit):
@@ -340,9 +382,19 @@ class MlflowSender:
     def _clear_spool(self) -> None:
         """Everything sent: the spool is rewritten empty (removed)."""
         with self._lock:
-            if self.spool is not None and self.spool.exists() and not self._pending:
+            if self.spool is not None and self.spool.exists() and not self._spooled:
                 self.spool.unlink(missing_ok=True)
-                self._spooled = 0
+
+    def _append_line(self, line: dict) -> None:
+        """(Lock held.) One fsynced line at the end of an existing spool (an acknowledgement, the run id)."""
+        try:
+            if self.spool is not None and self.spool.exists():
+                with open(self.spool, "a") as f:
+                    f.write(json.dumps(line) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+        except OSError:
+            pass  # unacknowledged: a resumed sender skips metrics the server has; the rest is idempotent
 
     # ------------------------------------------------------------------ one record
     def _send(self, record: dict) -> None:
@@ -352,6 +404,8 @@ class MlflowSender:
         if kind == "create_run":
             if self.run_id is None:
                 self.run_id = create_run(self.client, record["experiment"], record.get("tags") or {})
+                with self._lock:
+                    self._append_line({"kind": "run", "run_id": self.run_id})
                 if self.on_run_id is not None:
                     self.on_run_id(self.run_id)
             return
@@ -376,19 +430,22 @@ class MlflowSender:
 
         if self.run_id is None:
             raise RuntimeError("no MLflow run yet")
-        metrics = []
+        metrics, top = [], None
         for record in records:
             step = int(record["step"])
-            if self.resumed and record.get("live") and "frames" in record["metrics"]:
+            if self.resumed and "frames" in record["metrics"]:  # kept or live: the server may have it
                 if self._floor is None:
                     history = self.client.get_metric_history(self.run_id, "frames")
                     self._floor = max((m.step for m in history), default=-1)
                 if step <= self._floor:
                     continue
+                top = step if top is None else max(top, step)
             metrics += [Metric(key=k, value=float(v), timestamp=int(record["timestamp"]), step=step)
                         for k, v in record["metrics"].items()]
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+        if top is not None:
+            self._floor = max(self._floor, top)
 
     def _send_params(self, record: dict) -> None:
         from mlflow.entities import Param
@@ -423,27 +480,25 @@ def create_run(client, experiment_name: str, tags: dict[str, str]) -> str:
 
 
 def import_spool(path: str | os.PathLike, tracking_uri: str | None = None) -> tuple[str | None, int]:
-    """Send a spool file's records to its run (a new one if the run was never created); returns the
-    run id and the number of records sent. The file is removed when all were sent."""
+    """Send a spool file's unsent records to its run (a new one if the run was never created); returns
+    the run id and the number of records sent. Each record sent is acknowledged in the file (an import
+    cut short and run again sends the rest); the file is removed when all were sent."""
     import mlflow
 
-    header = {}
-    records = read_spool(path)
-    for r in records:
-        if r.get("kind") == "header":
-            header = r
-    records = [r for r in records if r.get("kind") != "header"]
+    header, records = load_spool(path)
     uri = tracking_uri or header.get("tracking_uri")
     if uri is None:
         raise ValueError(f"{path}: no tracking URI in the spool; give --tracking_uri")
     configure_http()
     sender = MlflowSender.__new__(MlflowSender)  # the sending code, without the thread
     sender.client, sender.tracking_uri, sender.run_id = mlflow.MlflowClient(tracking_uri=uri), uri, header.get("run_id")
-    sender.resumed, sender.on_run_id, sender._floor = False, None, None
+    sender.spool, sender._lock = Path(path), threading.Lock()
+    sender.resumed, sender.on_run_id, sender._floor = True, None, None  # metrics the run has are not sent again
     for record in records:
-        if record["kind"] == "create_run" and header.get("run_id"):
-            continue
-        sender._send(record)
+        if not (record["kind"] == "create_run" and sender.run_id):
+            sender._send(record)
+        with sender._lock:
+            sender._append_line({"kind": "sent", "n": 1})
     Path(path).unlink(missing_ok=True)
     return sender.run_id, len(records)
 

@@ -27,6 +27,7 @@ from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 
 from ppo_lightning.core.hardware import (TRAINER_PRECISIONS, accelerator_device, bf16_faster_cpu, log_choice,
                                          resolve_trainer_precision)
+from ppo_lightning.training.checkpointing import save_checkpoint_on_all_ranks
 
 _ALIAS_TO_TRAINER = {"fp32": "32-true", "bf16": "bf16-mixed", "auto": "auto"}
 DEPRECATION = ("{name} is deprecated: the precision is Lightning's --trainer.precision "
@@ -49,12 +50,18 @@ def resolve(precision: Any, accelerator: Any = "auto", minibatch_size: Optional[
 
 
 class PPOTrainer(pl.Trainer):
-    """``lightning.pytorch.Trainer`` whose ``precision`` also takes ``"auto"`` (see the module);
-    everything else is Lightning's. The CLI resolves ``auto`` in its config before building it."""
+    """``lightning.pytorch.Trainer`` whose ``precision`` also takes ``"auto"`` (see the module) and
+    whose ranks agree on a failed checkpoint write before they wait for each other
+    (`ppo_lightning.training.checkpointing.save_checkpoint_on_all_ranks`: a full disk under DDP ends
+    every rank, instead of leaving rank 1 at the save's barrier); everything else is Lightning's. The
+    CLI resolves ``auto`` in its config before building it."""
 
     def __init__(self, *args: Any, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, precision=resolve(precision, kwargs.get("accelerator", "auto")), **kwargs)
+
+    def save_checkpoint(self, filepath, weights_only: Optional[bool] = None, storage_options: Any = None) -> None:
+        save_checkpoint_on_all_ranks(self, filepath, weights_only, storage_options)
 
 
 def take_precision_aliases(model: Any, trainer_precision: Any = "module", warn: bool = True) -> Optional[str]:

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ppo_lightning.core.faults import StorageFull
-from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text
+from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text, tree_bytes
 from ppo_lightning.training.checkpointing import TMP_SUFFIX, _fsync_dir, last_good_checkpoint
 
 _RENAME_EXCHANGE = 2
@@ -109,8 +110,8 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
         try:
             super().save_checkpoint(checkpoint, tmp)  # shards (every rank), .metadata, meta.pt (rank 0)
             _fsync_tree(tmp)  # each rank its own files (rank 0 also .metadata and meta.pt)
-        except Exception as err:  # noqa: BLE001 - every rank learns of it below, none is left waiting
-            failure = err
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank learns of it below, none is left waiting
+            failure = err  # (torch.distributed.checkpoint's own error, a BaseException, names the ranks that failed)
         if self.reduce_boolean_decision(failure is not None, all=False):
             self._failed_write(checkpoint, tmp, path, failure)
         self.barrier("sharded_checkpoint_written")
@@ -126,7 +127,11 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
             shutil.rmtree(tmp, ignore_errors=True)
         self.barrier("sharded_checkpoint_failed")
         if full:
-            raise StorageFull("sharded checkpoint", path, _checkpoint_bytes(checkpoint), free_bytes(path.parent),
+            last_good = last_good_checkpoint(path.parent)
+            # what it needs: the last good folder's size (the same model, optimizer and data state), or
+            # else the checkpoint's tensors (the shards alone; an estimate from below)
+            needed = tree_bytes(last_good) if last_good is not None else _checkpoint_bytes(checkpoint)
+            raise StorageFull("sharded checkpoint", path, needed, free_bytes(path.parent),
                               space_error_text(failure) if failure is not None else "no space left on device",
-                              last_good_checkpoint(path.parent), all_ranks=True)
+                              last_good, all_ranks=True)
         raise failure if failure is not None else RuntimeError(f"another rank could not write {path}")

@@ -377,7 +377,7 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
     everything sent, when the server is back (`ppo_lightning.training.mlflow_sender`).
     """
     # mlflow_sender imports this module: imported here, no cycle at load
-    from ppo_lightning.training.mlflow_sender import configure_http, create_run, is_unreachable, read_spool, short_reason
+    from ppo_lightning.training.mlflow_sender import configure_http, create_run, is_unreachable, load_spool, short_reason
 
     configure_http()  # short requests without client retries: the sender retries, the loop never waits
     error = probe_tracking_store(tracking_uri, experiment_name, limit=2000)
@@ -388,7 +388,7 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
     if error is not None and not away:
         _warn(f"MLflow tracking store {tracking_uri} cannot be written ({error}); training on with console logging")
         return ConsoleLogger()
-    spooled = read_spool(spool) if spool is not None else []
+    header, spooled = load_spool(spool) if spool is not None else ({}, [])  # the records not sent yet
     if away:
         _warn(f"MLflow tracking server {tracking_uri} is unreachable at start ({short_reason(error)}); training goes on, the run's "
               f"records are kept in {spool} and sent when it is back")
@@ -397,8 +397,7 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
         if run_id is not None and not run_exists(tracking_uri, run_id):
             _warn(f"MLflow run {run_id} of the checkpoint is not in {tracking_uri}; starting a new run")
             run_id = None
-    header_run = next((r.get("run_id") for r in spooled if r.get("kind") == "header" and r.get("run_id")), None)
-    run_id = run_id or header_run
+    run_id = run_id or header.get("run_id")
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     if (run_id is None and not away and rank_zero_only.rank == 0  # other ranks log nothing: no run of their own
