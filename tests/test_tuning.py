@@ -210,3 +210,28 @@ def test_two_concurrent_workers_share_one_study_and_the_command_summarizes_it(tm
     # the later of the two summaries has seen every trial (the earlier one may be written last: either's best)
     assert best["objective"] in {t.value for t in real} and (root / "history.png").exists()
     assert any(f"best: trial {max(real, key=lambda t: t.value).number}:" in o for o in outs)
+
+
+def test_loss_and_return_settings_ride_in_one_group(tmp_path):
+    """A space searching the usual PPO settings (lr, clip range, entropy coefficient, gamma, GAE
+    lambda, value coefficient) packs its trials into one group whose members carry them all."""
+    from ppo_lightning.tuning import runner
+
+    space = load_space(tiny(tmp_path, params={
+        "model.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
+        "model.clip_eps": {"type": "float", "low": 0.1, "high": 0.3},
+        "model.entropy_coef": {"type": "float", "low": 0.0, "high": 0.05},
+        "model.value_coef": {"type": "categorical", "choices": [0.5, 1.0]},
+        "data.gamma": {"type": "float", "low": 0.9, "high": 0.999},
+        "data.gae_lambda": {"type": "float", "low": 0.8, "high": 1.0}}))
+    asked = [(f"t{i}", {"model.lr": 1e-3 * (i + 1), "model.clip_eps": 0.1 + 0.1 * i, "model.entropy_coef": 0.01 * i,
+                        "model.value_coef": [0.5, 1.0][i % 2], "data.gamma": 0.9 + 0.05 * i, "data.gae_lambda": 0.8 + 0.1 * i})
+             for i in range(3)]
+    (group,) = runner.plan_groups(space, asked)
+    args = runner.group_args(space, [(p, 0) for _, p in group])
+    hp = json.loads(args[args.index("--data.member_hparams") + 1])
+    assert hp["clip_eps"] == pytest.approx([0.1, 0.2, 0.3]) and hp["gamma"] == pytest.approx([0.9, 0.95, 1.0])
+    assert hp["value_coef"] == [0.5, 1.0, 0.5] and hp["gae_lambda"] == pytest.approx([0.8, 0.9, 1.0])
+    assert not any(a.startswith("--model.clip_eps") or a == "--data.gamma" for a in args)
+    with pytest.raises(SpaceError, match=r"params.data.gamma.high: 1.5 is not a valid gamma"):
+        load_space(tiny(tmp_path, params={"data.gamma": {"type": "float", "low": 0.9, "high": 1.5}}))

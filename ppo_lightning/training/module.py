@@ -266,7 +266,7 @@ class PPOLightningModule(pl.LightningModule):
         loss = cls(self.network, self.hparams.action_space, **self.loss_settings(),
                    stacked_seeds=self.seed_group is not None, **(spec.get("init_args") or {}))
         if self.seed_group is not None:
-            loss.behavior_anchor = self.seed_group.behavior_anchor  # PPO members of a mixed group
+            self.seed_group.configure_loss(loss)  # members' own anchors and loss settings
         return loss
 
     def make_network(self) -> torch.nn.Module:

@@ -2,7 +2,8 @@
 
 A worker asks for as many trials as a group holds (``members / seeds.count``), samples each one's
 settings, and trains them as groups: member k of a group is one seed of one trial, with that
-trial's lr, EWMA age (or PPO), advantage span and Adam betas (``data.member_seeds``,
+trial's lr, EWMA age (or PPO), advantage span, Adam betas and the searched loss and return settings
+(clip range, entropy and value coefficients, KL beta, gamma, GAE lambda; ``data.member_seeds``,
 ``data.member_hparams``; each member is its single run, `tests/test_group_members.py`). Trials
 asked together that differ in a setting a member cannot carry (the network, num_envs, the
 minibatches) split into one group per value, and the worker says so in one line. At the end of a
@@ -44,8 +45,11 @@ from lightning.pytorch.callbacks import Callback
 
 from ppo_lightning.studies.records import curve_auc, final_value
 from ppo_lightning.studies.runner import fit_flags
-from ppo_lightning.tuning.space import Space
+from ppo_lightning.tuning.space import MEMBER_PARAMS, Space
 
+# searched fit options a member carries besides the lr, the EWMA age, the advantage span and Adam's betas
+LOSS_AND_RETURN_PARAMS = ("model.clip_eps", "model.entropy_coef", "model.value_coef", "model.kl_beta", "data.gamma",
+                          "data.gae_lambda")
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 120.0
 
@@ -85,7 +89,7 @@ def split_params(space: Space, params: dict[str, Any]) -> tuple[dict[str, Any], 
 def member_values(space: Space, params: dict[str, Any]) -> dict[str, Any]:
     """A trial's member settings (``MEMBER_HPARAMS`` names), from its values, the fit and the base,
     before the ``--scale`` rules: lr, the advantage span, the EWMA's center of mass where decoupled
-    (None: PPO), Adam's betas where given."""
+    (None: PPO), Adam's betas where given, and the loss's and returns' settings the space searches."""
     out = {"lr": float(space.setting("model.lr", params, 1e-3)),
            "advantage_norm_span": float(space.setting("data.advantage_norm_span", params, 1.0))}
     if space.setting("model.decoupled", params, False):
@@ -94,6 +98,9 @@ def member_values(space: Space, params: dict[str, Any]) -> dict[str, Any]:
     betas = space.setting("model.adam_betas", params)
     if betas is not None:
         out["adam_betas"] = [float(b) for b in betas]
+    for name in LOSS_AND_RETURN_PARAMS:  # carried where the space searches them (else the group's value is theirs)
+        if name in space.params:
+            out[MEMBER_PARAMS[name]] = float(params[name])
     return out
 
 
