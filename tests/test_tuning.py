@@ -235,3 +235,33 @@ def test_loss_and_return_settings_ride_in_one_group(tmp_path):
     assert not any(a.startswith("--model.clip_eps") or a == "--data.gamma" for a in args)
     with pytest.raises(SpaceError, match=r"params.data.gamma.high: 1.5 is not a valid gamma"):
         load_space(tiny(tmp_path, params={"data.gamma": {"type": "float", "low": 0.9, "high": 1.5}}))
+
+
+@pytest.mark.timeout(300)
+def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypatch, capsys):
+    """Trials 1 and 2 train as one group and are pruned at 128 frames; the next asked trial (3) takes a
+    freed slot in the same process and is judged on its own frames (its milestone at its own 128,
+    the group's 256); with no trial left the group stops."""
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+
+    monkeypatch.chdir(tmp_path)
+    space = load_space(tiny(tmp_path, trials=4, frames=512,
+                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}))
+    root = tmp_path / "runs"
+    study = _study(space, root)
+    best = study.ask()
+    for p in space.params.values():
+        p.suggest(best)
+    best.report(100.0, step=128)
+    study.tell(best, 100.0)
+    runner.run_worker(space, root)
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials[1:]] == [TrialState.PRUNED] * 3
+    assert all(list(t.intermediate_values) == [128] for t in trials[1:])
+    assert trials[3].user_attrs["group"] == trials[1].user_attrs["group"] == "trials-1-2"
+    assert trials[3].user_attrs["refilled_slot"] == 0
+    out = capsys.readouterr().out
+    assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
+    assert "every trial pruned; the group stopped at 256 of 512 frames" in out
