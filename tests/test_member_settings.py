@@ -164,3 +164,21 @@ def test_a_restarted_member_steps_as_a_fresh_adam_and_a_shared_step_count_would_
     _, p, alone = restarted_adam(False)
     torch.testing.assert_close(p.detach()[0], alone[0].detach(), rtol=1e-6, atol=1e-7)
     assert (p.detach()[1] - alone[1].detach()).abs().max() > 1e-3
+
+
+def test_study_arms_that_differ_in_loss_or_return_settings_pack_into_one_group(tmp_path):
+    """A study's arms that differ only in the clip range and gamma train as one group whose members
+    carry them (an arm that does not set one gets the base config's)."""
+    import json
+
+    from ppo_lightning.studies import runner
+    from ppo_lightning.studies.spec import load_study
+    from tests.test_studies import tiny
+
+    study = load_study(tiny(tmp_path, seeds={"count": 2, "first": 0}, arms=[
+        {"name": "a", "label": "A", "fit": {"model.clip_eps": 0.1, "data.gamma": 0.9}},
+        {"name": "b", "label": "B", "fit": {"model.lr": 0.001}}], comparisons=[]))
+    (group,) = runner.plan(study, set(), workers=1)
+    hp = json.loads(group.args[group.args.index("--data.member_hparams") + 1])
+    assert hp["clip_eps"] == [0.1, 0.1, 0.2, 0.2] and hp["gamma"] == [0.9, 0.9, 0.99, 0.99]
+    assert "entropy_coef" not in hp and "--model.clip_eps" not in group.args

@@ -265,3 +265,25 @@ def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
     assert "every trial pruned; the group stopped at 256 of 512 frames" in out
+
+
+@pytest.mark.timeout(180)
+def test_workers_started_by_submitit_share_the_study(tmp_path, monkeypatch, capsys):
+    """``tune --workers 2 --executor local``: two submitit jobs (local processes, at the same time) work
+    on one study and tell exactly its trials between them; the command then summarizes it."""
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning.command import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))  # the jobs unpickle the worker
+    space = tiny(tmp_path, trials=2, members=1)
+    root = tmp_path / "runs"
+    assert main(["--space", str(space), "--run-root", str(root), "--workers", "2", "--executor", "local", "--no-plots"]) == 0
+    trials = [t for t in _study(load_space(space), root).get_trials() if not t.user_attrs.get("surplus")]
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    import pickle
+
+    results = [pickle.loads(f.read_bytes()) for f in sorted((root / "submitit").glob("*_0_result.pkl"))]
+    assert results == [("success", 1), ("success", 1)]  # each job told one trial: they ran side by side
+    assert len({t.user_attrs["worker"] for t in trials}) == 2 and "[tune] best: trial" in capsys.readouterr().out
