@@ -187,30 +187,31 @@ def test_pruned_trials_are_told_at_a_milestone_and_a_group_of_pruned_trials_stop
 
 
 @pytest.mark.timeout(600)
-def test_two_concurrent_workers_share_one_study_and_the_command_summarizes_it(tmp_path):
-    """Two `ppo-lightning tune` processes on one run root (as two machines on a shared filesystem):
-    the search gets exactly its trials, from both workers, and ends with its best settings."""
-    space = tiny(tmp_path, trials=4)
-    root = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "ppo_lightning.cli.main", "tune", "--space", str(space), "--run-root", str(root),
-           "--frames", "512"]
-    procs = [subprocess.Popen(cmd + ["--no-plots"] * i, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    outs = [p.communicate(timeout=560)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+def test_concurrent_workers_share_one_study_and_the_command_summarizes_it(tmp_path, monkeypatch, capsys):
+    """``tune --workers 2 --executor local``: two submitit jobs (local processes, at the same time, as two
+    machines on a shared filesystem would) work on one study through its journal: the search gets
+    exactly its trials, from both workers, and the command ends with its best settings."""
+    import pickle
+
     from optuna.trial import TrialState
 
+    from ppo_lightning.tuning.command import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))  # the jobs unpickle the worker
+    space = tiny(tmp_path, trials=4, members=1)
+    root = tmp_path / "runs"
+    assert main(["--space", str(space), "--run-root", str(root), "--frames", "512", "--workers", "2", "--executor", "local"]) == 0
     trials = _study(load_space(space, {"frames": 512}), root).get_trials()
     real = [t for t in trials if not t.user_attrs.get("surplus")]
     assert [t.state for t in real] == [TrialState.COMPLETE] * 4
-    assert len({t.user_attrs["worker"] for t in real}) == 2
-    assert all("[tune] best: trial" in o and "train it on 8 fresh seeds: ppo-lightning fit" in o for o in outs)
+    jobs = [pickle.loads(f.read_bytes()) for f in sorted((root / "submitit").glob("*_0_result.pkl"))]
+    assert len(jobs) == 2 and all(state == "success" for state, _ in jobs) and sum(told for _, told in jobs) == 4
+    assert len({t.user_attrs["worker"] for t in real}) == 2  # both jobs told trials: they ran side by side
+    out = capsys.readouterr().out
+    assert "[tune] best: trial" in out and "train it on 8 fresh seeds: ppo-lightning fit" in out
     best = json.loads((root / "best.json").read_text())
-    # the later of the two summaries has seen every trial (the earlier one may be written last: either's best)
-    assert best["objective"] in {t.value for t in real} and (root / "history.png").exists()
-    assert any(f"best: trial {max(real, key=lambda t: t.value).number}:" in o for o in outs)
-
+    assert best["objective"] == max(t.value for t in real) and (root / "history.png").exists()
 
 def test_loss_and_return_settings_ride_in_one_group(tmp_path):
     """A space searching the usual PPO settings (lr, clip range, entropy coefficient, gamma, GAE
@@ -266,24 +267,3 @@ def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypa
     assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
     assert "every trial pruned; the group stopped at 256 of 512 frames" in out
 
-
-@pytest.mark.timeout(180)
-def test_workers_started_by_submitit_share_the_study(tmp_path, monkeypatch, capsys):
-    """``tune --workers 2 --executor local``: two submitit jobs (local processes, at the same time) work
-    on one study and tell exactly its trials between them; the command then summarizes it."""
-    from optuna.trial import TrialState
-
-    from ppo_lightning.tuning.command import main
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))  # the jobs unpickle the worker
-    space = tiny(tmp_path, trials=2, members=1)
-    root = tmp_path / "runs"
-    assert main(["--space", str(space), "--run-root", str(root), "--workers", "2", "--executor", "local", "--no-plots"]) == 0
-    trials = [t for t in _study(load_space(space), root).get_trials() if not t.user_attrs.get("surplus")]
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
-    import pickle
-
-    results = [pickle.loads(f.read_bytes()) for f in sorted((root / "submitit").glob("*_0_result.pkl"))]
-    assert results == [("success", 1), ("success", 1)]  # each job told one trial: they ran side by side
-    assert len({t.user_attrs["worker"] for t in trials}) == 2 and "[tune] best: trial" in capsys.readouterr().out

@@ -6,8 +6,8 @@ trial's lr, EWMA age (or PPO), advantage span, Adam betas and the searched loss 
 (clip range, entropy and value coefficients, KL beta, gamma, GAE lambda; ``data.member_seeds``,
 ``data.member_hparams``; each member is its single run, `tests/test_group_members.py`). Trials
 asked together that differ in a setting a member cannot carry (the network, num_envs, the
-minibatches) split into one group per value, and the worker says so in one line. At the end of a
-group each trial is told its objective: the mean over its seeds of the normalized AUC or final
+minibatches) split into one group per value, and the worker says so in one line. When a trial has
+trained its frames it is told its objective: the mean over its seeds of the normalized AUC or final
 return of its learning curve (`ppo_lightning.studies.records`). With a pruner, each trial reports
 the objective so far at every milestone (its own frames) and is told PRUNED when Optuna says so. A
 pruned or finished trial's slots take the next asked trial, which starts there afresh (weights,
