@@ -103,7 +103,8 @@ class PPOLightningModule(pl.LightningModule):
             ``data.member_hparams`` by the CLI; `ppo_lightning.data.seed_group.MEMBER_HPARAMS`): ``lr``
             (instead of ``lr``), ``adam_betas`` (instead of ``adam_betas``), ``proximal_com`` (instead of
             ``proximal_com``; null: the behavior policy is the member's anchor, i.e. PPO; needs
-            ``decoupled``); ``advantage_norm_span`` is the data side's.
+            ``decoupled``), ``clip_eps``, ``entropy_coef``, ``value_coef``, ``kl_beta`` (the loss's);
+            ``advantage_norm_span``, ``gamma`` and ``gae_lambda`` are the data side's.
     """
 
     def __init__(
