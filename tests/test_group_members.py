@@ -73,7 +73,7 @@ def test_members_at_one_lr_are_a_plain_group_bitwise():
 
 
 @pytest.mark.parametrize("data_kwargs, model_kwargs, match", [
-    ({"member_hparams": {"clip_eps": [0.1, 0.2]}}, {}, "'clip_eps' cannot differ between members"),
+    ({"member_hparams": {"max_importance_ratio": [2, 4]}}, {}, "'max_importance_ratio' cannot differ between members"),
     ({"member_hparams": {"lr": [1e-3]}}, {}, "one value per member"),
     ({"member_hparams": {"lr": [1e-3, -1.0]}}, {}, "lr values must be > 0"),
     ({"member_hparams": {"advantage_norm_span": [1, 0.5]}}, {}, "advantage_norm_span values must be >= 1"),

@@ -187,26 +187,83 @@ def test_pruned_trials_are_told_at_a_milestone_and_a_group_of_pruned_trials_stop
 
 
 @pytest.mark.timeout(600)
-def test_two_concurrent_workers_share_one_study_and_the_command_summarizes_it(tmp_path):
-    """Two `ppo-lightning tune` processes on one run root (as two machines on a shared filesystem):
-    the search gets exactly its trials, from both workers, and ends with its best settings."""
-    space = tiny(tmp_path, trials=4)
-    root = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "ppo_lightning.cli.main", "tune", "--space", str(space), "--run-root", str(root),
-           "--frames", "512"]
-    procs = [subprocess.Popen(cmd + ["--no-plots"] * i, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    outs = [p.communicate(timeout=560)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+def test_concurrent_workers_share_one_study_and_the_command_summarizes_it(tmp_path, monkeypatch, capsys):
+    """``tune --workers 2 --executor local``: two submitit jobs (local processes, at the same time, as two
+    machines on a shared filesystem would) work on one study through its journal: the search gets
+    exactly its trials, from both workers, and the command ends with its best settings."""
+    import pickle
+
     from optuna.trial import TrialState
 
+    from ppo_lightning.tuning.command import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))  # the jobs unpickle the worker
+    space = tiny(tmp_path, trials=4, members=1)
+    root = tmp_path / "runs"
+    assert main(["--space", str(space), "--run-root", str(root), "--frames", "512", "--workers", "2", "--executor", "local"]) == 0
     trials = _study(load_space(space, {"frames": 512}), root).get_trials()
     real = [t for t in trials if not t.user_attrs.get("surplus")]
     assert [t.state for t in real] == [TrialState.COMPLETE] * 4
-    assert len({t.user_attrs["worker"] for t in real}) == 2
-    assert all("[tune] best: trial" in o and "train it on 8 fresh seeds: ppo-lightning fit" in o for o in outs)
+    jobs = [pickle.loads(f.read_bytes()) for f in sorted((root / "submitit").glob("*_0_result.pkl"))]
+    assert len(jobs) == 2 and all(state == "success" for state, _ in jobs) and sum(told for _, told in jobs) == 4
+    assert len({t.user_attrs["worker"] for t in real}) == 2  # both jobs told trials: they ran side by side
+    out = capsys.readouterr().out
+    assert "[tune] best: trial" in out and "train it on 8 fresh seeds: ppo-lightning fit" in out
     best = json.loads((root / "best.json").read_text())
-    # the later of the two summaries has seen every trial (the earlier one may be written last: either's best)
-    assert best["objective"] in {t.value for t in real} and (root / "history.png").exists()
-    assert any(f"best: trial {max(real, key=lambda t: t.value).number}:" in o for o in outs)
+    assert best["objective"] == max(t.value for t in real) and (root / "history.png").exists()
+
+def test_loss_and_return_settings_ride_in_one_group(tmp_path):
+    """A space searching the usual PPO settings (lr, clip range, entropy coefficient, gamma, GAE
+    lambda, value coefficient) packs its trials into one group whose members carry them all."""
+    from ppo_lightning.tuning import runner
+
+    space = load_space(tiny(tmp_path, params={
+        "model.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
+        "model.clip_eps": {"type": "float", "low": 0.1, "high": 0.3},
+        "model.entropy_coef": {"type": "float", "low": 0.0, "high": 0.05},
+        "model.value_coef": {"type": "categorical", "choices": [0.5, 1.0]},
+        "data.gamma": {"type": "float", "low": 0.9, "high": 0.999},
+        "data.gae_lambda": {"type": "float", "low": 0.8, "high": 1.0}}))
+    asked = [(f"t{i}", {"model.lr": 1e-3 * (i + 1), "model.clip_eps": 0.1 + 0.1 * i, "model.entropy_coef": 0.01 * i,
+                        "model.value_coef": [0.5, 1.0][i % 2], "data.gamma": 0.9 + 0.05 * i, "data.gae_lambda": 0.8 + 0.1 * i})
+             for i in range(3)]
+    (group,) = runner.plan_groups(space, asked)
+    args = runner.group_args(space, [(p, 0) for _, p in group])
+    hp = json.loads(args[args.index("--data.member_hparams") + 1])
+    assert hp["clip_eps"] == pytest.approx([0.1, 0.2, 0.3]) and hp["gamma"] == pytest.approx([0.9, 0.95, 1.0])
+    assert hp["value_coef"] == [0.5, 1.0, 0.5] and hp["gae_lambda"] == pytest.approx([0.8, 0.9, 1.0])
+    assert not any(a.startswith("--model.clip_eps") or a == "--data.gamma" for a in args)
+    with pytest.raises(SpaceError, match=r"params.data.gamma.high: 1.5 is not a valid gamma"):
+        load_space(tiny(tmp_path, params={"data.gamma": {"type": "float", "low": 0.9, "high": 1.5}}))
+
+
+@pytest.mark.timeout(300)
+def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypatch, capsys):
+    """Trials 1 and 2 train as one group and are pruned at 128 frames; the next asked trial (3) takes a
+    freed slot in the same process and is judged on its own frames (its milestone at its own 128,
+    the group's 256); with no trial left the group stops."""
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+
+    monkeypatch.chdir(tmp_path)
+    space = load_space(tiny(tmp_path, trials=4, frames=512,
+                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}))
+    root = tmp_path / "runs"
+    study = _study(space, root)
+    best = study.ask()
+    for p in space.params.values():
+        p.suggest(best)
+    best.report(100.0, step=128)
+    study.tell(best, 100.0)
+    runner.run_worker(space, root)
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials[1:]] == [TrialState.PRUNED] * 3
+    assert all(list(t.intermediate_values) == [128] for t in trials[1:])
+    assert trials[3].user_attrs["group"] == trials[1].user_attrs["group"] == "trials-1-2"
+    assert trials[3].user_attrs["refilled_slot"] == 0
+    out = capsys.readouterr().out
+    assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
+    assert "every trial pruned; the group stopped at 256 of 512 frames" in out
+

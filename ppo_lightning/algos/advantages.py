@@ -17,9 +17,10 @@ from torch import Tensor
 from torchrl.objectives.value import GAE
 
 
-def make_gae(gamma: float, gae_lambda: float, device: torch.device | str = "cpu") -> GAE:
+def make_gae(gamma: float | Tensor, gae_lambda: float | Tensor, device: torch.device | str = "cpu") -> GAE:
     """TorchRL's GAE on precomputed values; ``done`` cuts the trace, only ``terminated`` drops the
-    bootstrap (so truncated episodes bootstrap from V(final observation)). The time loop on the CPU
+    bootstrap (so truncated episodes bootstrap from V(final observation)). ``gamma`` and ``gae_lambda``
+    may be tensors that broadcast to the values (one per member of a group, ``[S, 1, 1, 1]``). The time loop on the CPU
     (faster there for long rollouts), the vectorized form on a GPU (one kernel instead of one per step)."""
     vectorized = torch.device(device).type == "cuda"
     return GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False, vectorized=vectorized)
@@ -112,10 +113,11 @@ class AdvantageMoments:
         self.w, self.s, self.q, self.history = state["w"], state["s"], state["q"], list(state["history"])
 
 
-def running_returns(ret: Tensor, reward: Tensor, done: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+def running_returns(ret: Tensor, reward: Tensor, done: Tensor, gamma: float | Tensor) -> tuple[Tensor, Tensor]:
     """The discounted return of every env along a rollout: ``ret = gamma ret + r_t``, restarting
     after each episode end. ``reward``/``done`` are ``[..., envs, time]``, ``ret`` the returns carried
-    in, ``[..., envs]``; returns (the returns at every step, the returns carried out)."""
+    in, ``[..., envs]``; ``gamma`` a number or a tensor that broadcasts to ``ret`` (one per seed of a
+    group, ``[S, 1]``); returns (the returns at every step, the returns carried out)."""
     returns = torch.empty_like(reward)
     for t in range(reward.shape[-1]):
         ret = ret * gamma + reward[..., t]
@@ -174,7 +176,9 @@ class RewardNormalizer:
         elementwise, so each seed's values, statistics and output are those of its own call."""
         r = reward.squeeze(-1).double()
         ret0 = torch.stack([nm.ret.to(r.device) for nm in normalizers])
-        returns, ret = running_returns(ret0, r, done.squeeze(-1), normalizers[0].gamma)
+        gammas = [nm.gamma for nm in normalizers]  # members with their own gamma: [S, 1], float64 as each one's
+        gamma = gammas[0] if len(set(gammas)) == 1 else torch.tensor(gammas, dtype=torch.float64, device=r.device)[:, None]
+        returns, ret = running_returns(ret0, r, done.squeeze(-1), gamma)
         out = torch.empty_like(r)
         for k, nm in enumerate(normalizers):
             nm.ret = ret[k].clone()

@@ -34,6 +34,8 @@ from ppo_lightning.algos.registry import SurrogateInputs, get_objective, objecti
 from ppo_lightning.nets.models import dist_param_keys, make_distribution
 
 KL_FORMS = ("analytic", "sq_logratio")
+# Loss settings a seed group's members may each have their own of (`PPOFamilyLoss.set_member_settings`).
+MEMBER_LOSS_SETTINGS = ("clip_eps", "entropy_coef", "value_coef", "kl_beta")
 # The terms the module sums into the loss it minimizes (PPO's joint step).
 LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
 # Entries the module reads besides the loss terms.
@@ -167,6 +169,31 @@ class PPOFamilyLoss(LossModule):
         # seed of a vectorized group ([S], S of the stacked network: each seed's beta adapts to its own KL).
         beta = torch.tensor(float(kl_beta), dtype=torch.float64)
         self.register_buffer("kl_beta", beta.expand(network.num_seeds).clone() if stacked_seeds else beta)
+
+    def set_member_settings(self, values: dict[str, list]) -> None:
+        """A group's members with their own loss settings (``stacked_seeds``): ``values`` maps a name of
+        `MEMBER_LOSS_SETTINGS` to one value per seed. Where the members' values differ, the setting
+        becomes a tensor over the seeds that broadcasts against the ``[S, B]`` samples and the ``[S]``
+        reductions, each seed's entries those of its own single run (the clip range in float64 as a
+        Python number, `ppo_lightning.algos.objectives.clip_bounds`; the coefficients in the loss's
+        dtype, as a number meets a tensor); where they agree it stays a number (the path of a plain group).
+        The KL beta's start fills the per-seed buffer (adapted per seed after)."""
+        if not self.stacked_seeds:
+            raise ValueError("per-member loss settings need a seed group (stacked_seeds)")
+        for name, vals in values.items():
+            if name not in MEMBER_LOSS_SETTINGS:
+                raise ValueError(f"{name!r} is not a per-member loss setting ({', '.join(MEMBER_LOSS_SETTINGS)})")
+            vals = [float(v) for v in vals]
+            if len(vals) != self.network.num_seeds:
+                raise ValueError(f"member loss setting {name}: {len(vals)} values for {self.network.num_seeds} seeds")
+            if name == "kl_beta":
+                self.kl_beta.copy_(torch.tensor(vals, dtype=self.kl_beta.dtype))
+            elif len(set(vals)) == 1:
+                setattr(self, name, vals[0])
+            elif name == "clip_eps":
+                self.clip_eps = torch.tensor(vals, dtype=torch.float64)[:, None]
+            else:
+                setattr(self, name, torch.tensor(vals))
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         pass  # GAE runs on the data side; nothing to forward.

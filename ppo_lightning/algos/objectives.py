@@ -25,6 +25,7 @@ __all__ = [
     "diagonal_normal_kl",
     "approx_kl",
     "squared_log_ratio_kl",
+    "clip_bounds",
     "clip_fraction",
     "value_loss",
     "explained_variance",
@@ -52,7 +53,7 @@ def clipped_surrogate(
     log_prob: Tensor,
     behavior_log_prob: Tensor,
     advantage: Tensor,
-    clip_eps: float,
+    clip_eps: float | Tensor,
     proximal_log_prob: Tensor | None = None,
     max_importance_ratio: float | None = None,
 ) -> Tensor:
@@ -65,7 +66,7 @@ def clipped_surrogate(
     where the factor pi_prox / pi_behav carries no gradient. With ``proximal_log_prob ==
     behavior_log_prob`` both forms coincide. ``max_importance_ratio`` caps pi / pi_behav (see
     `cap_behavior_log_prob`); in the decoupled form it bounds the factor pi_prox/pi_behav through
-    the same raised behavior log-prob.
+    the same raised behavior log-prob. ``clip_eps`` may be a tensor, one per seed (`clip_bounds`).
     """
     behavior_log_prob = cap_behavior_log_prob(log_prob, behavior_log_prob, max_importance_ratio)
     if proximal_log_prob is None:
@@ -75,8 +76,17 @@ def clipped_surrogate(
         anchor_log_prob = proximal_log_prob
         weight = torch.exp(proximal_log_prob - behavior_log_prob).detach()
     ratio = torch.exp(log_prob - anchor_log_prob)
-    surrogate = torch.minimum(ratio * advantage, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantage)
+    surrogate = torch.minimum(ratio * advantage, ratio.clamp(*clip_bounds(clip_eps, ratio)) * advantage)
     return surrogate if weight is None else weight * surrogate
+
+
+def clip_bounds(clip_eps: float | Tensor, like: Tensor) -> tuple[float | Tensor, float | Tensor]:
+    """``(1 - eps, 1 + eps)``. A tensor ``clip_eps`` (one per seed of a group, float64 ``[S, 1]``) gives
+    its bounds computed in float64, as a Python number's are, then rounded to ``like``'s dtype as a
+    number is when it meets the tensor: each seed's bounds those of a single run with its eps."""
+    if isinstance(clip_eps, Tensor):
+        return (1.0 - clip_eps).to(like.dtype), (1.0 + clip_eps).to(like.dtype)
+    return 1.0 - clip_eps, 1.0 + clip_eps
 
 
 def kl_penalized_surrogate(
@@ -148,11 +158,12 @@ def squared_log_ratio_kl(log_prob: Tensor, anchor_log_prob: Tensor) -> Tensor:
     return 0.5 * (log_prob - anchor_log_prob).pow(2)
 
 
-def clip_fraction(log_prob: Tensor, anchor_log_prob: Tensor, clip_eps: float, dim: int | None = None) -> Tensor:
+def clip_fraction(log_prob: Tensor, anchor_log_prob: Tensor, clip_eps: float | Tensor, dim: int | None = None) -> Tensor:
     """Fraction of samples whose ratio pi / pi_anchor lies outside [1 - eps, 1 + eps] (a scalar;
     with ``dim``, the fraction along that dimension)."""
     ratio = torch.exp(log_prob - anchor_log_prob)
-    outside = ((ratio - 1.0).abs() > clip_eps).float()
+    eps = clip_eps.to(ratio.dtype) if isinstance(clip_eps, Tensor) else clip_eps  # one per seed: [S, 1]
+    outside = ((ratio - 1.0).abs() > eps).float()
     return outside.mean() if dim is None else outside.mean(dim)
 
 

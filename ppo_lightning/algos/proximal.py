@@ -173,6 +173,21 @@ class ProximalPolicyEWMA:
             self._forward_net = copy.deepcopy(self.proximal).to(torch.bfloat16)
             self._forward_params = list(self._forward_net.parameters())
 
+    @torch.no_grad()
+    def reset_member(self, k: int, com: float) -> None:
+        """Seed k of a group starts again (a refilled slot of a tuning group): its average restarts from
+        its current weights with W = 1 and age 0, at center of mass ``com``; the other seeds' go on. A
+        group with one center of mass for all becomes one with a center of mass per seed."""
+        if not self.per_seed:
+            n = self._params[0].shape[0]
+            self.per_seed, self.com, self.beta = True, [self.com] * n, [self.beta] * n
+            self.weight, self.age_sum = [self.weight] * n, [self.age_sum] * n
+        self.com[k], self.beta[k] = float(com), beta_from_com(float(com))
+        self.weight[k], self.age_sum[k] = 1.0, 0.0
+        for q, p in zip(self._prox_params, self._params):
+            q[k].copy_(p.detach()[k])
+        self._sync_forward_net()
+
     def _sync_forward_net(self) -> None:
         if self._forward_params:
             torch._foreach_copy_(self._forward_params, self._prox_params)

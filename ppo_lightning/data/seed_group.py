@@ -46,9 +46,25 @@ from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_
 
 # Per-member hyperparameters a group can carry: the scalars in which Table 5's ablations of Hilton et
 # al. (2021) differ at one batch size (the lr, the EWMA's center of mass - None: the behavior policy
-# is the anchor, i.e. PPO - and the advantage-normalization span), and Adam's betas (their optional
-# scaling rule). Everything else is shared.
-MEMBER_HPARAMS = ("lr", "proximal_com", "advantage_norm_span", "adam_betas")
+# is the anchor, i.e. PPO - and the advantage-normalization span), Adam's betas (their optional
+# scaling rule), and the loss's and the returns' scalars a search usually tunes (clip range, entropy
+# and value coefficients, the KL beta's start, gamma and GAE lambda). Everything else is shared.
+MEMBER_HPARAMS = ("lr", "proximal_com", "advantage_norm_span", "adam_betas",
+                  "clip_eps", "entropy_coef", "value_coef", "kl_beta", "gamma", "gae_lambda")
+# the data side's (the rest are the model's): each member's returns and advantages
+DATA_MEMBER_HPARAMS = ("advantage_norm_span", "gamma", "gae_lambda")
+# a scalar member setting's valid range: (test, what it must be)
+_MEMBER_RANGES = {
+    "lr": (lambda v: v > 0, "> 0"),
+    "proximal_com": (lambda v: v >= 0, ">= 0 or null (the behavior policy as anchor: PPO)"),
+    "advantage_norm_span": (lambda v: v >= 1, ">= 1"),
+    "clip_eps": (lambda v: v > 0, "> 0"),
+    "entropy_coef": (lambda v: v >= 0, ">= 0"),
+    "value_coef": (lambda v: v >= 0, ">= 0"),
+    "kl_beta": (lambda v: v >= 0, ">= 0"),
+    "gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "gae_lambda": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+}
 
 
 def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> None:
@@ -68,12 +84,16 @@ def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> 
                 continue
             ok = v is None if name == "proximal_com" and v is None else (
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-            if ok and v is not None:
-                ok = v > 0 if name == "lr" else (v >= 0 if name == "proximal_com" else v >= 1)
-            if not ok:
-                need = {"lr": "> 0", "proximal_com": ">= 0 or null (the behavior policy as anchor: PPO)",
-                        "advantage_norm_span": ">= 1"}[name]
+            test, need = _MEMBER_RANGES[name]
+            if not ok or (v is not None and not test(v)):
                 raise ValueError(f"member_hparams.{name} values must be {need}, got {v!r}")
+
+
+def member_values(data, name: str) -> list[float]:
+    """Each member's value of a data-side setting (``DATA_MEMBER_HPARAMS``): ``data.member_hparams[name]``,
+    else the data module's own value for every member."""
+    values = (data.member_hparams or {}).get(name)
+    return [float(x) for x in values] if values is not None else [float(getattr(data, name))] * data.num_seeds
 
 
 def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_seeds: list[int]) -> None:
@@ -111,11 +131,12 @@ def sample_per_seed(probs: torch.Tensor, generators: list[torch.Generator], nois
 class SeedState:
     """What a single run keeps on its data side, for one seed of a group."""
 
-    def __init__(self, data, seed: int, advantage_norm_span: float | None = None) -> None:
+    def __init__(self, data, seed: int, advantage_norm_span: float | None = None, gamma: float | None = None) -> None:
         self.seed = seed
         self.episodes = EpisodeStats()
         self.advantage_moments = AdvantageMoments(data.advantage_norm_span if advantage_norm_span is None else advantage_norm_span)
-        self.reward_normalizer = RewardNormalizer(data.num_envs, data.gamma) if data.normalize_reward else None
+        gamma = data.gamma if gamma is None else gamma
+        self.reward_normalizer = RewardNormalizer(data.num_envs, gamma) if data.normalize_reward else None
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         self.action_generator = torch.Generator()  # its state comes from the module (set_action_rng_states)
 
@@ -148,11 +169,12 @@ class SeedGroupSource:
         if not supports_batched_rollout(self.envs[0], self.device):
             raise ValueError(f"data.num_seeds > 1 needs envs that step as one batch (minatar:<game>), got {data.env_id!r}")
         self.env = self.envs[0]
-        self.states = [SeedState(data, s, span) for s, span in zip(self.seeds, data.member_advantage_norm_spans())]
+        self.states = [SeedState(data, s, span, g) for s, span, g in
+                       zip(self.seeds, member_values(data, "advantage_norm_span"), member_values(data, "gamma"))]
         for st, rng in zip(self.states, action_rng_states):
             st.action_generator.set_state(rng)
         self.param_keys = dist_param_keys(data.action_space)
-        self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
+        self.gae = self.make_gae()
         self.steps = data.rollout_steps
         # The carried step of every seed's envs (as BatchedRollout / the collector keep it).
         self._carriers = []
@@ -166,6 +188,36 @@ class SeedGroupSource:
         self.phases = None
         self.collector = self  # the data module shuts the source's collector down
         self.is_seed_group = True
+
+    def refill(self, k: int, seed: int, action_rng_state: torch.Tensor) -> None:
+        """Member k starts again as the single run with ``seed`` and its settings in
+        ``data.member_hparams`` (a tuning group's refilled slot; the module side:
+        `ppo_lightning.training.seed_group.SeedGroup.refill`): fresh envs seeded and reset as that run's,
+        its reward normalizer, advantage moments, shuffle generator and episode statistics new, its
+        action generator at ``action_rng_state``; GAE takes the members' gammas and lambdas again."""
+        data = self.data
+        self.seeds[k] = seed
+        try:
+            self.envs[k].close()
+        except Exception:  # noqa: BLE001 - an env that cannot close is dropped all the same
+            pass
+        self.envs[k] = make_env(data.env_id, data.num_envs, seed, data.env_kwargs)
+        self.env = self.envs[0]
+        st = SeedState(data, seed, member_values(data, "advantage_norm_span")[k], member_values(data, "gamma")[k])
+        st.action_generator.set_state(action_rng_state)
+        self.states[k] = st  # in place: the data module's group_states is this list
+        first = self.envs[k].reset()
+        self._carriers[k] = {"obs": first.get(OBS_KEY).clone(), "episode_reward": torch.zeros((data.num_envs, 1)),
+                             "step_count": torch.zeros((data.num_envs, 1), dtype=torch.int64)}
+        self.gae = self.make_gae()
+
+    def make_gae(self):
+        """GAE for the stacked ``[S, envs, time, 1]`` tensors: members with their own gamma or lambda get
+        them as ``[S, 1, 1, 1]`` tensors (elementwise: each member's values those of its own GAE)."""
+        gamma, lmbda = member_values(self.data, "gamma"), member_values(self.data, "gae_lambda")
+        if len(set(gamma)) == 1 and len(set(lmbda)) == 1:
+            return make_gae(gamma[0], lmbda[0], self.device)
+        return make_gae(torch.tensor(gamma).view(-1, 1, 1, 1), torch.tensor(lmbda).view(-1, 1, 1, 1), self.device)
 
     def shutdown(self) -> None:
         pass

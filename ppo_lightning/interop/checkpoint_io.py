@@ -217,7 +217,8 @@ def select_seed(checkpoint: dict[str, Any], seed_index: int | None, where: str =
     members = hparams.get("member_hparams")
     if members:  # a member with its own settings: the single run's hyperparameters (model card, evaluation)
         own = {name: values[seed_index] for name, values in members.items()}
-        model_own = {k: v for k, v in own.items() if k != "advantage_norm_span"}
+        data_names = ("advantage_norm_span", "gamma", "gae_lambda")  # the data side's (data.seed_group.DATA_MEMBER_HPARAMS)
+        model_own = {k: v for k, v in own.items() if k not in data_names}
         if "proximal_com" in own and own["proximal_com"] is None:
             model_own["decoupled"] = False  # the behavior policy as anchor: PPO
         out["hyper_parameters"].update({**model_own, "member_hparams": None})
@@ -225,8 +226,7 @@ def select_seed(checkpoint: dict[str, Any], seed_index: int | None, where: str =
         if dm is not None:
             out["datamodule_hyper_parameters"] = {**dm, "member_hparams": None, "member_seeds": None, "num_seeds": 1,
                                                   "seed": seeds[seed_index],
-                                                  **({"advantage_norm_span": own["advantage_norm_span"]}
-                                                     if "advantage_norm_span" in own else {})}
+                                                  **{k: v for k, v in own.items() if k in data_names}}
     data = checkpoint.get(DATA_STATE_KEY)
     try:
         group = data["per_rank"][0]["resume"]["seed_group"]["seeds"][seed_index]

@@ -2,7 +2,8 @@
 submitit's executors (SLURM where ``srun`` exists, local processes otherwise).
 
 Packing: per environment, the arms that differ only in settings a group member may carry (the lr,
-Adam's betas, the EWMA's center of mass or none, the advantage span:
+Adam's betas, the EWMA's center of mass or none, the advantage span, the clip range, the entropy and
+value coefficients, the KL beta, gamma and GAE lambda:
 `ppo_lightning.data.seed_group.MEMBER_HPARAMS`) train as one group of all their pending (arm, seed)
 cells (``data.member_seeds``, ``data.member_hparams``; member k is tested equal to its single run);
 an arm that cannot be a member (PPG, another config) trains its seeds as a group of its own;
@@ -40,8 +41,11 @@ from ppo_lightning.studies.records import Cell, curve_auc, export_cells, final_v
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
 CHECKPOINT_FRAMES = 65_536
+# fit options a member carries besides these, with the module's and data module's defaults
+LOSS_AND_RETURN_KEYS = {"model.clip_eps": 0.2, "model.entropy_coef": 0.01, "model.value_coef": 0.5, "model.kl_beta": 1.0,
+                        "data.gamma": 0.99, "data.gae_lambda": 0.95}
 MEMBER_KEYS = ("model.lr", "model.proximal_com", "model.decoupled", "model.adam_betas", "data.advantage_norm_span",
-               "scale_rules", "scale_adam_betas")
+               "scale_rules", "scale_adam_betas", *LOSS_AND_RETURN_KEYS)
 ADAM_BETAS = [0.9, 0.999]
 
 
@@ -120,7 +124,8 @@ def member_values(study: Study, arm: str) -> tuple[str, dict] | None:
         return None
     values = {"lr": float(get("model.lr")), "proximal_com": float(com) if decoupled else None,
               "advantage_norm_span": float(get("data.advantage_norm_span", 1.0)),
-              "adam_betas": [float(b) for b in (get("model.adam_betas") or ADAM_BETAS)]}
+              "adam_betas": [float(b) for b in (get("model.adam_betas") or ADAM_BETAS)],
+              **{k.split(".")[1]: float(get(k, d)) for k, d in LOSS_AND_RETURN_KEYS.items()}}
     c = float(fit.get("scale") or 1.0)
     rules = scaling.parse_rules(str(fit.get("scale_rules", "all")), bool(fit.get("scale_adam_betas", False)))
     shared = {k: v for k, v in fit.items() if k not in MEMBER_KEYS}
@@ -148,7 +153,8 @@ def group_args(study: Study, env: str, members: list[tuple[str, int]]) -> list[s
     if len(arms) == 1:
         return cell_args(study, arms[0], env, seeds[0]) + ["--data.member_seeds", json.dumps(seeds)]
     specs = {a: member_values(study, a)[1] for a in arms}
-    values = {n: [specs[a][n] for a, _ in members] for n in ("lr", "proximal_com", "advantage_norm_span", "adam_betas")}
+    own = [k.split(".")[1] for k in LOSS_AND_RETURN_KEYS if any(k in study.arms[a].fit for a in arms)]  # set by an arm
+    values = {n: [specs[a][n] for a, _ in members] for n in ("lr", "proximal_com", "advantage_norm_span", "adam_betas", *own)}
     if all(v is None for v in values["proximal_com"]):
         del values["proximal_com"]
     if all(list(v) == ADAM_BETAS for v in values["adam_betas"]):

@@ -103,7 +103,8 @@ class PPOLightningModule(pl.LightningModule):
             ``data.member_hparams`` by the CLI; `ppo_lightning.data.seed_group.MEMBER_HPARAMS`): ``lr``
             (instead of ``lr``), ``adam_betas`` (instead of ``adam_betas``), ``proximal_com`` (instead of
             ``proximal_com``; null: the behavior policy is the member's anchor, i.e. PPO; needs
-            ``decoupled``); ``advantage_norm_span`` is the data side's.
+            ``decoupled``), ``clip_eps``, ``entropy_coef``, ``value_coef``, ``kl_beta`` (the loss's);
+            ``advantage_norm_span``, ``gamma`` and ``gae_lambda`` are the data side's.
     """
 
     def __init__(
@@ -266,7 +267,7 @@ class PPOLightningModule(pl.LightningModule):
         loss = cls(self.network, self.hparams.action_space, **self.loss_settings(),
                    stacked_seeds=self.seed_group is not None, **(spec.get("init_args") or {}))
         if self.seed_group is not None:
-            loss.behavior_anchor = self.seed_group.behavior_anchor  # PPO members of a mixed group
+            self.seed_group.configure_loss(loss)  # members' own anchors and loss settings
         return loss
 
     def make_network(self) -> torch.nn.Module:

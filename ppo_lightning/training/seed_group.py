@@ -36,7 +36,10 @@ Members with their own hyperparameters (``member_hparams``: `ppo_lightning.data.
   (``behavior_anchor``) takes that member's anchor parameters from the behavior policy and its
   anchor log-prob from the (capped) behavior log-prob, so that the decoupled form is the
   standard one term by term, importance-ratio cap included;
-- ``advantage_norm_span``: the data side's (`ppo_lightning.data.seed_group`).
+- ``clip_eps``, ``entropy_coef``, ``value_coef``, ``kl_beta`` (its start; adapted per member after):
+  the loss module's, as tensors over the members (`SeedGroup.configure_loss`,
+  `ppo_lightning.algos.loss.PPOFamilyLoss.set_member_settings`);
+- ``advantage_norm_span``, ``gamma``, ``gae_lambda``: the data side's (`ppo_lightning.data.seed_group`).
 
 Not supported yet (one-line errors at configuration): micro-batches, gradient accumulation, staleness, ``model.compile``,
 ``model.proximal_precision`` and more than one device.
@@ -49,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ppo_lightning.algos.loss import LOSS_TERMS, check_loss_output
+from ppo_lightning.algos.loss import LOSS_TERMS, MEMBER_LOSS_SETTINGS, check_loss_output
 from ppo_lightning.core.faults import NumericalFault, finite_mean
 from ppo_lightning.data.seed_group import validate_member_hparams
 from ppo_lightning.nets.models import OBS_KEY
@@ -117,6 +120,75 @@ class SeedGroup:
         if coms is None:
             return com
         return [0.0 if c is None else float(c) for c in coms]
+
+    def configure_loss(self, loss) -> None:
+        """The members' own settings on the loss module: PPO members' behavior anchor, and the loss
+        settings members carry (clip range, entropy and value coefficients, KL beta's start;
+        `ppo_lightning.algos.loss.PPOFamilyLoss.set_member_settings`)."""
+        loss.behavior_anchor = self.behavior_anchor
+        own = {k: v for k, v in self.member_hparams.items() if k in MEMBER_LOSS_SETTINGS}
+        if own:
+            loss.set_member_settings(own)
+
+    # ---------------------------------------------------------------- refilling a member's slot
+    @torch.no_grad()
+    def refill(self, module, k: int, seed: int, values: dict[str, Any]) -> None:
+        """Member k becomes a fresh run with ``seed`` and the member settings ``values`` (the names of
+        ``member_hparams``): a tuning group refills a pruned trial's slot with the next trial. Between
+        iterations (before a rollout), it gets what a single run with that seed and those settings starts
+        with: its network initialized as that run's (the generator seeded, the network built) and the
+        generator's state after as its action generator; a fresh Adam (moments zeroed, its own step
+        count: `MemberAdam.restart_member`; a plain Adam becomes a `MemberAdam`); its EWMA restarted
+        from the new weights (W = 1) at its center of mass; its loss settings and KL beta; its skipped-step
+        counts; and on the data side fresh envs, normalizers, advantage moments, shuffle generator and
+        episode statistics (`ppo_lightning.data.seed_group.SeedGroupSource.refill`). The others go on."""
+        if set(values) != set(self.member_hparams):
+            raise ValueError(f"refill: member settings {sorted(values)} differ from the group's {sorted(self.member_hparams)}")
+        trainer = module.trainer
+        if trainer.lr_scheduler_configs:
+            raise ValueError("refill: a member's lr schedule would continue the group's; use model.lr_schedule constant")
+        if module.ppg_phases is not None:
+            raise ValueError("refill: PPG groups cannot refill a member")
+        for name, v in values.items():
+            self.member_hparams[name][k] = v
+        self.seeds[k] = seed
+        module.hparams.member_hparams = {n: list(v) for n, v in self.member_hparams.items()}
+        module.hparams.seeds = list(self.seeds)
+        saved = torch.get_rng_state()
+        torch.manual_seed(seed)  # as seed_everything(seed) before a single run builds its network
+        fresh = module.make_network().state_dict()
+        self.action_rng_states[k] = torch.get_rng_state()
+        torch.set_rng_state(saved)
+        for name, t in self.network.inner.state_dict().items():
+            t[k].copy_(fresh[name])
+        # Adam: a fresh one for member k (the group's step count is shared; member k counts from 0)
+        opt = trainer.optimizers[0]
+        if not isinstance(opt, MemberAdam):
+            if type(opt) is not torch.optim.Adam:
+                raise ValueError(f"refill needs model.optimizer adam, got {type(opt).__name__}")
+            opt = MemberAdam.from_adam(opt, self.num_seeds)
+            trainer.strategy.optimizers = [opt]
+        betas = values.get("adam_betas")
+        opt.restart_member(k, values.get("lr"), None if betas is None else tuple(betas))
+        # the EWMA (a PPO member's is kept at 0, unused) and the loss's member settings
+        coms = self.member_hparams.get("proximal_com")
+        self.behavior_anchor = (torch.tensor([c is None for c in coms]) if coms and any(c is None for c in coms)
+                                else None)
+        if module.proximal_source is not None:
+            com = values.get("proximal_com", module.hparams.proximal_com)
+            module.proximal_source.reset_member(k, 0.0 if com is None else float(com))
+        loss = module.loss_module
+        loss.behavior_anchor = self.behavior_anchor
+        own = {n: v for n, v in self.member_hparams.items() if n in MEMBER_LOSS_SETTINGS and n != "kl_beta"}
+        if own:
+            loss.set_member_settings(own)
+        loss.kl_beta[k] = float(values.get("kl_beta", module.hparams.kl_beta))  # the others' adapted betas go on
+        guard = module.numerical_guard
+        guard.skipped[k], guard.consecutive[k], guard.first_bad[k] = 0, 0, None
+        dm = trainer.datamodule
+        dm.member_hparams = {n: list(v) for n, v in self.member_hparams.items()}
+        dm.member_seeds = list(self.seeds)
+        dm.source.refill(k, seed, self.action_rng_states[k])
 
     # ---------------------------------------------------------------- the loss
     def loss_and_stats(self, module, batch, terms: tuple[str, ...] = LOSS_TERMS,
@@ -205,13 +277,56 @@ class MemberAdam(torch.optim.Adam):
         super().__init__(params, lr=max(lrs) if lrs else lr, fused=True, **kwargs)
         self.base_lr = self.param_groups[0]["lr"]
         common = tuple(self.param_groups[0]["betas"])
-        settings = [(float(lrs[k]) if lrs else self.base_lr, tuple(betas[k]) if betas else common) for k in range(n)]
-        self.runs: list[list] = []  # [first member, end, (lr, betas)]
-        for k, setting in enumerate(settings):
-            if self.runs and self.runs[-1][2] == setting:
+        self.settings = [(float(lrs[k]) if lrs else self.base_lr, tuple(betas[k]) if betas else common) for k in range(n)]
+        self._plan_runs()
+
+    def _plan_runs(self) -> None:
+        """Runs of consecutive members with one (lr, betas, step offset): one kernel call each."""
+        offsets = self.param_groups[0].get("member_step_offsets") or [0] * len(self.settings)
+        self.runs: list[list] = []  # [first member, end, (lr, betas), step offset]
+        for k, (setting, off) in enumerate(zip(self.settings, offsets)):
+            if self.runs and self.runs[-1][2] == setting and self.runs[-1][3] == off:
                 self.runs[-1][1] = k + 1
             else:
-                self.runs.append([k, k + 1, setting])
+                self.runs.append([k, k + 1, setting, off])
+
+    @classmethod
+    def from_adam(cls, adam: torch.optim.Adam, num_members: int) -> "MemberAdam":
+        """A `MemberAdam` continuing a plain Adam over a group's stacked parameters (every member at its
+        lr and betas, its state - moments and step counts - carried over)."""
+        group = adam.param_groups[0]
+        if group["amsgrad"] or group["maximize"] or group.get("decoupled_weight_decay") or len(adam.param_groups) > 1:
+            raise ValueError("MemberAdam: amsgrad, maximize, AdamW and several parameter groups are not supported")
+        new = cls(group["params"], [group["lr"]] * num_members, None, eps=group["eps"], betas=tuple(group["betas"]),
+                  weight_decay=group["weight_decay"])
+        new.load_state_dict(adam.state_dict())
+        new.param_groups[0]["fused"] = True
+        return new
+
+    @torch.no_grad()
+    def restart_member(self, k: int, lr: float | None = None, betas: tuple[float, float] | None = None) -> None:
+        """Member k starts again as a fresh Adam (a refilled slot of a tuning group): its moments zeroed
+        and its own step count from 0 (its bias corrections those of a new optimizer: the group's count
+        is shared, so member k steps with ``step - offset[k]``), at its new lr and betas."""
+        group = self.param_groups[0]
+        offsets = list(group.get("member_step_offsets") or [0] * len(self.settings))
+        steps = [self.state[p]["step"] for p in group["params"] if "step" in self.state[p]]
+        offsets[k] = int(steps[0].item()) if steps else 0
+        group["member_step_offsets"] = offsets  # in param_groups: saved and restored with the optimizer's state
+        for p in group["params"]:
+            st = self.state[p]
+            for name in ("exp_avg", "exp_avg_sq"):
+                if name in st:
+                    st[name][k].zero_()
+        old_lr, old_betas = self.settings[k]
+        self.settings[k] = (float(lr) if lr is not None else old_lr,
+                            tuple(float(b) for b in betas) if betas is not None else old_betas)
+        self._plan_runs()
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        if hasattr(self, "settings"):
+            self._plan_runs()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -236,13 +351,13 @@ class MemberAdam(torch.optim.Adam):
             torch._foreach_add_([st["step"] for st in states], 1)
             scale = group["lr"] / self.base_lr  # an lr schedule's factor (1.0 without one)
             by_setting: dict[tuple, tuple[list, list, list, list, list]] = {}
-            for a, b, setting in self.runs:
-                views = by_setting.setdefault(setting, ([], [], [], [], []))
+            for a, b, setting, off in self.runs:
+                views = by_setting.setdefault((setting, off), ([], [], [], [], []))
                 for p, st in zip(params, states):
                     for out, t in zip(views, (p, p.grad, st["exp_avg"], st["exp_avg_sq"])):
                         out.append(t[a:b])
-                    views[4].append(st["step"])
-            for (lr, (beta1, beta2)), (ps, gs, ms, vs, steps) in by_setting.items():
+                    views[4].append(st["step"] if not off else st["step"] - off)  # a restarted member's own count
+            for ((lr, (beta1, beta2)), _), (ps, gs, ms, vs, steps) in by_setting.items():
                 # torch's own fused Adam op (what Adam(fused=True) calls after advancing the steps; a private
                 # name: tests/test_group_members.py checks each member against torch.optim.Adam)
                 torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=lr * scale if scale != 1.0 else lr,

@@ -11,7 +11,9 @@ USAGE = """ppo-lightning tune --space SPACE.yaml [--config BASE] [--trials N] [-
 
   Optuna's ask-and-tell over a search-space file: S / seeds.count trials asked at once train as one
   vectorized group whose members carry their own settings (lr, EWMA age or PPO, advantage span, Adam
-  betas); trials that differ in other settings split into groups. Several workers (--workers, or this
+  betas, clip range, entropy and value coefficients, KL beta, gamma, GAE lambda); trials that differ in
+  other settings split into groups. A pruned or finished trial's slots take the next trial, so a
+  group stays full. Several workers (--workers, or this
   command started on several machines with the same --run-root on a shared filesystem) share the
   study through Optuna's journal file; a rerun continues the search (a killed worker's trials are
   asked again). Ends with the best settings, their CI over seeds, plots and the command that trains them."""

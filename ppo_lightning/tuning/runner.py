@@ -2,15 +2,17 @@
 
 A worker asks for as many trials as a group holds (``members / seeds.count``), samples each one's
 settings, and trains them as groups: member k of a group is one seed of one trial, with that
-trial's lr, EWMA age (or PPO), advantage span and Adam betas (``data.member_seeds``,
+trial's lr, EWMA age (or PPO), advantage span, Adam betas and the searched loss and return settings
+(clip range, entropy and value coefficients, KL beta, gamma, GAE lambda; ``data.member_seeds``,
 ``data.member_hparams``; each member is its single run, `tests/test_group_members.py`). Trials
 asked together that differ in a setting a member cannot carry (the network, num_envs, the
-minibatches) split into one group per value, and the worker says so in one line. At the end of a
-group each trial is told its objective: the mean over its seeds of the normalized AUC or final
+minibatches) split into one group per value, and the worker says so in one line. When a trial has
+trained its frames it is told its objective: the mean over its seeds of the normalized AUC or final
 return of its learning curve (`ppo_lightning.studies.records`). With a pruner, each trial reports
-the objective so far at every milestone (frames) and is told PRUNED when Optuna says so; a pruned
-member trains on to its group's end (its slot is not refilled), and a group whose trials are all
-pruned stops.
+the objective so far at every milestone (its own frames) and is told PRUNED when Optuna says so. A
+pruned or finished trial's slots take the next asked trial, which starts there afresh (weights,
+Adam state and step count, EWMA, normalizers, envs, episode statistics: each refilled member is its
+trial's single run); a group stops when no slot holds a trial.
 
 Storage: Optuna's `JournalStorage` on a `JournalFileBackend` (an append-only file with a lock file
 beside it) in the run root. Any number of workers on machines that share the folder (NFS, Lustre)
@@ -44,8 +46,11 @@ from lightning.pytorch.callbacks import Callback
 
 from ppo_lightning.studies.records import curve_auc, final_value
 from ppo_lightning.studies.runner import fit_flags
-from ppo_lightning.tuning.space import Space
+from ppo_lightning.tuning.space import MEMBER_PARAMS, Space
 
+# searched fit options a member carries besides the lr, the EWMA age, the advantage span and Adam's betas
+LOSS_AND_RETURN_PARAMS = ("model.clip_eps", "model.entropy_coef", "model.value_coef", "model.kl_beta", "data.gamma",
+                          "data.gae_lambda")
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 120.0
 
@@ -85,7 +90,7 @@ def split_params(space: Space, params: dict[str, Any]) -> tuple[dict[str, Any], 
 def member_values(space: Space, params: dict[str, Any]) -> dict[str, Any]:
     """A trial's member settings (``MEMBER_HPARAMS`` names), from its values, the fit and the base,
     before the ``--scale`` rules: lr, the advantage span, the EWMA's center of mass where decoupled
-    (None: PPO), Adam's betas where given."""
+    (None: PPO), Adam's betas where given, and the loss's and returns' settings the space searches."""
     out = {"lr": float(space.setting("model.lr", params, 1e-3)),
            "advantage_norm_span": float(space.setting("data.advantage_norm_span", params, 1.0))}
     if space.setting("model.decoupled", params, False):
@@ -94,6 +99,9 @@ def member_values(space: Space, params: dict[str, Any]) -> dict[str, Any]:
     betas = space.setting("model.adam_betas", params)
     if betas is not None:
         out["adam_betas"] = [float(b) for b in betas]
+    for name in LOSS_AND_RETURN_PARAMS:  # carried where the space searches them (else the group's value is theirs)
+        if name in space.params:
+            out[MEMBER_PARAMS[name]] = float(params[name])
     return out
 
 
@@ -119,12 +127,13 @@ def single_args(space: Space, params: dict[str, Any], seed: int) -> list[str]:
                "--data.total_frames", str(space.frames)])
 
 
-def group_args(space: Space, members: list[tuple[dict[str, Any], int]]) -> list[str]:
-    """The ``fit`` arguments of a group of ``(trial values, seed)`` members that share their group settings."""
+def group_args(space: Space, members: list[tuple[dict[str, Any], int]], refill: bool = False) -> list[str]:
+    """The ``fit`` arguments of a group of ``(trial values, seed)`` members that share their group settings
+    (``refill``: always with every member's settings, so that a slot can take another trial's)."""
     seeds = [s for _, s in members]
     if len(members) == 1:
         return single_args(space, *members[0])
-    if all(p == members[0][0] for p, _ in members):  # one trial's seeds: a plain seed group, no member settings
+    if not refill and all(p == members[0][0] for p, _ in members):  # one trial's seeds: a plain seed group
         return single_args(space, members[0][0], seeds[0]) + ["--data.member_seeds", json.dumps(seeds)]
     _, shared = split_params(space, members[0][0])
     values = [scaled(space, member_values(space, p)) for p, _ in members]
@@ -149,24 +158,35 @@ def plan_groups(space: Space, asked: list[tuple[Any, dict[str, Any]]]) -> list[l
 
 
 class TrialReporter(Callback):
-    """Every member's learning curve ``(frames, mean return of the last 20 episodes)`` after each
-    iteration, and ``on_milestone(frames, curves)`` at each pruning milestone (True: stop the group)."""
+    """Every member's learning curve ``(frames of its own run, mean return of the last 20 episodes)``
+    after each iteration, and ``on_iteration(frames)`` after it (True: stop the group). Refills queued
+    with `refill` are applied before the next iteration's rollout (`SeedGroup.refill`): the slot's
+    curve starts again, counting its frames from there."""
 
-    def __init__(self, members: int, milestones: tuple[int, ...] = (), on_milestone=None) -> None:
+    def __init__(self, members: int, on_iteration=None) -> None:
         self.curves: list[list[tuple[float, float]]] = [[] for _ in range(members)]
-        self.milestones, self.on_milestone, self.next = list(milestones), on_milestone, 0
+        self.starts = [0.0] * members  # the group's frames when each slot's current run started
+        self.on_iteration = on_iteration
+        self.pending: list[tuple[int, int, dict[str, Any]]] = []
+        self.frames = 0.0
+
+    def refill(self, slot: int, seed: int, values: dict[str, Any]) -> None:
+        self.pending.append((slot, seed, values))
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        for slot, seed, values in self.pending:
+            pl_module.seed_group.refill(pl_module, slot, seed, values)
+            self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
+        self.pending = []
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
         states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
-        frames = float(dm.frames)
-        for curve, st in zip(self.curves, states):
-            curve.append((frames, float(st.episodes.mean_return(20))))
-        while self.next < len(self.milestones) and frames >= self.milestones[self.next]:
-            stop = self.on_milestone(self.milestones[self.next], self.curves) if self.on_milestone else False
-            self.next += 1
-            if stop:
-                trainer.should_stop = True
+        self.frames = float(dm.frames)
+        for curve, st, start in zip(self.curves, states, self.starts):
+            curve.append((self.frames - start, float(st.episodes.mean_return(20))))
+        if self.on_iteration is not None and self.on_iteration(self.frames):
+            trainer.should_stop = True
 
 
 # ----------------------------------------------------------------------------------- storage and leases
@@ -375,9 +395,40 @@ def _ask(study, space: Space, me: str) -> tuple[Any, dict[str, Any]] | None:
     return trial, {name: p.suggest(trial) for name, p in space.params.items()}
 
 
+def refillable(space: Space, members: int) -> bool:
+    """Whether a pruned or finished trial's slots take the next trial: a group (not a single run),
+    not PPG (no per-member settings), a constant lr (a schedule runs on the group's frames)."""
+    return (members > 1 and space.setting("model.ppg") is None
+            and (space.setting("model.lr_schedule") or "constant") == "constant")
+
+
+def _next_for(study, space: Space, me: str, shared: dict[str, Any], stash: list):
+    """The next trial for a freed slot of a group with group settings ``shared``: a stashed one that
+    fits, else a newly asked one; one that needs other group settings is stashed for the next group
+    (at most a group's worth) and the slot waits for the next iteration."""
+    for i, (trial, params) in enumerate(stash):
+        if split_params(space, params)[1] == shared:
+            return stash.pop(i)
+    if len(stash) >= space.trials_per_group:
+        return None
+    got = _ask(study, space, me)
+    if got is None or split_params(space, got[1])[1] == shared:
+        return got
+    stash.append(got)
+    return None
+
+
 def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], run_root: Path, tracking_uri: str,
-                parent: str | None, fit_extra: list[str] | None = None) -> dict[int, str]:
-    """Train one group of trials and tell each its result; returns ``{trial number: state}``."""
+                parent: str | None, fit_extra: list[str] | None = None, next_trial=None) -> dict[int, str]:
+    """Train one group of trials and tell each its result; returns ``{trial number: state}``.
+
+    Each trial holds ``seeds.count`` consecutive slots of the group and is judged on its own frames:
+    at each pruning milestone it reports its objective (told PRUNED where the pruner says so); at
+    ``frames`` it is told its objective. Its slots are then free: with ``next_trial`` (called with the
+    group's settings; returns ``(trial, values)`` or None) and a `refillable` group, they take the next
+    trial, which starts afresh there (`ppo_lightning.training.seed_group.SeedGroup.refill`: a refilled
+    member is its trial's single run, `tests/test_member_settings.py`); else they idle. The group stops
+    when no slot holds a trial."""
     from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
     from optuna.trial import TrialState
 
@@ -387,8 +438,12 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
     members = [(params, s) for _, params in group for s in space.seeds]
     name = f"trials-{'-'.join(str(t.number) for t, _ in group)}"
     run_dir = run_root / "groups" / name
+    refill = next_trial is not None and refillable(space, len(members))
+    shared = split_params(space, group[0][1])[1]
+    milestones = space.pruner.milestones if space.pruner.name != "none" else ()
     states: dict[int, str] = {}
-    pruned_at: dict[int, float] = {}
+    # the trials in the group's slots: trial number -> [trial, values, first slot, next milestone, start time]
+    active: dict[int, list] = {t.number: [t, p, i * per_trial, 0, time.perf_counter()] for i, (t, p) in enumerate(group)}
 
     def tell(trial, **kw) -> bool:
         try:
@@ -398,62 +453,84 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
             print(f"[tune] trial {trial.number} was failed by another worker meanwhile; not told", flush=True)
             return False
 
-    def on_milestone(frames: int, curves) -> bool:
-        for i, (trial, _) in enumerate(group):
-            if trial.number in states:
-                continue
-            value, _ = objective(space, curves[i * per_trial:(i + 1) * per_trial], frames)
-            if not math.isfinite(value):
-                continue
-            trial.report(value, step=frames)
-            if trial.should_prune():
-                if tell(trial, state=TrialState.PRUNED):
-                    states[trial.number] = "PRUNED"
-                    pruned_at[trial.number] = frames
-                    print(f"[tune] trial {trial.number} pruned at {frames} frames ({space.metric} {value:.4f})", flush=True)
-        return all(t.number in states for t, _ in group)
+    def curves_of(slot: int, upto: float | None = None):
+        cs = reporter.curves[slot:slot + per_trial]
+        return cs if upto is None else [[p for p in c if p[0] <= upto] for c in cs]
 
-    reporter = TrialReporter(len(members), space.pruner.milestones if space.pruner.name != "none" else (), on_milestone)
-    args = group_args(space, members) + ["--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false",
-                                         "--video_every", "null", "--mlflow.enabled", "false", "--run_dir", str(run_dir),
-                                         *(fit_extra or [])]
-    for trial, _ in group:
-        trial.set_user_attr("group", name)
-    t0 = time.perf_counter()
-    try:
-        cli = fit_main(["fit", *args], extra_callbacks=[reporter])
-    except BaseException as err:
-        for trial, _ in group:
-            if trial.number not in states:
-                trial.set_user_attr("error", str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
-                tell(trial, state=TrialState.FAIL)
-        raise
-    wall = time.perf_counter() - t0
-    if getattr(cli, "exit_code", None):  # stopped by a signal: its trials are asked again by the next worker
-        for trial, params in group:
-            if trial.number not in states and tell(trial, state=TrialState.FAIL):
-                study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
-        raise SystemExit(cli.exit_code)
-    frames = float(cli.datamodule.frames)
-    if frames < space.frames:
-        print(f"[tune] {name}: every trial pruned; the group stopped at {frames:.0f} of {space.frames} frames", flush=True)
-    for i, (trial, params) in enumerate(group):
-        curves = reporter.curves[i * per_trial:(i + 1) * per_trial]
-        if trial.number in states:  # pruned: its curve up to the milestone
-            cut = pruned_at[trial.number]
-            record_trial(space, tracking_uri, parent, trial, params, "PRUNED", None, [],
-                         [[p for p in c if p[0] <= cut] for c in curves], name)
-            continue
-        value, per_seed = objective(space, curves, frames)
+    def finish(number: int, own: float) -> None:
+        trial, params, slot, _, t0 = active.pop(number)
+        value, per_seed = objective(space, curves_of(slot), own)
         trial.set_user_attr("seed_values", per_seed)
-        trial.set_user_attr("train_s", wall * per_trial / len(members))
+        trial.set_user_attr("train_s", (time.perf_counter() - t0) * per_trial / len(members))
         if math.isfinite(value) and tell(trial, values=value):
             states[trial.number] = "COMPLETE"
         else:
             trial.set_user_attr("error", "no finished episode in a seed (objective undefined)")
             tell(trial, state=TrialState.FAIL)
             states[trial.number] = "FAIL"
-        record_trial(space, tracking_uri, parent, trial, params, states[trial.number], value, per_seed, curves, name)
+        record_trial(space, tracking_uri, parent, trial, params, states[trial.number], value, per_seed, curves_of(slot), name)
+
+    def on_iteration(frames: float) -> bool:
+        freed = []
+        for number in list(active):
+            trial, params, slot, ms, _ = active[number]
+            own = frames - reporter.starts[slot]
+            while number in active and ms < len(milestones) and own >= milestones[ms]:
+                m = milestones[ms]
+                ms = active[number][3] = ms + 1
+                value, _ = objective(space, curves_of(slot), m)
+                if not math.isfinite(value):
+                    continue
+                trial.report(value, step=m)
+                if trial.should_prune() and tell(trial, state=TrialState.PRUNED):
+                    states[number] = "PRUNED"
+                    active.pop(number)
+                    freed.append(slot)
+                    print(f"[tune] trial {number} pruned at {m} frames ({space.metric} {value:.4f})", flush=True)
+                    record_trial(space, tracking_uri, parent, trial, params, "PRUNED", None, [], curves_of(slot, m), name)
+            if number in active and own >= space.frames:
+                finish(number, own)
+                freed.append(slot)
+        for slot in sorted(freed) if refill else ():
+            got = next_trial(shared)
+            if got is None:
+                continue
+            trial, params = got
+            trial.set_user_attr("group", name)
+            trial.set_user_attr("refilled_slot", slot)
+            values = scaled(space, member_values(space, params))
+            for j, seed in enumerate(space.seeds):
+                reporter.refill(slot + j, seed, values)
+            active[trial.number] = [trial, params, slot, 0, time.perf_counter()]
+            print(f"[tune] trial {trial.number} refills the slots of a finished or pruned trial at {frames:.0f} frames "
+                  f"of {name}", flush=True)
+        return not active
+
+    reporter = TrialReporter(len(members), on_iteration)
+    # with refills the group trains until its last trial ends (the trials' budgets are their own frames)
+    budget = space.frames * max(1, space.trials) if refill else space.frames
+    args = group_args(space, members, refill) + [
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
+        "--mlflow.enabled", "false", "--run_dir", str(run_dir), "--data.total_frames", str(budget), *(fit_extra or [])]
+    for trial, _ in group:
+        trial.set_user_attr("group", name)
+    try:
+        cli = fit_main(["fit", *args], extra_callbacks=[reporter])
+    except BaseException as err:
+        for trial, _, _, _, _ in list(active.values()):
+            trial.set_user_attr("error", str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+            tell(trial, state=TrialState.FAIL)
+        raise
+    if getattr(cli, "exit_code", None):  # stopped by a signal: its trials are asked again by the next worker
+        for trial, _, _, _, _ in list(active.values()):
+            if tell(trial, state=TrialState.FAIL):
+                study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
+        raise SystemExit(cli.exit_code)
+    frames = float(cli.datamodule.frames)
+    if frames < space.frames and not any(s == "COMPLETE" for s in states.values()):
+        print(f"[tune] {name}: every trial pruned; the group stopped at {frames:.0f} of {space.frames} frames", flush=True)
+    for number, (_, _, slot, _, _) in list(active.items()):  # the group's frames ran out (a single run at its budget)
+        finish(number, frames - reporter.starts[slot])
     return states
 
 
@@ -466,13 +543,14 @@ def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracki
     storage = Path(storage) if storage else journal_path(run_root)
     tracking_uri = tracking_uri or f"sqlite:///{run_root / 'mlflow.db'}"
     told = 0
+    stash: list = []
     with Lease(run_root, worker_id, heartbeat_s) as lease:
         probe = open_study(space, storage)
         study = open_study(space, storage, seed_offset=len(probe.trials))  # concurrent workers sample differently
         parent = parent_run(space, run_root, tracking_uri)
         while True:
             requeue_stale(study, run_root, stale_after, me=lease.id)
-            asked = []
+            asked, stash[:] = list(stash), []  # trials asked for a refill that another group's settings needed
             while len(asked) < space.trials_per_group:
                 got = _ask(study, space, lease.id)
                 if got is None:
@@ -489,6 +567,7 @@ def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracki
             for group in groups:
                 print(f"[tune] trials {[t.number for t, _ in group]}: one group of {len(group) * len(space.seeds)} members",
                       flush=True)
-                states = train_group(space, study, group, run_root, tracking_uri, parent, fit_extra)
+                states = train_group(space, study, group, run_root, tracking_uri, parent, fit_extra,
+                                     next_trial=lambda shared: _next_for(study, space, lease.id, shared, stash))
                 told += len(states)
     return told

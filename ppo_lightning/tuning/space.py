@@ -19,7 +19,8 @@ params:
 ```
 
 Parameters a group member carries (`MEMBER_PARAMS`: the lr, the EWMA's center of mass or none,
-the advantage span, Adam's betas) differ freely within a group; any other fit option is a
+the advantage span, Adam's betas, the clip range, the entropy and value coefficients, the KL beta,
+gamma and GAE lambda) differ freely within a group; any other fit option is a
 *group* parameter: trials that differ in it train in separate groups. A parameter is ``float``
 or ``int`` (``low``, ``high``, optional ``log`` or ``step``) or ``categorical`` (``choices``; a
 list as a choice, for ``model.adam_betas``). ``--config``, ``--trials``, ``--members`` and
@@ -43,7 +44,9 @@ from ppo_lightning.studies.spec import find_root, merge_configs, ref_exists, res
 
 # a fit option's name -> the member setting it is (ppo_lightning.data.seed_group.MEMBER_HPARAMS)
 MEMBER_PARAMS = {"model.lr": "lr", "model.proximal_com": "proximal_com", "data.advantage_norm_span": "advantage_norm_span",
-                 "model.adam_betas": "adam_betas"}
+                 "model.adam_betas": "adam_betas", "model.clip_eps": "clip_eps", "model.entropy_coef": "entropy_coef",
+                 "model.value_coef": "value_coef", "model.kl_beta": "kl_beta", "data.gamma": "gamma",
+                 "data.gae_lambda": "gae_lambda"}
 KINDS = ("float", "int", "categorical")
 METRICS = ("auc", "final")
 SCORES = ("raw", "minatar")
@@ -183,8 +186,12 @@ def _member_value_ok(setting: str, v: Any) -> bool:
         return isinstance(v, list) and len(v) == 2 and all(_num(b) and 0 <= b < 1 for b in v)
     if setting == "proximal_com":
         return v is None or _num(v) and v >= 0
-    if setting == "lr":
+    if setting in ("lr", "clip_eps"):
         return _num(v) and v > 0
+    if setting in ("gamma", "gae_lambda"):
+        return _num(v) and 0 <= v <= 1
+    if setting in ("entropy_coef", "value_coef", "kl_beta"):
+        return _num(v) and v >= 0
     return _num(v) and v >= 1  # advantage_norm_span
 
 
