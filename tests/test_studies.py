@@ -216,3 +216,39 @@ def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted
     whole = runner.run_group(plain, runner.plan(plain, set(), 1)[0], tmp_path / "b" / "runs", uri)
     assert [(c.arm, c.curve, c.auc_return, c.final_return) for c in resumed] == [
         (c.arm, c.curve, c.auc_return, c.final_return) for c in whole]
+    # the cells' times sum both attempts: the stopped one's (kept at its stop) and the resumed one's
+    first = json.loads((tmp_path / "a" / "runs" / "groups" / group.name / "attempts.json").read_text())
+    assert len(first) == 1 and first[0]["train_s"] > 0
+    n = len(group.members)
+    assert all(c.attempts == 2 and c.train_s * n > first[0]["train_s"] and c.wall_s * n > first[0]["wall_s"] for c in resumed)
+    assert all(c.attempts == 1 for c in whole)
+
+
+def test_attempt_times_split_where_the_clock_or_the_steps_restart():
+    from ppo_lightning.studies.runner import attempt_train_times
+
+    # (timestamp, step, elapsed): an attempt to step 3 (killed), one resumed from step 2 to 5
+    history = [(1, 1, 2.0), (2, 2, 4.0), (3, 3, 6.0), (9, 3, 2.5), (10, 4, 4.5), (11, 5, 6.5)]
+    assert attempt_train_times(history) == [6.0, 6.5]
+    assert attempt_train_times(history[:3]) == [6.0] and attempt_train_times([]) == []
+    assert attempt_train_times([(1, 1, 1.0), (5, 1, 3.0)]) == [1.0, 3.0]  # the same step again: a new attempt
+
+
+def test_the_curves_plot_every_arm_and_name_the_envs_an_arm_lacks(tmp_path):
+    """An arm with no run on one env is in the panels of the envs it has and named under the pooled
+    one (and in the report's text), not dropped."""
+    from ppo_lightning.studies.records import Cell
+    from ppo_lightning.studies.report import curve_panels, markdown, missing_envs, plot
+
+    study = load_study(tiny(tmp_path, envs=["minatar:breakout", "minatar:asterix"], seeds={"count": 3, "first": 0}))
+    curve = [(64.0, 1.0), (128.0, 2.0), (256.0, 3.0)]
+    cells = {(a, e, s): Cell(a, e, s, 256, 2.0 + s, 3.0, curve=curve) for a in study.arms for e in study.envs for s in range(3)
+             if not (a == "ppo_hi" and e == "minatar:asterix")}
+    grid = np.linspace(32, 256, 8)
+    panels = curve_panels(study, cells, list(study.arms), grid)
+    assert list(panels["pooled"]) == ["ppo_ewma"] and panels["pooled"]["ppo_ewma"].shape == (3, 2, 8)
+    assert list(panels["minatar:breakout"]) == ["ppo_ewma", "ppo_hi"] and list(panels["minatar:asterix"]) == ["ppo_ewma"]
+    assert panels["minatar:breakout"]["ppo_hi"][:, 0, -1].tolist() == [3.0] * 3
+    assert missing_envs(study, cells) == {"ppo_hi": ["minatar:asterix"]}
+    assert "PPO, lr 1e-3 (no asterix)" in markdown(study, [], cells, {})
+    assert plot(study, cells, [], tmp_path / "tiny.md")["sample efficiency"].exists()

@@ -22,7 +22,7 @@ from pathlib import Path
 from ppo_lightning.studies.spec import Study
 
 CELL_FIELDS = ["study", "arm", "env", "seed", "frames", "auc_return", "final_return", "cpu", "precision",
-               "wall_s", "train_s", "group", "mlflow_run_id", "source"]
+               "wall_s", "train_s", "group", "mlflow_run_id", "source", "attempts"]
 CURVE_FIELDS = ["arm", "env", "seed", "frames", "return"]
 
 
@@ -36,12 +36,13 @@ class Cell:
     final_return: float  # mean raw return over the last 10% of the frames
     cpu: str = "not recorded"
     precision: str = "32-true"
-    wall_s: float = float("nan")
-    train_s: float = float("nan")
+    wall_s: float = float("nan")   # the group's wall time over its attempts, / its members
+    train_s: float = float("nan")  # the group's training time (fit, without start-up) over its attempts, / its members
     group: str = ""
     mlflow_run_id: str = ""
     source: str = ""
     curve: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    attempts: int = 1   # processes the cell's group took (a preempted group resumes in another); times sum them
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -127,7 +128,8 @@ def export_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int
     out = {}
     for r in _read(study.cells_csv):
         c = Cell(r["arm"], r["env"], int(r["seed"]), int(r["frames"]), float(r["auc_return"]), float(r["final_return"]),
-                 r["cpu"], r["precision"], _float(r["wall_s"]), _float(r["train_s"]), r["group"], r["mlflow_run_id"], "run")
+                 r["cpu"], r["precision"], _float(r["wall_s"]), _float(r["train_s"]), r["group"], r["mlflow_run_id"], "run",
+                 attempts=int(r.get("attempts") or 1))
         if c.arm in study.arms and c.env in study.envs:
             out[c.key] = c
     if curves:

@@ -258,6 +258,26 @@ def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames:
     return extra
 
 
+def attempt_train_times(history: list[tuple[int, int, float]]) -> list[float]:
+    """Training time of each attempt of a run from its ``time/elapsed_s`` history ``[(timestamp, step,
+    value)]``: an attempt (a process; a resumed one continues the run from its last checkpoint) restarts
+    the clock and the steps, so a step or a value that does not grow starts a new attempt; an attempt's
+    time is its last value."""
+    out: list[float] = []
+    prev = None
+    for _, step, v in sorted(history):
+        if prev is None or step <= prev[0] or v < prev[1]:
+            out.append(v)
+        else:
+            out[-1] = v
+        prev = step, v
+    return out
+
+
+def _elapsed_history(client, run_id: str) -> list[tuple[int, int, float]]:
+    return [(m.timestamp, m.step, m.value) for m in client.get_metric_history(run_id, "time/elapsed_s")]
+
+
 def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, parent_run_id: str | None = None,
               checkpoint_frames: int | None = None) -> list[Cell]:
     """Train one group in this process and record its cells (skipped when all are recorded)."""
@@ -269,17 +289,30 @@ def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, par
     run_dir = run_root / "groups" / group.name
     extra = resume_args(group.args, run_dir, study, checkpoint_frames)
     _write_json(run_dir / "members.json", {"env": group.env, "members": group.members})  # for `study status`
+    attempts_file = run_dir / "attempts.json"  # earlier attempts of this group, stopped (preempted) before the end
+    earlier = json.loads(attempts_file.read_text()) if attempts_file.exists() else []
     t0 = time.perf_counter()
     cli = fit_main(["fit", *group.args, *extra, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", study.name,
                     "--mlflow.run_name", group.name, "--run_dir", str(run_dir)])
     code = getattr(cli, "exit_code", None)
-    if code:  # stopped by a signal (preemption): resumable from its checkpoint, nothing recorded
-        raise SystemExit(code)
     wall = time.perf_counter() - t0
+    if code:  # stopped by a signal (preemption): resumable from its checkpoint; its time is kept for the cells
+        try:
+            logger = cli.trainer.logger
+            segments = attempt_train_times(_elapsed_history(logger.experiment, logger.run_id))
+        except Exception:  # noqa: BLE001 - the tracking store may be away: the wall time stands for it
+            segments = []
+        _write_json(attempts_file, [*earlier, {"wall_s": wall, "train_s": segments[-1] if segments else wall}])
+        raise SystemExit(code)
     logger = cli.trainer.logger
     client, dm = logger.experiment, cli.datamodule
-    elapsed = client.get_metric_history(logger.run_id, "time/elapsed_s")
-    train_s = elapsed[-1].value if elapsed else wall
+    segments = attempt_train_times(_elapsed_history(client, logger.run_id)) or [wall]
+    # every attempt: the earlier ones recorded, any killed without a record (SIGKILL: only their elapsed
+    # time in a run the attempts shared), and this one
+    unrecorded = segments[len(earlier):-1]
+    attempts = len(earlier) + len(unrecorded) + 1
+    train_s = sum(a["train_s"] for a in earlier) + sum(unrecorded) + segments[-1]
+    wall = sum(a["wall_s"] for a in earlier) + sum(unrecorded) + wall
     precision = str(cli.trainer.precision)
     cpu = cpu_label()
     if parent_run_id:
@@ -292,7 +325,8 @@ def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, par
         fr, rets = hist("frames"), hist("episode/return_mean20")
         curve = sorted((fr[k], r) for k, r in rets.items() if k in fr)
         cell = Cell(arm, group.env, seed, int(dm.frames), curve_auc(curve, dm.frames), final_value(curve, dm.frames), cpu,
-                    precision, wall / len(group.members), train_s / len(group.members), group.name, run_id, "run", curve)
+                    precision, wall / len(group.members), train_s / len(group.members), group.name, run_id, "run", curve,
+                    attempts)
         for k, v in {"study": study.name, "arm": arm, "env": group.env, "seed": seed, "cpu": cpu, "precision": precision,
                      "label": study.arms[arm].label}.items():
             client.set_tag(run_id, k, str(v))
