@@ -112,6 +112,40 @@ def test_rliable_difference_covers_the_truth_and_verdicts_follow_the_ci():
     assert small["verdict"].startswith("a > b, and equal within ±0.05"), small["verdict"]
 
 
+def test_the_vectorized_bootstrap_equals_rliables():
+    """`stratified_bootstrap` evaluates rliable's replicates at once: the same points and intervals as
+    rliable's get_interval_estimates and create_performance_profile, bit for bit."""
+    from ppo_lightning.studies import analysis as A
+
+    library, metrics = A.rliable()
+    rng = np.random.default_rng(1)
+    x, y, z = rng.normal(0.5, 0.2, (8, 3)), rng.normal(0.4, 0.2, (6, 3)), rng.normal(0.3, 0.2, (8, 3))
+    curves = {"a": rng.normal(0, 1, (5, 2, 7)), "b": rng.normal(0, 1, (4, 2, 7))}
+
+    def ref(data, fn, reps=100):
+        with A._seeded(0):
+            p, c = library.get_interval_estimates(data, fn, reps=reps, random_state=np.random.RandomState(0))
+        return {k: (p[k], c[k][0], c[k][1]) for k in data}
+
+    def same(a, b):
+        return all(np.array_equal(np.atleast_1d(u), np.atleast_1d(v)) for u, v in zip(a, b))
+
+    mine = A.interval_estimates({"x": x, "y": y}, reps=100)
+    for k, (p, lo, hi) in ref({"x": x, "y": y}, lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_iqm(s)])).items():
+        assert mine[k]["mean"] == (p[0], lo[0], hi[0]) and mine[k]["iqm"] == (p[1], lo[1], hi[1])
+    diff = lambda a, b: np.array([metrics.aggregate_mean(a) - metrics.aggregate_mean(b)])  # noqa: E731
+    for other in (y, z):  # runs unequal (drawn replicate by replicate) and equal (one draw)
+        assert same(A.difference(x, other, 100), ref({"d": (x, other)}, diff)["d"])
+    bands = A.sample_efficiency(curves, reps=100)
+    for k, r in ref(curves, lambda s: np.array([metrics.aggregate_mean(s[..., t]) for t in range(s.shape[-1])])).items():
+        assert same(bands[k], r)
+    taus = np.linspace(-1, 1, 9)
+    with A._seeded(0):
+        prof, pb = library.create_performance_profile({"x": x, "y": y}, taus, reps=100)
+    mp, mb = A.performance_profiles({"x": x, "y": y}, taus, reps=100)
+    assert all(np.array_equal(mp[k], prof[k]) and np.array_equal(mb[k], pb[k]) for k in "xy")
+
+
 def test_report_regenerates_a_committed_500k_verdict(tmp_path):
     from ppo_lightning.studies.report import report
 

@@ -77,7 +77,7 @@ def analyse(study: Study, cells: dict | None = None) -> list[analysis.Result]:
                 if len(envs) > 1:
                     for j, e in enumerate(envs):
                         per_env[e] = analysis.compare(x[:, [j]], y[:, [j]], test="difference", margin=None,
-                                                      target=study.target_half_width, reps=300)
+                                                      target=study.target_half_width, reps=300, improvement=False)
                         per_env[e] = (per_env[e]["effect"], per_env[e]["low"], per_env[e]["high"])
                 used = [c for c in sa + sb if c.env in envs]
                 results.append(analysis.Result(
@@ -200,7 +200,8 @@ def missing_envs(study: Study, cells: dict) -> dict[str, list[str]]:
 def curve_panels(study: Study, cells: dict, arms: list[str], grid: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
     """The sample-efficiency curves on ``grid`` (normalized, step-interpolated), as panels: ``"pooled"``
     (per arm, seeds x envs x points over the seeds that have every env: arms missing an env are not in
-    it) and, with more than one env, one panel per env (seeds x 1 x points: every arm with a run there)."""
+    it; left out when no arm is) and, with more than one env, one panel per env (seeds x 1 x points:
+    every arm with a run there). A run shorter than the budget is NaN past its end."""
     norm = normalizer(study)
     by: dict[str, dict[str, dict[int, np.ndarray]]] = {}
     for c in cells.values():
@@ -208,13 +209,18 @@ def curve_panels(study: Study, cells: dict, arms: list[str], grid: np.ndarray) -
             pts = sorted(c.curve)
             fr = np.array([p[0] for p in pts])
             val = np.array([norm(c.env, p[1]) for p in pts])
-            by.setdefault(c.arm, {}).setdefault(c.env, {})[c.seed] = val[np.clip(np.searchsorted(fr, grid, side="right") - 1, 0, len(fr) - 1)]
+            on_grid = val[np.clip(np.searchsorted(fr, grid, side="right") - 1, 0, len(fr) - 1)]
+            # a run shorter than the study's budget (a reference cut short) ends where it ended
+            on_grid[grid > max(c.frames, fr[-1]) + (grid[1] - grid[0] if len(grid) > 1 else 0)] = np.nan
+            by.setdefault(c.arm, {}).setdefault(c.env, {})[c.seed] = on_grid
     panels: dict[str, dict[str, np.ndarray]] = {"pooled": {}}
     for arm in arms:
         envs = by.get(arm, {})
         seeds = sorted(set.intersection(*(set(envs.get(e, {})) for e in study.envs)))
         if len(seeds) >= 2:
             panels["pooled"][arm] = np.stack([np.stack([envs[e][s] for e in study.envs]) for s in seeds])
+    if not panels["pooled"] and len(study.envs) > 1:
+        del panels["pooled"]  # no arm has runs on every env (references of one seed): per env only
     if len(study.envs) > 1:
         for e in study.envs:
             panels[e] = {arm: np.stack([by[arm][e][s] for s in sorted(by[arm][e])])[:, None, :]
@@ -248,13 +254,15 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         for ax in axes.flat[n:]:
             ax.set_visible(False)
         missing = {a: m for a, m in missing_envs(study, cells).items() if a in arms}
+        handles = {}
         for ax, (name, curves) in zip(axes.flat, panels.items()):
             bands = analysis.sample_efficiency(curves, reps=200) if curves else {}
             for arm, (m, lo, hi) in bands.items():
-                ax.plot(grid, m, color=color[arm], label=f"{labels[arm]} (n={len(curves[arm])})")
+                handles.setdefault(arm, ax.plot(grid, m, color=color[arm], label=f"{labels[arm]} (n={len(curves[arm])})")[0])
                 ax.fill_between(grid, lo, hi, color=color[arm], alpha=0.2)
             pooled = name == "pooled"
-            ax.set(xlabel="environment frames", ylabel=f"normalized return, mean of {len(study.envs)} envs" if pooled else "normalized return",
+            what = "return" if study.score == "raw" else "normalized return"
+            ax.set(xlabel="environment frames", ylabel=f"{what}, mean of {len(study.envs)} envs" if pooled else what,
                    title=(f"{study.title}"[:90] if n == 1 else f"mean of the {len(study.envs)} envs" if pooled else env_game(name)))
             ax.title.set_fontsize(8)
             ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e3:g}k")
@@ -262,11 +270,22 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
                 ax.text(0.01, 0.99, "not pooled (no run on): " + "; ".join(f"{labels[a]} ({', '.join(env_game(e) for e in m)})"
                                                                           for a, m in missing.items()),
                         transform=ax.transAxes, fontsize=5, va="top", wrap=True)
-            if bands:
-                ax.legend(fontsize=5 if n > 1 else 6, loc="lower right")
-        if n > 1:
+            if bands and n == 1:
+                ax.legend(fontsize=6)
+        note = f"cells: {cpus}; 95% stratified bootstrap bands (rliable)"
+        if n > 1:  # one legend for the panels (n: the runs in the first panel that has the arm), with the note
             fig.suptitle(f"{study.title}"[:120], fontsize=9)
-        fig.text(0.01, 0.0, f"cells: {cpus}; 95% stratified bootstrap bands (rliable)", fontsize=5, va="top")
+            keys = [a for a in arms if a in handles]
+            entries = ([handles[a] for a in keys], [handles[a].get_label() for a in keys])
+            if n < rows * cols:  # in the first empty slot
+                slot = axes.flat[n]
+                slot.set_visible(True)
+                slot.axis("off")
+                slot.legend(*entries, loc="center", fontsize=6, title=note.replace(" + ", "\n+ ").replace("; ", "\n"), title_fontsize=5)
+            else:
+                fig.legend(*entries, loc="outside lower center", ncols=2, fontsize=6, title=note, title_fontsize=5)
+        else:
+            fig.text(0.01, 0.0, note, fontsize=5, va="top")
         made["sample efficiency"] = out.with_name(out.stem + "_curves.png")
         fig.savefig(made["sample efficiency"], dpi=110, bbox_inches="tight")
         plt.close(fig)
