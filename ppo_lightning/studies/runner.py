@@ -22,8 +22,9 @@ study file (`ppo_lightning.studies.records`).
 
 from __future__ import annotations
 
-import hashlib
+import fcntl
 import functools
+import hashlib
 import json
 import math
 import os
@@ -348,6 +349,8 @@ class Worker:
 
     def __call__(self) -> int:
         study = load_study(self.study_path)
+        if self.parent is None:  # the study's parent run, made by the first worker (it imports MLflow anyway)
+            self.parent = _parent_run(study, self.tracking_uri, Path(self.run_root))
         for g in self.groups:
             run_group(study, g, Path(self.run_root), self.tracking_uri, self.parent, self.checkpoint_frames)
         return len(self.groups)
@@ -370,7 +373,18 @@ def done_cells(study: Study, run_root: Path) -> dict:
     return cells
 
 
-def _parent_run(study: Study, tracking_uri: str) -> str | None:
+def _parent_run(study: Study, tracking_uri: str, run_root: Path) -> str | None:
+    """The study's MLflow parent run: found by its tag, else made (one at a time: the workers of a
+    study take a lock in its run root)."""
+    lock = os.open(run_root / ".parent-run.lock", os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _find_or_make_parent_run(study, tracking_uri)
+    finally:
+        os.close(lock)
+
+
+def _find_or_make_parent_run(study: Study, tracking_uri: str) -> str | None:
     try:
         from mlflow.tracking import MlflowClient
 
@@ -407,7 +421,6 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
     print(f"[study] {study.name}: {len(done)} of {total} cells recorded; {sum(len(g.members) for g in groups)} to run "
           f"in {len(groups)} groups on {workers} worker(s)", flush=True)
     if groups:
-        parent = _parent_run(study, tracking_uri)
         bins = deal(groups, workers)
         cluster = {"local": "local", "slurm": "slurm", "auto": None}[executor]
         ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster=cluster)
@@ -415,7 +428,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         if ex.cluster == "slurm":
             ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
         planning_s = time.perf_counter() - t0
-        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, parent, checkpoint_frames)) for b in bins]
+        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, None, checkpoint_frames)) for b in bins]
         start, last = time.perf_counter(), -1
         while not all(j.done() for j in jobs):
             n = len(recorded(run_root))
