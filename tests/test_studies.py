@@ -286,3 +286,51 @@ def test_the_curves_plot_every_arm_and_name_the_envs_an_arm_lacks(tmp_path):
     assert missing_envs(study, cells) == {"ppo_hi": ["minatar:asterix"]}
     assert "PPO, lr 1e-3 (no asterix)" in markdown(study, [], cells, {})
     assert plot(study, cells, [], tmp_path / "tiny.md")["sample efficiency"].exists()
+
+
+def test_a_full_disk_while_writing_study_records_is_one_line_and_keeps_every_record(tmp_path):
+    """Issue 38 for the study records, on a real 256 kB tmpfs holding the study file, its export and its
+    run root: writes that do not fit raise one line (what, where, bytes needed and free), leave no
+    temporary file and keep every record written before, byte for byte; `study run` says so and exits 5."""
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    from ppo_lightning.core.faults import StorageFull
+    from ppo_lightning.studies import records, runner
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here ({(out.stderr or out.stdout).strip()[:200]})")
+    try:
+        study = load_study(tiny(disk, seeds={"count": 2, "first": 0}))
+        root = disk / "runs"
+        curve = [(float(f), 1.0 + f / 7) for f in range(0, 25_600, 128)]  # 200 points: ~7 kB of CSV per cell
+        cells = [records.Cell(a, "minatar:breakout", s, 25_600, 1.0, 1.0, curve=curve) for a in study.arms for s in (0, 1)]
+        for c in cells:
+            runner._write_json(runner._cell_path(root, c.arm, c.env, c.seed), asdict(c), "the cell record")
+        records.write_export(study, cells[:2])  # the export as a runner left it after two cells
+        before = {p: p.read_bytes() for p in disk.rglob("*") if p.is_file()}
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        (disk / "filler").write_bytes(b"\0" * (free - 4096))  # 4 kB left
+
+        with pytest.raises(StorageFull) as err:
+            records.write_export(study, cells)
+        line = str(err.value)
+        assert "\n" not in line and line.startswith("no space left on device while writing the study's curve export "), line
+        assert "kB free)" in line and "nothing partial was left" in line and " (needs 3" in line  # ~34 kB
+        longer = asdict(cells[0]) | {"curve": curve * 3}
+        with pytest.raises(StorageFull, match="while writing the cell record"):
+            runner._write_json(runner._cell_path(root, cells[0].arm, cells[0].env, cells[0].seed), longer, "the cell record")
+        run = subprocess.run([sys.executable, "-m", "ppo_lightning.cli.main", "study", "run", str(study.path), "--run-root",
+                              str(root), "--workers", "1"], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # every cell recorded: the export only
+        said = [x for x in (run.stdout + run.stderr).splitlines() if x.startswith("error: ")]
+        assert run.returncode == 5 and "Traceback" not in run.stderr, run.stdout + run.stderr[-2000:]
+        assert len(said) == 1 and "the cells recorded before it are kept" in said[0] and "study run" in said[0], said
+        assert {p: p.read_bytes() for p in before} == before and not list(disk.rglob("*.tmp"))
+        assert len(runner.recorded(root)) == 4
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -55,5 +55,14 @@ def main(argv: list[str]) -> int:
     if a.action == "status":
         print(runner.status_text(study, a.run_root))
         return 0
-    return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root, tracking_uri=a.tracking_uri,
-                            checkpoint_frames=a.checkpoint_frames)
+    try:
+        return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root,
+                                tracking_uri=a.tracking_uri, checkpoint_frames=a.checkpoint_frames)
+    except RuntimeError as err:
+        from ppo_lightning.core.faults import StorageFull  # start-up cost: torch; only on this failure path
+
+        if not isinstance(err, StorageFull):
+            raise
+        print(f"error: {err}; the cells recorded before it are kept: free space and rerun `ppo-lightning study run "
+              f"{study.path}` (recorded cells are skipped)")
+        return err.exit_code

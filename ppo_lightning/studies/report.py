@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ppo_lightning.studies import analysis
-from ppo_lightning.studies.records import Cell, cpu_short, env_game, load_cells, normalizer
+from ppo_lightning.studies.records import Cell, atomic_write, cpu_short, env_game, load_cells, normalizer
 from ppo_lightning.studies.spec import Study
 
 METRIC_NAME = {"auc": "AUC", "final": "final return"}
@@ -337,13 +337,13 @@ def report(study: Study, out_dir: Path | None = None, into: Path | None = None, 
     # beside the report, the figures by name; a docs page of experiments/ links them as results/studies/...
     rel = {k: (f"results/studies/{v.name}" if into is not None else v.name) for k, v in made.items()}
     text = markdown(study, results, cells, rel)
-    out.write_text(text)
+    atomic_write(out, text, "the study report")
     if into is not None:
         page = into.read_text()
         tag = f"<!-- study-report: {study.path.relative_to(study.root).as_posix()} -->"
         pattern = re.compile(re.escape(tag) + r"\n.*?<!-- end study-report -->", re.S)
         if not pattern.search(page):
             raise ValueError(f"--into {into}: no block '{tag}' ... '<!-- end study-report -->' in the page")
-        into.write_text(pattern.sub(lambda _: f"{tag}\n{text}<!-- end study-report -->", page))
+        atomic_write(into, pattern.sub(lambda _: f"{tag}\n{text}<!-- end study-report -->", page), "the docs page")
     print(f"{study.name}: {len(results)} verdicts from {len(cells)} cells in {time.perf_counter() - t0:.1f} s -> {out}")
     return text

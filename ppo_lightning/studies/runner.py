@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,10 +38,11 @@ from pathlib import Path
 
 import yaml
 
-from ppo_lightning.studies.records import Cell, curve_auc, export_cells, final_value, legacy_cells, write_export
+from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
 CHECKPOINT_FRAMES = 65_536
+FAULT_PREFIX = re.compile(r"^ppo_lightning\.[\w.]+\.(\w+): ")  # a worker's traceback ends "module.Class: message"
 MEMBER_KEYS = ("model.lr", "model.proximal_com", "model.decoupled", "model.adam_betas", "data.advantage_norm_span",
                "scale_rules", "scale_adam_betas")
 ADAM_BETAS = [0.9, 0.999]
@@ -67,7 +69,8 @@ def job_failures(jobs) -> list[str]:
         try:
             j.result()
         except Exception as err:  # noqa: BLE001 - every worker's failure is reported
-            failed.append(f"job {j.job_id}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}")
+            last = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
+            failed.append(f"job {j.job_id}: {FAULT_PREFIX.sub('', last)}")
     return failed
 
 
@@ -216,11 +219,8 @@ def recorded(run_root: Path) -> dict[tuple[str, str, int], Cell]:
     return out
 
 
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+def _write_json(path: Path, data, what: str = "study record") -> None:
+    atomic_write(path, json.dumps(data), what)
 
 
 def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames: int | None = None) -> list[str]:
@@ -255,7 +255,7 @@ def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames:
             print(f"[study] {run_dir.name}: continuing from {last}", flush=True)
             return extra + ["--ckpt_path", str(last)]
     run_dir.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(args))
+    _write_json(stamp, args, "the group's arguments")
     return extra
 
 
@@ -331,7 +331,7 @@ def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, par
         for k, v in {"study": study.name, "arm": arm, "env": group.env, "seed": seed, "cpu": cpu, "precision": precision,
                      "label": study.arms[arm].label}.items():
             client.set_tag(run_id, k, str(v))
-        _write_json(_cell_path(run_root, arm, group.env, seed), asdict(cell))
+        _write_json(_cell_path(run_root, arm, group.env, seed), asdict(cell), "the cell record")
         cells.append(cell)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return cells
@@ -451,7 +451,8 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
               f"(planning + records) against {compute:.0f} s of training", flush=True)
     if failed:
-        print("[study] failed: " + "; ".join(failed), flush=True)
+        print("[study] failed: " + "; ".join(failed) + f"; the recorded cells are kept: rerun `ppo-lightning study run "
+              f"{study.path}` to train the others", flush=True)
         return 1
     return 0
 
