@@ -12,10 +12,11 @@ host=$(hostname -s)
 cpus=$(nproc)
 mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
 mkdir -p /etc/slurm /var/spool/slurmd /var/spool/slurmctld /var/log/slurm /run/munge /var/lib/munge /var/log/munge
+old=$(cat /etc/slurm/slurm.conf 2>/dev/null || true)
 cat > /etc/slurm/slurm.conf <<CONF
 ClusterName=local
-SlurmctldHost=$host
-NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
+SlurmctldHost=$host(127.0.0.1)
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -33,7 +34,11 @@ AccountingStorageType=accounting_storage/none
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 SchedulerType=sched/backfill
-KillWait=30
+# a test node: schedule (and start requeued jobs) within seconds
+SchedulerParameters=sched_interval=2,bf_interval=2
+KillWait=10
+# a requeued job waits cred_expire seconds before it starts again (default 120)
+AuthInfo=cred_expire=10
 CONF
 if [ ! -s /etc/munge/munge.key ]; then
     mkdir -p /etc/munge
@@ -41,6 +46,10 @@ if [ ! -s /etc/munge/munge.key ]; then
 fi
 chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
 chmod 400 /etc/munge/munge.key
+if [ "$old" != "$(cat /etc/slurm/slurm.conf)" ] && pgrep -x slurmctld >/dev/null; then
+    scontrol shutdown || true  # daemons started with another configuration (AuthInfo needs a restart)
+    for _ in $(seq 20); do pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null || break; sleep 0.5; done
+fi
 pgrep -x munged >/dev/null || su -s /bin/sh munge -c munged 2>/dev/null || munged --force
 pgrep -x slurmctld >/dev/null || slurmctld
 pgrep -x slurmd >/dev/null || slurmd
