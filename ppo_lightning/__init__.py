@@ -15,12 +15,19 @@ from ppo_lightning import _moved  # noqa: E402
 
 _moved.install()  # 0.1's flat module paths still resolve until 0.2, with a FutureWarning
 
-from ppo_lightning.interop.checkpoint_io import ExportError  # noqa: E402,F401
-from ppo_lightning.interop.hf.loader import load_pretrained  # noqa: E402,F401
 
 
 def __getattr__(name):
-    # Lazy: `import ppo_lightning` stays light (export-hf needs no TorchRL collector).
+    # Lazy: `import ppo_lightning` stays light (export-hf needs no TorchRL collector; a study report
+    # or `study status` needs no torch).
+    if name == "ExportError":
+        from ppo_lightning.interop.checkpoint_io import ExportError
+
+        return ExportError
+    if name == "load_pretrained":
+        from ppo_lightning.interop.hf.loader import load_pretrained
+
+        return load_pretrained
     if name == "PPOLightningModule":
         from ppo_lightning.training.module import PPOLightningModule
 

@@ -112,6 +112,40 @@ def test_rliable_difference_covers_the_truth_and_verdicts_follow_the_ci():
     assert small["verdict"].startswith("a > b, and equal within ±0.05"), small["verdict"]
 
 
+def test_the_vectorized_bootstrap_equals_rliables():
+    """`stratified_bootstrap` evaluates rliable's replicates at once: the same points and intervals as
+    rliable's get_interval_estimates and create_performance_profile, bit for bit."""
+    from ppo_lightning.studies import analysis as A
+
+    library, metrics = A.rliable()
+    rng = np.random.default_rng(1)
+    x, y, z = rng.normal(0.5, 0.2, (8, 3)), rng.normal(0.4, 0.2, (6, 3)), rng.normal(0.3, 0.2, (8, 3))
+    curves = {"a": rng.normal(0, 1, (5, 2, 7)), "b": rng.normal(0, 1, (4, 2, 7))}
+
+    def ref(data, fn, reps=100):
+        with A._seeded(0):
+            p, c = library.get_interval_estimates(data, fn, reps=reps, random_state=np.random.RandomState(0))
+        return {k: (p[k], c[k][0], c[k][1]) for k in data}
+
+    def same(a, b):
+        return all(np.array_equal(np.atleast_1d(u), np.atleast_1d(v)) for u, v in zip(a, b))
+
+    mine = A.interval_estimates({"x": x, "y": y}, reps=100)
+    for k, (p, lo, hi) in ref({"x": x, "y": y}, lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_iqm(s)])).items():
+        assert mine[k]["mean"] == (p[0], lo[0], hi[0]) and mine[k]["iqm"] == (p[1], lo[1], hi[1])
+    diff = lambda a, b: np.array([metrics.aggregate_mean(a) - metrics.aggregate_mean(b)])  # noqa: E731
+    for other in (y, z):  # runs unequal (drawn replicate by replicate) and equal (one draw)
+        assert same(A.difference(x, other, 100), ref({"d": (x, other)}, diff)["d"])
+    bands = A.sample_efficiency(curves, reps=100)
+    for k, r in ref(curves, lambda s: np.array([metrics.aggregate_mean(s[..., t]) for t in range(s.shape[-1])])).items():
+        assert same(bands[k], r)
+    taus = np.linspace(-1, 1, 9)
+    with A._seeded(0):
+        prof, pb = library.create_performance_profile({"x": x, "y": y}, taus, reps=100)
+    mp, mb = A.performance_profiles({"x": x, "y": y}, taus, reps=100)
+    assert all(np.array_equal(mp[k], prof[k]) and np.array_equal(mb[k], pb[k]) for k in "xy")
+
+
 def test_report_regenerates_a_committed_500k_verdict(tmp_path):
     from ppo_lightning.studies.report import report
 
@@ -216,3 +250,87 @@ def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted
     whole = runner.run_group(plain, runner.plan(plain, set(), 1)[0], tmp_path / "b" / "runs", uri)
     assert [(c.arm, c.curve, c.auc_return, c.final_return) for c in resumed] == [
         (c.arm, c.curve, c.auc_return, c.final_return) for c in whole]
+    # the cells' times sum both attempts: the stopped one's (kept at its stop) and the resumed one's
+    first = json.loads((tmp_path / "a" / "runs" / "groups" / group.name / "attempts.json").read_text())
+    assert len(first) == 1 and first[0]["train_s"] > 0
+    n = len(group.members)
+    assert all(c.attempts == 2 and c.train_s * n > first[0]["train_s"] and c.wall_s * n > first[0]["wall_s"] for c in resumed)
+    assert all(c.attempts == 1 for c in whole)
+
+
+def test_attempt_times_split_where_the_clock_or_the_steps_restart():
+    from ppo_lightning.studies.runner import attempt_train_times
+
+    # (timestamp, step, elapsed): an attempt to step 3 (killed), one resumed from step 2 to 5
+    history = [(1, 1, 2.0), (2, 2, 4.0), (3, 3, 6.0), (9, 3, 2.5), (10, 4, 4.5), (11, 5, 6.5)]
+    assert attempt_train_times(history) == [6.0, 6.5]
+    assert attempt_train_times(history[:3]) == [6.0] and attempt_train_times([]) == []
+    assert attempt_train_times([(1, 1, 1.0), (5, 1, 3.0)]) == [1.0, 3.0]  # the same step again: a new attempt
+
+
+def test_the_curves_plot_every_arm_and_name_the_envs_an_arm_lacks(tmp_path):
+    """An arm with no run on one env is in the panels of the envs it has and named under the pooled
+    one (and in the report's text), not dropped."""
+    from ppo_lightning.studies.records import Cell
+    from ppo_lightning.studies.report import curve_panels, markdown, missing_envs, plot
+
+    study = load_study(tiny(tmp_path, envs=["minatar:breakout", "minatar:asterix"], seeds={"count": 3, "first": 0}))
+    curve = [(64.0, 1.0), (128.0, 2.0), (256.0, 3.0)]
+    cells = {(a, e, s): Cell(a, e, s, 256, 2.0 + s, 3.0, curve=curve) for a in study.arms for e in study.envs for s in range(3)
+             if not (a == "ppo_hi" and e == "minatar:asterix")}
+    grid = np.linspace(32, 256, 8)
+    panels = curve_panels(study, cells, list(study.arms), grid)
+    assert list(panels["pooled"]) == ["ppo_ewma"] and panels["pooled"]["ppo_ewma"].shape == (3, 2, 8)
+    assert list(panels["minatar:breakout"]) == ["ppo_ewma", "ppo_hi"] and list(panels["minatar:asterix"]) == ["ppo_ewma"]
+    assert panels["minatar:breakout"]["ppo_hi"][:, 0, -1].tolist() == [3.0] * 3
+    assert missing_envs(study, cells) == {"ppo_hi": ["minatar:asterix"]}
+    assert "PPO, lr 1e-3 (no asterix)" in markdown(study, [], cells, {})
+    assert plot(study, cells, [], tmp_path / "tiny.md")["sample efficiency"].exists()
+
+
+def test_a_full_disk_while_writing_study_records_is_one_line_and_keeps_every_record(tmp_path):
+    """Issue 38 for the study records, on a real 256 kB tmpfs holding the study file, its export and its
+    run root: writes that do not fit raise one line (what, where, bytes needed and free), leave no
+    temporary file and keep every record written before, byte for byte; `study run` says so and exits 5."""
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    from ppo_lightning.core.faults import StorageFull
+    from ppo_lightning.studies import records, runner
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here ({(out.stderr or out.stdout).strip()[:200]})")
+    try:
+        study = load_study(tiny(disk, seeds={"count": 2, "first": 0}))
+        root = disk / "runs"
+        curve = [(float(f), 1.0 + f / 7) for f in range(0, 25_600, 128)]  # 200 points: ~7 kB of CSV per cell
+        cells = [records.Cell(a, "minatar:breakout", s, 25_600, 1.0, 1.0, curve=curve) for a in study.arms for s in (0, 1)]
+        for c in cells:
+            runner._write_json(runner._cell_path(root, c.arm, c.env, c.seed), asdict(c), "the cell record")
+        records.write_export(study, cells[:2])  # the export as a runner left it after two cells
+        before = {p: p.read_bytes() for p in disk.rglob("*") if p.is_file()}
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        (disk / "filler").write_bytes(b"\0" * (free - 4096))  # 4 kB left
+
+        with pytest.raises(StorageFull) as err:
+            records.write_export(study, cells)
+        line = str(err.value)
+        assert "\n" not in line and line.startswith("no space left on device while writing the study's curve export "), line
+        assert "kB free)" in line and "nothing partial was left" in line and " (needs 3" in line  # ~34 kB
+        longer = asdict(cells[0]) | {"curve": curve * 3}
+        with pytest.raises(StorageFull, match="while writing the cell record"):
+            runner._write_json(runner._cell_path(root, cells[0].arm, cells[0].env, cells[0].seed), longer, "the cell record")
+        run = subprocess.run([sys.executable, "-m", "ppo_lightning.cli.main", "study", "run", str(study.path), "--run-root",
+                              str(root), "--workers", "1"], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # every cell recorded: the export only
+        said = [x for x in (run.stdout + run.stderr).splitlines() if x.startswith("error: ")]
+        assert run.returncode == 5 and "Traceback" not in run.stderr, run.stdout + run.stderr[-2000:]
+        assert len(said) == 1 and "the cells recorded before it are kept" in said[0] and "study run" in said[0], said
+        assert {p: p.read_bytes() for p in before} == before and not list(disk.rglob("*.tmp"))
+        assert len(runner.recorded(root)) == 4
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

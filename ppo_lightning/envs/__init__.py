@@ -7,14 +7,13 @@
 resets through TorchRL (no fake transitions from a vector env's autoreset).
 
 Procgen's and MinAtar's modules are imported inside the functions below, only for an id of their
-family: they are optional at run time and cost start-up (procgen pulls gym and gym3).
+family: they are optional at run time and cost start-up (procgen pulls gym and gym3); the gymnasium
+module likewise (it pulls TorchRL), so that `minatar_scores` reads without the training stack.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from ppo_lightning.envs.gymnasium_env import check_gymnasium_id, gymnasium_spaces, make_gymnasium_env
 
 PROCGEN_PREFIX = "procgen:"
 MINATAR_PREFIX = "minatar:"
@@ -42,6 +41,8 @@ def check_env_id(env_id: str) -> None:
 
         check_procgen_game(env_id[len(PROCGEN_PREFIX):])
     else:
+        from ppo_lightning.envs.gymnasium_env import check_gymnasium_id  # start-up cost: TorchRL
+
         check_gymnasium_id(env_id)
 
 
@@ -59,6 +60,8 @@ def env_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[d
         from ppo_lightning.envs.procgen_env import procgen_spaces
 
         return procgen_spaces()
+    from ppo_lightning.envs.gymnasium_env import gymnasium_spaces  # start-up cost: TorchRL
+
     return gymnasium_spaces(env_id, env_kwargs)
 
 
@@ -78,6 +81,8 @@ def make_env(env_id: str, num_envs: int, seed: int, env_kwargs: dict[str, Any] |
         from ppo_lightning.envs.procgen_env import make_procgen_env
 
         return make_procgen_env(env_id[len(PROCGEN_PREFIX):], num_envs=num_envs, seed=seed, **env_kwargs)
+    from ppo_lightning.envs.gymnasium_env import make_gymnasium_env  # start-up cost: TorchRL
+
     if timeout_s is not None:
         env_kwargs = {**env_kwargs, "timeout_s": timeout_s}
     return make_gymnasium_env(env_id, num_envs=num_envs, seed=seed, **env_kwargs)

@@ -26,11 +26,12 @@ import numpy as np
 
 Z95 = 1.959963984540054
 MIN_SEEDS_FOR_BOOTSTRAP = 5
-REPS = 1000  # bootstrap replicates per interval (arch's bootstrap loops in Python: ~0.3 s per interval here)
+REPS = 1000  # bootstrap replicates per interval
 
 
 def rliable():
-    """``(library, metrics)`` of rliable. rliable needs arch < 8 (arch 8 dropped ``random_state``,
+    """``(library, metrics)`` of rliable (the report evaluates rliable's bootstrap itself,
+    `stratified_bootstrap`; the library is for checking it against). rliable needs arch < 8 (arch 8 dropped ``random_state``,
     which rliable passes); arch 7 calls pandas' private ``deprecate_kwarg(old, new)``, whose pandas 3
     form takes the warning class first: give arch the form it calls."""
     import pandas.util._decorators as decorators
@@ -115,50 +116,103 @@ class _seeded:
         np.random.set_state(self.state)
 
 
+def _strata(shape: tuple[int, ...]) -> list[np.ndarray]:
+    """rliable's fixed indices of every axis but the runs' (``np.ogrid`` over ``(0, *shape[1:])``)."""
+    return list(np.ogrid[tuple(slice(n) for n in (0, *shape[1:]))][1:])
+
+
+def _draws(arrays: tuple[np.ndarray, ...], reps: int) -> list[np.ndarray]:
+    """rliable's resampling indices for ``reps`` replicates, in its order: per replicate, per array,
+    ``np.random.choice(runs, shape)``. Arrays with the same number of runs take them in one call:
+    choice with replacement is ``randint(0, runs)``, whose values follow one another in the generator's
+    stream however the calls split them (tested against rliable)."""
+    if len({a.shape[0] for a in arrays}) == 1:
+        flat = np.random.choice(arrays[0].shape[0], (reps, sum(a.size for a in arrays)), replace=True)
+        cuts = np.cumsum([a.size for a in arrays])[:-1]
+        return [part.reshape(reps, *a.shape) for a, part in zip(arrays, np.split(flat, cuts, axis=1))]
+    idx = [np.empty((reps, *a.shape), dtype=np.int64) for a in arrays]
+    for r in range(reps):
+        for i, a in enumerate(arrays):
+            idx[i][r] = np.random.choice(a.shape[0], a.shape, replace=True)
+    return idx
+
+
+def stratified_bootstrap(data: dict[str, tuple[np.ndarray, ...]], stat, reps: int, seed: int = 0) -> dict[str, tuple]:
+    """rliable's ``library.get_interval_estimates`` (stratified bootstrap, percentile 95% CI), with the
+    statistic evaluated on every replicate at once. Per key, ``data[key]``: one array (runs x tasks x
+    ...) or several resampled independently (rliable's ``StratifiedIndependentBootstrap``);
+    ``stat(*arrays)`` takes them with a leading replicate axis and returns ``(replicates, k)``. Returns
+    ``{key: (point (k,), low (k,), high (k,))}``.
+
+    The replicates are rliable's, drawn in its order from the same generator (per replicate, per
+    array: ``np.random.choice(runs, shape)``, each task's runs resampled within the task), and the
+    interval is arch's percentile interval, so the result equals ``get_interval_estimates`` (tested);
+    rliable calls the statistic replicate by replicate in Python (~0.3 s per interval of 1,000
+    replicates here), which put a 500k report at 45-67 s."""
+    out = {}
+    alpha = (1.0 - 0.95) / 2  # as arch computes it
+    q = [100 * alpha, 100 * (1.0 - alpha)]
+    with _seeded(seed):
+        for key, arrays in data.items():
+            idx = _draws(arrays, reps)
+            samples = [a[(ix, *_strata(a.shape))] for a, ix in zip(arrays, idx)]
+            point = np.asarray(stat(*(a[None] for a in arrays)), dtype=float)[0]
+            values = np.asarray(stat(*samples), dtype=float).reshape(reps, -1)
+            low, high = np.array([np.percentile(values[:, i], q) for i in range(values.shape[1])]).T  # column by column, as arch
+            out[key] = (np.atleast_1d(point), low, high)
+    return out
+
+
+def mean_of_task_means(s: np.ndarray) -> np.ndarray:
+    """rliable's ``aggregate_mean`` per replicate: ``s`` is (replicates, runs, tasks, ...)."""
+    return np.mean(np.mean(s, axis=1), axis=1)
+
+
+def iqm(s: np.ndarray) -> np.ndarray:
+    """rliable's ``aggregate_iqm`` (scipy's 25% trimmed mean of all runs and tasks) per replicate."""
+    from scipy.stats import trim_mean
+
+    return trim_mean(s.reshape(len(s), -1), proportiontocut=0.25, axis=1)
+
+
 def interval_estimates(scores: dict[str, np.ndarray], reps: int = REPS, seed: int = 0) -> dict[str, dict[str, tuple]]:
     """Per arm (``scores[arm]``: seeds x environments): mean and IQM, each ``(value, low, high)``,
-    95% stratified bootstrap (rliable)."""
-    library, metrics = rliable()
-    fn = lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_iqm(s)])  # noqa: E731
-    with _seeded(seed):
-        points, cis = library.get_interval_estimates(scores, fn, reps=reps, random_state=np.random.RandomState(seed))
-    return {arm: {"mean": (float(points[arm][0]), float(cis[arm][0, 0]), float(cis[arm][1, 0])),
-                  "iqm": (float(points[arm][1]), float(cis[arm][0, 1]), float(cis[arm][1, 1]))} for arm in scores}
+    95% stratified bootstrap (rliable's, `stratified_bootstrap`)."""
+    est = stratified_bootstrap({a: (m,) for a, m in scores.items()},
+                               lambda s: np.stack([mean_of_task_means(s), iqm(s)], axis=1), reps, seed)
+    return {arm: {"mean": (float(p[0]), float(lo[0]), float(hi[0])), "iqm": (float(p[1]), float(lo[1]), float(hi[1]))}
+            for arm, (p, lo, hi) in est.items()}
 
 
 def difference(x: np.ndarray, y: np.ndarray, reps: int = REPS, seed: int = 0) -> tuple[float, float, float]:
     """``mean(x) - mean(y)`` with its 95% CI: rliable's stratified bootstrap of independent samples
     (each arm's seeds resampled within each environment, the two arms independently)."""
-    library, metrics = rliable()
-    fn = lambda a, b: np.array([metrics.aggregate_mean(a) - metrics.aggregate_mean(b)])  # noqa: E731
-    with _seeded(seed):
-        points, cis = library.get_interval_estimates({"d": (x, y)}, fn, reps=reps, random_state=np.random.RandomState(seed))
-    return float(points["d"][0]), float(cis["d"][0, 0]), float(cis["d"][1, 0])
+    p, lo, hi = stratified_bootstrap({"d": (x, y)}, lambda a, b: mean_of_task_means(a) - mean_of_task_means(b), reps, seed)["d"]
+    return float(p[0]), float(lo[0]), float(hi[0])
 
 
 def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
     """P(a run of x scores above a run of y), averaged over environments (rliable's Mann-Whitney
     form). Its bootstrap CI is left out: rliable computes it pair by pair in Python, ~25 s per
     comparison here, which would put a report over its 30 s."""
-    _, metrics = rliable()
+    from rliable import metrics  # numpy and scipy only (its library module pulls arch: seconds to import)
+
     return float(metrics.probability_of_improvement(x, y))
 
 
 def sample_efficiency(curves: dict[str, np.ndarray], reps: int = 500, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per arm (``curves[arm]``: seeds x environments x points): the mean over runs at every point
-    with a 95% stratified-bootstrap band (rliable)."""
-    library, metrics = rliable()
-    fn = lambda s: np.array([metrics.aggregate_mean(s[..., t]) for t in range(s.shape[-1])])  # noqa: E731
-    with _seeded(seed):
-        points, cis = library.get_interval_estimates(curves, fn, reps=reps, random_state=np.random.RandomState(seed))
-    return {arm: (points[arm], cis[arm][0], cis[arm][1]) for arm in curves}
+    with a 95% stratified-bootstrap band (rliable's; it resamples the runs at each point apart)."""
+    return stratified_bootstrap({a: (c,) for a, c in curves.items()}, mean_of_task_means, reps, seed)
 
 
 def performance_profiles(scores: dict[str, np.ndarray], taus: np.ndarray, reps: int = 500, seed: int = 0):
-    """rliable's score distributions: the fraction of runs above each tau, with bands."""
-    library, _ = rliable()
-    with _seeded(seed):
-        return library.create_performance_profile(scores, taus, reps=reps)
+    """rliable's score distributions (``create_performance_profile``): the fraction of runs above each
+    tau, with bands; ``(profiles, {arm: (low, high)})``."""
+    taus = np.asarray(taus, dtype=float)
+    est = stratified_bootstrap({a: (m,) for a, m in scores.items()},
+                               lambda s: (s.reshape(len(s), -1)[:, None, :] > taus[None, :, None]).mean(axis=2), reps, seed)
+    return {a: p for a, (p, _, _) in est.items()}, {a: np.stack([lo, hi]) for a, (_, lo, hi) in est.items()}
 
 
 # ----------------------------------------------------------------------------------- verdicts
@@ -197,9 +251,10 @@ def direction(low: float, high: float) -> str:
 
 
 def compare(x: np.ndarray, y: np.ndarray, *, test: str, margin: float | None, target: float,
-            reps: int = REPS) -> dict:
+            reps: int = REPS, improvement: bool = True) -> dict:
     """Effect of arm x over arm y (seeds x environments each): ``{effect, low, high, method,
-    p_improve, verdict, resolved, seeds_for_target, tost_p}``."""
+    p_improve, verdict, resolved, seeds_for_target, tost_p}`` (``p_improve`` None with
+    ``improvement=False``)."""
     sx, sy = x.mean(1), y.mean(1)  # per-seed scores pooled over environments
     small = min(len(sx), len(sy)) < MIN_SEEDS_FOR_BOOTSTRAP
     if small:
@@ -209,7 +264,7 @@ def compare(x: np.ndarray, y: np.ndarray, *, test: str, margin: float | None, ta
     else:
         d, lo, hi = difference(x, y, reps)
         method = "stratified bootstrap"
-        p_imp = probability_of_improvement(x, y)
+        p_imp = probability_of_improvement(x, y) if improvement else None
     sd = math.sqrt((np.var(sx, ddof=1) + np.var(sy, ddof=1)) / 2) if min(len(sx), len(sy)) > 1 else float("nan")
     out = {"effect": d, "low": lo, "high": hi, "method": method, "p_improve": p_imp,
            "resolved": bool(hi - lo <= 2 * target), "seeds_for_target": seeds_needed(sd, target), "tost_p": None}

@@ -6,6 +6,12 @@ committed CSVs of the old driver (``records:`` in the study file; ``<figure>_run
 ``<figure>_curves.csv``, read as they are, bytes untouched). A cell the export has wins over a
 committed one; among committed sources of an arm, the first that has an (env, seed) gives it.
 
+Every record is written atomically (`atomic_write`: a temporary file beside it, fsync, rename): a
+record is the previous one or the new one, never a part. A full disk (or quota) while writing one
+raises `ppo_lightning.core.faults.StorageFull` (one line: what, where, the bytes it needed, the bytes
+free), the temporary file removed and every record written before kept; a rerun of ``study run``
+after freeing space skips the recorded cells.
+
 Precision of a committed row: the ``--trainer.precision`` in its arguments, else what ``auto``
 resolved to when it ran: bf16-mixed on a CPU with AMX (before issue 21's minibatch threshold),
 32-true elsewhere and for the 100k runs (which predate ``auto`` and recorded no CPU).
@@ -14,15 +20,18 @@ resolved to when it ran: bf16-mixed on a CPU with AMX (before issue 21's minibat
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ppo_lightning.studies.spec import Study
 
 CELL_FIELDS = ["study", "arm", "env", "seed", "frames", "auc_return", "final_return", "cpu", "precision",
-               "wall_s", "train_s", "group", "mlflow_run_id", "source"]
+               "wall_s", "train_s", "group", "mlflow_run_id", "source", "attempts"]
 CURVE_FIELDS = ["arm", "env", "seed", "frames", "return"]
 
 
@@ -36,12 +45,13 @@ class Cell:
     final_return: float  # mean raw return over the last 10% of the frames
     cpu: str = "not recorded"
     precision: str = "32-true"
-    wall_s: float = float("nan")
-    train_s: float = float("nan")
+    wall_s: float = float("nan")   # the group's wall time over its attempts, / its members
+    train_s: float = float("nan")  # the group's training time (fit, without start-up) over its attempts, / its members
     group: str = ""
     mlflow_run_id: str = ""
     source: str = ""
     curve: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    attempts: int = 1   # processes the cell's group took (a preempted group resumes in another); times sum them
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -127,7 +137,8 @@ def export_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int
     out = {}
     for r in _read(study.cells_csv):
         c = Cell(r["arm"], r["env"], int(r["seed"]), int(r["frames"]), float(r["auc_return"]), float(r["final_return"]),
-                 r["cpu"], r["precision"], _float(r["wall_s"]), _float(r["train_s"]), r["group"], r["mlflow_run_id"], "run")
+                 r["cpu"], r["precision"], _float(r["wall_s"]), _float(r["train_s"]), r["group"], r["mlflow_run_id"], "run",
+                 attempts=int(r.get("attempts") or 1))
         if c.arm in study.arms and c.env in study.envs:
             out[c.key] = c
     if curves:
@@ -145,22 +156,63 @@ def load_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int],
     return cells
 
 
+def atomic_write(path: Path, data: str | bytes, what: str = "study record") -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, ``os.replace``
+    (atomic on POSIX), then fsync of the folder. A full disk or quota removes the temporary file and
+    raises `StorageFull` naming ``what``, the path, the bytes needed and free."""
+    path = Path(path)
+    data = data.encode() if isinstance(data, str) else data
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            # start-up cost: core.faults imports torch; only on this failure path
+            from ppo_lightning.core.faults import StorageFull
+            from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text
+
+            if out_of_space(err):
+                raise StorageFull(what, path, len(data), free_bytes(path.parent), space_error_text(err)) from None
+        raise
+    try:
+        folder = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(folder)
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
+
+
 def write_export(study: Study, cells: list[Cell]) -> None:
-    """Rewrite the study's CSV export (cells sorted by arm, env, seed; curves likewise)."""
+    """Rewrite the study's CSV export (cells sorted by arm, env, seed; curves likewise), each file
+    atomically: a failed write leaves the previous export whole."""
     cells = sorted(cells, key=lambda c: (list(study.arms).index(c.arm), c.env, c.seed))
-    with open(study.cells_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CELL_FIELDS)
-        w.writeheader()
-        for c in cells:
-            d = asdict(c)
-            d["study"] = study.name
-            w.writerow({k: (round(d[k], 4) if isinstance(d[k], float) and math.isfinite(d[k]) else d[k]) for k in CELL_FIELDS})
-    with open(study.curves_csv, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CURVE_FIELDS)
-        for c in cells:
-            for fr, v in c.curve:
-                w.writerow([c.arm, c.env, c.seed, int(fr), round(v, 4)])
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=CELL_FIELDS)
+    w.writeheader()
+    for c in cells:
+        d = asdict(c)
+        d["study"] = study.name
+        w.writerow({k: (round(d[k], 4) if isinstance(d[k], float) and math.isfinite(d[k]) else d[k]) for k in CELL_FIELDS})
+    curves = io.StringIO(newline="")
+    w = csv.writer(curves)
+    w.writerow(CURVE_FIELDS)
+    for c in cells:
+        for fr, v in c.curve:
+            w.writerow([c.arm, c.env, c.seed, int(fr), round(v, 4)])
+    atomic_write(study.curves_csv, curves.getvalue(), "the study's curve export")
+    atomic_write(study.cells_csv, text.getvalue(), "the study's cell export")
 
 
 # ----------------------------------------------------------------------------------- scores

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ppo_lightning.studies import analysis
-from ppo_lightning.studies.records import Cell, cpu_short, env_game, load_cells, normalizer
+from ppo_lightning.studies.records import Cell, atomic_write, cpu_short, env_game, load_cells, normalizer
 from ppo_lightning.studies.spec import Study
 
 METRIC_NAME = {"auc": "AUC", "final": "final return"}
@@ -77,7 +77,7 @@ def analyse(study: Study, cells: dict | None = None) -> list[analysis.Result]:
                 if len(envs) > 1:
                     for j, e in enumerate(envs):
                         per_env[e] = analysis.compare(x[:, [j]], y[:, [j]], test="difference", margin=None,
-                                                      target=study.target_half_width, reps=300)
+                                                      target=study.target_half_width, reps=300, improvement=False)
                         per_env[e] = (per_env[e]["effect"], per_env[e]["low"], per_env[e]["high"])
                 used = [c for c in sa + sb if c.env in envs]
                 results.append(analysis.Result(
@@ -135,6 +135,11 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
               "them, while rliable's stratified bootstrap resamples each game's runs independently (runs of one seed "
               "on two games share only the seed number)."]
     lines += arm_table(study, cells)
+    missing = missing_envs(study, cells)
+    if missing:
+        lines += ["", "Not in this table, the pooled curves or the profiles (no run on some environments; in the "
+                  "per-environment curves and the comparisons of the envs they have): " + "; ".join(
+                      f"{labels[a]} (no {', '.join(env_game(e) for e in m)})" for a, m in missing.items()) + "."]
     if len(study.seeds) == 1:  # one run per env (a reference): its numbers per env
         lines += ["", f"Per run (score: {study.score}):", "", "| arm | env | seed | frames | AUC | final | cell |", "|---|---|---|---|---|---|---|"]
         norm = normalizer(study)
@@ -183,8 +188,50 @@ def arm_table(study: Study, cells: dict, reps: int = 500) -> list[str]:
     return rows
 
 
+def missing_envs(study: Study, cells: dict) -> dict[str, list[str]]:
+    """Per arm with recorded cells: the study's environments it has no run on (left out of what pools
+    all environments: the pooled curves, the arm table, the profiles)."""
+    have: dict[str, set[str]] = {}
+    for c in cells.values():
+        have.setdefault(c.arm, set()).add(c.env)
+    return {a: [e for e in study.envs if e not in have[a]] for a in study.arms if a in have and set(study.envs) - have[a]}
+
+
+def curve_panels(study: Study, cells: dict, arms: list[str], grid: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+    """The sample-efficiency curves on ``grid`` (normalized, step-interpolated), as panels: ``"pooled"``
+    (per arm, seeds x envs x points over the seeds that have every env: arms missing an env are not in
+    it; left out when no arm is) and, with more than one env, one panel per env (seeds x 1 x points:
+    every arm with a run there). A run shorter than the budget is NaN past its end."""
+    norm = normalizer(study)
+    by: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    for c in cells.values():
+        if c.arm in arms and c.env in study.envs and c.curve:
+            pts = sorted(c.curve)
+            fr = np.array([p[0] for p in pts])
+            val = np.array([norm(c.env, p[1]) for p in pts])
+            on_grid = val[np.clip(np.searchsorted(fr, grid, side="right") - 1, 0, len(fr) - 1)]
+            # a run shorter than the study's budget (a reference cut short) ends where it ended
+            on_grid[grid > max(c.frames, fr[-1]) + (grid[1] - grid[0] if len(grid) > 1 else 0)] = np.nan
+            by.setdefault(c.arm, {}).setdefault(c.env, {})[c.seed] = on_grid
+    panels: dict[str, dict[str, np.ndarray]] = {"pooled": {}}
+    for arm in arms:
+        envs = by.get(arm, {})
+        seeds = sorted(set.intersection(*(set(envs.get(e, {})) for e in study.envs)))
+        if len(seeds) >= 2:
+            panels["pooled"][arm] = np.stack([np.stack([envs[e][s] for e in study.envs]) for s in seeds])
+    if not panels["pooled"] and len(study.envs) > 1:
+        del panels["pooled"]  # no arm has runs on every env (references of one seed): per env only
+    if len(study.envs) > 1:
+        for e in study.envs:
+            panels[e] = {arm: np.stack([by[arm][e][s] for s in sorted(by[arm][e])])[:, None, :]
+                         for arm in arms if e in by.get(arm, {})}
+    return panels
+
+
 def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, points: int = 40) -> dict[str, Path]:
-    """Sample-efficiency curves of the compared arms and a forest plot of the effects."""
+    """Sample-efficiency curves of the compared arms (pooled over the envs, and per env: an arm missing
+    an env is in the panels of the envs it has, and named under the pooled one), performance profiles
+    and a forest plot of the effects."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,38 +240,52 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
     norm = normalizer(study)
     labels = {a: arm.label for a, arm in study.arms.items()}
     made = {}
-    arms = list(dict.fromkeys(x for comp in study.comparisons for x in (comp.a, comp.b))) or list(study.arms)
+    arms = (list(dict.fromkeys(x for comp in study.comparisons for x in (comp.a, comp.b))) or list(study.arms))[:10]
+    color = {a: f"C{i}" for i, a in enumerate(arms)}
     grid = np.linspace(study.frames / points, study.frames, points)
-    curves = {}
-    for arm in arms[:10]:
-        by: dict[int, dict[str, Cell]] = {}
-        for c in cells.values():
-            if c.arm == arm and c.curve:
-                by.setdefault(c.seed, {})[c.env] = c
-        seeds = [s for s, e in by.items() if all(x in e for x in study.envs)]
-        if len(seeds) < 2:
-            continue
-        arr = np.zeros((len(seeds), len(study.envs), points))
-        for i, s in enumerate(seeds):
-            for j, e in enumerate(study.envs):
-                pts = sorted(by[s][e].curve)
-                fr = np.array([p[0] for p in pts])
-                val = np.array([norm(e, p[1]) for p in pts])
-                idx = np.clip(np.searchsorted(fr, grid, side="right") - 1, 0, len(fr) - 1)
-                arr[i, j] = val[idx]
-        curves[arm] = arr
+    panels = curve_panels(study, cells, arms, grid)
     cpus = holds_under(list(cells.values()))
-    if curves:
-        bands = analysis.sample_efficiency(curves, reps=200)
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
-        for arm, (m, lo, hi) in bands.items():
-            line, = ax.plot(grid, m, label=f"{labels[arm]} (n={len(curves[arm])})")
-            ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2)
-        ax.set(xlabel="environment frames", ylabel=f"normalized return, mean of {len(study.envs)} envs",
-               title=f"{study.title}"[:90])
-        ax.title.set_fontsize(8)
-        ax.legend(fontsize=6)
-        fig.text(0.01, 0.005, f"cells: {cpus}; 95% stratified bootstrap bands (rliable)", fontsize=5)
+    if any(panels.values()):
+        n = len(panels)
+        cols = min(n, 3)
+        rows = math.ceil(n / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(7.5 if n == 1 else 4.2 * cols, 4.8 if n == 1 else 3.4 * rows), squeeze=False,
+                                 layout="constrained")
+        for ax in axes.flat[n:]:
+            ax.set_visible(False)
+        missing = {a: m for a, m in missing_envs(study, cells).items() if a in arms}
+        handles = {}
+        for ax, (name, curves) in zip(axes.flat, panels.items()):
+            bands = analysis.sample_efficiency(curves, reps=200) if curves else {}
+            for arm, (m, lo, hi) in bands.items():
+                handles.setdefault(arm, ax.plot(grid, m, color=color[arm], label=f"{labels[arm]} (n={len(curves[arm])})")[0])
+                ax.fill_between(grid, lo, hi, color=color[arm], alpha=0.2)
+            pooled = name == "pooled"
+            what = "return" if study.score == "raw" else "normalized return"
+            ax.set(xlabel="environment frames", ylabel=f"{what}, mean of {len(study.envs)} envs" if pooled else what,
+                   title=(f"{study.title}"[:90] if n == 1 else f"mean of the {len(study.envs)} envs" if pooled else env_game(name)))
+            ax.title.set_fontsize(8)
+            ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e3:g}k")
+            if pooled and missing:
+                ax.text(0.01, 0.99, "not pooled (no run on): " + "; ".join(f"{labels[a]} ({', '.join(env_game(e) for e in m)})"
+                                                                          for a, m in missing.items()),
+                        transform=ax.transAxes, fontsize=5, va="top", wrap=True)
+            if bands and n == 1:
+                ax.legend(fontsize=6)
+        note = f"cells: {cpus}; 95% stratified bootstrap bands (rliable)"
+        if n > 1:  # one legend for the panels (n: the runs in the first panel that has the arm), with the note
+            fig.suptitle(f"{study.title}"[:120], fontsize=9)
+            keys = [a for a in arms if a in handles]
+            entries = ([handles[a] for a in keys], [handles[a].get_label() for a in keys])
+            if n < rows * cols:  # in the first empty slot
+                slot = axes.flat[n]
+                slot.set_visible(True)
+                slot.axis("off")
+                slot.legend(*entries, loc="center", fontsize=6, title=note.replace(" + ", "\n+ ").replace("; ", "\n"), title_fontsize=5)
+            else:
+                fig.legend(*entries, loc="outside lower center", ncols=2, fontsize=6, title=note, title_fontsize=5)
+        else:
+            fig.text(0.01, 0.0, note, fontsize=5, va="top")
         made["sample efficiency"] = out.with_name(out.stem + "_curves.png")
         fig.savefig(made["sample efficiency"], dpi=110, bbox_inches="tight")
         plt.close(fig)
@@ -276,13 +337,13 @@ def report(study: Study, out_dir: Path | None = None, into: Path | None = None, 
     # beside the report, the figures by name; a docs page of experiments/ links them as results/studies/...
     rel = {k: (f"results/studies/{v.name}" if into is not None else v.name) for k, v in made.items()}
     text = markdown(study, results, cells, rel)
-    out.write_text(text)
+    atomic_write(out, text, "the study report")
     if into is not None:
         page = into.read_text()
         tag = f"<!-- study-report: {study.path.relative_to(study.root).as_posix()} -->"
         pattern = re.compile(re.escape(tag) + r"\n.*?<!-- end study-report -->", re.S)
         if not pattern.search(page):
             raise ValueError(f"--into {into}: no block '{tag}' ... '<!-- end study-report -->' in the page")
-        into.write_text(pattern.sub(lambda _: f"{tag}\n{text}<!-- end study-report -->", page))
+        atomic_write(into, pattern.sub(lambda _: f"{tag}\n{text}<!-- end study-report -->", page), "the docs page")
     print(f"{study.name}: {len(results)} verdicts from {len(cells)} cells in {time.perf_counter() - t0:.1f} s -> {out}")
     return text

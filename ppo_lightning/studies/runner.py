@@ -23,11 +23,13 @@ study file (`ppo_lightning.studies.records`).
 
 from __future__ import annotations
 
-import hashlib
+import fcntl
 import functools
+import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,13 +39,14 @@ from pathlib import Path
 
 import yaml
 
-from ppo_lightning.studies.records import Cell, curve_auc, export_cells, final_value, legacy_cells, write_export
+from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
 CHECKPOINT_FRAMES = 65_536
 # fit options a member carries besides these, with the module's and data module's defaults
 LOSS_AND_RETURN_KEYS = {"model.clip_eps": 0.2, "model.entropy_coef": 0.01, "model.value_coef": 0.5, "model.kl_beta": 1.0,
                         "data.gamma": 0.99, "data.gae_lambda": 0.95}
+FAULT_PREFIX = re.compile(r"^ppo_lightning\.[\w.]+\.(\w+): ")  # a worker's traceback ends "module.Class: message"
 MEMBER_KEYS = ("model.lr", "model.proximal_com", "model.decoupled", "model.adam_betas", "data.advantage_norm_span",
                "scale_rules", "scale_adam_betas", *LOSS_AND_RETURN_KEYS)
 ADAM_BETAS = [0.9, 0.999]
@@ -70,7 +73,8 @@ def job_failures(jobs) -> list[str]:
         try:
             j.result()
         except Exception as err:  # noqa: BLE001 - every worker's failure is reported
-            failed.append(f"job {j.job_id}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}")
+            last = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
+            failed.append(f"job {j.job_id}: {FAULT_PREFIX.sub('', last)}")
     return failed
 
 
@@ -221,11 +225,8 @@ def recorded(run_root: Path) -> dict[tuple[str, str, int], Cell]:
     return out
 
 
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+def _write_json(path: Path, data, what: str = "study record") -> None:
+    atomic_write(path, json.dumps(data), what)
 
 
 def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames: int | None = None) -> list[str]:
@@ -260,8 +261,28 @@ def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames:
             print(f"[study] {run_dir.name}: continuing from {last}", flush=True)
             return extra + ["--ckpt_path", str(last)]
     run_dir.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(args))
+    _write_json(stamp, args, "the group's arguments")
     return extra
+
+
+def attempt_train_times(history: list[tuple[int, int, float]]) -> list[float]:
+    """Training time of each attempt of a run from its ``time/elapsed_s`` history ``[(timestamp, step,
+    value)]``: an attempt (a process; a resumed one continues the run from its last checkpoint) restarts
+    the clock and the steps, so a step or a value that does not grow starts a new attempt; an attempt's
+    time is its last value."""
+    out: list[float] = []
+    prev = None
+    for _, step, v in sorted(history):
+        if prev is None or step <= prev[0] or v < prev[1]:
+            out.append(v)
+        else:
+            out[-1] = v
+        prev = step, v
+    return out
+
+
+def _elapsed_history(client, run_id: str) -> list[tuple[int, int, float]]:
+    return [(m.timestamp, m.step, m.value) for m in client.get_metric_history(run_id, "time/elapsed_s")]
 
 
 def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, parent_run_id: str | None = None,
@@ -275,17 +296,30 @@ def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, par
     run_dir = run_root / "groups" / group.name
     extra = resume_args(group.args, run_dir, study, checkpoint_frames)
     _write_json(run_dir / "members.json", {"env": group.env, "members": group.members})  # for `study status`
+    attempts_file = run_dir / "attempts.json"  # earlier attempts of this group, stopped (preempted) before the end
+    earlier = json.loads(attempts_file.read_text()) if attempts_file.exists() else []
     t0 = time.perf_counter()
     cli = fit_main(["fit", *group.args, *extra, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", study.name,
                     "--mlflow.run_name", group.name, "--run_dir", str(run_dir)])
     code = getattr(cli, "exit_code", None)
-    if code:  # stopped by a signal (preemption): resumable from its checkpoint, nothing recorded
-        raise SystemExit(code)
     wall = time.perf_counter() - t0
+    if code:  # stopped by a signal (preemption): resumable from its checkpoint; its time is kept for the cells
+        try:
+            logger = cli.trainer.logger
+            segments = attempt_train_times(_elapsed_history(logger.experiment, logger.run_id))
+        except Exception:  # noqa: BLE001 - the tracking store may be away: the wall time stands for it
+            segments = []
+        _write_json(attempts_file, [*earlier, {"wall_s": wall, "train_s": segments[-1] if segments else wall}])
+        raise SystemExit(code)
     logger = cli.trainer.logger
     client, dm = logger.experiment, cli.datamodule
-    elapsed = client.get_metric_history(logger.run_id, "time/elapsed_s")
-    train_s = elapsed[-1].value if elapsed else wall
+    segments = attempt_train_times(_elapsed_history(client, logger.run_id)) or [wall]
+    # every attempt: the earlier ones recorded, any killed without a record (SIGKILL: only their elapsed
+    # time in a run the attempts shared), and this one
+    unrecorded = segments[len(earlier):-1]
+    attempts = len(earlier) + len(unrecorded) + 1
+    train_s = sum(a["train_s"] for a in earlier) + sum(unrecorded) + segments[-1]
+    wall = sum(a["wall_s"] for a in earlier) + sum(unrecorded) + wall
     precision = str(cli.trainer.precision)
     cpu = cpu_label()
     if parent_run_id:
@@ -298,11 +332,12 @@ def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, par
         fr, rets = hist("frames"), hist("episode/return_mean20")
         curve = sorted((fr[k], r) for k, r in rets.items() if k in fr)
         cell = Cell(arm, group.env, seed, int(dm.frames), curve_auc(curve, dm.frames), final_value(curve, dm.frames), cpu,
-                    precision, wall / len(group.members), train_s / len(group.members), group.name, run_id, "run", curve)
+                    precision, wall / len(group.members), train_s / len(group.members), group.name, run_id, "run", curve,
+                    attempts)
         for k, v in {"study": study.name, "arm": arm, "env": group.env, "seed": seed, "cpu": cpu, "precision": precision,
                      "label": study.arms[arm].label}.items():
             client.set_tag(run_id, k, str(v))
-        _write_json(_cell_path(run_root, arm, group.env, seed), asdict(cell))
+        _write_json(_cell_path(run_root, arm, group.env, seed), asdict(cell), "the cell record")
         cells.append(cell)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return cells
@@ -320,6 +355,8 @@ class Worker:
 
     def __call__(self) -> int:
         study = load_study(self.study_path)
+        if self.parent is None:  # the study's parent run, made by the first worker (it imports MLflow anyway)
+            self.parent = _parent_run(study, self.tracking_uri, Path(self.run_root))
         for g in self.groups:
             run_group(study, g, Path(self.run_root), self.tracking_uri, self.parent, self.checkpoint_frames)
         return len(self.groups)
@@ -342,7 +379,18 @@ def done_cells(study: Study, run_root: Path) -> dict:
     return cells
 
 
-def _parent_run(study: Study, tracking_uri: str) -> str | None:
+def _parent_run(study: Study, tracking_uri: str, run_root: Path) -> str | None:
+    """The study's MLflow parent run: found by its tag, else made (one at a time: the workers of a
+    study take a lock in its run root)."""
+    lock = os.open(run_root / ".parent-run.lock", os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _find_or_make_parent_run(study, tracking_uri)
+    finally:
+        os.close(lock)
+
+
+def _find_or_make_parent_run(study: Study, tracking_uri: str) -> str | None:
     try:
         from mlflow.tracking import MlflowClient
 
@@ -379,7 +427,6 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
     print(f"[study] {study.name}: {len(done)} of {total} cells recorded; {sum(len(g.members) for g in groups)} to run "
           f"in {len(groups)} groups on {workers} worker(s)", flush=True)
     if groups:
-        parent = _parent_run(study, tracking_uri)
         bins = deal(groups, workers)
         cluster = {"local": "local", "slurm": "slurm", "auto": None}[executor]
         ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster=cluster)
@@ -387,7 +434,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         if ex.cluster == "slurm":
             ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
         planning_s = time.perf_counter() - t0
-        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, parent, checkpoint_frames)) for b in bins]
+        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, None, checkpoint_frames)) for b in bins]
         start, last = time.perf_counter(), -1
         while not all(j.done() for j in jobs):
             n = len(recorded(run_root))
@@ -410,7 +457,8 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
               f"(planning + records) against {compute:.0f} s of training", flush=True)
     if failed:
-        print("[study] failed: " + "; ".join(failed), flush=True)
+        print("[study] failed: " + "; ".join(failed) + f"; the recorded cells are kept: rerun `ppo-lightning study run "
+              f"{study.path}` to train the others", flush=True)
         return 1
     return 0
 
