@@ -311,6 +311,12 @@ class PPGPhases:
             self._aux_t0 = time.perf_counter()
             self.compute_old_outputs(network, device)
 
+    def take_restart(self) -> bool:
+        """Whether a resume in the middle of a policy phase started a new phase (answered once: the
+        module then restarts the EWMA proximal policy from the current weights)."""
+        pending, self.restart_pending = self.restart_pending, False
+        return pending
+
     def record_aux_stats(self, stats: torch.Tensor) -> None:
         self._aux_stats.append(stats)
 

@@ -213,7 +213,5 @@ class PPGUpdate:
     @staticmethod
     def on_train_start(module) -> None:
         """A resume in the middle of a policy phase starts a new one: the EWMA restarts from the weights."""
-        if module.ppg_phases.restart_pending:
-            module.ppg_phases.restart_pending = False
-            if module.proximal_source is not None:
-                module.proximal_source.reset(module.network)
+        if module.ppg_phases.take_restart() and module.proximal_source is not None:
+            module.proximal_source.reset(module.network)
