@@ -419,8 +419,8 @@ class PPOLightningModule(pl.LightningModule):
         if self._stat_names is None:
             check_loss_output(out, *shape)
             self._stat_names = list(out.keys())
-        stats = torch.stack([out[k].detach().float().expand(shape) for k in self._stat_names])
-        return sum(out[k] for k in terms), stats
+        stats = [out[k].detach().float() for k in self._stat_names]
+        return sum(out[k] for k in terms), torch.stack([s.expand(shape) for s in stats] if shape else stats)
 
     def record_step(self, stats: torch.Tensor) -> None:
         """Keep one training step's diagnostics (``_stat_names`` order) for the iteration's metrics."""
