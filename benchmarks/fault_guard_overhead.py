@@ -52,7 +52,7 @@ def make_step():
         if guarded:
             guard.check_batch(batch)
         opt.zero_grad()
-        loss, _ = model._loss_and_stats(batch)
+        loss, _ = model.loss_and_stats(batch)
         loss.backward()
         if guarded:
             guard.after_backward(model, opt, loss)

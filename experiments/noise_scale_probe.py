@@ -130,7 +130,7 @@ def probe_now(module, dm, game: str, seed: int, rollouts: int, steps: int = PROB
         grads = {g: [] for g in groups}
         for mb in flat.split(PROBE_MINIBATCH):
             for g, terms in groups.items():
-                loss, _ = module._loss_and_stats(mb, terms)
+                loss, _ = module.loss_and_stats(mb, terms)
                 gs = torch.autograd.grad(loss, params, allow_unused=True)
                 grads[g].append(torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1)
                                            for x, p in zip(gs, params)]).double())

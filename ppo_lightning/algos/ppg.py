@@ -23,10 +23,11 @@ micro-batch accumulation, guard and clipping as PPO's). Lightning structure: one
 one iteration, as for PPO; the auxiliary phase's
 minibatches are extra training steps at the end of the ``n_pi``-th iteration's epoch. Every step
 is one ``training_step`` (manual optimization: one step picks one of up to three optimizers);
-callbacks see its phase in ``outputs["ppg_phase"]`` and ``pl_module.ppg_phases.last_step_phase``
-("joint", "value", "policy" or "aux"). The data side yields auxiliary minibatches as index tensors
-(which trajectories), gathered from the buffer when the step runs: Lightning fetches one batch
-ahead, and the old policy's outputs must be computed after the last policy step.
+the phase of a step travels with its minibatch (`PhaseBatch`); callbacks see it in
+``outputs["ppg_phase"]`` and ``pl_module.ppg_phases.last_step_phase`` ("joint", "value", "policy" or
+"aux"). The data side yields auxiliary minibatches as index tensors (which trajectories), gathered
+from the buffer when the step runs: Lightning fetches one batch ahead, and the old policy's outputs
+must be computed after the last policy step.
 
 Checkpoints: a phase buffer of at most ``checkpoint_buffer_mib`` MiB per rank (default 256: CartPole,
 MinAtar, small Procgen runs) is saved with each rank's data-module state, so a checkpoint taken in the
@@ -73,6 +74,23 @@ PHASE_TERMS = {
     "value": ("loss_critic",),
 }
 AUX_STATS = ("loss", "pol_distance", "vf_aux", "vf_true")
+
+
+class PhaseBatch:
+    """A PPG minibatch and its phase ("joint", "value", "policy" or "aux"; ``last``: the last step of
+    an auxiliary phase), as the data side yields it. Attribute access falls through to the minibatch
+    (callbacks read ``batch.shape``, ``batch.get``); ``to`` moves the minibatch."""
+
+    __slots__ = ("phase", "data", "last")
+
+    def __init__(self, phase: str, data, last: bool = False) -> None:
+        self.phase, self.data, self.last = phase, data, last
+
+    def __getattr__(self, name: str):
+        return getattr(self.data, name)
+
+    def to(self, *args, **kwargs) -> "PhaseBatch":
+        return PhaseBatch(self.phase, self.data.to(*args, **kwargs), self.last)
 
 
 def resolve_ppg_config(ppg: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -192,8 +210,6 @@ class PPGPhases:
         self.phase_iteration = 0  # policy-phase iterations done in the current phase
         self.phase = 0  # auxiliary phases completed
         self.buffer: list[TensorDictBase] = []  # rollouts [envs, time]: observation, value_target (CPU)
-        self.plan: list[str] = []  # the phase of each training step (batch_idx) of this iteration
-        self.aux_steps_planned = 0
         self.aux_ran = False  # this iteration ran an auxiliary phase
         self.last_step_phase: str | None = None
         self._old_ready = False
@@ -229,7 +245,7 @@ class PPGPhases:
         ``generators``, the shuffle generator(s) (one per seed); ``epoch_minibatches(e)``, the
         minibatches of ``e`` shuffled epochs, the source's own loop. The auxiliary permutations are
         drawn first, then the epochs' shuffles, so a group's seed k sees the minibatches of seed k
-        alone. Sets ``plan`` before the first yield."""
+        alone. Each minibatch is yielded as a `PhaseBatch`."""
         self.phase_iteration += 1
         self.aux_ran = False
         if self.stores_rollouts:
@@ -238,13 +254,11 @@ class PPGPhases:
         epochs = [("joint", e_pi)] if e_pi == e_v else [("value", e_v), ("policy", e_pi)]
         aux = self.stores_rollouts and self.phase_iteration >= self.cfg["n_pi"]
         aux_batches = self._aux_index_batches(generators) if aux else []
-        self.plan = [p for p, e in epochs for _ in range(e * data.num_minibatches)] + ["aux"] * len(aux_batches)
-        self.aux_steps_planned = len(aux_batches)
         if not aux and self.phase_iteration >= self.cfg["n_pi"]:  # n_aux_epochs 0: phases without aux
             self.phase_iteration, self.phase = 0, self.phase + 1
-        for _, e in epochs:
-            yield from epoch_minibatches(e)
-        yield from aux_batches
+        for phase, e in epochs:
+            yield from (PhaseBatch(phase, mb) for mb in epoch_minibatches(e))
+        yield from (PhaseBatch("aux", idx, i == len(aux_batches) - 1) for i, idx in enumerate(aux_batches))
 
     def _aux_index_batches(self, generators: list[torch.Generator]) -> list[torch.Tensor]:
         """``n_aux_epochs`` epochs of ``[k, 2]`` (rollout, env) index tensors: every stored env
@@ -260,9 +274,6 @@ class PPGPhases:
         return out
 
     # -------------------------------------------------------------- module side
-    def phase_of(self, batch_idx: int) -> str:
-        return self.plan[batch_idx]
-
     @torch.no_grad()
     def compute_old_outputs(self, network: torch.nn.Module, device: torch.device, chunk: int = 4096) -> None:
         """The old policy's distribution parameters on every stored frame (reference
@@ -300,6 +311,12 @@ class PPGPhases:
             self._aux_t0 = time.perf_counter()
             self.compute_old_outputs(network, device)
 
+    def take_restart(self) -> bool:
+        """Whether a resume in the middle of a policy phase started a new phase (answered once: the
+        module then restarts the EWMA proximal policy from the current weights)."""
+        pending, self.restart_pending = self.restart_pending, False
+        return pending
+
     def record_aux_stats(self, stats: torch.Tensor) -> None:
         self._aux_stats.append(stats)
 
@@ -312,6 +329,18 @@ class PPGPhases:
         self.aux_ran = True
         if self._aux_t0 is not None:
             self._aux_seconds = time.perf_counter() - self._aux_t0
+
+    def aux_loss_and_stats(self, network, loss_module, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        """`ppg_auxiliary_loss` on an auxiliary (micro)batch; stats in `AUX_STATS` order. For a seed
+        group's ``[S, B]`` batch: the losses ``[S]`` (each seed's mean over its samples), stats ``[K, S]``."""
+        cfg = self.cfg
+        *params, value, aux_value = network.forward_aux(batch.get(OBS_KEY))
+        old = [batch.get(OLD_PREFIX + k) for k in self.param_keys]
+        kl = loss_module.kl(old, params)
+        target = batch.get(TARGET_KEY).reshape(kl.shape)
+        out = F.ppg_auxiliary_loss(kl, aux_value.reshape(kl.shape), value.reshape(kl.shape), target,
+                                   cfg["beta_clone"], cfg["vf_true_weight"], dim=None if self.num_seeds is None else -1)
+        return out["loss"], torch.stack([out[k].detach().float() for k in AUX_STATS])
 
     def iteration_metrics(self) -> dict[str, float]:
         """``ppg/phase`` (auxiliary phases completed), ``ppg/phase_iteration`` (policy iterations of
@@ -337,8 +366,8 @@ class PPGPhases:
     def attach(self, data) -> None:
         """Register the phase buffer with the data module's per-rank resume state when it is small
         enough (``checkpoint_buffer_mib``); called once the data module builds its rollout source."""
-        if getattr(data.source, "is_seed_group", False):
-            self.num_seeds = len(data.source.seeds)
+        seeds = getattr(data, "num_seeds", 1)
+        self.num_seeds = seeds if seeds > 1 else None
         need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps,
                                   self.cfg["n_pi"]) * (self.num_seeds or 1)
         self.buffer_in_checkpoint = self.stores_rollouts and need <= self.cfg["checkpoint_buffer_mib"] * 2**20
@@ -384,16 +413,3 @@ class PhaseBufferState:
         self.phases._stacked = None
         self.phases.phase_iteration = int(state["phase_iteration"])
         self.phases.restart_pending = False
-
-
-def aux_loss_and_stats(module, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ppg_auxiliary_loss` on an auxiliary (micro)batch; stats in `AUX_STATS` order. For a seed
-    group's ``[S, B]`` batch: the losses ``[S]`` (each seed's mean over its samples), stats ``[K, S]``."""
-    cfg = module.ppg_phases.cfg
-    *params, value, aux_value = module.network.forward_aux(batch.get(OBS_KEY))
-    old = [batch.get(OLD_PREFIX + k) for k in module.param_keys]
-    kl = module.loss_module.kl(old, params)
-    target = batch.get(TARGET_KEY).reshape(kl.shape)
-    out = F.ppg_auxiliary_loss(kl, aux_value.reshape(kl.shape), value.reshape(kl.shape), target,
-                               cfg["beta_clone"], cfg["vf_true_weight"], dim=None if module.seed_group is None else -1)
-    return out["loss"], torch.stack([out[k].detach().float() for k in AUX_STATS])

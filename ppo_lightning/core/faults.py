@@ -155,8 +155,9 @@ def first_nonfinite_key(batch, keys=None) -> str | None:
 class NumericalGuard:
     """Skips optimizer steps with a non-finite loss or gradient; stops after too many in a row.
 
-    The module calls `check_batch` in ``training_step``, wraps Lightning's optimizer closure with
-    `guard_closure` in ``optimizer_step``, and calls `check_parameters` after the step.
+    The update (`ppo_lightning.training.update`) calls `check_batch` with each minibatch,
+    `after_backward` with the step's loss once the gradients are in (before clipping and the step),
+    and `check_parameters` after the step.
     """
 
     def __init__(self, max_bad_steps: int = 100) -> None:
@@ -173,18 +174,9 @@ class NumericalGuard:
         self._batches.append(batch)
 
     # -- the optimizer step
-    def guard_closure(self, module, optimizer, closure):
-        """Lightning's closure (forward + backward), then the check; bad steps drop the gradients."""
-
-        def guarded():
-            loss = closure()
-            self.after_backward(module, optimizer, loss)
-            return loss
-
-        return guarded
-
     @torch.no_grad()
     def after_backward(self, module, optimizer, loss: Tensor | None) -> bool:
+        """Check the step's loss and gradients; a bad step's gradients are dropped (returns False)."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
         bad = None

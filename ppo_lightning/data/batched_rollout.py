@@ -15,10 +15,19 @@ for its dynamics), so a run is the same with either path (``tests/test_data.py``
 Only ``("collector", "traj_ids")``, which nothing downstream reads, is left out. The carried step
 is kept as ``_carrier``, like the collector's, so exact resume (`ppo_lightning.data.resume_state`)
 treats both alike.
+
+The same loop collects a vectorized seed group's rollouts (`ppo_lightning.data.seed_group`): S
+envs, one policy forward of the stacked network for all S x n envs per time step, each seed's
+actions drawn on its own generator (`sample_per_seed`), the games stepped seed after seed. A single
+run is the group of one (no seed dimension in its network's input, actions from torch's global
+generator as the collector draws them). Per time step the records are written into preallocated
+time-major numpy buffers; episode sums and counters in numpy (the same float32 and int64
+arithmetic as RewardSum's and StepCounter's torch ops).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -32,28 +41,57 @@ def supports_batched_rollout(env, device: torch.device) -> bool:
             and callable(getattr(base, "step_games", None)) and callable(getattr(base, "reset_games", None)))
 
 
+def sample_per_seed(probs: torch.Tensor, generators: list[torch.Generator], noise: torch.Tensor) -> torch.Tensor:
+    """``torch.multinomial(probs[k], 1, True, generator=generators[k])`` (what ``Categorical.sample``
+    draws) for every seed k at once: actions ``[S, n]`` from probabilities ``[S, n, A]``.
+
+    For one sample, ATen's ``multinomial`` draws ``q ~ Exp(1)`` shaped like the probabilities with
+    ``exponential_`` on the generator and takes ``argmax(p / q)`` (Gumbel-max; ``Distributions.cpp``).
+    Drawing each seed's ``q`` on its own generator into ``noise`` and dividing and taking the argmax
+    once gives the same actions and leaves every generator where the per-seed call leaves it
+    (`tests/test_seed_group.py`), at one kernel per seed instead of one multinomial's validation,
+    allocation and reductions per seed. Invalid probabilities raise as ``multinomial`` does."""
+    if not bool(((probs.max() < float("inf")) & (probs.min() >= 0)).item()):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if bool((probs.sum(-1) == 0).any()):
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    for q, g in zip(noise, generators):
+        q.exponential_(1, generator=g)
+    return torch.div(probs, noise, out=noise).argmax(-1)
+
+
 class BatchedRollout:
     """An iterator of rollouts ``[num_envs, frames_per_batch / num_envs]`` by ``network``'s policy.
 
     ``env`` is the TorchRL env from `ppo_lightning.envs.make_env` (its base env has ``step_games``,
-    ``reset_games``, ``_obs``; episode statistics as `RewardSum` / `StepCounter` keep them).
-    Like the collector, it resets every env once when built.
+    ``reset_games``, ``_obs``; episode statistics as `RewardSum` / `StepCounter` keep them), or a
+    seed group's list of them with ``generators`` (one per env: its seed's action generator) and a
+    stacked ``network`` (`rollouts` then gives one rollout per seed). Like the collector, it resets
+    every env once when built.
     """
 
-    def __init__(self, env, network: torch.nn.Module, action_space: dict, frames_per_batch: int) -> None:
-        self.env, self.base, self.network, self.action_space = env, env.base_env, network, action_space
+    def __init__(self, env, network: torch.nn.Module, action_space: dict, frames_per_batch: int,
+                 generators: list[torch.Generator] | None = None) -> None:
+        self.envs = [env] if generators is None else list(env)
+        self.bases = [e.base_env for e in self.envs]
+        self.env, self.base, self.network, self.action_space = self.envs[0], self.bases[0], network, action_space
+        self.generators = generators
         n = self.base.num_envs
         if frames_per_batch % n:
             raise ValueError(f"frames per iteration ({frames_per_batch}) must be a multiple of data.num_envs ({n})")
         self.num_envs, self.steps = n, frames_per_batch // n
         self.param_keys = dist_param_keys(action_space)
-        first = env.reset()  # as the collector does when built: every game restarts
-        self._carrier = TensorDict(
-            {OBS_KEY: first.get(OBS_KEY).clone(),
-             "episode_reward": torch.zeros((n, 1), dtype=torch.float32),
-             "step_count": torch.zeros((n, 1), dtype=torch.int64)},
-            batch_size=[n],
-        )
+        carriers = []
+        for e in self.envs:
+            first = e.reset()  # as the collector does when built: every game restarts
+            carriers.append(TensorDict(
+                {OBS_KEY: first.get(OBS_KEY).clone(),
+                 "episode_reward": torch.zeros((n, 1), dtype=torch.float32),
+                 "step_count": torch.zeros((n, 1), dtype=torch.int64)},
+                batch_size=[n],
+            ))
+        self._carrier = carriers[0] if generators is None else torch.stack(carriers)  # a group's: [S, n]
+        self.stacked: dict[str, torch.Tensor] = {}  # the last rollouts' entries GAE reads, [S, n, time, 1]
 
     def __iter__(self):
         return self
@@ -61,66 +99,86 @@ class BatchedRollout:
     def shutdown(self) -> None:
         """Nothing to stop (same interface as the collector)."""
 
-    @torch.no_grad()
     def __next__(self) -> TensorDictBase:
-        n, T, base = self.num_envs, self.steps, self.base
-        carrier = self._carrier
-        obs = carrier.get(OBS_KEY)
-        ep_reward, step_count = carrier.get("episode_reward").clone(), carrier.get("step_count").clone()
-        obs_buf = torch.empty((n, T, *obs.shape[1:]), dtype=obs.dtype)
-        next_obs_buf = torch.empty_like(obs_buf)
-        action_buf = torch.empty((n, T), dtype=torch.int64)
-        logp_buf = torch.empty((n, T), dtype=torch.float32)
-        value_buf = torch.empty((n, T, 1), dtype=torch.float32)
-        reward_buf = torch.empty((n, T, 1), dtype=torch.float32)
-        term_buf = torch.empty((n, T, 1), dtype=torch.bool)
-        trunc_buf = torch.empty((n, T, 1), dtype=torch.bool)
-        ep_buf, next_ep_buf = torch.empty((n, T, 1)), torch.empty((n, T, 1))
-        sc_buf, next_sc_buf = torch.empty((n, T, 1), dtype=torch.int64), torch.empty((n, T, 1), dtype=torch.int64)
+        return self.rollouts()[0]
+
+    @torch.no_grad()
+    def rollouts(self) -> list[TensorDictBase]:
+        """The next rollout of every env (one per seed), ``[num_envs, time]`` each."""
+        single, bases = self.generators is None, self.bases
+        S, n, T = len(bases), self.num_envs, self.steps
+        carrier = self._carrier.unsqueeze(0) if single else self._carrier  # [S, n]
+        obs0 = carrier.get(OBS_KEY).numpy()
+        obs_np = np.empty((T + 1, *obs0.shape), dtype=obs0.dtype)  # obs_np[t + 1]: after step t's resets
+        next_np = np.empty((T, *obs0.shape), dtype=obs0.dtype)  # before them
+        reward_np = np.empty((T, S, n), dtype=np.float32)
+        term_np, trunc_np = np.empty((T, S, n), dtype=bool), np.empty((T, S, n), dtype=bool)
+        ep_np, sc_np = np.empty((T + 1, S, n), dtype=np.float32), np.empty((T + 1, S, n), dtype=np.int64)
+        next_ep_np, next_sc_np = np.empty((T, S, n), dtype=np.float32), np.empty((T, S, n), dtype=np.int64)
+        obs_np[0] = obs0
+        ep_np[0] = carrier.get("episode_reward").numpy()[..., 0]
+        sc_np[0] = carrier.get("step_count").numpy()[..., 0]
+        obs_t = torch.from_numpy(obs_np)
+        action_buf = torch.empty((T, S, n), dtype=torch.int64)
+        logp_buf, value_buf = torch.empty((T, S, n)), torch.empty((T, S, n, 1))
         param_bufs = None
+        space = self.action_space
+        noise = None if single else torch.empty((S, n, space["n"]))
         for t in range(T):
-            *params, value = self.network(obs)
-            dist = make_distribution(self.action_space, *params)
-            action = dist.sample()
+            *params, value = self.network(obs_t[t, 0] if single else obs_t[t])
+            if single:
+                params, value = [p.unsqueeze(0) for p in params], value.unsqueeze(0)
             if param_bufs is None:
-                param_bufs = [torch.empty((n, T, *p.shape[1:]), dtype=p.dtype) for p in params]
+                param_bufs = [torch.empty((T, S, n, *p.shape[2:]), dtype=p.dtype) for p in params]
             for buf, p in zip(param_bufs, params):
-                buf[:, t] = p
-            action_buf[:, t] = action
-            logp_buf[:, t] = dist.log_prob(action)
-            value_buf[:, t] = value
-            obs_buf[:, t] = obs
-            ep_buf[:, t], sc_buf[:, t] = ep_reward, step_count
-            reward, terminal, truncated = base.step_games(action.tolist())
-            reward_t = torch.from_numpy(reward).unsqueeze(-1)
-            next_obs_buf[:, t] = torch.from_numpy(base._obs)
-            reward_buf[:, t] = reward_t
-            term_buf[:, t, 0] = torch.from_numpy(terminal)
-            trunc_buf[:, t, 0] = torch.from_numpy(truncated)
-            ep_reward = ep_reward + reward_t  # RewardSum
-            step_count = step_count + 1  # StepCounter
-            next_ep_buf[:, t], next_sc_buf[:, t] = ep_reward, step_count
-            done = terminal | truncated
-            if done.any():  # partial reset, as the collector asks for it
-                base.reset_games(done)
-                mask = torch.from_numpy(done).unsqueeze(-1)
-                ep_reward = ep_reward.masked_fill(mask, 0.0)
-                step_count = step_count.masked_fill(mask, 0)
-            obs = torch.from_numpy(base._obs.copy())
-        done_buf = term_buf | trunc_buf
-        zeros = torch.zeros((n, T, 1), dtype=torch.bool)
-        self._carrier = TensorDict({OBS_KEY: obs, "episode_reward": ep_reward, "step_count": step_count}, batch_size=[n])
-        return TensorDict(
-            {
-                OBS_KEY: obs_buf, "action": action_buf, "action_log_prob": logp_buf, VALUE_KEY: value_buf,
-                **dict(zip(self.param_keys, param_bufs)),
-                "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
-                "episode_reward": ep_buf, "step_count": sc_buf,
-                "next": TensorDict(
-                    {OBS_KEY: next_obs_buf, "reward": reward_buf, "done": done_buf, "terminated": term_buf,
-                     "truncated": trunc_buf, "episode_reward": next_ep_buf, "step_count": next_sc_buf},
-                    batch_size=[n, T],
-                ),
-            },
-            batch_size=[n, T],
-        )
+                buf[t] = p
+            value_buf[t] = value
+            dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
+            # torch's global generator (as the collector samples), or each seed's own (the same draws)
+            action = dist.sample() if single else sample_per_seed(dist.probs, self.generators, noise)
+            action_buf[t] = action
+            logp_buf[t] = dist.log_prob(action)
+            for k, (actions, base) in enumerate(zip(action.tolist(), bases)):
+                reward_np[t, k], term_np[t, k], trunc_np[t, k] = base.step_games(actions)
+                next_np[t, k] = base._obs
+            done = term_np[t] | trunc_np[t]
+            ep, sc = ep_np[t] + reward_np[t], sc_np[t] + 1  # RewardSum, StepCounter
+            next_ep_np[t], next_sc_np[t] = ep, sc
+            if done.any():  # partial resets, as the collector asks for them
+                for k in np.flatnonzero(done.any(1)):
+                    bases[k].reset_games(done[k])
+                ep[done], sc[done] = 0.0, 0
+                obs_np[t + 1] = np.stack([base._obs for base in bases])
+            else:
+                obs_np[t + 1] = next_np[t]
+            ep_np[t + 1], sc_np[t + 1] = ep, sc
+        last = TensorDict({OBS_KEY: torch.from_numpy(obs_np[T].copy()),
+                           "episode_reward": torch.from_numpy(ep_np[T, ..., None].copy()),
+                           "step_count": torch.from_numpy(sc_np[T, ..., None].copy())}, batch_size=[S, n])
+        self._carrier = last[0] if single else last
+
+        def seed_major(x, trailing_one=False):  # [T, S, n, ...] -> [S, n, T, ...] contiguous
+            x = torch.as_tensor(x).movedim(0, 2).contiguous()
+            return x.unsqueeze(-1) if trailing_one else x
+
+        obs_b, next_b = seed_major(obs_np[:T]), seed_major(next_np)
+        action_b, logp_b, value_b = seed_major(action_buf), seed_major(logp_buf), seed_major(value_buf)
+        params_b = [seed_major(b) for b in param_bufs]
+        reward_b, term_b, trunc_b = (seed_major(x, True) for x in (reward_np, term_np, trunc_np))
+        ep_b, sc_b = seed_major(ep_np[:T], True), seed_major(sc_np[:T], True)
+        next_ep_b, next_sc_b = seed_major(next_ep_np, True), seed_major(next_sc_np, True)
+        done_b = term_b | trunc_b
+        self.stacked = {"reward": reward_b, "done": done_b, "terminated": term_b, VALUE_KEY: value_b}
+        out = []
+        for k in range(S):
+            zeros = torch.zeros((n, T, 1), dtype=torch.bool)
+            out.append(TensorDict(
+                {OBS_KEY: obs_b[k], "action": action_b[k], "action_log_prob": logp_b[k], VALUE_KEY: value_b[k],
+                 **{key: b[k] for key, b in zip(self.param_keys, params_b)},
+                 "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
+                 "episode_reward": ep_b[k], "step_count": sc_b[k],
+                 "next": TensorDict({OBS_KEY: next_b[k], "reward": reward_b[k], "done": done_b[k],
+                                     "terminated": term_b[k], "truncated": trunc_b[k],
+                                     "episode_reward": next_ep_b[k], "step_count": next_sc_b[k]}, batch_size=[n, T])},
+                batch_size=[n, T]))
+        return out

@@ -17,167 +17,16 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from tensordict import TensorDictBase
-from torchrl.collectors import Collector
 
+from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer
+from ppo_lightning.algos.staleness import validate_staleness
 from ppo_lightning.core import faults
-from ppo_lightning.data import resume_state
-from ppo_lightning.data.parallel import raise_together
-from ppo_lightning.data.batched_rollout import BatchedRollout, supports_batched_rollout
-from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
-from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device, rollout_precision
-from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env
-from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_observation_norm
-from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
-from ppo_lightning.algos.staleness import StalenessQueue, relabel, validate_staleness
 from ppo_lightning.core.threads import configure_threads
-from ppo_lightning.envs import is_minatar
-from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats  # noqa: F401  (EpisodeStats: also read from here)
+from ppo_lightning.data import resume_state
+from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats  # noqa: F401  (BATCH_KEYS: also read from here)
 from ppo_lightning.data.seed_group import SeedGroupSource, check_group_trainer, validate_member_hparams
-
-RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for up to 1M envs
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """Env seed of a data-parallel rank (rank 0 keeps ``seed``)."""
-    return seed + RANK_SEED_STRIDE * rank
-
-
-class RolloutSource:
-    """An iterable whose every pass is one PPO iteration: collect, GAE, normalize, yield minibatches."""
-
-    def __init__(self, data: "RolloutDataModule", network: torch.nn.Module) -> None:
-        self.data = data
-        self.network = network
-        # Data-parallel ranks (DDP, FSDP) each collect their own rollout: distinct env seeds, and
-        # every rank's frames count towards data.frames / total_frames (all ranks collect alike).
-        trainer = getattr(data, "trainer", None)
-        self.rank, self.world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        # Envs on the CPU; policy, rollout, GAE and minibatches on the network's device (ppo_lightning.data.devices).
-        self.device = network_device(network)
-        env_kwargs = device_env_kwargs(data.env_id, data.env_kwargs, self.device)
-        self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), env_kwargs,
-                            timeout_s=data.env_timeout_s)
-        self.policy = make_policy_operator(network, data.action_space, with_value=True)
-        if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar: same rollouts, no per-step collector cost
-            self.collector = BatchedRollout(self.env, network, data.action_space, data.frames_per_iteration)
-        else:
-            self.collector = Collector(
-                self.env,
-                self.policy,
-                frames_per_batch=data.frames_per_iteration,
-                total_frames=-1,
-                auto_register_policy_transforms=False,
-                trust_policy=True,
-                **collector_devices(self.device),
-            )
-        self._iterator = iter(self.collector)
-        self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
-        self.last_timing: dict[str, float] = {}
-        if self.world_size > 1:  # normalization statistics over all ranks' samples (ppo_lightning.data.parallel)
-            from ppo_lightning.data.parallel import all_reduce_moments
-
-            data.advantage_moments.reduce_moments = all_reduce_moments
-            if data.reward_normalizer is not None:
-                data.reward_normalizer.reduce_moments = all_reduce_moments
-        # Artificial staleness (ppo_lightning.algos.staleness): train on the rollout of k iterations ago.
-        self.stale = StalenessQueue(data.staleness, data.staleness_mode) if data.staleness else None
-        self.phases = None  # PPG: the module's ppo_lightning.algos.ppg.PPGPhases (set by train_dataloader)
-        self._normalizes_observations = any(isinstance(m, RunningObservationNorm) for m in network.modules())
-        self._pending_observations = None
-
-    def __len__(self) -> int:
-        if self.phases is not None:  # an upper bound: the iteration that ends a PPG phase is longer
-            return self.phases.max_batches_per_iteration(self.data)
-        return self.data.update_epochs * self.data.num_minibatches
-
-    @torch.no_grad()
-    def _next_rollout(self, count: bool = True) -> TensorDictBase:
-        """The collector's next rollout by the current policy: counted (unless ``count`` is False:
-        a stale run's start-up rollouts, see `ppo_lightning.algos.staleness`), rewards normalized."""
-        data = self.data
-        was_training = self.network.training
-        self.network.eval()
-        if self._pending_observations is not None:  # normalizer stats from the previous rollout
-            update_observation_norm(self.network, self._pending_observations)
-        fault = None
-        try:
-            rollout = next(self._iterator)
-        except faults.EnvFault as err:  # name the iteration too
-            err.iteration = data.iteration
-            fault = err
-        # before any other collective: a fault on one data-parallel rank stops all of them
-        raise_together(fault, self.rank, self.world_size)
-        self._pending_observations = rollout.get(OBS_KEY) if self._normalizes_observations else None
-        self.network.train(was_training)
-        data.episodes.add_rollout(rollout)
-        if count:
-            data.frames += rollout.numel() * self.world_size
-        if data.reward_normalizer is not None:
-            rollout.set(
-                ("next", "reward"),
-                faults.normalize_rewards_finite(data.reward_normalizer, rollout.get(("next", "reward")),
-                                                rollout.get(("next", "done"))),
-            )
-        return rollout
-
-    def precision_context(self):
-        """The Trainer's precision for the rollout forwards, as Lightning applies it to the training
-        step (``bf16-mixed``: bf16 autocast; ``32-true``: nothing); networks return float32, so GAE
-        and the normalizers stay float32. Autocast's weight cache is on (`rollout_precision`)."""
-        return rollout_precision(getattr(self.data, "trainer", None))
-
-    @torch.no_grad()
-    def collect(self) -> TensorDictBase:
-        """One rollout shaped [envs, time] with advantages and value targets."""
-        data = self.data
-        t0 = time.perf_counter()
-        with self.precision_context():  # the network's forwards; GAE below runs in float32
-            rollout = self._next_rollout()
-            if self.stale is not None:  # delayed rollout: collection-time values, policy roles by mode
-                rollout = self.stale.delay(rollout, data.iteration - 1, lambda: self._next_rollout(count=False))
-                relabel(rollout, self.network, data.staleness_mode, data.action_space)
-            t1 = time.perf_counter()
-            rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
-        self.gae(rollout)
-        t2 = time.perf_counter()
-        self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
-        if self.stale is not None:
-            self.last_timing["staleness/lag"] = float(self.stale.last_lag)
-        return rollout
-
-    def prepare(self, rollout: TensorDictBase) -> TensorDictBase:
-        """Flatten to [envs*time], keep the keys the loss reads, normalize advantages."""
-        keys = [*BATCH_KEYS, *dist_param_keys(self.data.action_space)]
-        if "proximal" in rollout.keys():  # supplied by the staleness queue (decoupled mode)
-            keys.append("proximal")
-        flat = rollout.select(*keys).reshape(-1)
-        adv = flat.get("advantage")
-        faults.update_moments_finite(self.data.advantage_moments, adv)  # never absorbs a NaN
-        if self.data.normalize_advantage:
-            flat.set("advantage", self.data.advantage_moments.normalize(adv))
-        return flat
-
-    def __iter__(self):
-        self.data.iteration_started()
-        rollout = self.collect()
-        flat = self.prepare(rollout)
-        if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
-            stored = lambda: rollout.select(*self.phases.stored_keys).to("cpu").clone()  # noqa: E731
-            yield from self.phases.iteration_batches(stored, [self.data.shuffle_generator],
-                                                     lambda e: self._epoch_minibatches(flat, e), self.data)
-            return
-        yield from self._epoch_minibatches(flat, self.data.update_epochs)
-
-    def _epoch_minibatches(self, flat: TensorDictBase, epochs: int):
-        n = flat.shape[0]
-        size = n // self.data.num_minibatches
-        for _ in range(epochs):
-            # One gather per epoch, then contiguous slices (views): cheaper than a gather per minibatch.
-            order = torch.randperm(n, generator=self.data.shuffle_generator)  # CPU generator: same order anywhere
-            shuffled = flat[order.to(flat.device, non_blocking=True)]
-            for i in range(self.data.num_minibatches):
-                yield shuffled[i * size : (i + 1) * size]
+from ppo_lightning.data.source import RANK_SEED_STRIDE, RolloutSource, rank_seed  # noqa: F401  (read from here too)
+from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_minatar, is_procgen
 
 
 class RolloutDataModule(pl.LightningDataModule):
@@ -375,20 +224,22 @@ class RolloutDataModule(pl.LightningDataModule):
         self._iteration_t0 = time.perf_counter()
 
     def iteration_metrics(self) -> dict[str, float]:
-        """Per-iteration figures for logging (called at the end of the iteration)."""
-        out = {
-            "frames": float(self.frames),
-            "iteration": float(self.iteration),
-            "episodes": float(self.episodes.count),
-            "episode/return_mean20": self.episodes.mean_return(20),
-            "episode/length_mean20": self.episodes.mean_length(20),
-            "advantage/std_estimate": self.advantage_moments.std,
-        }
-        if is_procgen(self.env_id):  # Procgen's per-game normalized return next to the raw one
-            from ppo_lightning.envs.procgen_scores import normalized_return
+        """Per-iteration figures for logging (called at the end of the iteration); a seed group's
+        episode and advantage figures are each seed's own, under ``seed<k>/``."""
+        out = {"frames": float(self.frames), "iteration": float(self.iteration)}
+        states = [self] if self.source is None else self.source.states
+        for k, st in enumerate(states):
+            prefix = "" if len(states) == 1 else f"seed{k}/"
+            out.update({f"{prefix}episodes": float(st.episodes.count),
+                        f"{prefix}episode/return_mean20": st.episodes.mean_return(20),
+                        f"{prefix}episode/length_mean20": st.episodes.mean_length(20),
+                        f"{prefix}advantage/std_estimate": st.advantage_moments.std})
+            if is_procgen(self.env_id):  # Procgen's per-game normalized return next to the raw one
+                from ppo_lightning.envs.procgen_scores import normalized_return
 
-            game, mode = self.env_id[len(PROCGEN_PREFIX):], self.env_kwargs.get("distribution_mode", "hard")
-            out["episode/normalized_return_mean20"] = normalized_return(game, mode, out["episode/return_mean20"])
+                game, mode = self.env_id[len(PROCGEN_PREFIX):], self.env_kwargs.get("distribution_mode", "hard")
+                out[f"{prefix}episode/normalized_return_mean20"] = normalized_return(
+                    game, mode, out[f"{prefix}episode/return_mean20"])
         if self.source is not None:
             out.update(self.source.last_timing)
         if self._iteration_t0 is not None:
@@ -450,5 +301,5 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         if self.source is not None:
-            self.source.collector.shutdown()
+            self.source.shutdown()
             self.source = None

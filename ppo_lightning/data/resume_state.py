@@ -253,14 +253,10 @@ def capture(dm: Any) -> dict[str, Any]:
     """This rank's resume state for the data module ``dm`` (its `RolloutSource` may not exist yet)."""
     out: dict[str, Any] = {"rng": rng_state(), "extra": {k: v.state_dict() for k, v in getattr(dm, "resume_providers", {}).items()}}
     source = getattr(dm, "source", None)
-    if source is not None and getattr(source, "is_seed_group", False):  # ppo_lightning.data.seed_group
-        out["seed_group"] = source.state_dict()
-    elif source is not None:
-        out["env"] = env_state(source.env)
-        out["collector"] = collector_state(source.collector)
+    if source is not None:  # the source's own: envs and carried steps
+        out.update(source.resume_state())
     elif getattr(dm, "_pending_resume", None) is not None:  # restored but not applied yet: keep it
-        pending = dm._pending_resume
-        out.update({k: pending[k] for k in ("env", "collector", "rng", "seed_group") if k in pending})
+        out.update({k: v for k, v in dm._pending_resume.items() if k != "extra"})
     return out
 
 
@@ -274,20 +270,24 @@ def apply(dm: Any, state: dict[str, Any]) -> None:
     for key, provider in getattr(dm, "resume_providers", {}).items():
         if key in state.get("extra", {}):
             provider.load_state_dict(state["extra"][key])
-    if state.get("seed_group") is not None:
-        source.load_state_dict(state["seed_group"])
-    env = state.get("env")
-    if env is not None:
-        if env["restorable"]:
-            set_env_state(source.env, env)
-            set_collector_state(source.collector, state["collector"])
-        elif dm.env_id not in _warned:
-            _warned.add(dm.env_id)
-            warnings.warn(
-                f"resume: the state of {dm.env_id!r} cannot be restored exactly (not plain data: "
-                f"{', '.join(env['missing']) or 'unknown env'}); the environments restart, so the resumed run "
-                f"differs from an uninterrupted one", stacklevel=2)
+    source.load_resume_state(state)
     set_rng_state(state["rng"])
+
+
+def set_source_env_state(source: Any, state: dict[str, Any]) -> None:
+    """A single run's env and collector state (`capture`'s "env" and "collector"), where it has one."""
+    env, env_id = state.get("env"), source.data.env_id
+    if env is None:
+        return
+    if env["restorable"]:
+        set_env_state(source.env, env)
+        set_collector_state(source.collector, state["collector"])
+    elif env_id not in _warned:
+        _warned.add(env_id)
+        warnings.warn(
+            f"resume: the state of {env_id!r} cannot be restored exactly (not plain data: "
+            f"{', '.join(env['missing']) or 'unknown env'}); the environments restart, so the resumed run "
+            f"differs from an uninterrupted one", stacklevel=2)
 
 
 # ---------------------------------------------------------------------------- data-parallel ranks
@@ -324,8 +324,8 @@ def select_rank_state(states: list[dict[str, Any]], rank: int, elastic: dict[str
         resume = dict(state.get("resume") or {})
         resume["extra"] = {k: v for k, v in (resume.get("extra") or {}).items() if k != "ppg_buffer"}
         if new_rank or elastic["num_envs"] != elastic["saved_num_envs"]:
-            for key in ("env", "collector", "seed_group"):
-                resume.pop(key, None)
+            for key in [k for k in resume if k not in ("rng", "extra")]:  # the source's envs and carried steps
+                resume.pop(key)
             if state.get("reward_normalizer") is not None:
                 state["reward_normalizer"] = {**state["reward_normalizer"],
                                               "ret": torch.zeros(elastic["num_envs"], dtype=torch.float64)}

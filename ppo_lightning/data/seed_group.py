@@ -9,7 +9,9 @@ moments, minibatch shuffling generator and episode window. Rollouts, GAE and min
 per seed, stacked on a leading seed dimension: a minibatch is ``[S, minibatch_size]``.
 
 The policy forward of the collection runs for all seeds at once (the stacked network,
-`ppo_lightning.nets.seed_stack`). Random numbers are drawn per seed, on the seed's own generators;
+`ppo_lightning.nets.seed_stack`; the loop is `ppo_lightning.data.batched_rollout.BatchedRollout`'s,
+a single MinAtar run's too). Advantage normalization, shuffles and minibatches are
+`ppo_lightning.data.source.RolloutSource`'s over the seeds' states. Random numbers are drawn per seed, on the seed's own generators;
 statistics are kept per seed with the single run's code (`next_values`, `EpisodeStats`, the
 normalizers' moments). What is elementwise over envs runs once on the seed-major tensors with
 each seed's values those of its own call: the sampling's division and argmax (`sample_per_seed`),
@@ -30,18 +32,18 @@ import math
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
-from ppo_lightning.data.batched_rollout import supports_batched_rollout
+from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
+from ppo_lightning.data.source import RolloutSource
 from ppo_lightning.data.devices import rollout_precision
-from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats
+from ppo_lightning.data.episodes import EpisodeStats
 from ppo_lightning.envs import make_env
-from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
+from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys
 
 
 # Per-member hyperparameters a group can carry: the scalars in which Table 5's ablations of Hilton et
@@ -109,23 +111,7 @@ def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_se
         raise ValueError(f"model.seeds {model_seeds} differ from the data's seeds {data_seeds} (data.seed, data.num_seeds)")
 
 
-def sample_per_seed(probs: torch.Tensor, generators: list[torch.Generator], noise: torch.Tensor) -> torch.Tensor:
-    """``torch.multinomial(probs[k], 1, True, generator=generators[k])`` (what ``Categorical.sample``
-    draws) for every seed k at once: actions ``[S, n]`` from probabilities ``[S, n, A]``.
-
-    For one sample, ATen's ``multinomial`` draws ``q ~ Exp(1)`` shaped like the probabilities with
-    ``exponential_`` on the generator and takes ``argmax(p / q)`` (Gumbel-max; ``Distributions.cpp``).
-    Drawing each seed's ``q`` on its own generator into ``noise`` and dividing and taking the argmax
-    once gives the same actions and leaves every generator where the per-seed call leaves it
-    (`tests/test_seed_group.py`), at one kernel per seed instead of one multinomial's validation,
-    allocation and reductions per seed. Invalid probabilities raise as ``multinomial`` does."""
-    if not bool(((probs.max() < float("inf")) & (probs.min() >= 0)).item()):
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    if bool((probs.sum(-1) == 0).any()):
-        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
-    for q, g in zip(noise, generators):
-        q.exponential_(1, generator=g)
-    return torch.div(probs, noise, out=noise).argmax(-1)
+CARRIER_NAMES = {OBS_KEY: "obs"}  # the carried step's entries as a group's resume state names them
 
 
 class SeedState:
@@ -158,8 +144,10 @@ class SeedState:
         self.action_generator.set_state(state["action_generator"])
 
 
-class SeedGroupSource:
-    """`RolloutSource` for S seeds: every pass is one iteration of every seed."""
+class SeedGroupSource(RolloutSource):
+    """`RolloutSource` for S seeds: every pass is one iteration of every seed. Its own: the collection
+    of all seeds' rollouts at once (`rollouts`) and the seeds' resume state; the iteration (advantage
+    normalization, shuffles, minibatches, PPG's phases) is `RolloutSource`'s over ``states``."""
 
     def __init__(self, data, network: torch.nn.Module, seeds: list[int], action_rng_states: list[torch.Tensor]) -> None:
         self.data, self.network, self.seeds = data, network, list(seeds)
@@ -175,19 +163,12 @@ class SeedGroupSource:
             st.action_generator.set_state(rng)
         self.param_keys = dist_param_keys(data.action_space)
         self.gae = self.make_gae()
-        self.steps = data.rollout_steps
-        # The carried step of every seed's envs (as BatchedRollout / the collector keep it).
-        self._carriers = []
-        for env in self.envs:
-            first = env.reset()
-            self._carriers.append({"obs": first.get(OBS_KEY).clone(),
-                                   "episode_reward": torch.zeros((data.num_envs, 1)),
-                                   "step_count": torch.zeros((data.num_envs, 1), dtype=torch.int64)})
+        # One batched rollout of all seeds' envs, each seed's actions on its own generator.
+        self.collector = BatchedRollout(self.envs, network, data.action_space, data.frames_per_iteration,
+                                        [st.action_generator for st in self.states])
         self.last_timing: dict[str, float] = {}
         self.stale = None
         self.phases = None
-        self.collector = self  # the data module shuts the source's collector down
-        self.is_seed_group = True
 
     def refill(self, k: int, seed: int, action_rng_state: torch.Tensor) -> None:
         """Member k starts again as the single run with ``seed`` and its settings in
@@ -195,7 +176,7 @@ class SeedGroupSource:
         `ppo_lightning.training.seed_group.SeedGroup.refill`): fresh envs seeded and reset as that run's,
         its reward normalizer, advantage moments, shuffle generator and episode statistics new, its
         action generator at ``action_rng_state``; GAE takes the members' gammas and lambdas again."""
-        data = self.data
+        data, rollout = self.data, self.collector
         self.seeds[k] = seed
         try:
             self.envs[k].close()
@@ -206,9 +187,13 @@ class SeedGroupSource:
         st = SeedState(data, seed, member_values(data, "advantage_norm_span")[k], member_values(data, "gamma")[k])
         st.action_generator.set_state(action_rng_state)
         self.states[k] = st  # in place: the data module's group_states is this list
-        first = self.envs[k].reset()
-        self._carriers[k] = {"obs": first.get(OBS_KEY).clone(), "episode_reward": torch.zeros((data.num_envs, 1)),
-                             "step_count": torch.zeros((data.num_envs, 1), dtype=torch.int64)}
+        first = self.envs[k].reset()  # the carried step of a fresh run, as BatchedRollout starts one
+        rollout.envs[k], rollout.bases[k], rollout.generators[k] = self.envs[k], self.envs[k].base_env, st.action_generator
+        rollout.env, rollout.base = rollout.envs[0], rollout.bases[0]
+        rollout._carrier[k] = TensorDict({OBS_KEY: first.get(OBS_KEY).clone(),
+                                          "episode_reward": torch.zeros((data.num_envs, 1)),
+                                          "step_count": torch.zeros((data.num_envs, 1), dtype=torch.int64)},
+                                         batch_size=[data.num_envs])
         self.gae = self.make_gae()
 
     def make_gae(self):
@@ -219,100 +204,9 @@ class SeedGroupSource:
             return make_gae(gamma[0], lmbda[0], self.device)
         return make_gae(torch.tensor(gamma).view(-1, 1, 1, 1), torch.tensor(lmbda).view(-1, 1, 1, 1), self.device)
 
-    def shutdown(self) -> None:
-        pass
-
-    def __len__(self) -> int:
-        if self.phases is not None:  # PPG: an upper bound, as for a single run
-            return self.phases.max_batches_per_iteration(self.data)
-        return self.data.update_epochs * self.data.num_minibatches
-
     # ---------------------------------------------------------------- collection
     @torch.no_grad()
-    def _rollouts(self) -> list[TensorDictBase]:
-        """One rollout per seed (the batched rollout's keys and values), the policy run for all at once.
-
-        Per time step: one policy forward for all S x n envs, the actions of all seeds at once with
-        each seed's noise drawn on its own generator (`sample_per_seed`: as `Categorical.sample` draws),
-        the games stepped seed after seed, and the step's records
-        written into preallocated time-major buffers (numpy where the data comes from the games);
-        episode sums and counters in numpy (the same float32 and int64 arithmetic as the single
-        run's torch ops)."""
-        S, n, T = len(self.seeds), self.data.num_envs, self.steps
-        bases = [env.base_env for env in self.envs]
-        obs_np = np.empty((T + 1, S, n, *bases[0].obs_shape), dtype=bool)  # obs_np[t + 1]: after step t's resets
-        next_np = np.empty((T, S, n, *bases[0].obs_shape), dtype=bool)  # before them
-        reward_np = np.empty((T, S, n), dtype=np.float32)
-        term_np, trunc_np = np.empty((T, S, n), dtype=bool), np.empty((T, S, n), dtype=bool)
-        ep_np, sc_np = np.empty((T + 1, S, n), dtype=np.float32), np.empty((T + 1, S, n), dtype=np.int64)
-        next_ep_np, next_sc_np = np.empty((T, S, n), dtype=np.float32), np.empty((T, S, n), dtype=np.int64)
-        obs_np[0] = np.stack([c["obs"].numpy() for c in self._carriers])
-        ep_np[0] = np.stack([c["episode_reward"].numpy()[:, 0] for c in self._carriers])
-        sc_np[0] = np.stack([c["step_count"].numpy()[:, 0] for c in self._carriers])
-        obs_t = torch.from_numpy(obs_np)
-        action_buf = torch.empty((T, S, n), dtype=torch.int64)
-        logp_buf, value_buf = torch.empty((T, S, n)), torch.empty((T, S, n, 1))
-        param_bufs = None
-        space, gens = self.data.action_space, [st.action_generator for st in self.states]
-        noise = torch.empty((S, n, space["n"])) if space["type"] == "discrete" else None
-        for t in range(T):
-            *params, value = self.network(obs_t[t])
-            if param_bufs is None:
-                param_bufs = [torch.empty((T, S, n, *p.shape[2:]), dtype=p.dtype) for p in params]
-            for buf, p in zip(param_bufs, params):
-                buf[t] = p
-            value_buf[t] = value
-            dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
-            action = sample_per_seed(dist.probs, gens, noise)  # Categorical.sample, each seed on its own generator
-            action_buf[t] = action
-            logp_buf[t] = dist.log_prob(action)
-            for k, (actions, base) in enumerate(zip(action.tolist(), bases)):
-                reward_np[t, k], term_np[t, k], trunc_np[t, k] = base.step_games(actions)
-                next_np[t, k] = base._obs
-            done = term_np[t] | trunc_np[t]
-            ep, sc = ep_np[t] + reward_np[t], sc_np[t] + 1  # RewardSum, StepCounter
-            next_ep_np[t], next_sc_np[t] = ep, sc
-            if done.any():  # partial resets, as the collector asks for them
-                for k in np.flatnonzero(done.any(1)):
-                    bases[k].reset_games(done[k])
-                ep[done], sc[done] = 0.0, 0
-                obs_np[t + 1] = np.stack([base._obs for base in bases])
-            else:
-                obs_np[t + 1] = next_np[t]
-            ep_np[t + 1], sc_np[t + 1] = ep, sc
-        for k, c in enumerate(self._carriers):
-            c.update(obs=torch.from_numpy(obs_np[T, k].copy()), episode_reward=torch.from_numpy(ep_np[T, k, :, None].copy()),
-                     step_count=torch.from_numpy(sc_np[T, k, :, None].copy()))
-
-        def seed_major(x, trailing_one=False):  # [T, S, n, ...] -> [S, n, T, ...] contiguous
-            x = torch.as_tensor(x)
-            x = x.movedim(0, 2).contiguous()
-            return x.unsqueeze(-1) if trailing_one else x
-
-        obs_b, next_b = seed_major(obs_np[:T]), seed_major(next_np)
-        action_b, logp_b, value_b = seed_major(action_buf), seed_major(logp_buf), seed_major(value_buf)
-        params_b = [seed_major(b) for b in param_bufs]
-        reward_b, term_b, trunc_b = (seed_major(x, True) for x in (reward_np, term_np, trunc_np))
-        ep_b, sc_b = seed_major(ep_np[:T], True), seed_major(sc_np[:T], True)
-        next_ep_b, next_sc_b = seed_major(next_ep_np, True), seed_major(next_sc_np, True)
-        done_b = term_b | trunc_b
-        self._stacked = {"reward": reward_b, "done": done_b, "terminated": term_b, VALUE_KEY: value_b}
-        out = []
-        for k in range(S):
-            zeros = torch.zeros((n, T, 1), dtype=torch.bool)
-            out.append(TensorDict(
-                {OBS_KEY: obs_b[k], "action": action_b[k], "action_log_prob": logp_b[k], VALUE_KEY: value_b[k],
-                 **{key: b[k] for key, b in zip(self.param_keys, params_b)},
-                 "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
-                 "episode_reward": ep_b[k], "step_count": sc_b[k],
-                 "next": TensorDict({OBS_KEY: next_b[k], "reward": reward_b[k], "done": done_b[k],
-                                     "terminated": term_b[k], "truncated": trunc_b[k],
-                                     "episode_reward": next_ep_b[k], "step_count": next_sc_b[k]}, batch_size=[n, T])},
-                batch_size=[n, T]))
-        return out
-
-    @torch.no_grad()
-    def collect(self) -> list[TensorDictBase]:
+    def rollouts(self) -> list[TensorDictBase]:
         """Every seed's rollout ``[envs, time]`` with advantages and value targets."""
         data = self.data
         t0 = time.perf_counter()
@@ -320,14 +214,14 @@ class SeedGroupSource:
         self.network.eval()
         trainer = getattr(data, "trainer", None)  # the Trainer's precision (bf16-mixed: autocast), as a single run's
         with rollout_precision(trainer):
-            rollouts = self._rollouts()
+            rollouts = self.collector.rollouts()
         self.network.train(was_training)
         data.frames += rollouts[0].numel()  # per seed: each seed counts its own frames, as alone
         t1 = time.perf_counter()
         # Per seed as a single run does it: episodes, then reward normalization, then V(next obs), then
         # GAE. The normalizers' time loop and GAE are elementwise over envs, so they run once for all
         # seeds on the seed-major tensors (each seed's values are those of its own call).
-        stacked = self._stacked
+        stacked = self.collector.stacked
         for st, rollout in zip(self.states, rollouts):
             st.episodes.add_rollout(rollout)
         if self.states[0].reward_normalizer is not None:
@@ -356,42 +250,17 @@ class SeedGroupSource:
         self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
         return rollouts
 
-    def prepare(self, rollout: TensorDictBase, st: SeedState) -> TensorDictBase:
-        flat = rollout.select(*BATCH_KEYS, *self.param_keys).reshape(-1)
-        adv = flat.get("advantage")
-        faults.update_moments_finite(st.advantage_moments, adv)
-        if self.data.normalize_advantage:
-            flat.set("advantage", st.advantage_moments.normalize(adv))
-        return flat
-
-    def __iter__(self):
-        self.data.iteration_started()
-        rollouts = self.collect()
-        flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
-        if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
-            keys = self.phases.stored_keys
-            stored = lambda: torch.stack([r.select(*keys).to("cpu") for r in rollouts]).clone()  # noqa: E731
-            yield from self.phases.iteration_batches(stored, [st.shuffle_generator for st in self.states],
-                                                     lambda e: self._epoch_minibatches(flats, e), self.data)
-            return
-        yield from self._epoch_minibatches(flats, self.data.update_epochs)
-
-    def _epoch_minibatches(self, flats: list[TensorDictBase], epochs: int):
-        """``[S, B]`` minibatches; each seed's epoch shuffle from its own generator, as alone."""
-        n = flats[0].shape[0]
-        size = n // self.data.num_minibatches
-        for _ in range(epochs):
-            shuffled = torch.stack([f[torch.randperm(n, generator=st.shuffle_generator)] for f, st in zip(flats, self.states)])
-            for i in range(self.data.num_minibatches):
-                yield shuffled[:, i * size:(i + 1) * size]
-
     # ---------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
+    def resume_state(self) -> dict[str, Any]:
         envs = [resume_state.env_state(env) for env in self.envs]
-        return {"seeds": [st.state_dict() for st in self.states], "envs": envs,
-                "carriers": [{k: v.clone() for k, v in c.items()} for c in self._carriers]}
+        carrier = self.collector._carrier  # [S, n]: each seed's carried step (its observation saved as "obs")
+        carriers = [{CARRIER_NAMES.get(k, k): v[s].clone() for k, v in carrier.items()} for s in range(len(self.envs))]
+        return {"seed_group": {"seeds": [st.state_dict() for st in self.states], "envs": envs, "carriers": carriers}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        state = state.get("seed_group")
+        if state is None:
+            return
         if len(state["seeds"]) != len(self.states):
             raise faults.CheckpointError(f"the checkpoint holds a group of {len(state['seeds'])} seeds; the config has "
                                          f"data.num_seeds={len(self.states)}")
@@ -400,11 +269,7 @@ class SeedGroupSource:
         if all(e["restorable"] for e in state["envs"]):
             for env, e in zip(self.envs, state["envs"]):
                 resume_state.set_env_state(env, e)
-            for c, saved in zip(self._carriers, state["carriers"]):
-                c.update({k: v.clone() for k, v in saved.items()})
-
-    def iteration_metrics(self) -> list[dict[str, float]]:
-        return [{"episode/return_mean20": st.episodes.mean_return(20),
-                 "episode/length_mean20": st.episodes.mean_length(20),
-                 "episodes": float(st.episodes.count),
-                 "advantage/std_estimate": st.advantage_moments.std} for st in self.states]
+            carrier = self.collector._carrier
+            for s, saved in enumerate(state["carriers"]):
+                for k, v in saved.items():
+                    carrier.get(OBS_KEY if k == "obs" else k)[s] = v

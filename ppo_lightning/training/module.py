@@ -28,10 +28,10 @@ from ppo_lightning.algos.schedules import LR_SCHEDULES
 from ppo_lightning.algos.schedules import make_lr_scheduler
 from ppo_lightning.interop.export import load_pretrained_weights
 from ppo_lightning.training.compiled import validate_compile
-from ppo_lightning.training.seed_group import MemberAdam, validate_seed_group
+from ppo_lightning.training.seed_group import SeedGroup, SeedGroupGuard, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
 from ppo_lightning.algos.proximal import ProximalEWMAStep
-from ppo_lightning.training.update import PPGUpdate, accumulate
+from ppo_lightning.training.update import PPGUpdate, PPOUpdate
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
@@ -169,10 +169,9 @@ class PPOLightningModule(pl.LightningModule):
         self.network = build_network(observation_space, action_space, network)
         self.seed_group = None
         if seeds is not None and len(seeds) > 1:  # vectorized seeds: one stacked network
-            from ppo_lightning.training.seed_group import SeedGroup
-
             self.seed_group = SeedGroup(self, seeds, self.hparams.member_hparams)
             self.network = self.seed_group.network
+        self.num_seeds = 1 if self.seed_group is None else self.seed_group.num_seeds
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
         self.loss_module = self.make_loss()
@@ -187,9 +186,9 @@ class PPOLightningModule(pl.LightningModule):
             self.proximal_source = ProximalPolicyEWMA(com=com)
         # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
         self.ppg_phases = None if ppg is None else ppg_lib.PPGPhases(ppg, action_space)
-        self.ppg_update = None if ppg is None else PPGUpdate()  # PPG's optimizers and its manual step
+        # The update of a minibatch, one per algorithm (ppo_lightning.training.update).
+        self.updater = PPOUpdate() if ppg is None else PPGUpdate()
         self.automatic_optimization = ppg is None
-        self._policy_step = True  # the last optimizer step changed the policy (EWMA moves after it)
         self._step_stats: list[torch.Tensor] = []
         self._stat_names: list[str] | None = None
         self._fit_t0: float | None = None
@@ -201,12 +200,9 @@ class PPOLightningModule(pl.LightningModule):
         self._logged_at_frames: float | None = None
         self._recorded: dict[str, float] = {}
         self._fit_frames0 = 0
-        self._micro_batched = False  # this step's gradients were accumulated inside training_step
-        self.numerical_guard = NumericalGuard(max_bad_steps)
-        if self.seed_group is not None:
-            from ppo_lightning.training.seed_group import SeedGroupGuard
-
-            self.numerical_guard = SeedGroupGuard(self.seed_group.num_seeds, max_bad_steps)
+        # Skips non-finite steps (a group: per seed), stops after max_bad_steps in a row.
+        self.numerical_guard = (NumericalGuard(max_bad_steps) if self.seed_group is None
+                                else SeedGroupGuard(self.num_seeds, max_bad_steps))
         self.compiled = None  # ppo_lightning.training.compiled.CompiledLoss when model.compile is on
 
     # ------------------------------------------------------------------ configuration
@@ -296,7 +292,7 @@ class PPOLightningModule(pl.LightningModule):
 
     def step_proximal(self) -> None:
         """After an optimizer step (``ProximalEWMAStep``): move the EWMA if the step changed the policy."""
-        if self.proximal_source is not None and self._policy_step:
+        if self.proximal_source is not None and self.updater.changed_policy:
             self.proximal_source.update()
 
     def on_fit_start(self) -> None:
@@ -319,37 +315,33 @@ class PPOLightningModule(pl.LightningModule):
         if self.proximal_source is not None:
             self.proximal_source.stop()
         if self.seed_group is not None:
-            # preempted: the members' runs are KILLED, as the group's run (a resume continues them)
-            from ppo_lightning.training.preemption import preempted  # start-up cost: only at teardown
+            self.seed_group.teardown(self)
 
-            stopped = self._trainer is not None and preempted(self.trainer) is not None
-            self.seed_group.runs.finalize("KILLED" if stopped else "success")
+    def _checkpointed_parts(self) -> dict[str, Any]:
+        """This module's optional parts that keep state in its checkpoint, by checkpoint key."""
+        parts = {"seed_runs": getattr(self.seed_group, "runs", None), "proximal_ewma": self.proximal_source,
+                 "ppg": self.ppg_phases}
+        return {key: part for key, part in parts.items() if part is not None}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["numerical_guard"] = self.numerical_guard.state_dict()
-        if self.seed_group is not None:
-            checkpoint["seed_runs"] = self.seed_group.runs.run_ids
-        if self.proximal_source is not None:
-            checkpoint["proximal_ewma"] = self.proximal_source.state_dict()
-        if self.ppg_phases is not None:
-            checkpoint["ppg"] = self.ppg_phases.state_dict()
+        checkpoint.update({key: part.state_dict() for key, part in self._checkpointed_parts().items()})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "numerical_guard" in checkpoint:
             self.numerical_guard.load_state_dict(checkpoint["numerical_guard"])
-        if self.seed_group is not None and checkpoint.get("seed_runs"):
-            self.seed_group.runs.run_ids = list(checkpoint["seed_runs"])
-        if self.proximal_source is not None:
-            # Checkpoints from before the module owned the EWMA kept it in the callback's state.
-            state = checkpoint.get("proximal_ewma") or checkpoint.get("callbacks", {}).get("ProximalPolicyEWMA")
-            if state is not None:
-                self.proximal_source.load_state_dict(state)
-        if self.ppg_phases is not None and checkpoint.get("ppg") is not None:
-            self.ppg_phases.load_state_dict(checkpoint["ppg"])
+        # Checkpoints from before the module owned the EWMA kept it in the callback's state.
+        legacy = {"proximal_ewma": checkpoint.get("callbacks", {}).get("ProximalPolicyEWMA")}
+        for key, part in self._checkpointed_parts().items():
+            state = checkpoint.get(key) or legacy.get(key)
+            if state:
+                part.load_state_dict(state)
 
     def configure_optimizers(self):
-        if self.ppg_phases is not None:  # manual optimization: its own optimizers, constant lr
-            return self.ppg_update.configure_optimizers(self)
+        return self.updater.configure_optimizers(self)
+
+    def configure_ppo_optimizers(self):
+        """PPO's optimizer (`_make_optimizer`) and ``model.lr_schedule``'s scheduler."""
         optimizer = self._make_optimizer()
         dm = self.trainer.datamodule if self._trainer is not None else None
         if self.hparams.lr_schedule == "constant" or dm is None:
@@ -359,28 +351,21 @@ class PPOLightningModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        h = self.hparams
-        group = self.seed_group
-        lr = h.lr if group is None or group.lr is None else group.lr  # the members' common lr
-        betas = h.adam_betas if group is None or group.adam_betas is None else group.adam_betas
-        members = None if group is None else group.adam_members  # members' own lrs / betas
-        if (members is not None or (group is not None and group.adam_betas is not None)) and h.optimizer == "sgd":
-            raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need model.optimizer adam")
+        h, params = self.hparams, list(self.network.parameters())
+        if self.seed_group is not None:  # the members' common or own lrs / betas
+            return self.seed_group.make_optimizer(h, params, self._fused(params))
         if h.optimizer == "sgd":
-            return torch.optim.SGD(self.network.parameters(), lr=lr)
-        params = list(self.network.parameters())
-        # The fused kernel: one call per step instead of a Python loop over tensors (4x faster
-        # for the small CartPole MLP). Sharded (DTensor) parameters take the default path.
+            return torch.optim.SGD(params, lr=h.lr)
+        return torch.optim.Adam(params, lr=h.lr, eps=h.adam_eps, betas=h.adam_betas, fused=self._fused(params))
+
+    def _fused(self, params: list) -> bool | None:
+        """Whether Adam takes the fused kernel: one call per step instead of a Python loop over tensors
+        (4x faster for the small CartPole MLP). Sharded (DTensor) parameters take the default path."""
         fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
         trainer = self._trainer
         if fused and trainer is not None and trainer.precision != "32-true" and trainer.gradient_clip_val:
             fused = None  # Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients
-        if members is not None:  # members' own lrs / betas: fused Adam per setting (seed_group.MemberAdam)
-            if not fused:
-                raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need the fused Adam: not "
-                                 "with trainer.gradient_clip_val under mixed precision")
-            return MemberAdam(params, *members, lr=lr, eps=h.adam_eps, betas=betas)
-        return torch.optim.Adam(params, lr=lr, eps=h.adam_eps, betas=betas, fused=fused)
+        return fused
 
     # ------------------------------------------------------------------ training
     def add_proximal(self, batch: TensorDictBase) -> TensorDictBase:
@@ -397,43 +382,22 @@ class PPOLightningModule(pl.LightningModule):
     def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
         # Minibatches are built from a rollout already on the module's device; Lightning's generic
         # move (TensorDict.to on every step) cost ~0.15 ms per gradient step on CartPole.
-        if isinstance(batch, TensorDictBase) and batch.get(OBS_KEY).device == device:
+        data = batch.data if isinstance(batch, ppg_lib.PhaseBatch) else batch  # PPG's minibatches carry their phase
+        if isinstance(data, TensorDictBase) and data.get(OBS_KEY).device == device:
             return batch
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
-        if self.ppg_phases is not None:
-            return self.ppg_update.training_step(self, batch, batch_idx)
-        if self.seed_group is not None:
-            loss, stats, self.numerical_guard.seed_losses = self.seed_group.loss_and_stats(self, batch)
-            self._stat_names = self.seed_group.stat_names
-            self._step_stats.append(stats)
-            return loss
-        n, m = batch.shape[0], self.hparams.micro_batch_size
-        self.numerical_guard.check_batch(batch)
-        self._micro_batched = m is not None and m < n
-        if self._micro_batched:
-            # Lightning zeroes gradients between training_step and backward, so we zero here instead
-            # (see optimizer_zero_grad); `accumulate` back-propagates all chunks but the last, and
-            # Lightning the returned one.
-            if batch_idx % self.trainer.accumulate_grad_batches == 0:
-                self.optimizers(use_pl_optimizer=False).zero_grad()
-            if self.loss_module.decoupled:  # one no-grad pass for the whole minibatch, not one per chunk
-                batch = self.add_proximal(batch)
-        loss, _, stats = accumulate(self, batch, self._loss_and_stats, lambda chunk_loss: parallel.backward_chunk(self, chunk_loss),
-                                    lambda: self._stat_names, backward_last=False)
-        self._step_stats.append(stats)
-        return loss
+        return self.updater.training_step(self, batch, batch_idx)
 
     @property
     def _ppg_optimizer_index(self) -> dict[str, int]:
-        return self.ppg_update.optimizer_index
+        return self.updater.optimizer_index
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        # Non-finite steps are skipped inside the closure (`NumericalGuard`); parameters that
-        # became non-finite stop training before the EWMA callback sees them.
-        optimizer.step(closure=self.numerical_guard.guard_closure(self, optimizer, optimizer_closure))
-        self.numerical_guard.check_parameters(self, optimizer)
+        # Non-finite steps are skipped inside the closure (the guard); parameters that became
+        # non-finite stop training before the EWMA callback sees them.
+        self.updater.optimizer_step(self, optimizer, optimizer_closure)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         if self.seed_group is not None and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
@@ -442,31 +406,32 @@ class PPOLightningModule(pl.LightningModule):
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
-        if not self._micro_batched:  # else training_step has zeroed them before the first chunk
-            optimizer.zero_grad()
+        self.updater.zero_grad(optimizer)
 
-    def _loss_and_stats(
+    def loss_and_stats(
         self, batch: TensorDictBase, terms: tuple[str, ...] = LOSS_TERMS
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss (the sum of ``terms``) of a (micro)batch and its diagnostics stacked in
-        ``self._stat_names`` order."""
+        """The loss of a (micro)batch (the sum of ``terms``: a scalar, or ``[S]`` per seed of a seed
+        group) and its diagnostics stacked in ``self._stat_names`` order (``[K]``, or ``[K, S]``)."""
         if self.loss_module.decoupled:
             batch = self.add_proximal(batch)
         out = self.loss_module(batch)
+        shape = () if self.num_seeds == 1 else (self.num_seeds,)  # a group's entries are per seed
         if self._stat_names is None:
-            check_loss_output(out)
+            check_loss_output(out, *shape)
             self._stat_names = list(out.keys())
-        stats = torch.stack([out[k].detach().float() for k in self._stat_names])
-        return sum(out[k] for k in terms), stats
+        stats = [out[k].detach().float() for k in self._stat_names]
+        return sum(out[k] for k in terms), torch.stack([s.expand(shape) for s in stats] if shape else stats)
+
+    def record_step(self, stats: torch.Tensor) -> None:
+        """Keep one training step's diagnostics (``_stat_names`` order) for the iteration's metrics."""
+        self._step_stats.append(stats)
 
     def on_train_start(self) -> None:
         self._fit_t0 = time.perf_counter()
         dm = self.trainer.datamodule
         self._fit_frames0 = dm.frames if dm is not None else 0
-        if self.ppg_phases is not None and self.ppg_phases.restart_pending:  # resumed mid-phase
-            self.ppg_phases.restart_pending = False
-            if self.proximal_source is not None:
-                self.proximal_source.reset(self.network)
+        self.updater.on_train_start(self)
 
     def on_train_epoch_start(self) -> None:
         self._step_stats = []
@@ -480,75 +445,51 @@ class PPOLightningModule(pl.LightningModule):
             self.record_metrics(self.compiled.step_ended())
 
     def on_train_epoch_end(self) -> None:
-        metrics: dict[str, float] = {}
         dm = self.trainer.datamodule
-        if self.seed_group is not None:
-            return self._group_epoch_end(dm)
-        if self._step_stats:
-            stats = torch.stack(self._step_stats)
-            # Means over the steps with finite diagnostics (skipped steps have non-finite ones).
-            metrics.update({f"train/{k}": finite_mean(stats[:, i]) for i, k in enumerate(self._stat_names)})
-            # Adaptive beta: once per iteration, on the mean KL of the last update epoch (all ranks').
-            per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
-            kl_last_epoch = parallel.mean_over_ranks(self, finite_mean(self.step_stat("kl_anchor")[-per_epoch:]))
-            metrics["train/kl_anchor_last_epoch"] = kl_last_epoch
-            metrics["train/kl_beta"] = self.loss_module.update_kl_beta(kl_last_epoch)  # a NaN never reaches beta
+        group = self.seed_group
+        metrics = self._train_metrics(dm)
         metrics.update(self.numerical_guard.metrics())
         if dm is not None and hasattr(dm, "iteration_metrics"):
             metrics.update(dm.iteration_metrics())
             parallel.pool_episode_metrics(self, dm, metrics)  # all ranks' episodes, same figure on every rank
             if self._fit_t0 is not None:
                 elapsed = time.perf_counter() - self._fit_t0
-                metrics["time/fps"] = (dm.frames - self._fit_frames0) / max(elapsed, 1e-9)
+                metrics["time/fps"] = (dm.frames - self._fit_frames0) * self.num_seeds / max(elapsed, 1e-9)
                 metrics["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
         metrics.update(self._component_metrics())
         metrics.update(self._recorded)
         self._recorded = {}
-        self.publish_metrics(metrics, self._logging_due(dm))
+        send = self._logging_due(dm)
+        if group is not None:  # "seed<k>/" names are seed k's; unprefixed, the seeds' mean
+            metrics = group.iteration_metrics(metrics)
+        self.publish_metrics(metrics, send)
+        if group is not None and send:
+            group.runs.publish(self, group.last_per_seed)  # each seed's own MLflow run
+
+    def _train_metrics(self, dm) -> dict[str, float]:
+        """The iteration's means of the per-step diagnostics over the steps with finite ones (skipped
+        steps have non-finite ones), and the adaptive KL beta's update: once per iteration, on the mean
+        KL of the last update epoch (all ranks'); a NaN never reaches beta. A group's are per seed."""
+        if not self._step_stats:
+            return {}
+        S, out = self.num_seeds, {}
+        stats = torch.stack(self._step_stats).reshape(len(self._step_stats), len(self._stat_names), S)
+        kl = stats[-getattr(dm, "num_minibatches", len(self._step_stats)):, self._stat_names.index("kl_anchor")]
+        for k in range(S):
+            prefix = "" if S == 1 else f"seed{k}/"
+            out.update({f"{prefix}train/{name}": finite_mean(stats[:, i, k]) for i, name in enumerate(self._stat_names)})
+            if S == 1 or self.loss_module.objective_spec.adaptive_beta:
+                mean_kl = parallel.mean_over_ranks(self, finite_mean(kl[:, k]))
+                out[f"{prefix}train/kl_anchor_last_epoch"] = mean_kl
+                out[f"{prefix}train/kl_beta"] = self.loss_module.update_kl_beta(mean_kl, seed=None if S == 1 else k)
+        return out
 
     def _component_metrics(self) -> dict[str, float]:
         """The iteration's metrics of the EWMA proximal policy and of PPG's phases (where they are on)."""
         metrics = {} if self.proximal_source is None else self.proximal_source.metrics()
         return metrics if self.ppg_phases is None else {**metrics, **self.ppg_phases.iteration_metrics()}
-
-    def _group_epoch_end(self, dm) -> None:
-        shared: dict[str, float] = {}
-        if dm is not None:
-            shared.update({"frames": float(dm.frames), "iteration": float(dm.iteration)})
-            if dm.source is not None:
-                shared.update(dm.source.last_timing)
-            if dm._iteration_t0 is not None:
-                shared["time/iteration_s"] = time.perf_counter() - dm._iteration_t0
-                shared["time/update_s"] = shared["time/iteration_s"] - shared.get("time/rollout_s", 0.0) - shared.get("time/gae_s", 0.0)
-            if self._fit_t0 is not None:
-                elapsed = time.perf_counter() - self._fit_t0
-                shared["time/fps"] = (dm.frames - self._fit_frames0) * self.seed_group.num_seeds / max(elapsed, 1e-9)
-                shared["time/elapsed_s"] = elapsed
-            if dm.finished:
-                self.trainer.should_stop = True
-        shared.update(self._component_metrics())
-        if self._step_stats and self.loss_module.objective_spec.adaptive_beta:
-            shared.update(self._group_adapt_kl_beta(dm))
-        shared.update(self._recorded)
-        self._recorded = {}
-        send = self._logging_due(dm)
-        self.publish_metrics(self.seed_group.iteration_metrics(self, self._step_stats, shared), send)
-        if send:
-            self.seed_group.runs.publish(self, self.seed_group.last_per_seed)  # each seed's own MLflow run
-
-    def _group_adapt_kl_beta(self, dm) -> dict[str, float]:
-        """Adaptive beta of each seed of a group, as a single run adapts its own (`on_train_epoch_end`):
-        once per iteration, on the seed's mean KL of the last update epoch; a NaN never reaches beta."""
-        per_epoch = getattr(dm, "num_minibatches", len(self._step_stats))
-        kl = self.step_stat("kl_anchor")[-per_epoch:]  # [steps, S]
-        out = {}
-        for k in range(self.seed_group.num_seeds):
-            mean_kl = finite_mean(kl[:, k])
-            out[f"seed{k}/train/kl_anchor_last_epoch"] = mean_kl
-            out[f"seed{k}/train/kl_beta"] = self.loss_module.update_kl_beta(mean_kl, seed=k)
-        return out
 
     # ------------------------------------------------------------------ per-iteration metrics
     def step_stat(self, name: str) -> torch.Tensor:

@@ -52,10 +52,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ppo_lightning.algos.loss import LOSS_TERMS, MEMBER_LOSS_SETTINGS, check_loss_output
-from ppo_lightning.core.faults import NumericalFault, finite_mean
+from ppo_lightning.algos.loss import MEMBER_LOSS_SETTINGS
+from ppo_lightning.core.faults import NumericalFault
 from ppo_lightning.data.seed_group import validate_member_hparams
-from ppo_lightning.nets.models import OBS_KEY
 from ppo_lightning.nets.seed_stack import SeedStack
 from ppo_lightning.training.mlflow_sender import create_run
 from ppo_lightning.training.tracking import SafeMLFlowLogger
@@ -108,11 +107,26 @@ class SeedGroup:
             self.action_rng_states.append(torch.get_rng_state())
         torch.set_rng_state(saved)
         self.network = SeedStack(nets)
-        self._names: list[str] | None = None
         self.runs = SeedRuns(self.seeds)
         self.last_per_seed: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- members' own hyperparameters
+    def make_optimizer(self, h, params: list, fused: bool | None) -> torch.optim.Optimizer:
+        """The group's optimizer over its stacked ``params``: at the members' common lr / betas (or the
+        model's), or `MemberAdam` where members have their own (``fused``: the fused kernel is allowed)."""
+        lr = h.lr if self.lr is None else self.lr
+        betas = h.adam_betas if self.adam_betas is None else self.adam_betas
+        if h.optimizer == "sgd":
+            if self.adam_members is not None or self.adam_betas is not None:
+                raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need model.optimizer adam")
+            return torch.optim.SGD(params, lr=lr)
+        if self.adam_members is None:
+            return torch.optim.Adam(params, lr=lr, eps=h.adam_eps, betas=betas, fused=fused)
+        if not fused:  # members' own lrs / betas: fused Adam per setting
+            raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need the fused Adam: not "
+                             "with trainer.gradient_clip_val under mixed precision")
+        return MemberAdam(params, *self.adam_members, lr=lr, eps=h.adam_eps, betas=betas)
+
     def proximal_com(self, com: float | None) -> float | list[float] | None:
         """The EWMA's center of mass: the config's, or one per member (PPO members' EWMA is kept at 0,
         unused: their anchor is the behavior policy, the loss module's ``behavior_anchor``)."""
@@ -190,23 +204,12 @@ class SeedGroup:
         dm.member_seeds = list(self.seeds)
         dm.source.refill(k, seed, self.action_rng_states[k])
 
-    # ---------------------------------------------------------------- the loss
-    def loss_and_stats(self, module, batch, terms: tuple[str, ...] = LOSS_TERMS,
-                       detach: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(sum over seeds of each seed's loss (the sum of ``terms``), stats ``[K, S]``, per-seed
-        losses ``[S]``, detached unless ``detach`` is False)."""
-        lm = module.loss_module
-        if lm.decoupled:
-            batch = module.add_proximal(batch)
-        # One pass over all seeds: the stacked network, and the loss on [S, B] tensors with
-        # per-seed reductions (``stacked_seeds``): every loss term and diagnostic is [S].
-        out = lm(batch)
-        if self._names is None:
-            check_loss_output(out, self.num_seeds)
-            self._names = list(out.keys())
-        per_seed = sum(out[k] for k in terms)
-        stats = torch.stack([out[k].detach().expand(self.num_seeds) for k in self._names]).float()
-        return per_seed.sum(), stats, per_seed.detach() if detach else per_seed
+    def teardown(self, module) -> None:
+        """End the members' MLflow runs; preempted, they are KILLED as the group's run (a resume continues them)."""
+        from ppo_lightning.training.preemption import preempted  # start-up cost: only at teardown
+
+        stopped = module._trainer is not None and preempted(module.trainer) is not None
+        self.runs.finalize("KILLED" if stopped else "success")
 
     @torch.no_grad()
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
@@ -223,27 +226,13 @@ class SeedGroup:
             g.mul_(coef.reshape(S, *([1] * (g.dim() - 1))))
         return total
 
-    @property
-    def stat_names(self) -> list[str]:
-        return self._names or []
-
     # ---------------------------------------------------------------- per-iteration metrics
-    def iteration_metrics(self, module, step_stats: list[torch.Tensor], shared: dict[str, float]) -> dict[str, float]:
-        """Every seed's metrics under ``seed<k>/``, and their mean over seeds unprefixed."""
+    def iteration_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Every seed's metrics under ``seed<k>/`` (those of ``metrics`` so named), and their mean over
+        the seeds that have them unprefixed; ``last_per_seed``: each seed's own with the shared ones."""
         per_seed: list[dict[str, float]] = [dict() for _ in self.seeds]
-        if step_stats:
-            stats = torch.stack(step_stats)  # [steps, K, S]
-            for k in range(self.num_seeds):
-                per_seed[k].update({f"train/{name}": finite_mean(stats[:, i, k]) for i, name in enumerate(self._names)})
-        source = getattr(module.trainer.datamodule, "source", None)
-        if source is not None:
-            for k, m in enumerate(source.iteration_metrics()):
-                per_seed[k].update(m)
-        guard = module.numerical_guard
-        for k in range(self.num_seeds):
-            per_seed[k]["train/skipped_steps"] = float(guard.skipped[k])
         out = {}
-        for name, value in shared.items():  # "seed<k>/x" recorded by callbacks: seed k's own x
+        for name, value in metrics.items():  # "seed<k>/x": seed k's own x
             head, _, rest = name.partition("/")
             if head.startswith("seed") and head[4:].isdigit() and int(head[4:]) < self.num_seeds and rest:
                 per_seed[int(head[4:])][rest] = value
@@ -252,7 +241,7 @@ class SeedGroup:
         shared = dict(out)
         for k, m in enumerate(per_seed):
             out.update({f"seed{k}/{name}": v for name, v in m.items()})
-        for name in per_seed[0]:
+        for name in dict.fromkeys(name for m in per_seed for name in m):
             values = [m[name] for m in per_seed if name in m]
             out[name] = sum(values) / len(values)
         self.last_per_seed = [{**shared, **m} for m in per_seed]
@@ -426,6 +415,12 @@ class SeedRuns:
         for logger, metrics in zip(self.loggers, per_seed):
             logger.log_metrics(metrics, step=module.trainer.global_step)
 
+    def state_dict(self) -> list[str] | None:  # the module's checkpoint keeps the run ids
+        return self.run_ids
+
+    def load_state_dict(self, run_ids: list[str]) -> None:
+        self.run_ids = list(run_ids)
+
     def finalize(self, status: str = "success") -> None:
         for logger in self.loggers or []:
             logger.finalize(status)
@@ -445,7 +440,6 @@ class SeedGroupGuard:
         self.skipped = [0] * num_seeds
         self.consecutive = [0] * num_seeds
         self.first_bad: list[str | None] = [None] * num_seeds
-        self.seed_losses: torch.Tensor | None = None
         self._restore: list = []
         self._bad: list[int] = []
 
@@ -456,23 +450,17 @@ class SeedGroupGuard:
     def check_batch(self, batch) -> None:
         pass
 
-    def guard_closure(self, module, optimizer, closure):
-        def guarded():
-            loss = closure()
-            self.after_backward(module, optimizer)
-            return loss
-
-        return guarded
-
     @torch.no_grad()
-    def after_backward(self, module, optimizer) -> None:
+    def after_backward(self, module, optimizer, loss: torch.Tensor | None) -> bool:
+        """Check each seed's loss (``loss``: ``[S]``) and gradient; a bad seed's gradient is zeroed and its
+        step undone by `check_parameters`. Returns True: the step goes on for the other seeds."""
         S = self.num_seeds
         params = [p for group in optimizer.param_groups for p in group["params"]]
         # One reduction per parameter: a seed's gradient sum is finite iff its entries are (short of
         # an overflow of the sum itself, which then counts as bad too).
         sums = [p.grad.reshape(S, -1).sum(1) for p in params if p.grad is not None]
-        if self.seed_losses is not None:
-            sums.append(self.seed_losses)
+        if loss is not None:
+            sums.append(loss)
         ok = torch.isfinite(torch.stack(sums).sum(0))
         bad = (~ok).nonzero().flatten().tolist()
         self._restore, self._bad = [], bad
@@ -480,7 +468,7 @@ class SeedGroupGuard:
             if k not in bad:
                 self.consecutive[k], self.first_bad[k] = 0, None
         if not bad:
-            return
+            return True
         for p in params:
             state = optimizer.state.get(p, {})
             moments = {name: state[name][bad].clone() for name in ("exp_avg", "exp_avg_sq") if name in state}
@@ -496,6 +484,7 @@ class SeedGroupGuard:
         if self.max_bad_steps is not None and all(c >= self.max_bad_steps for c in self.consecutive):
             raise NumericalFault(f"every seed of the group had {self.max_bad_steps} consecutive bad steps "
                                  f"(model.max_bad_steps); seed 0's first: {self.first_bad[0]}")
+        return True
 
     @torch.no_grad()
     def check_parameters(self, module, optimizer) -> None:
@@ -512,7 +501,7 @@ class SeedGroupGuard:
         self._restore = []
 
     def metrics(self) -> dict[str, float]:
-        return {"train/skipped_steps": float(self.skipped_steps)}
+        return {f"seed{k}/train/skipped_steps": float(n) for k, n in enumerate(self.skipped)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"skipped": list(self.skipped), "consecutive": list(self.consecutive), "first_bad": list(self.first_bad)}

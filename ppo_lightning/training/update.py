@@ -1,12 +1,22 @@
 """The update of one minibatch: accumulate (micro-batches) -> guard -> clip -> step.
 
-`accumulate` is the one gradient accumulation over ``model.micro_batch_size`` chunks, for PPO and
-PPG alike: each chunk's loss is a mean, weighted by the chunk's share of the minibatch, so the
-accumulated gradient is the minibatch's (up to float summation order); its diagnostics combine by
-`combine_chunk_stats`. PPO steps under Lightning's automatic optimization (the module's
-``optimizer_step`` guards, ``configure_gradient_clipping`` clips); PPG, with up to three optimizers,
-steps in `PPGUpdate` (manual optimization) through the same guard and clipping rules. PPG's phases,
-buffer and auxiliary loss are `ppo_lightning.algos.ppg`'s; the optimizers and the step are here.
+One update object per algorithm, chosen when the module is built: `PPOUpdate` (Lightning's
+automatic optimization) or `PPGUpdate` (manual optimization: up to three optimizers). Both take the
+same path through a step:
+
+- **accumulate**: `accumulate`, the one gradient accumulation over ``model.micro_batch_size``
+  chunks: each chunk's loss is a mean, weighted by the chunk's share of the minibatch, so the
+  accumulated gradient is the minibatch's (up to float summation order); its diagnostics combine by
+  `combine_chunk_stats`. A loss is a scalar, or ``[S]`` for a seed group (one per seed; the
+  gradient is that of their sum, so each seed's is its own loss's);
+- **guard**: the module's ``numerical_guard`` (`ppo_lightning.core.faults.NumericalGuard`, or
+  `ppo_lightning.training.seed_group.SeedGroupGuard` per seed) gets the step's loss after the
+  backward pass and drops a bad step's gradients;
+- **clip**: the module's ``configure_gradient_clipping`` (per seed for a group);
+- **step**: the optimizer's step, then the guard's parameter check.
+
+PPG's phases, buffer and auxiliary loss are `ppo_lightning.algos.ppg`'s; the phase of a step comes
+with its minibatch (`ppo_lightning.algos.ppg.PhaseBatch`).
 """
 
 from __future__ import annotations
@@ -17,7 +27,8 @@ import torch
 from tensordict import TensorDictBase
 
 from ppo_lightning.algos.loss import MAX_ENTRIES
-from ppo_lightning.algos.ppg import PHASE_TERMS, aux_loss_and_stats
+from ppo_lightning.algos.ppg import PHASE_TERMS, PhaseBatch
+from ppo_lightning.data import parallel
 
 
 def combine_chunk_stats(chunk_stats: list[tuple[float, torch.Tensor]], names: list[str] | None) -> torch.Tensor:
@@ -59,13 +70,77 @@ def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward
     return loss, total_loss, combine_chunk_stats(chunk_stats, names())
 
 
+def guarded_step(module, optimizer, loss: torch.Tensor | None, clip: float | None) -> None:
+    """guard -> clip -> step after a manual backward pass: the guard sees ``loss`` (``[S]`` for a
+    seed group) and the gradients; a kept step's gradients are clipped to norm ``clip``."""
+    guard = module.numerical_guard
+    if guard.after_backward(module, optimizer.optimizer, loss) and clip is not None:
+        module.configure_gradient_clipping(optimizer, clip, "norm")
+    optimizer.step()
+    guard.check_parameters(module, optimizer.optimizer)
+
+
+class PPOUpdate:
+    """PPO's step under Lightning's automatic optimization: `training_step` accumulates (the last
+    chunk's loss is back-propagated by Lightning), `optimizer_step` runs Lightning's closure, then
+    the guard; Lightning clips (``configure_gradient_clipping``) and steps."""
+
+    changed_policy = True  # every step changes the policy (the EWMA moves after it)
+
+    def __init__(self) -> None:
+        self.micro_batched = False  # this step's gradients were accumulated inside training_step
+        self.losses: torch.Tensor | None = None  # the step's loss as the guard sees it
+
+    def configure_optimizers(self, module):
+        return module.configure_ppo_optimizers()
+
+    def training_step(self, module, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
+        n, m = batch.shape[0], module.hparams.micro_batch_size
+        module.numerical_guard.check_batch(batch)
+        self.micro_batched = m is not None and m < n
+        if self.micro_batched:
+            # Lightning zeroes gradients between training_step and backward, so we zero here instead
+            # (see zero_grad); `accumulate` back-propagates all chunks but the last, and Lightning the
+            # returned one.
+            if batch_idx % module.trainer.accumulate_grad_batches == 0:
+                module.optimizers(use_pl_optimizer=False).zero_grad()
+            if module.loss_module.decoupled:  # one no-grad pass for the whole minibatch, not one per chunk
+                batch = module.add_proximal(batch)
+        loss, total, stats = accumulate(module, batch, module.loss_and_stats,
+                                        lambda chunk_loss: parallel.backward_chunk(module, chunk_loss),
+                                        lambda: module._stat_names, backward_last=False)
+        self.losses = None if total.dim() == 0 else total  # a seed group's [S]: the guard's, per seed
+        module.record_step(stats)
+        return loss.sum()
+
+    def optimizer_step(self, module, optimizer, closure) -> None:
+        guard = module.numerical_guard
+
+        def guarded():  # Lightning's closure (forward + backward), then the guard; Lightning clips after it
+            loss = closure()
+            guard.after_backward(module, optimizer, loss if self.losses is None else self.losses)
+            return loss
+
+        optimizer.step(closure=guarded)
+        guard.check_parameters(module, optimizer)
+
+    def zero_grad(self, optimizer) -> None:
+        if not self.micro_batched:  # else training_step has zeroed them before the first chunk
+            optimizer.zero_grad()
+
+    @staticmethod
+    def on_train_start(module) -> None:
+        pass
+
+
 class PPGUpdate:
     """PPG's optimizers and its manual step (`ppo_lightning.algos.ppg`): one policy(-phase) optimizer,
     a value optimizer when E_V != E_pi, the auxiliary Adam; every one over all parameters, as in the
-    reference code. The phase of a step is its minibatch's (`PPGPhases.phase_of`)."""
+    reference code. The phase of a step is its minibatch's (`ppo_lightning.algos.ppg.PhaseBatch`)."""
 
     def __init__(self) -> None:
         self.optimizer_index: dict[str, int] = {}
+        self.changed_policy = True  # the last step changed the policy (the EWMA moves after it)
 
     @staticmethod
     def _adam(params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
@@ -100,63 +175,43 @@ class PPGUpdate:
                 opts.append(self._adam(params, h.lr, h.adam_betas, h.adam_eps))
         return opts
 
-    def training_step(self, module, batch, batch_idx: int) -> dict[str, Any]:
-        """One gradient step of either phase. A vectorized seed group (``module.seed_group``) steps
+    def training_step(self, module, batch: PhaseBatch, batch_idx: int) -> dict[str, Any]:
+        """One gradient step of the minibatch's phase (``batch.phase``). A vectorized seed group steps
         every seed at once: the loss is the sum of the seeds' losses (each seed's gradient is its own
         loss's), the guard and gradient clipping act per seed."""
-        phases = module.ppg_phases
-        group = module.seed_group
-        phase = phases.phase_of(batch_idx)
+        phases, phase, data = module.ppg_phases, batch.phase, batch.data
         opt = module.optimizers()[self.optimizer_index[phase]]
         opt.zero_grad()
-        guard = module.numerical_guard  # the same skip / stop rules as PPO's automatic optimization
+        backward = lambda chunk_loss: module.manual_backward(chunk_loss.sum())  # noqa: E731
         if phase == "aux":
             device = next(module.network.parameters()).device
             phases.start_aux_step(module.network, device)
-            mb = phases.gather(batch, device)
-            guard.check_batch(mb)
-            if group is None:
-                _, loss, stats = accumulate(module, mb, lambda c: aux_loss_and_stats(module, c), module.manual_backward)
-            else:
-                per_seed, stats = aux_loss_and_stats(module, mb)
-                loss, guard.seed_losses = self._group_backward(module, per_seed)
+            data = phases.gather(data, device)
+            module.numerical_guard.check_batch(data)
+            _, loss, stats = accumulate(module, data, lambda c: phases.aux_loss_and_stats(module.network, module.loss_module, c),
+                                        backward)
             phases.record_aux_stats(stats)
         else:
-            guard.check_batch(batch)
+            module.numerical_guard.check_batch(data)
             if module.loss_module.decoupled and phase == "value":  # the value loss ignores the anchor: no EWMA forward
-                batch.set("proximal", batch.select(*module.param_keys))
+                data.set("proximal", data.select(*module.param_keys))
             elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
-                batch = module.add_proximal(batch)
+                data = module.add_proximal(data)
             terms = PHASE_TERMS[phase]
-            if group is None:
-                _, loss, stats = accumulate(module, batch, lambda c: module._loss_and_stats(c, terms),
-                                            module.manual_backward, lambda: module._stat_names)
-            else:
-                _, stats, per_seed = group.loss_and_stats(module, batch, terms, detach=False)
-                module._stat_names = group.stat_names
-                loss, guard.seed_losses = self._group_backward(module, per_seed)
-            module._step_stats.append(stats)
-        clip = phases.cfg["max_grad_norm"]
-        if group is not None:  # per seed: a bad seed's step is undone after the update, the others proceed
-            guard.after_backward(module, opt.optimizer)
-            if clip is not None:
-                group.clip_grad_norm_(module.network.parameters(), clip)
-        elif guard.after_backward(module, opt.optimizer, loss):  # else the gradients are dropped: no update
-            if clip is not None:
-                module.clip_gradients(opt, gradient_clip_val=clip, gradient_clip_algorithm="norm")
-        opt.step()
-        guard.check_parameters(module, opt.optimizer)
+            _, loss, stats = accumulate(module, data, lambda c: module.loss_and_stats(c, terms), backward,
+                                        lambda: module._stat_names)
+            module.record_step(stats)
+        guarded_step(module, opt, loss, phases.cfg["max_grad_norm"])
         phases.last_step_phase = phase
-        module._policy_step = phase in ("joint", "policy")
-        if phase == "aux" and batch_idx == len(phases.plan) - 1:
+        self.changed_policy = phase in ("joint", "policy")
+        if batch.last:  # the auxiliary phase's last step
             phases.finish_aux_phase()
             if module.proximal_source is not None:
                 module.proximal_source.reset(module.network)
-        return {"loss": loss, "ppg_phase": phase}
+        return {"loss": loss.sum(), "ppg_phase": phase}
 
     @staticmethod
-    def _group_backward(module, per_seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Back-propagate the sum of a seed group's losses ``[S]``; returns it and the losses, detached."""
-        loss = per_seed.sum()
-        module.manual_backward(loss)
-        return loss.detach(), per_seed.detach()
+    def on_train_start(module) -> None:
+        """A resume in the middle of a policy phase starts a new one: the EWMA restarts from the weights."""
+        if module.ppg_phases.take_restart() and module.proximal_source is not None:
+            module.proximal_source.reset(module.network)

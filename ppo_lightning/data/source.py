@@ -1,0 +1,205 @@
+"""The rollout source: one PPO iteration per pass (collect, GAE, normalize, yield minibatches).
+
+`RolloutSource` is the data module's iterable (`ppo_lightning.data.datamodule`) for a single run,
+and the base of a vectorized seed group's (`ppo_lightning.data.seed_group.SeedGroupSource`), which
+replaces only the collection.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.collectors import Collector
+
+from ppo_lightning.algos.advantages import make_gae, next_values
+from ppo_lightning.algos.staleness import StalenessQueue, relabel
+from ppo_lightning.core import faults
+from ppo_lightning.data import resume_state
+from ppo_lightning.data.batched_rollout import BatchedRollout, supports_batched_rollout
+from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device, rollout_precision
+from ppo_lightning.data.episodes import BATCH_KEYS
+from ppo_lightning.data.parallel import raise_together
+from ppo_lightning.envs import make_env
+from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
+from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_observation_norm
+
+RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for up to 1M envs
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Env seed of a data-parallel rank (rank 0 keeps ``seed``)."""
+    return seed + RANK_SEED_STRIDE * rank
+
+
+class RolloutSource:
+    """An iterable whose every pass is one PPO iteration: collect, GAE, normalize, yield minibatches.
+
+    The seed axis: ``states`` holds what each seed keeps on the data side (episodes, advantage
+    moments, reward normalizer, shuffle generator); a single run is a group of one whose state is
+    the data module's own, and its minibatches have no seed dimension. A vectorized seed group
+    (`ppo_lightning.data.seed_group.SeedGroupSource`) collects all its seeds' rollouts at once and
+    yields ``[S, minibatch_size]`` minibatches; the rest of the iteration is this class's.
+    """
+
+    def __init__(self, data: "RolloutDataModule", network: torch.nn.Module) -> None:
+        self.data = data
+        self.network = network
+        self.states = [data]  # one seed: the data module's normalizers, episodes, shuffle generator
+        self.param_keys = dist_param_keys(data.action_space)
+        # Data-parallel ranks (DDP, FSDP) each collect their own rollout: distinct env seeds, and
+        # every rank's frames count towards data.frames / total_frames (all ranks collect alike).
+        trainer = getattr(data, "trainer", None)
+        self.rank, self.world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        # Envs on the CPU; policy, rollout, GAE and minibatches on the network's device (ppo_lightning.data.devices).
+        self.device = network_device(network)
+        env_kwargs = device_env_kwargs(data.env_id, data.env_kwargs, self.device)
+        self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), env_kwargs,
+                            timeout_s=data.env_timeout_s)
+        self.policy = make_policy_operator(network, data.action_space, with_value=True)
+        if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar: same rollouts, no per-step collector cost
+            self.collector = BatchedRollout(self.env, network, data.action_space, data.frames_per_iteration)
+        else:
+            self.collector = Collector(
+                self.env,
+                self.policy,
+                frames_per_batch=data.frames_per_iteration,
+                total_frames=-1,
+                auto_register_policy_transforms=False,
+                trust_policy=True,
+                **collector_devices(self.device),
+            )
+        self._iterator = iter(self.collector)
+        self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
+        self.last_timing: dict[str, float] = {}
+        if self.world_size > 1:  # normalization statistics over all ranks' samples (ppo_lightning.data.parallel)
+            from ppo_lightning.data.parallel import all_reduce_moments
+
+            data.advantage_moments.reduce_moments = all_reduce_moments
+            if data.reward_normalizer is not None:
+                data.reward_normalizer.reduce_moments = all_reduce_moments
+        # Artificial staleness (ppo_lightning.algos.staleness): train on the rollout of k iterations ago.
+        self.stale = StalenessQueue(data.staleness, data.staleness_mode) if data.staleness else None
+        self.phases = None  # PPG: the module's ppo_lightning.algos.ppg.PPGPhases (set by train_dataloader)
+        self._normalizes_observations = any(isinstance(m, RunningObservationNorm) for m in network.modules())
+        self._pending_observations = None
+
+    def __len__(self) -> int:
+        if self.phases is not None:  # an upper bound: the iteration that ends a PPG phase is longer
+            return self.phases.max_batches_per_iteration(self.data)
+        return self.data.update_epochs * self.data.num_minibatches
+
+    @torch.no_grad()
+    def _next_rollout(self, count: bool = True) -> TensorDictBase:
+        """The collector's next rollout by the current policy: counted (unless ``count`` is False:
+        a stale run's start-up rollouts, see `ppo_lightning.algos.staleness`), rewards normalized."""
+        data = self.data
+        was_training = self.network.training
+        self.network.eval()
+        if self._pending_observations is not None:  # normalizer stats from the previous rollout
+            update_observation_norm(self.network, self._pending_observations)
+        fault = None
+        try:
+            rollout = next(self._iterator)
+        except faults.EnvFault as err:  # name the iteration too
+            err.iteration = data.iteration
+            fault = err
+        # before any other collective: a fault on one data-parallel rank stops all of them
+        raise_together(fault, self.rank, self.world_size)
+        self._pending_observations = rollout.get(OBS_KEY) if self._normalizes_observations else None
+        self.network.train(was_training)
+        data.episodes.add_rollout(rollout)
+        if count:
+            data.frames += rollout.numel() * self.world_size
+        if data.reward_normalizer is not None:
+            rollout.set(
+                ("next", "reward"),
+                faults.normalize_rewards_finite(data.reward_normalizer, rollout.get(("next", "reward")),
+                                                rollout.get(("next", "done"))),
+            )
+        return rollout
+
+    def precision_context(self):
+        """The Trainer's precision for the rollout forwards, as Lightning applies it to the training
+        step (``bf16-mixed``: bf16 autocast; ``32-true``: nothing); networks return float32, so GAE
+        and the normalizers stay float32. Autocast's weight cache is on (`rollout_precision`)."""
+        return rollout_precision(getattr(self.data, "trainer", None))
+
+    @torch.no_grad()
+    def collect(self) -> TensorDictBase:
+        """One rollout shaped [envs, time] with advantages and value targets."""
+        data = self.data
+        t0 = time.perf_counter()
+        with self.precision_context():  # the network's forwards; GAE below runs in float32
+            rollout = self._next_rollout()
+            if self.stale is not None:  # delayed rollout: collection-time values, policy roles by mode
+                rollout = self.stale.delay(rollout, data.iteration - 1, lambda: self._next_rollout(count=False))
+                relabel(rollout, self.network, data.staleness_mode, data.action_space)
+            t1 = time.perf_counter()
+            rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
+        self.gae(rollout)
+        t2 = time.perf_counter()
+        self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
+        if self.stale is not None:
+            self.last_timing["staleness/lag"] = float(self.stale.last_lag)
+        return rollout
+
+    def rollouts(self) -> list[TensorDictBase]:
+        """Every seed's rollout of this iteration (`collect`)."""
+        return [self.collect()]
+
+    def prepare(self, rollout: TensorDictBase, state=None) -> TensorDictBase:
+        """Flatten to [envs*time], keep the keys the loss reads, normalize advantages (with the
+        moments of ``state``, one of `states`; default: the first)."""
+        moments = (state or self.states[0]).advantage_moments
+        keys = [*BATCH_KEYS, *self.param_keys]
+        if "proximal" in rollout.keys():  # supplied by the staleness queue (decoupled mode)
+            keys.append("proximal")
+        flat = rollout.select(*keys).reshape(-1)
+        adv = flat.get("advantage")
+        faults.update_moments_finite(moments, adv)  # never absorbs a NaN
+        if self.data.normalize_advantage:
+            flat.set("advantage", moments.normalize(adv))
+        return flat
+
+    def stack(self, items: list):
+        """Per-seed items as one: a single run's own item, or a group's stacked on a leading seed dimension."""
+        return items[0] if len(items) == 1 else torch.stack(items)
+
+    def __iter__(self):
+        self.data.iteration_started()
+        rollouts = self.rollouts()
+        flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
+        if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
+            keys = self.phases.stored_keys
+            stored = lambda: self.stack([r.select(*keys).to("cpu") for r in rollouts]).clone()  # noqa: E731
+            yield from self.phases.iteration_batches(stored, [st.shuffle_generator for st in self.states],
+                                                     lambda e: self._epoch_minibatches(flats, e), self.data)
+            return
+        yield from self._epoch_minibatches(flats, self.data.update_epochs)
+
+    def _epoch_minibatches(self, flats: list[TensorDictBase], epochs: int):
+        """Minibatches of ``epochs`` epochs: ``[minibatch_size]``, or ``[S, minibatch_size]`` for a group;
+        each seed's epoch shuffle from its own generator."""
+        n = flats[0].shape[0]
+        size = n // self.data.num_minibatches
+        lead = () if len(flats) == 1 else (slice(None),)  # a group's seed dimension
+        for _ in range(epochs):
+            # One gather per epoch, then contiguous slices (views): cheaper than a gather per minibatch.
+            # CPU generators: the same order anywhere.
+            shuffled = self.stack([f[torch.randperm(n, generator=st.shuffle_generator).to(f.device, non_blocking=True)]
+                                   for f, st in zip(flats, self.states)])
+            for i in range(self.data.num_minibatches):
+                yield shuffled[(*lead, slice(i * size, (i + 1) * size))]
+
+    def shutdown(self) -> None:
+        self.collector.shutdown()
+
+    def resume_state(self) -> dict[str, Any]:
+        """What exact resume needs of the source (`ppo_lightning.data.resume_state`): env and carried step."""
+        return {"env": resume_state.env_state(self.env), "collector": resume_state.collector_state(self.collector)}
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        resume_state.set_source_env_state(self, state)
