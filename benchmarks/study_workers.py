@@ -101,7 +101,15 @@ def main(argv: list[str] | None = None) -> dict:
               f"runner {r['runner_cpu_s']:.2f} s CPU + report {r['report_s']:.1f} s = "
               f"{100 * r['overhead_fraction']:.2f}% of compute", flush=True)
     ratio = runs[0]["wall_s"] / runs[1]["wall_s"]
-    same = runs[0]["cells"] == runs[1]["cells"]
+    # NaN-aware: a cell without a finished episode has a NaN return in both runs
+    def differ(a, b):
+        return any(not (x == y or (math.isnan(x) and math.isnan(y))) for x, y in zip(a, b))
+    diff = {k: (v, runs[1]["cells"].get(k)) for k, v in runs[0]["cells"].items()
+            if k not in runs[1]["cells"] or differ(v, runs[1]["cells"][k])}
+    diff.update({k: (None, v) for k, v in runs[1]["cells"].items() if k not in runs[0]["cells"]})
+    same = not diff
+    for k, (a_, b_) in sorted(diff.items()):
+        print(f"cell {k} differs: (auc, final) {a_} on 1 worker, {b_} on 2", flush=True)
     print(f"wall ratio 1 worker / 2 workers: {ratio:.2f}x (target >= 1.7 on 2 cores); "
           f"runner overhead {100 * max(r['overhead_fraction'] for r in runs):.2f}% of compute (target < 2%); "
           f"the two runs recorded the same cells: {same}", flush=True)
