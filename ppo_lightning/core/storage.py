@@ -9,6 +9,8 @@
   recognized by `out_of_space` and becomes `StorageFull` (exit code 5) where the run cannot go on
   without the write. `counted_bytes` measures what the write needed: the object is serialized again into
   a sink that only counts (on the failure path only).
+- Every file the project replaces in place goes through `atomic_replace` (temporary file beside it,
+  fsync, rename, fsync of the folder): a failed write leaves the previous file whole and no temporary.
 
 May import: the standard library only.
 """
@@ -21,8 +23,7 @@ import shlex
 import shutil
 import tempfile
 from pathlib import Path
-
-from ppo_lightning.core.faults import UnwritablePath
+from typing import BinaryIO, Callable
 
 SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
@@ -107,9 +108,47 @@ def tree_bytes(path: str | os.PathLike) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """fsync a folder, so that a rename in it is durable (a no-op where the platform does not allow it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not supported on every platform / file system
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_replace(path: str | os.PathLike, write: Callable[[BinaryIO], object], tmp_suffix: str = ".tmp") -> None:
+    """Replace ``path`` with what ``write(f)`` writes into a binary file, atomically: a temporary file
+    in the same folder (``.<name>.*<tmp_suffix>``), flush, fsync, ``os.replace`` (atomic on POSIX),
+    then fsync of the folder. On any failure the temporary file is removed and the error raised as it
+    came (callers turn an out-of-space error into their own `StorageFull`)."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=tmp_suffix, dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
 def check_writable(folder: str | os.PathLike, what: str, hint: str = "") -> Path:
     """Create ``folder`` if needed and write, fsync and remove a small file in it; raise
     `UnwritablePath` (one line: what, where, the system's reason, ``hint``) if any step fails."""
+    from ppo_lightning.core.faults import UnwritablePath  # core.faults imports torch: only when probing
+
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

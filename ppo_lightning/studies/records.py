@@ -23,11 +23,10 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space, space_error_text
 from ppo_lightning.studies.spec import Study
 
 CELL_FIELDS = ["study", "arm", "env", "seed", "frames", "auc_return", "final_return", "cpu", "precision",
@@ -162,36 +161,14 @@ def atomic_write(path: Path, data: str | bytes, what: str = "study record") -> N
     raises `StorageFull` naming ``what``, the path, the bytes needed and free."""
     path = Path(path)
     data = data.encode() if isinstance(data, str) else data
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            # start-up cost: core.faults imports torch; only on this failure path
-            from ppo_lightning.core.faults import StorageFull
-            from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text
+        atomic_replace(path, lambda f: f.write(data))
+    except OSError as err:
+        if out_of_space(err):
+            from ppo_lightning.core.faults import StorageFull  # start-up cost: torch; only on this failure path
 
-            if out_of_space(err):
-                raise StorageFull(what, path, len(data), free_bytes(path.parent), space_error_text(err)) from None
+            raise StorageFull(what, path, len(data), free_bytes(path.parent), space_error_text(err)) from None
         raise
-    try:
-        folder = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(folder)
-    except OSError:
-        pass
-    finally:
-        os.close(folder)
 
 
 def write_export(study: Study, cells: list[Cell]) -> None:

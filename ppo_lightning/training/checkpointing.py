@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -35,26 +34,13 @@ from typing import Any
 import torch
 
 from ppo_lightning.core.faults import CheckpointError, StorageFull, TrainingFault
-from ppo_lightning.core.storage import counted_bytes, free_bytes, out_of_space, space_error_text
+from ppo_lightning.core.storage import atomic_replace, counted_bytes, free_bytes, out_of_space, space_error_text
 
 TMP_SUFFIX = ".tmp"
 
 
 def _is_local(path) -> bool:
     return "://" not in str(path) or str(path).startswith("file://")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # not supported on every platform / file system
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint") -> None:
@@ -65,25 +51,15 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint
     checkpoint needed and the newest complete checkpoint of the folder (`last_good_checkpoint`).
     """
     path = Path(path)
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         for stale in path.parent.glob(f".{path.name}.*{TMP_SUFFIX}"):
             stale.unlink(missing_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_replace(path, lambda f: torch.save(obj, f), TMP_SUFFIX)
     except BaseException as err:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
         if isinstance(err, Exception) and out_of_space(err):
             raise StorageFull(what, path, counted_bytes(lambda f: torch.save(obj, f)), free_bytes(path.parent),
                               space_error_text(err), last_good_checkpoint(path.parent)) from None
         raise
-    _fsync_dir(path.parent)
 
 
 def last_good_checkpoint(folder: str | os.PathLike) -> Path | None:

@@ -27,8 +27,8 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ppo_lightning.core.faults import StorageFull
-from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text, tree_bytes
-from ppo_lightning.training.checkpointing import TMP_SUFFIX, _fsync_dir, last_good_checkpoint
+from ppo_lightning.core.storage import free_bytes, fsync_dir, out_of_space, space_error_text, tree_bytes
+from ppo_lightning.training.checkpointing import TMP_SUFFIX, last_good_checkpoint
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -54,7 +54,7 @@ def _fsync_tree(folder: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def swap_in(tmp: Path, path: Path) -> None:
@@ -72,7 +72,7 @@ def swap_in(tmp: Path, path: Path) -> None:
         if path.exists():  # a single-file checkpoint of the same name
             path.unlink()
         os.rename(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _checkpoint_bytes(obj) -> int:
