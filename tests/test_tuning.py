@@ -123,6 +123,21 @@ def _study(space, root):
     return runner.open_study(space, runner.journal_path(root))
 
 
+def _space_with_a_best_trial(tmp_path, trials):
+    """A median-pruned space (milestones 128, 256 of 512 frames) whose study already holds one finished
+    trial far ahead of anything 64 frames can reach: the trials a worker trains next are pruned."""
+    space = load_space(tiny(tmp_path, trials=trials, frames=512,
+                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}))
+    root = tmp_path / "runs"
+    study = _study(space, root)
+    best = study.ask()
+    for p in space.params.values():
+        p.suggest(best)
+    best.report(100.0, step=128)
+    study.tell(best, 100.0)
+    return space, root
+
+
 @pytest.mark.timeout(300)
 def test_a_killed_worker_loses_no_finished_trial_and_its_running_one_is_asked_again(tmp_path, monkeypatch):
     """A journal as a killed worker leaves it: one trial told, one RUNNING under a worker whose process
@@ -170,15 +185,7 @@ def test_pruned_trials_are_told_at_a_milestone_and_a_group_of_pruned_trials_stop
     from ppo_lightning.tuning import runner
 
     monkeypatch.chdir(tmp_path)
-    space = load_space(tiny(tmp_path, trials=3, frames=512,
-                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}))
-    root = tmp_path / "runs"
-    study = _study(space, root)
-    best = study.ask()  # a finished trial far ahead of anything 64 frames can reach
-    for p in space.params.values():
-        p.suggest(best)
-    best.report(100.0, step=128)
-    study.tell(best, 100.0)
+    space, root = _space_with_a_best_trial(tmp_path, trials=3)
     runner.run_worker(space, root)
     trials = _study(space, root).get_trials()
     assert [t.state for t in trials[1:]] == [TrialState.PRUNED, TrialState.PRUNED]
@@ -248,15 +255,7 @@ def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypa
     from ppo_lightning.tuning import runner
 
     monkeypatch.chdir(tmp_path)
-    space = load_space(tiny(tmp_path, trials=4, frames=512,
-                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}))
-    root = tmp_path / "runs"
-    study = _study(space, root)
-    best = study.ask()
-    for p in space.params.values():
-        p.suggest(best)
-    best.report(100.0, step=128)
-    study.tell(best, 100.0)
+    space, root = _space_with_a_best_trial(tmp_path, trials=4)
     runner.run_worker(space, root)
     trials = _study(space, root).get_trials()
     assert [t.state for t in trials[1:]] == [TrialState.PRUNED] * 3
