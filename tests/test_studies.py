@@ -168,6 +168,47 @@ def test_arms_that_differ_only_in_member_settings_pack_into_one_group(tmp_path):
     assert len(runner.plan(study, {("ppo_ewma", "minatar:breakout", 0), ("ppo_ewma", "minatar:breakout", 1)}, 1)[0].members) == 2
 
 
+@pytest.mark.parametrize("network, obs", [({"name": "minatar_cnn", "channels": 16, "hidden": 128}, [10, 10, 6]),
+                                          ({"name": "mlp", "hidden_sizes": [64, 64]}, [4])])
+def test_initial_weights_do_not_depend_on_the_thread_count(network, obs):
+    """The orthogonal init's QR (MKL) gives other bits in 2 threads than in 1: a network built in a
+    fresh process (torch's default threads: the cores) differed from one built after an earlier run
+    had set ``data.num_threads``, so a study's group differed between 1 and 2 workers."""
+    import torch
+
+    from ppo_lightning.nets.models import build_network
+
+    weights = []
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        weights.append(build_network({"shape": obs, "dtype": "float32"}, {"type": "discrete", "n": 6}, network).state_dict())
+        assert torch.get_num_threads() == threads  # the caller's thread count is left as it was
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.mark.timeout(120)
+def test_a_group_trains_the_same_in_a_fresh_process_and_after_another_group(tmp_path, monkeypatch):
+    """A worker trains its groups one after another in one process (`runner.run_group`): the second
+    starts with the process state the first left (its ``data.num_threads``, 1), the first with a fresh
+    process's (torch's default threads, here 2). Their final weights are bitwise the same."""
+    import torch
+
+    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.studies import runner
+
+    monkeypatch.chdir(tmp_path)
+    study = load_study(tiny(tmp_path, envs=["minatar:space_invaders"]))
+    group = runner.plan(study, set(), 1)[0]
+    torch.set_num_threads(2)  # a fresh process on 2 cores
+    fits = []
+    for k in range(2):
+        fits.append(fit_main(["fit", *group.args, "--mlflow.enabled", "false", "--run_dir", str(tmp_path / str(k))]))
+        assert torch.get_num_threads() == 1  # left by the group's data.num_threads
+    a, b = (f.model.state_dict() for f in fits)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.timeout(300)
 def test_packed_rows_equal_single_runs_and_a_rerun_redoes_nothing(tmp_path, monkeypatch):
     from ppo_lightning.studies import runner

@@ -41,9 +41,27 @@ def make_distribution(action_space: dict, *params: Tensor) -> torch.distribution
     return Independent(Normal(params[0], params[1], validate_args=False), 1, validate_args=False)
 
 
+def orthogonal_init_(weight: Tensor, gain: float) -> Tensor:
+    """``nn.init.orthogonal_`` in one intra-op thread, the caller's thread count restored after.
+
+    Its QR (MKL's LAPACK on x86) gives other bits in other thread counts (a 128 x 1024 or 64 x 64
+    weight differs between 1 and 2 threads), so without this a network's initial weights would depend
+    on the thread count at the time it is built: a fresh process's default (the machine's cores) or
+    whatever an earlier run in the same process left (``data.num_threads``). In one thread they are a
+    function of the seed alone (on one CPU type)."""
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        return nn.init.orthogonal_(weight, gain)
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
+
+
 def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
     """Orthogonal init with the given gain and zero bias (the PPO implementations' convention)."""
-    nn.init.orthogonal_(layer.weight, gain)
+    orthogonal_init_(layer.weight, gain)
     nn.init.zeros_(layer.bias)
     return layer
 

@@ -21,11 +21,11 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ppo_lightning.nets.actor_critic import ActorCritic, resolve_arch
+from ppo_lightning.nets.actor_critic import ActorCritic, orthogonal_init_, resolve_arch
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:
-    nn.init.orthogonal_(layer.weight, gain)
+    orthogonal_init_(layer.weight, gain)  # in one thread: the same weights whatever the thread count
     nn.init.zeros_(layer.bias)
     return layer
 
