@@ -168,6 +168,52 @@ def test_arms_that_differ_only_in_member_settings_pack_into_one_group(tmp_path):
     assert len(runner.plan(study, {("ppo_ewma", "minatar:breakout", 0), ("ppo_ewma", "minatar:breakout", 1)}, 1)[0].members) == 2
 
 
+def test_lpt_deals_longest_first_to_the_least_loaded_worker():
+    from ppo_lightning.studies.runner import lpt, makespan
+
+    assert lpt([5, 4, 3, 3, 3], 2) == [[0, 3], [1, 2, 4]]  # 8 and 10 (LPT, not the optimum 9)
+    assert makespan([5, 4, 3, 3, 3], 2) == 10
+    assert lpt([1, 2], 4) == [[1], [0]] and makespan([1, 2], 1) == 3 and makespan([], 2) == 0
+
+
+def test_balance_splits_a_group_only_where_the_makespan_gains_more_than_the_packing():
+    from ppo_lightning.studies.runner import balance
+
+    # the benchmark's study: 8 Breakout members, 8 SpaceInvaders members at 1.54x the cost per member
+    assert balance([(8, 1.0), (8, 1.54)], 2, overhead=1.0) == [[8], [7, 1]]  # makespan 1.54 x 8 = 12.3 against 13.9
+    assert balance([(8, 1.0), (8, 1.54)], 1) == [[8], [8]]  # one worker: a split only adds work
+    assert balance([(8, 1.0), (8, 1.0)], 2) == [[8], [8]]  # balanced already
+    assert balance([(4, 1.0)], 2, overhead=1.0) == [[2, 2]]  # 3 each against 5
+    assert balance([(8, 1.0), (8, 1.54)], 2, overhead=20.0) == [[8], [8]]  # the packing lost outweighs the gain
+    assert balance([(8, 1.0), (8, 1.54)], 3, overhead=1.0) == [[8], [4, 4]]  # 9 / 7.7 / 7.7 against 13.9
+    assert balance([(1, 1.0)], 4) == [[1]]
+
+
+def test_plan_costs_groups_at_the_recorded_rates(tmp_path):
+    """Recorded groups say Breakout costs 3x SpaceInvaders per member: the pending Breakout group is
+    the one split."""
+    from ppo_lightning.studies import runner
+    from ppo_lightning.studies.records import Cell
+
+    study = load_study(tiny(tmp_path, envs=["minatar:breakout", "minatar:space_invaders"], seeds={"count": 8, "first": 0}))
+    per_member = {"minatar:breakout": 3.0, "minatar:space_invaders": 1.0}  # train_s of a member of an 8-member group
+    done = [Cell(a, e, s, 256, 0.0, 0.0, train_s=per_member[e], group=f"{e.replace(':', '-')}-8m-0123456789", source="run")
+            for a in study.arms for e in study.envs for s in range(4)]
+    rates = runner.unit_rates(done, {a: "k" for a in study.arms})
+    assert rates[("minatar:breakout", "k")] == pytest.approx(3.0 * 8 / (256 * (8 + runner.GROUP_OVERHEAD)))
+    groups = runner.plan(study, {c.key for c in done}, 2, done)
+    # Breakout 6 + 2 members: 24/9 x 7 = 18.7 s on one worker, 24/9 x 3 + 8 = 16 s on the other, against 24 s
+    assert sorted((g.env, len(g.members)) for g in groups) == [("minatar:breakout", 2), ("minatar:breakout", 6),
+                                                               ("minatar:space_invaders", 8)]
+    assert runner.makespan([g.cost for g in groups], 2) == pytest.approx(24 / 9 * 7)
+    assert sum(g.cost for g in runner.plan(study, {c.key for c in done}, 1, done)) == pytest.approx(
+        (3.0 + 1.0) * 8)  # one worker: the two groups, at the recorded time per member
+    # no records: the default rates, SpaceInvaders the costlier game
+    fresh = runner.plan(study, set(), 2)
+    assert [(g.env, len(g.members)) for g in fresh] == [("minatar:breakout", 16), ("minatar:space_invaders", 14),
+                                                         ("minatar:space_invaders", 2)]
+
+
 @pytest.mark.parametrize("network, obs", [({"name": "minatar_cnn", "channels": 16, "hidden": 128}, [10, 10, 6]),
                                           ({"name": "mlp", "hidden_sizes": [64, 64]}, [4])])
 def test_initial_weights_do_not_depend_on_the_thread_count(network, obs):

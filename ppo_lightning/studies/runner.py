@@ -7,8 +7,11 @@ value coefficients, the KL beta, gamma and GAE lambda:
 `ppo_lightning.data.seed_group.MEMBER_HPARAMS`) train as one group of all their pending (arm, seed)
 cells (``data.member_seeds``, ``data.member_hparams``; member k is tested equal to its single run);
 an arm that cannot be a member (PPG, another config) trains its seeds as a group of its own;
-artificial staleness runs seed by seed. Groups are split in halves until there are as many as
-workers, then dealt to the workers longest first; each worker is one submitit job.
+artificial staleness runs seed by seed. Each group's time is estimated (`group_cost`: members plus a
+group's own overhead, x frames, x a rate per member and frame measured from the study's recorded
+cells, else a default per game), groups are split by members where that shortens the makespan on the
+workers by more than the packing it loses (`balance`), and dealt longest first to the least loaded
+worker (`lpt`); each worker is one submitit job.
 
 A rerun skips recorded cells. A group checkpoints every `CHECKPOINT_FRAMES` frames per member; a
 killed or preempted group continues from its last checkpoint, bitwise, when its arguments are the
@@ -138,10 +141,12 @@ def member_values(study: Study, arm: str) -> tuple[str, dict] | None:
 
 @dataclass
 class Group:
-    """Cells that train as one process: ``members`` (arm, seed) on ``env``, with its fit arguments."""
+    """Cells that train as one process: ``members`` (arm, seed) on ``env``, with its fit arguments and
+    its estimated training time in seconds of one core (`group_cost`)."""
     env: str
     members: list[tuple[str, int]]
     args: list[str]
+    cost: float = float("nan")
 
     @property
     def name(self) -> str:
@@ -174,8 +179,77 @@ def group_args(study: Study, env: str, members: list[tuple[str, int]]) -> list[s
                "--data.member_seeds", json.dumps(seeds), "--data.member_hparams", json.dumps(values)])
 
 
-def plan(study: Study, done: set, workers: int = 1) -> list[Group]:
-    """The groups that train the pending cells, split to give ``workers`` workers one each at least."""
+# ----------------------------------------------------------------------------------- planning
+# A group's time: rate x frames x (members + GROUP_OVERHEAD). The overhead, in members, is what a group
+# costs besides its members (its Python loop per iteration, the optimizer's and the loss's calls):
+# packing m members into one group costs m + GROUP_OVERHEAD member-units where m single runs cost
+# m (1 + GROUP_OVERHEAD), and splitting a group costs GROUP_OVERHEAD more. Measured at c = 16 (Breakout,
+# 16k frames, docs/guides/tuning.md: 8 packed trials at 8.8 CPU s each against 20.9 alone, 16 at 6.2
+# against 17.8) it is about 2; a group at c = 1 does more work per member and iteration, so less. 1 is
+# the rough value the planner uses.
+GROUP_OVERHEAD = 1.0
+# seconds of one core per member-unit and frame, and the games' relative costs, where a study has no
+# recorded cell to measure them: MinAtar at the base configuration, 32-true, one thread, groups of 8
+# members, 100k frames (benchmarks/study_workers.py on a 2-core AMD EPYC with AVX2, 2026-12-03:
+# Breakout 136 s, SpaceInvaders 210 s); other games count as Breakout.
+DEFAULT_RATE_S = 136.0 / (100_000 * (8 + GROUP_OVERHEAD))
+DEFAULT_ENV_COST = {"minatar:breakout": 1.0, "minatar:space_invaders": 210.0 / 136.0}
+MIN_GAIN = 0.01  # a split must shorten the makespan by 1% at least
+
+
+def group_cost(members: int, frames: int, rate: float, overhead: float = GROUP_OVERHEAD) -> float:
+    """Seconds of one core a group of ``members`` takes for ``frames`` frames per member."""
+    return rate * frames * (members + overhead)
+
+
+def lpt(costs: list[float], workers: int) -> list[list[int]]:
+    """Longest processing time first: the indices of ``costs``, longest first, each to the least loaded
+    of ``workers`` workers (ties: the lowest worker). Workers left without one are dropped."""
+    bins: list[list[int]] = [[] for _ in range(max(1, workers))]
+    loads = [0.0] * len(bins)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        w = min(range(len(bins)), key=lambda w: (loads[w], w))
+        bins[w].append(i)
+        loads[w] += costs[i]
+    return [b for b in bins if b]
+
+
+def makespan(costs: list[float], workers: int) -> float:
+    """The longest worker's time when `lpt` deals ``costs`` to ``workers`` workers."""
+    return max((sum(costs[i] for i in b) for b in lpt(costs, workers)), default=0.0)
+
+
+def balance(groups: list[tuple[int, float]], workers: int, overhead: float = GROUP_OVERHEAD,
+            min_gain: float = MIN_GAIN) -> list[list[int]]:
+    """How to split groups of ``(members, seconds per member-unit)`` (rate x frames) over ``workers``:
+    the part sizes of each group, e.g. ``[[8], [7, 1]]``. Greedy: of all splits of one part in two
+    (every size), the one whose `lpt` makespan is shortest, while it shortens it by ``min_gain`` at
+    least. A part's cost is ``unit x (members + overhead)``, so a split pays ``overhead`` more work
+    (the packing lost) and is made only where the makespan gains more than that."""
+    parts = [[m] for m, _ in groups]
+
+    def costs(ps):
+        return [u * (n + overhead) for (_, u), sizes in zip(groups, ps) for n in sizes]
+
+    best = makespan(costs(parts), workers)
+    while workers > 1:
+        found = None
+        for g, sizes in enumerate(parts):
+            for j, n in enumerate(sizes):
+                for k in range(1, n // 2 + 1):
+                    trial = [list(x) for x in parts]
+                    trial[g][j:j + 1] = [n - k, k]
+                    span = makespan(costs(trial), workers)
+                    if span < best * (1 - min_gain) and (found is None or span < found[0]):
+                        found = span, trial
+        if found is None:
+            break
+        best, parts = found
+    return parts
+
+
+def _kinds(study: Study) -> tuple[dict[str, list[str]], list[str]]:
+    """Arms that can share a group (by the key of their shared settings), and arms that run seed by seed."""
     kinds: dict[str, list[str]] = {}
     single = []
     for arm in study.arms:
@@ -186,28 +260,72 @@ def plan(study: Study, done: set, workers: int = 1) -> list[Group]:
             single.append(arm)
         else:
             kinds.setdefault(f"arm:{arm}", []).append(arm)
-    groups = []
+    return kinds, single
+
+
+GROUP_SIZE = re.compile(r"-(\d+)m-[0-9a-f]+$")
+
+
+def unit_rates(cells, kind_of: dict[str, str], overhead: float = GROUP_OVERHEAD) -> dict[tuple[str, str], float]:
+    """Seconds per member-unit and frame of the recorded groups, by ``(env, kind)`` (mean over groups),
+    from cells the runner recorded (their group's training time over its members; the group's size
+    from its name)."""
+    by_group: dict[str, tuple[str, str, float]] = {}
+    for c in cells:
+        m = GROUP_SIZE.search(c.group or "")
+        if m is None or c.arm not in kind_of or not (math.isfinite(c.train_s) and c.train_s > 0 and c.frames > 0):
+            continue
+        n = int(m.group(1))
+        by_group[c.group] = (c.env, kind_of[c.arm], c.train_s * n / (c.frames * (n + overhead)))
+    rates: dict[tuple[str, str], list[float]] = {}
+    for env, kind, r in by_group.values():
+        rates.setdefault((env, kind), []).append(r)
+    return {k: sum(v) / len(v) for k, v in rates.items()}
+
+
+def rate_for(env: str, kind: str, rates: dict[tuple[str, str], float]) -> float:
+    """A group's seconds per member-unit and frame: its (env, kind) as recorded; else the recorded
+    groups of its env; else of its kind, or of any, moved to its env by `DEFAULT_ENV_COST`; else
+    `DEFAULT_RATE_S` x `DEFAULT_ENV_COST`."""
+    factor = lambda e: DEFAULT_ENV_COST.get(e, 1.0)  # noqa: E731
+    if (env, kind) in rates:
+        return rates[(env, kind)]
+    for pick in (lambda e, k: e == env, lambda e, k: k == kind, lambda e, k: True):
+        found = [r / factor(e) * factor(env) for (e, k), r in rates.items() if pick(e, k)]
+        if found:
+            return sum(found) / len(found)
+    return DEFAULT_RATE_S * factor(env)
+
+
+def plan(study: Study, done: set, workers: int = 1, cells=None) -> list[Group]:
+    """The groups that train the pending cells, split where that shortens the study on ``workers``
+    workers (`balance`), with their estimated costs (rates from ``cells``, the recorded `Cell` objects,
+    where there are any: `rate_for`)."""
+    kinds, single = _kinds(study)
+    kind_of = {a: k for k, arms in kinds.items() for a in arms} | {a: f"single:{a}" for a in single}
+    rates = unit_rates(cells or [], kind_of)
+    natural = []  # (env, members, seconds per member-unit and frame)
     for env in study.envs:
-        for arms in kinds.values():
+        for key, arms in kinds.items():
             members = [(a, s) for a in arms for s in study.seeds if (a, env, s) not in done]
             if members:
-                groups.append((env, members))
+                natural.append((env, members, rate_for(env, key, rates)))
         for arm in single:
-            groups += [(env, [(arm, s)]) for s in study.seeds if (arm, env, s) not in done]
-    while len(groups) < workers and max((len(m) for _, m in groups), default=0) > 1:
-        i = max(range(len(groups)), key=lambda k: len(groups[k][1]))
-        env, members = groups.pop(i)
-        half = len(members) // 2
-        groups += [(env, members[:half]), (env, members[half:])]
-    return [Group(env, members, group_args(study, env, members)) for env, members in groups]
+            natural += [(env, [(arm, s)], rate_for(env, kind_of[arm], rates)) for s in study.seeds if (arm, env, s) not in done]
+    parts = balance([(len(m), r * study.frames) for _, m, r in natural], workers)
+    groups = []
+    for (env, members, rate), sizes in zip(natural, parts):
+        at = 0
+        for n in sizes:
+            part = members[at:at + n]
+            at += n
+            groups.append(Group(env, part, group_args(study, env, part), group_cost(n, study.frames, rate)))
+    return groups
 
 
 def deal(groups: list[Group], workers: int) -> list[list[Group]]:
-    """Longest first to the least loaded worker (cost: members; a group's frames are the study's)."""
-    bins: list[list[Group]] = [[] for _ in range(max(1, min(workers, len(groups))))]
-    for g in sorted(groups, key=lambda g: -len(g.members)):
-        min(bins, key=lambda b: sum(len(x.members) for x in b)).append(g)
-    return [b for b in bins if b]
+    """Longest first to the least loaded worker (`lpt` on the groups' estimated costs)."""
+    return [[groups[i] for i in b] for b in lpt([g.cost for g in groups], workers)] if groups else []
 
 
 # ----------------------------------------------------------------------------------- records
@@ -422,7 +540,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         workers = int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
     t0 = time.perf_counter()
     done = done_cells(study, run_root)
-    groups = plan(study, set(done), workers)
+    groups = plan(study, set(done), workers, done.values())
     total = len(study.cells())
     print(f"[study] {study.name}: {len(done)} of {total} cells recorded; {sum(len(g.members) for g in groups)} to run "
           f"in {len(groups)} groups on {workers} worker(s)", flush=True)
@@ -473,8 +591,10 @@ def status_line(study: Study, run_root: Path, since: float | None = None) -> str
     return line
 
 
-def status_text(study: Study, run_root: Path | None = None) -> str:
-    """Done / running / pending cells, and the time left at the recorded cells' mean time per cell."""
+def status_text(study: Study, run_root: Path | None = None, workers: int | None = None) -> str:
+    """Done / running / pending cells, and the time left: the groups `plan` makes of the cells not
+    done, at the rates of the recorded cells (else the defaults), in one core's time and on ``workers``
+    workers (default: the CPU count, or SLURM's)."""
     run_root = (run_root or default_run_root(study)).resolve()
     done = done_cells(study, run_root)
     running = set()  # members of groups that have started (checkpoints) and are not recorded: running or interrupted
@@ -483,14 +603,16 @@ def status_text(study: Study, run_root: Path | None = None) -> str:
             d = json.loads(stamp.read_text())
             running |= {(a, d["env"], s) for a, s in d["members"] if (a, d["env"], s) not in done}
     pending = [c for c in study.cells() if c not in done and c not in running]
-    times = [c.train_s for c in done.values() if math.isfinite(c.train_s) and c.train_s > 0]
-    per = sum(times) / len(times) if times else float("nan")
-    left = per * (len(pending) + len(running))
     lines = [f"{study.name}: {len(done)} done, {len(running)} running (or interrupted: a rerun resumes them), "
              f"{len(pending)} pending of {len(study.cells())} cells"]
-    if math.isfinite(left):
-        lines.append(f"time left: ~{left / 3600:.1f} h of one core ({per:.0f} s per cell, the recorded cells' mean); "
-                     f"divide by the workers")
+    if pending or running:
+        workers = workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
+        core = sum(g.cost for g in plan(study, set(done), 1, done.values()))
+        span = makespan([g.cost for g in plan(study, set(done), workers, done.values())], workers)
+        basis = ("the recorded groups' rates" if unit_rates(done.values(), {a: a for a in study.arms})
+                 else "the default rates: no group of this study recorded yet")
+        lines.append(f"time left: ~{core / 3600:.2f} h of one core, ~{span / 3600:.2f} h on {workers} worker(s) "
+                     f"(at {basis}; a running group counts whole)")
     for arm in study.arms:
         n = sum(1 for c in done if c[0] == arm)
         lines.append(f"  {study.arms[arm].label}: {n}/{len(study.envs) * len(study.seeds)} done")
