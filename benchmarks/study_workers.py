@@ -2,13 +2,16 @@
 
     python benchmarks/study_workers.py                         # 2 envs x 2 arms x 4 seeds x 100k frames
     python benchmarks/study_workers.py --frames 8192 --seeds 1 # a quick check that it runs
+    python benchmarks/study_workers.py --plan                  # the two plans and their estimates only
 
 One small real study (MinAtar Breakout and SpaceInvaders, PPO and PPO-EWMA at the base
 configuration, `ppo_lightning/configs/minatar/ppo.yaml`, one thread per run) runs through
 ``ppo-lightning study run`` on submitit's local executor with ``--workers 1``, then again, in a fresh
 run folder with fresh records, with ``--workers 2``. The runner packs each env's arms x seeds into
-one vectorized group, so both runs train the same two groups: one after the other on one worker,
-side by side on two. At the default size the first run takes ~3-5 minutes on 2 idle cores.
+one vectorized group; on 1 worker they train one after the other, on 2 the planner splits the
+groups where that balances the workers (`ppo_lightning.studies.runner.balance`, at its default rates:
+no cell is recorded), and the plans and their estimated times are printed first. At the default size
+the first run takes ~3-5 minutes on 2 idle cores.
 
 Printed per run:
 - wall: the ``study run`` call, from planning to the CSV export;
@@ -18,9 +21,11 @@ Printed per run:
   MLflow runs, checkpoints, and a worker left idle when the other still trains);
 - runner: the CPU time of the runner's own process (planning, submitting, polling, records) plus
   the report (analysis and plots), as a fraction of compute (target < 2%).
-Then the ratio wall(1 worker) / wall(2 workers) (target >= 1.7 on 2 cores) and whether both runs
-recorded the same cells (the same groups: they must). The wall clock measures other jobs too: run
-it on a quiet machine. The last line is one JSON object.
+Then the ratio wall(1 worker) / wall(2 workers) (target >= 1.7 on 2 cores), and the cells compared:
+a cell whose group has the same members in both plans must be bitwise the same (a group trains the
+same in a process of its own or after another group); a cell the two plans group differently is
+listed apart (a member's floats depend on its group's members: see docs/experiments/index.md). The
+wall clock measures other jobs too: run it on a quiet machine. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -75,7 +80,26 @@ def one_run(path: Path, workers: int, root: Path) -> dict:
     compute = sum(c.train_s for c in cells.values() if math.isfinite(c.train_s))
     return {"workers": workers, "wall_s": wall, "compute_s": compute, "outside_s": workers * wall - compute, "runner_cpu_s": runner_cpu,
             "report_s": report_s, "overhead_fraction": (runner_cpu + report_s) / compute if compute else float("nan"),
-            "cells": {f"{a}|{e}|{s}": (c.auc_return, c.final_return) for (a, e, s), c in cells.items()}}
+            "cells": {f"{a}|{e}|{s}": (c.auc_return, c.final_return) for (a, e, s), c in cells.items()},
+            "groups": {f"{a}|{e}|{s}": c.group for (a, e, s), c in cells.items()}}
+
+
+def show_plans(path: Path) -> dict:
+    """The groups of the 1- and 2-worker plans (fresh records: the default rates), dealt, with their estimates."""
+    from ppo_lightning.studies import runner
+    from ppo_lightning.studies.spec import load_study
+
+    study = load_study(path)
+    spans = {}
+    for workers in (1, 2):
+        groups = runner.plan(study, set(), workers)
+        bins = runner.deal(groups, workers)
+        spans[workers] = runner.makespan([g.cost for g in groups], workers)
+        print(f"plan for {workers} worker(s): " + " | ".join(
+            "worker %d: %s" % (k, ", ".join(f"{g.env} x {len(g.members)} (~{g.cost:.0f} s)" for g in b)) for k, b in enumerate(bins))
+            + f"; estimated makespan {spans[workers]:.0f} s", flush=True)
+    print(f"estimated ratio 1 worker / 2 workers: {spans[1] / spans[2]:.2f}x (training only)", flush=True)
+    return spans
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -83,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--frames", type=int, default=100_000, help="frames per run (default 100,000)")
     p.add_argument("--seeds", type=int, default=4, help="seeds per arm and env (default 4)")
     p.add_argument("--keep", type=Path, default=None, help="keep the run folders here (default: a temporary folder)")
+    p.add_argument("--plan", action="store_true", help="print the two plans and their estimates only, train nothing")
     a = p.parse_args(argv)
     from ppo_lightning.studies.runner import cpu_label
 
@@ -91,6 +116,11 @@ def main(argv: list[str] | None = None) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="study-workers-")) if a.keep is None else a.keep
     folder.mkdir(parents=True, exist_ok=True)
     path = study_file(folder, a.frames, a.seeds)
+    spans = show_plans(path)
+    if a.plan:
+        if a.keep is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        return {"estimated_makespan_s": spans}
     runs = []
     for workers in (1, 2):
         root = folder / f"workers{workers}"
@@ -101,20 +131,31 @@ def main(argv: list[str] | None = None) -> dict:
               f"runner {r['runner_cpu_s']:.2f} s CPU + report {r['report_s']:.1f} s = "
               f"{100 * r['overhead_fraction']:.2f}% of compute", flush=True)
     ratio = runs[0]["wall_s"] / runs[1]["wall_s"]
+
     # NaN-aware: a cell without a finished episode has a NaN return in both runs
     def differ(a, b):
         return any(not (x == y or (math.isnan(x) and math.isnan(y))) for x, y in zip(a, b))
-    diff = {k: (v, runs[1]["cells"].get(k)) for k, v in runs[0]["cells"].items()
-            if k not in runs[1]["cells"] or differ(v, runs[1]["cells"][k])}
-    diff.update({k: (None, v) for k, v in runs[1]["cells"].items() if k not in runs[0]["cells"]})
-    same = not diff
-    for k, (a_, b_) in sorted(diff.items()):
-        print(f"cell {k} differs: (auc, final) {a_} on 1 worker, {b_} on 2", flush=True)
-    print(f"wall ratio 1 worker / 2 workers: {ratio:.2f}x (target >= 1.7 on 2 cores); "
+
+    one, two = runs
+    keys = sorted(set(one["cells"]) | set(two["cells"]))
+    missing = [k for k in keys if k not in one["cells"] or k not in two["cells"]]
+    same_group = [k for k in keys if k not in missing and one["groups"][k] == two["groups"][k]]
+    regrouped = [k for k in keys if k not in missing and k not in same_group]
+    diff = [k for k in same_group if differ(one["cells"][k], two["cells"][k])]
+    for k in missing:
+        print(f"cell {k} recorded in one run only", flush=True)
+    for k in diff:
+        print(f"cell {k} differs in the same group: (auc, final) {one['cells'][k]} on 1 worker, {two['cells'][k]} on 2", flush=True)
+    for k in regrouped:
+        print(f"cell {k} grouped differently ({one['groups'][k]} / {two['groups'][k]}): (auc, final) {one['cells'][k]} "
+              f"on 1 worker, {two['cells'][k]} on 2{'' if differ(one['cells'][k], two['cells'][k]) else ' (equal)'}", flush=True)
+    same = not diff and not missing
+    print(f"wall ratio 1 worker / 2 workers: {ratio:.2f}x (target >= 1.7 on 2 cores; estimated {spans[1] / spans[2]:.2f}x); "
           f"runner overhead {100 * max(r['overhead_fraction'] for r in runs):.2f}% of compute (target < 2%); "
-          f"the two runs recorded the same cells: {same}", flush=True)
-    out = {"machine": cpu_label(), "frames": a.frames, "seeds": a.seeds, "ratio": ratio, "same_cells": same,
-           "runs": [{k: v for k, v in r.items() if k != "cells"} for r in runs]}
+          f"{len(same_group)} cells in the same group in both runs, bitwise the same: {same}; {len(regrouped)} grouped differently", flush=True)
+    out = {"machine": cpu_label(), "frames": a.frames, "seeds": a.seeds, "ratio": ratio, "estimated_ratio": spans[1] / spans[2],
+           "same_cells": same, "regrouped_cells": len(regrouped),
+           "runs": [{k: v for k, v in r.items() if k not in ("cells", "groups")} for r in runs]}
     if a.keep is None:
         shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps(out))
