@@ -187,6 +187,9 @@ def test_balance_splits_a_group_only_where_the_makespan_gains_more_than_the_pack
     assert balance([(8, 1.0), (8, 1.54)], 2, overhead=20.0) == [[8], [8]]  # the packing lost outweighs the gain
     assert balance([(8, 1.0), (8, 1.54)], 3, overhead=1.0) == [[8], [4, 4]]  # 9 / 7.7 / 7.7 against 13.9
     assert balance([(1, 1.0)], 4) == [[1]]
+    # equal groups, more workers: splitting one shortens nothing until all are split (a plateau)
+    assert balance([(8, 1.0), (8, 1.0)], 4) == [[4, 4], [4, 4]]
+    assert balance([(4, 1.0)] * 3, 6) == [[2, 2]] * 3
 
 
 def test_plan_costs_groups_at_the_recorded_rates(tmp_path):

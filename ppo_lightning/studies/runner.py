@@ -219,19 +219,41 @@ def makespan(costs: list[float], workers: int) -> float:
     return max((sum(costs[i] for i in b) for b in lpt(costs, workers)), default=0.0)
 
 
+def worker_loads(costs: list[float], workers: int) -> list[float]:
+    """Every worker's time when `lpt` deals ``costs``, longest first (idle workers as 0)."""
+    loads = sorted((sum(costs[i] for i in b) for b in lpt(costs, workers)), reverse=True)
+    return loads + [0.0] * (max(1, workers) - len(loads))
+
+
+def _shorter(a: list[float], b: list[float], tol: float = 1e-9) -> bool:
+    """Loads ``a`` before ``b`` (both longest first): the first that differ decides."""
+    for x, y in zip(a, b):
+        if x < y * (1 - tol):
+            return True
+        if x > y * (1 + tol):
+            return False
+    return False
+
+
 def balance(groups: list[tuple[int, float]], workers: int, overhead: float = GROUP_OVERHEAD,
             min_gain: float = MIN_GAIN) -> list[list[int]]:
     """How to split groups of ``(members, seconds per member-unit)`` (rate x frames) over ``workers``:
-    the part sizes of each group, e.g. ``[[8], [7, 1]]``. Greedy: of all splits of one part in two
-    (every size), the one whose `lpt` makespan is shortest, while it shortens it by ``min_gain`` at
-    least. A part's cost is ``unit x (members + overhead)``, so a split pays ``overhead`` more work
-    (the packing lost) and is made only where the makespan gains more than that."""
+    the part sizes of each group, e.g. ``[[8], [7, 1]]``.
+
+    A part's cost is ``unit x (members + overhead)``: a split pays ``overhead`` more work (the packing
+    lost). Greedy: of all splits of one part in two (every size), the one whose workers' loads under
+    `lpt`, longest first, come first (the makespan, then the next worker's, ...; so that splitting
+    one of several equally long groups counts: the makespan falls only when all are split), while
+    there is one that improves them. The answer is the plan with the shortest makespan met on the
+    way, if it shortens the unsplit plan's by ``min_gain`` at least (else no split), with the fewest
+    splits."""
     parts = [[m] for m, _ in groups]
 
-    def costs(ps):
-        return [u * (n + overhead) for (_, u), sizes in zip(groups, ps) for n in sizes]
+    def loads(ps):
+        return worker_loads([u * (n + overhead) for (_, u), sizes in zip(groups, ps) for n in sizes], workers)
 
-    best = makespan(costs(parts), workers)
+    current = loads(parts)
+    best, best_parts = current[0], parts
     while workers > 1:
         found = None
         for g, sizes in enumerate(parts):
@@ -239,13 +261,15 @@ def balance(groups: list[tuple[int, float]], workers: int, overhead: float = GRO
                 for k in range(1, n // 2 + 1):
                     trial = [list(x) for x in parts]
                     trial[g][j:j + 1] = [n - k, k]
-                    span = makespan(costs(trial), workers)
-                    if span < best * (1 - min_gain) and (found is None or span < found[0]):
-                        found = span, trial
+                    vec = loads(trial)
+                    if _shorter(vec, current) and (found is None or _shorter(vec, found[0])):
+                        found = vec, trial
         if found is None:
             break
-        best, parts = found
-    return parts
+        current, parts = found
+        if current[0] < best * (1 - min_gain):
+            best, best_parts = current[0], parts
+    return best_parts
 
 
 def _kinds(study: Study) -> tuple[dict[str, list[str]], list[str]]:
