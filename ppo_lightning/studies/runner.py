@@ -634,7 +634,7 @@ def status_text(study: Study, run_root: Path | None = None, workers: int | None 
         core = sum(g.cost for g in plan(study, set(done), 1, done.values()))
         span = makespan([g.cost for g in plan(study, set(done), workers, done.values())], workers)
         basis = ("the recorded groups' rates" if unit_rates(done.values(), {a: a for a in study.arms})
-                 else "the default rates: no group of this study recorded yet")
+                 else "the default rates: no group recorded by the runner")
         lines.append(f"time left: ~{core / 3600:.2f} h of one core, ~{span / 3600:.2f} h on {workers} worker(s) "
                      f"(at {basis}; a running group counts whole)")
     for arm in study.arms:
