@@ -21,7 +21,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ppo-lightning study", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=["run", "status", "report"])
     p.add_argument("files", type=Path, nargs="+", metavar="FILE", help="study file(s): one for run and status")
-    p.add_argument("--workers", type=int, default=None, help="run: parallel workers; status: the workers its time left assumes (default: the CPU count, or SLURM's)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="run: parallel workers; status: the workers its time left assumes (default: the CPU count, or SLURM's)")
     p.add_argument("--executor", choices=["auto", "local", "slurm"], default="auto", help="run: submitit executor")
     p.add_argument("--run-root", type=Path, default=None, help="run: the folder of the runs (default runs/studies/<study>)")
     p.add_argument("--tracking-uri", default=None, help="run: MLflow store (default sqlite in the run root)")
