@@ -266,3 +266,97 @@ def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypa
     assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
     assert "every trial pruned; the group stopped at 256 of 512 frames" in out
 
+
+
+KILL_AFTER_REFILL = """
+import os, signal, sys
+from ppo_lightning.tuning import runner
+from ppo_lightning.tuning.space import load_space
+
+end = runner.TrialReporter.on_train_epoch_end
+
+def killed_after_refill(self, trainer, pl_module):  # SIGKILL once a refilled trial has trained an iteration
+    end(self, trainer, pl_module)
+    if any(start > 0 and curve for start, curve in zip(self.starts, self.curves)):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+runner.TrialReporter.on_train_epoch_end = killed_after_refill
+runner.run_worker(load_space(sys.argv[1]), sys.argv[2])
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_job_killed_after_a_refill_resumes_losing_no_told_trial_and_re_asking_the_refilled_ones(tmp_path, monkeypatch):
+    """A worker's trials 1 and 2 are pruned at 128 frames and trials 3 and 4 refill their slots; the
+    worker is SIGKILLed one iteration later, trials 3 and 4 RUNNING. The resumed job keeps every told
+    trial as it was (states, values, reports, MLflow runs), fails 3 and 4 and asks their settings again
+    (5 and 6, trained afresh as a group of their own), and the journal ends with the search's 5 trials."""
+    from mlflow.tracking import MlflowClient
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+
+    monkeypatch.chdir(tmp_path)
+    space, root = _space_with_a_best_trial(tmp_path, trials=5)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    job = subprocess.run([sys.executable, "-c", KILL_AFTER_REFILL, str(space.path), str(root)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=240)
+    assert job.returncode == -9, job.stderr[-2000:]
+    assert "trial 3 refills the slots" in job.stdout and "trial 4 refills the slots" in job.stdout
+    before = _study(space, root).get_trials()
+    assert [t.state for t in before] == [TrialState.COMPLETE] + [TrialState.PRUNED] * 2 + [TrialState.RUNNING] * 2
+    assert [t.user_attrs["refilled_slot"] for t in before[3:]] == [0, 1]
+    assert all(t.user_attrs["group"] == "trials-1-2" for t in before[1:])
+
+    runner.run_worker(space, root)
+    after = _study(space, root).get_trials()
+    assert [t.state for t in after] == ([TrialState.COMPLETE] + [TrialState.PRUNED] * 2 + [TrialState.FAIL] * 2
+                                        + [TrialState.PRUNED] * 2)
+    for old, new in zip(before[:3], after[:3]):  # told trials: untouched
+        assert (new.params, new.value, new.intermediate_values) == (old.params, old.value, old.intermediate_values)
+    for dead, retry in ((after[3], after[5]), (after[4], after[6])):  # the refilled trials, asked again afresh
+        assert retry.user_attrs["retry_of"] == dead.number and retry.params == dead.params
+        assert dead.user_attrs["failed_because"].startswith("worker ") and list(retry.intermediate_values) == [128]
+        assert retry.user_attrs["group"] == "trials-5-6" and "refilled_slot" not in retry.user_attrs
+    assert len(runner.counted(_study(space, root))) == space.trials
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert sorted(r.data.tags["trial"] for r in runs if "mlflow.parentRunId" in r.data.tags) == ["1", "2", "5", "6"]
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_stopped_between_groups_hands_back_the_trial_it_asked_for_the_next(tmp_path, monkeypatch):
+    """Trials 0 and 1 (2 minibatches) finish as a group; the refill asks trial 2, which needs 1
+    minibatch and waits for the next group; the worker is interrupted there. Trial 2 goes back to the
+    study at once (failed, its settings enqueued), so the resumed job trains it (trial 3) instead of
+    counting it as running until its worker's lease is stale."""
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+
+    monkeypatch.chdir(tmp_path)
+    fit = {k: v for k, v in TINY_FIT.items() if k != "data.num_minibatches"}
+    space = load_space(tiny(tmp_path, trials=3, fit=fit, params={
+        "model.lr": {"type": "float", "low": 0.0005, "high": 0.016, "log": True},
+        "data.num_minibatches": {"type": "categorical", "choices": [1, 2]}}))
+    root = tmp_path / "runs"
+    study = _study(space, root)
+    for lr, mb in ((0.002, 2), (0.004, 2), (0.008, 1)):
+        study.enqueue_trial({"model.lr": lr, "data.num_minibatches": mb})
+    real = runner.train_group
+
+    def interrupted(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "train_group", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_worker(space, root, stale_after=3600)
+    monkeypatch.setattr(runner, "train_group", real)
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL, TrialState.WAITING]
+    assert "stopped before training it" in trials[2].user_attrs["failed_because"]
+    runner.run_worker(space, root, stale_after=3600)
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[3].params == trials[2].params and trials[3].user_attrs["retry_of"] == 2

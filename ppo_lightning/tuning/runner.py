@@ -299,6 +299,31 @@ def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me:
     return failed
 
 
+def hand_back(study, me: str) -> list[int]:
+    """Fail the RUNNING trials this worker asked and did not tell (a trial stashed for the next group,
+    a group's trials when it stops on an error outside its fit) and enqueue their settings again: a
+    worker that stops hands them to the next ask at once, where its removed lease would leave them to
+    `requeue_stale` only after ``stale_after``; returns their numbers."""
+    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
+    from optuna.trial import TrialState
+
+    back = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get("worker") != me:
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "failed_because", f"worker {me} stopped before training it")
+            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                continue
+        except UpdateFinishedTrialError:
+            continue
+        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+        back.append(t.number)
+    if back:
+        print(f"[tune] trials {back} handed back (asked, not trained): the next ask trains them", flush=True)
+    return back
+
+
 def counted(study) -> list:
     """The trials that count towards the search's size: every one not failed (a failed trial that
     was re-asked counts through its retry)."""
@@ -542,32 +567,43 @@ def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracki
     run_root.mkdir(parents=True, exist_ok=True)
     storage = Path(storage) if storage else journal_path(run_root)
     tracking_uri = tracking_uri or f"sqlite:///{run_root / 'mlflow.db'}"
-    told = 0
     stash: list = []
     with Lease(run_root, worker_id, heartbeat_s) as lease:
         probe = open_study(space, storage)
         study = open_study(space, storage, seed_offset=len(probe.trials))  # concurrent workers sample differently
         parent = parent_run(space, run_root, tracking_uri)
-        while True:
-            requeue_stale(study, run_root, stale_after, me=lease.id)
-            asked, stash[:] = list(stash), []  # trials asked for a refill that another group's settings needed
-            while len(asked) < space.trials_per_group:
-                got = _ask(study, space, lease.id)
-                if got is None:
-                    break
-                asked.append(got)
-            if not asked:
+        try:
+            told = _work(space, study, run_root, tracking_uri, parent, lease, stash, stale_after, fit_extra)
+        except BaseException:  # a signal, an error, Ctrl-C: the trials asked here and not told go back to the study
+            hand_back(study, lease.id)
+            raise
+    return told
+
+
+def _work(space: Space, study, run_root: Path, tracking_uri: str, parent: str | None, lease: Lease, stash: list,
+          stale_after: float, fit_extra: list[str] | None) -> int:
+    """The worker's loop (`run_worker`): ask a group's worth of trials, train them, until none is left."""
+    told = 0
+    while True:
+        requeue_stale(study, run_root, stale_after, me=lease.id)
+        asked, stash[:] = list(stash), []  # trials asked for a refill that another group's settings needed
+        while len(asked) < space.trials_per_group:
+            got = _ask(study, space, lease.id)
+            if got is None:
                 break
-            groups = plan_groups(space, asked)
-            if len(groups) > 1:
-                split = (["the settings of a PPG trial"] if space.setting("model.ppg") is not None
-                         else sorted({k for _, p in asked for k in split_params(space, p)[1]}))
-                print(f"[tune] {len(asked)} trials train as {len(groups)} groups ({', '.join(str(len(g)) for g in groups)} "
-                      f"trials): {', '.join(split)} cannot differ within a group", flush=True)
-            for group in groups:
-                print(f"[tune] trials {[t.number for t, _ in group]}: one group of {len(group) * len(space.seeds)} members",
-                      flush=True)
-                states = train_group(space, study, group, run_root, tracking_uri, parent, fit_extra,
-                                     next_trial=lambda shared: _next_for(study, space, lease.id, shared, stash))
-                told += len(states)
+            asked.append(got)
+        if not asked:
+            break
+        groups = plan_groups(space, asked)
+        if len(groups) > 1:
+            split = (["the settings of a PPG trial"] if space.setting("model.ppg") is not None
+                     else sorted({k for _, p in asked for k in split_params(space, p)[1]}))
+            print(f"[tune] {len(asked)} trials train as {len(groups)} groups ({', '.join(str(len(g)) for g in groups)} "
+                  f"trials): {', '.join(split)} cannot differ within a group", flush=True)
+        for group in groups:
+            print(f"[tune] trials {[t.number for t, _ in group]}: one group of {len(group) * len(space.seeds)} members",
+                  flush=True)
+            states = train_group(space, study, group, run_root, tracking_uri, parent, fit_extra,
+                                 next_trial=lambda shared: _next_for(study, space, lease.id, shared, stash))
+            told += len(states)
     return told
