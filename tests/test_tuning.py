@@ -265,6 +265,19 @@ def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
     assert "every trial pruned; the group stopped at 256 of 512 frames" in out
+    # trial 3 has its own MLflow run under the search's, with its settings and its curve over its own frames
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    runs = {r.data.tags["trial"]: r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+            if "mlflow.parentRunId" in r.data.tags}
+    assert sorted(runs) == ["1", "2", "3"] and len({r.info.run_id for r in runs.values()}) == 3
+    assert (runs["3"].data.tags["slot"], runs["3"].data.tags["refill_of"]) == ("0", "1")
+    assert "refill_of" not in runs["1"].data.tags and trials[3].user_attrs["refill_of"] == 1
+    for t in trials[1:]:
+        assert runs[str(t.number)].data.params["model.lr"] == str(t.params["model.lr"])
+        curve = client.get_metric_history(runs[str(t.number)].info.run_id, "seed0/episode/return_mean20")
+        assert [m.step for m in curve] == [64, 128]  # each trial's own frames, up to its milestone
 
 
 

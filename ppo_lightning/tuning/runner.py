@@ -367,7 +367,9 @@ def parent_run(space: Space, run_root: Path, tracking_uri: str) -> str | None:
 
 def record_trial(space: Space, tracking_uri: str, parent: str | None, trial, params: dict, state: str,
                  value: float | None, per_seed: list[float], curves: list[list[tuple[float, float]]], group: str) -> str | None:
-    """One MLflow run for a trial under the search's parent run; returns its id."""
+    """One MLflow run for a trial under the search's parent run, made when the trial is told (a trial
+    that refilled a slot gets its own, tagged ``slot`` and ``refill_of``, with its curve over its own
+    frames); returns its id."""
     if parent is None:
         return None
     try:
@@ -376,9 +378,11 @@ def record_trial(space: Space, tracking_uri: str, parent: str | None, trial, par
 
         client = MlflowClient(tracking_uri)
         exp = client.get_experiment_by_name(space.name)
-        run = client.create_run(exp.experiment_id, run_name=f"{space.name}-trial{trial.number}",
-                                tags={"mlflow.parentRunId": parent, "tuning": space.name, "trial": str(trial.number),
-                                      "state": state, "group": group})
+        tags = {"mlflow.parentRunId": parent, "tuning": space.name, "trial": str(trial.number), "state": state,
+                "group": group}
+        if "refill_of" in trial.user_attrs:  # a refilled slot's trial: its own run, naming the trial it followed there
+            tags.update(slot=str(trial.user_attrs["refilled_slot"]), refill_of=str(trial.user_attrs["refill_of"]))
+        run = client.create_run(exp.experiment_id, run_name=f"{space.name}-trial{trial.number}", tags=tags)
         now = int(time.time() * 1000)
         metrics = []
         if value is not None and math.isfinite(value):
@@ -510,19 +514,20 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
                 if trial.should_prune() and tell(trial, state=TrialState.PRUNED):
                     states[number] = "PRUNED"
                     active.pop(number)
-                    freed.append(slot)
+                    freed.append((slot, number))
                     print(f"[tune] trial {number} pruned at {m} frames ({space.metric} {value:.4f})", flush=True)
                     record_trial(space, tracking_uri, parent, trial, params, "PRUNED", None, [], curves_of(slot, m), name)
             if number in active and own >= space.frames:
                 finish(number, own)
-                freed.append(slot)
-        for slot in sorted(freed) if refill else ():
+                freed.append((slot, number))
+        for slot, before in sorted(freed) if refill else ():
             got = next_trial(shared)
             if got is None:
                 continue
             trial, params = got
             trial.set_user_attr("group", name)
             trial.set_user_attr("refilled_slot", slot)
+            trial.set_user_attr("refill_of", before)
             values = scaled(space, member_values(space, params))
             for j, seed in enumerate(space.seeds):
                 reporter.refill(slot + j, seed, values)
