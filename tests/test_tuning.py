@@ -55,6 +55,8 @@ def tiny(tmp_path: Path, **over) -> Path:
     ({"params": {"data.num_envs": {"type": "int", "low": 2, "high": 8}}, "fit": {"data.num_envs": 4}}, "params.data.num_envs"),
     ({"fit": {**TINY_FIT, "model.decoupled": False}}, "params.model.proximal_com"),
     ({"colour": "blue"}, "colour"),
+    ({"refill": "no"}, "refill"),
+    ({"base": "minatar/ppg", "refill": True, "params": {"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}}, "refill"),
 ])
 def test_a_bad_field_is_one_line_naming_it(tmp_path, change, field):
     with pytest.raises(SpaceError) as err:
@@ -123,11 +125,11 @@ def _study(space, root):
     return runner.open_study(space, runner.journal_path(root))
 
 
-def _space_with_a_best_trial(tmp_path, trials):
+def _space_with_a_best_trial(tmp_path, trials, **over):
     """A median-pruned space (milestones 128, 256 of 512 frames) whose study already holds one finished
     trial far ahead of anything 64 frames can reach: the trials a worker trains next are pruned."""
     space = load_space(tiny(tmp_path, trials=trials, frames=512,
-                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}))
+                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}), over)
     root = tmp_path / "runs"
     study = _study(space, root)
     best = study.ask()
@@ -373,3 +375,31 @@ def test_a_worker_stopped_between_groups_hands_back_the_trial_it_asked_for_the_n
     trials = _study(space, root).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL, TrialState.COMPLETE]
     assert trials[3].params == trials[2].params and trials[3].user_attrs["retry_of"] == 2
+
+
+def test_refill_is_on_by_default_off_with_the_switch_and_never_for_ppg(tmp_path):
+    from ppo_lightning.tuning import runner
+
+    on, off = load_space(tiny(tmp_path)), load_space(tiny(tmp_path), {"refill": False})
+    assert on.refill and runner.refillable(on, 2) and not runner.refillable(on, 1)
+    assert not off.refill and not runner.refillable(off, 2)
+    ppg = load_space(tiny(tmp_path, base="minatar/ppg", params={"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}))
+    assert ppg.refill and not runner.refillable(ppg, 2)  # left out: on where a group can refill, and PPG cannot
+
+
+@pytest.mark.timeout(300)
+def test_with_refill_off_a_pruned_trials_slots_idle_and_the_next_trial_trains_in_a_new_group(tmp_path, monkeypatch, capsys):
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+    from ppo_lightning.tuning.command import main
+
+    monkeypatch.chdir(tmp_path)
+    space, root = _space_with_a_best_trial(tmp_path, trials=4, refill=False)
+    assert main(["--space", str(space.path), "--run-root", str(root), "--frames", "512", "--no-refill", "--no-plots"]) == 0
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials[1:]] == [TrialState.PRUNED] * 3
+    assert [t.user_attrs["group"] for t in trials[1:]] == ["trials-1-2", "trials-1-2", "trials-3"]
+    assert not any("refilled_slot" in t.user_attrs for t in trials)
+    out = capsys.readouterr().out
+    assert "refills" not in out and "every trial pruned; the group stopped at 128 of 512 frames" in out

@@ -161,14 +161,18 @@ class TrialReporter(Callback):
     """Every member's learning curve ``(frames of its own run, mean return of the last 20 episodes)``
     after each iteration, and ``on_iteration(frames)`` after it (True: stop the group). Refills queued
     with `refill` are applied before the next iteration's rollout (`SeedGroup.refill`): the slot's
-    curve starts again, counting its frames from there."""
+    curve starts again, counting its frames from there. With ``lr_schedule`` ``(name, frames)`` (the
+    group itself at a constant lr), each member's lr before each iteration is its own lr times the
+    schedule's factor at its own iteration of a ``frames`` run (`ppo_lightning.algos.schedules.lr_factor`):
+    a refilled member anneals from its start as its trial's single run does."""
 
-    def __init__(self, members: int, on_iteration=None) -> None:
+    def __init__(self, members: int, on_iteration=None, lr_schedule: tuple[str, int] | None = None) -> None:
         self.curves: list[list[tuple[float, float]]] = [[] for _ in range(members)]
         self.starts = [0.0] * members  # the group's frames when each slot's current run started
         self.on_iteration = on_iteration
         self.pending: list[tuple[int, int, dict[str, Any]]] = []
         self.frames = 0.0
+        self.lr_schedule = lr_schedule
 
     def refill(self, slot: int, seed: int, values: dict[str, Any]) -> None:
         self.pending.append((slot, seed, values))
@@ -178,6 +182,15 @@ class TrialReporter(Callback):
             pl_module.seed_group.refill(pl_module, slot, seed, values)
             self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
         self.pending = []
+        if self.lr_schedule is not None:
+            from ppo_lightning.algos.schedules import lr_factor  # start-up cost: only in a worker's group
+
+            name, frames = self.lr_schedule
+            dm, group = trainer.datamodule, pl_module.seed_group
+            fpi = dm.frames_per_iteration
+            own = [round((float(dm.frames) - start) / fpi) for start in self.starts]  # each member's iterations so far
+            group.set_member_lrs(pl_module, [lr * lr_factor(name, i, frames, fpi)
+                                             for lr, i in zip(group.member_hparams["lr"], own)])
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
@@ -425,10 +438,10 @@ def _ask(study, space: Space, me: str) -> tuple[Any, dict[str, Any]] | None:
 
 
 def refillable(space: Space, members: int) -> bool:
-    """Whether a pruned or finished trial's slots take the next trial: a group (not a single run),
-    not PPG (no per-member settings), a constant lr (a schedule runs on the group's frames)."""
-    return (members > 1 and space.setting("model.ppg") is None
-            and (space.setting("model.lr_schedule") or "constant") == "constant")
+    """Whether a pruned or finished trial's slots take the next trial: the space's ``refill`` on, a
+    group (not a single run), not PPG (a PPG group holds one trial's seeds: its members carry no
+    settings of their own)."""
+    return space.refill and members > 1 and space.setting("model.ppg") is None
 
 
 def _next_for(study, space: Space, me: str, shared: dict[str, Any], stash: list):
@@ -536,10 +549,13 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
                   f"of {name}", flush=True)
         return not active
 
-    reporter = TrialReporter(len(members), on_iteration)
-    # with refills the group trains until its last trial ends (the trials' budgets are their own frames)
+    # with refills the group trains until its last trial ends (the trials' budgets are their own frames),
+    # and an lr schedule is each member's own over its trial's frames, counted from its start
+    schedule = str(space.setting("model.lr_schedule", shared) or "constant")
+    own_schedule = (schedule, space.frames) if refill and schedule != "constant" else None
+    reporter = TrialReporter(len(members), on_iteration, own_schedule)
     budget = space.frames * max(1, space.trials) if refill else space.frames
-    args = group_args(space, members, refill) + [
+    args = group_args(space, members, refill) + (["--model.lr_schedule", "constant"] if own_schedule else []) + [
         "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
         "--mlflow.enabled", "false", "--run_dir", str(run_dir), "--data.total_frames", str(budget), *(fit_extra or [])]
     for trial, _ in group:
