@@ -403,3 +403,34 @@ def test_with_refill_off_a_pruned_trials_slots_idle_and_the_next_trial_trains_in
     assert not any("refilled_slot" in t.user_attrs for t in trials)
     out = capsys.readouterr().out
     assert "refills" not in out and "every trial pruned; the group stopped at 128 of 512 frames" in out
+
+
+def test_a_refilled_member_on_an_lr_schedule_anneals_from_its_own_start_as_its_single_run():
+    """Trials of 4 iterations on a linear lr schedule, packed as a group (at a constant lr; the tuner's
+    reporter sets each member's lr): member 1's slot is refilled before the group's iteration 3 (another
+    seed, lr and gamma) and the group trains 7. Member 1 ends as the fresh single run of its trial with
+    ``model.lr_schedule: linear`` over its 4 iterations (its lr at its last 1e-3 x 1/4, not the group's),
+    member 0 as its own single run over 4 (its lr 0 once its trial's frames are spent)."""
+    import lightning.pytorch as pl
+    import torch
+
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
+    from ppo_lightning.tuning.runner import TrialReporter
+    from tests.test_group_members import DATA, NET, KeepSource, fit
+
+    first, new = {"lr": [3e-3, 2e-3], "gamma": [0.99, 0.9]}, {"lr": 1e-3, "gamma": 0.95}
+    pl.seed_everything(0)
+    gdm = RolloutDataModule(**DATA, total_frames=32 * 7, seed=0, member_seeds=[0, 1], member_hparams=first)
+    model = PPOLightningModule(gdm.observation_space, gdm.action_space, network=NET, seeds=gdm.seeds, member_hparams=first)
+    reporter = TrialReporter(2, lambda frames: frames == 96 and reporter.refill(1, 5, new), lr_schedule=("linear", 32 * 4))
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, callbacks=[KeepSource(), reporter])
+    trainer.fit(model, datamodule=gdm)
+    assert [lr for lr, _ in trainer.optimizers[0].settings] == [0.0, 1e-3 * 0.25] and reporter.starts == [0.0, 96.0]
+    for k, seed, lr, gamma in ((1, 5, 1e-3, 0.95), (0, 0, 3e-3, 0.99)):
+        pl.seed_everything(seed)
+        alone, dm, _ = fit(RolloutDataModule(**DATA, total_frames=32 * 4, seed=seed, gamma=gamma), lr=lr, lr_schedule="linear")
+        for name, ref in alone.network.state_dict().items():
+            torch.testing.assert_close(model.network.seed_state_dict(k)[name], ref, rtol=1e-5, atol=3e-5, msg=f"member {k} {name}")
+    assert dm.episodes.state_dict() != gdm.kept.states[0].episodes.state_dict()  # member 0 went on collecting at lr 0
