@@ -56,7 +56,8 @@ def tiny(tmp_path: Path, **over) -> Path:
     ({"fit": {**TINY_FIT, "model.decoupled": False}}, "params.model.proximal_com"),
     ({"colour": "blue"}, "colour"),
     ({"refill": "no"}, "refill"),
-    ({"base": "minatar/ppg", "refill": True, "params": {"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}}, "refill"),
+    ({"base": "minatar/ppg", "refill": True, "params": {"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}},
+     "refill"),
 ])
 def test_a_bad_field_is_one_line_naming_it(tmp_path, change, field):
     with pytest.raises(SpaceError) as err:
@@ -430,7 +431,9 @@ def test_a_refilled_member_on_an_lr_schedule_anneals_from_its_own_start_as_its_s
     assert [lr for lr, _ in trainer.optimizers[0].settings] == [0.0, 1e-3 * 0.25] and reporter.starts == [0.0, 96.0]
     for k, seed, lr, gamma in ((1, 5, 1e-3, 0.95), (0, 0, 3e-3, 0.99)):
         pl.seed_everything(seed)
-        alone, dm, _ = fit(RolloutDataModule(**DATA, total_frames=32 * 4, seed=seed, gamma=gamma), lr=lr, lr_schedule="linear")
+        dm = RolloutDataModule(**DATA, total_frames=32 * 4, seed=seed, gamma=gamma)
+        alone, dm, _ = fit(dm, lr=lr, lr_schedule="linear")
         for name, ref in alone.network.state_dict().items():
-            torch.testing.assert_close(model.network.seed_state_dict(k)[name], ref, rtol=1e-5, atol=3e-5, msg=f"member {k} {name}")
+            torch.testing.assert_close(model.network.seed_state_dict(k)[name], ref, rtol=1e-5, atol=3e-5,
+                                       msg=f"member {k} {name}")
     assert dm.episodes.state_dict() != gdm.kept.states[0].episodes.state_dict()  # member 0 went on collecting at lr 0

@@ -7,16 +7,18 @@ from pathlib import Path
 
 from ppo_lightning.tuning.space import SpaceError, load_space
 
-USAGE = """ppo-lightning tune --space SPACE.yaml [--config BASE] [--trials N] [--members S] [--frames F] [--no-refill] [options]
+USAGE = """ppo-lightning tune --space SPACE.yaml [--config BASE] [--trials N] [--members S] [--frames F]
+                         [--no-refill] [options]
 
   Optuna's ask-and-tell over a search-space file: S / seeds.count trials asked at once train as one
   vectorized group whose members carry their own settings (lr, EWMA age or PPO, advantage span, Adam
   betas, clip range, entropy and value coefficients, KL beta, gamma, GAE lambda); trials that differ in
   other settings split into groups. A pruned or finished trial's slots take the next trial, so a
-  group stays full (--no-refill, or refill: false in the file: they idle). Several workers (--workers, or this
-  command started on several machines with the same --run-root on a shared filesystem) share the
-  study through Optuna's journal file; a rerun continues the search (a killed worker's trials are
-  asked again). Ends with the best settings, their CI over seeds, plots and the command that trains them."""
+  group stays full (--no-refill, or refill: false in the file: they idle). Several workers
+  (--workers, or this command started on several machines with the same --run-root on a shared
+  filesystem) share the study through Optuna's journal file; a rerun continues the search (a killed
+  worker's untold trials are asked again). Ends with the best settings, their CI over seeds, plots
+  and the command that trains them."""
 
 
 def main(argv: list[str]) -> int:
@@ -27,7 +29,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--members", type=int, default=None, help="members of a group: trials x seeds per trial")
     p.add_argument("--frames", type=int, default=None, help="frames per trial and seed")
     p.add_argument("--no-refill", action="store_true",
-                   help="a pruned or finished trial's slots idle instead of taking the next trial (the file's refill: false)")
+                   help="a pruned or finished trial's slots idle instead of taking the next trial "
+                        "(the file's refill: false)")
     p.add_argument("--workers", type=int, default=1,
                    help="parallel workers started here (submitit: SLURM where srun exists, local processes otherwise); "
                         "1: this process")

@@ -12,7 +12,9 @@ return of its learning curve (`ppo_lightning.studies.records`). With a pruner, e
 the objective so far at every milestone (its own frames) and is told PRUNED when Optuna says so. A
 pruned or finished trial's slots take the next asked trial, which starts there afresh (weights,
 Adam state and step count, EWMA, normalizers, envs, episode statistics: each refilled member is its
-trial's single run); a group stops when no slot holds a trial.
+trial's single run; on an lr schedule each member anneals over its trial's frames from its own
+start); a group stops when no slot holds a trial. The space's ``refill: false`` (``--no-refill``)
+leaves freed slots idle; a PPG group (one trial's seeds) is never refilled.
 
 Storage: Optuna's `JournalStorage` on a `JournalFileBackend` (an append-only file with a lock file
 beside it) in the run root. Any number of workers on machines that share the folder (NFS, Lustre)
@@ -23,11 +25,14 @@ Resume: every worker keeps a lease file (``<run root>/workers/<id>.json``, its h
 heartbeat time refreshed every `HEARTBEAT_S`) and tags its trials with its id. A RUNNING trial whose
 worker is gone (its process ended on this host, or its heartbeat is older than ``stale_after``
 seconds) is failed and its settings enqueued, so the next ask trains it again; finished trials stay
-in the journal. Journal storage has no heartbeat of Optuna's own (only `RDBStorage` has), hence the
-lease.
+in the journal. A worker that stops (a signal, an error, Ctrl-C) hands back the trials it asked and
+did not tell at once (`hand_back`). Groups are not checkpointed: an unfinished trial, refilled or
+not, is trained again from its start under a new number (``retry_of``). Journal storage has no
+heartbeat of Optuna's own (only `RDBStorage` has), hence the lease.
 
 Records: one MLflow parent run per search (experiment = the search's name) and one run per trial
-under it, with its settings, objective, per-seed objectives, state and learning curve.
+under it, with its settings, objective, per-seed objectives, state and learning curve (a trial
+that refilled a slot: its own run, tagged ``slot`` and ``refill_of``).
 """
 
 from __future__ import annotations
