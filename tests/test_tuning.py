@@ -55,6 +55,9 @@ def tiny(tmp_path: Path, **over) -> Path:
     ({"params": {"data.num_envs": {"type": "int", "low": 2, "high": 8}}, "fit": {"data.num_envs": 4}}, "params.data.num_envs"),
     ({"fit": {**TINY_FIT, "model.decoupled": False}}, "params.model.proximal_com"),
     ({"colour": "blue"}, "colour"),
+    ({"refill": "no"}, "refill"),
+    ({"base": "minatar/ppg", "refill": True, "params": {"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}},
+     "refill"),
 ])
 def test_a_bad_field_is_one_line_naming_it(tmp_path, change, field):
     with pytest.raises(SpaceError) as err:
@@ -123,11 +126,11 @@ def _study(space, root):
     return runner.open_study(space, runner.journal_path(root))
 
 
-def _space_with_a_best_trial(tmp_path, trials):
+def _space_with_a_best_trial(tmp_path, trials, **over):
     """A median-pruned space (milestones 128, 256 of 512 frames) whose study already holds one finished
     trial far ahead of anything 64 frames can reach: the trials a worker trains next are pruned."""
     space = load_space(tiny(tmp_path, trials=trials, frames=512,
-                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}))
+                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}), over)
     root = tmp_path / "runs"
     study = _study(space, root)
     best = study.ask()
@@ -265,4 +268,172 @@ def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
     assert "every trial pruned; the group stopped at 256 of 512 frames" in out
+    # trial 3 has its own MLflow run under the search's, with its settings and its curve over its own frames
+    from mlflow.tracking import MlflowClient
 
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    runs = {r.data.tags["trial"]: r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+            if "mlflow.parentRunId" in r.data.tags}
+    assert sorted(runs) == ["1", "2", "3"] and len({r.info.run_id for r in runs.values()}) == 3
+    assert (runs["3"].data.tags["slot"], runs["3"].data.tags["refill_of"]) == ("0", "1")
+    assert "refill_of" not in runs["1"].data.tags and trials[3].user_attrs["refill_of"] == 1
+    for t in trials[1:]:
+        assert runs[str(t.number)].data.params["model.lr"] == str(t.params["model.lr"])
+        curve = client.get_metric_history(runs[str(t.number)].info.run_id, "seed0/episode/return_mean20")
+        assert [m.step for m in curve] == [64, 128]  # each trial's own frames, up to its milestone
+
+
+
+KILL_AFTER_REFILL = """
+import os, signal, sys
+from ppo_lightning.tuning import runner
+from ppo_lightning.tuning.space import load_space
+
+end = runner.TrialReporter.on_train_epoch_end
+
+def killed_after_refill(self, trainer, pl_module):  # SIGKILL once a refilled trial has trained an iteration
+    end(self, trainer, pl_module)
+    if any(start > 0 and curve for start, curve in zip(self.starts, self.curves)):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+runner.TrialReporter.on_train_epoch_end = killed_after_refill
+runner.run_worker(load_space(sys.argv[1]), sys.argv[2])
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_job_killed_after_a_refill_resumes_losing_no_told_trial_and_re_asking_the_refilled_ones(tmp_path, monkeypatch):
+    """A worker's trials 1 and 2 are pruned at 128 frames and trials 3 and 4 refill their slots; the
+    worker is SIGKILLed one iteration later, trials 3 and 4 RUNNING. The resumed job keeps every told
+    trial as it was (states, values, reports, MLflow runs), fails 3 and 4 and asks their settings again
+    (5 and 6, trained afresh as a group of their own), and the journal ends with the search's 5 trials."""
+    from mlflow.tracking import MlflowClient
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+
+    monkeypatch.chdir(tmp_path)
+    space, root = _space_with_a_best_trial(tmp_path, trials=5)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    job = subprocess.run([sys.executable, "-c", KILL_AFTER_REFILL, str(space.path), str(root)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=240)
+    assert job.returncode == -9, job.stderr[-2000:]
+    assert "trial 3 refills the slots" in job.stdout and "trial 4 refills the slots" in job.stdout
+    before = _study(space, root).get_trials()
+    assert [t.state for t in before] == [TrialState.COMPLETE] + [TrialState.PRUNED] * 2 + [TrialState.RUNNING] * 2
+    assert [t.user_attrs["refilled_slot"] for t in before[3:]] == [0, 1]
+    assert all(t.user_attrs["group"] == "trials-1-2" for t in before[1:])
+
+    runner.run_worker(space, root)
+    after = _study(space, root).get_trials()
+    assert [t.state for t in after] == ([TrialState.COMPLETE] + [TrialState.PRUNED] * 2 + [TrialState.FAIL] * 2
+                                        + [TrialState.PRUNED] * 2)
+    for old, new in zip(before[:3], after[:3]):  # told trials: untouched
+        assert (new.params, new.value, new.intermediate_values) == (old.params, old.value, old.intermediate_values)
+    for dead, retry in ((after[3], after[5]), (after[4], after[6])):  # the refilled trials, asked again afresh
+        assert retry.user_attrs["retry_of"] == dead.number and retry.params == dead.params
+        assert dead.user_attrs["failed_because"].startswith("worker ") and list(retry.intermediate_values) == [128]
+        assert retry.user_attrs["group"] == "trials-5-6" and "refilled_slot" not in retry.user_attrs
+    assert len(runner.counted(_study(space, root))) == space.trials
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert sorted(r.data.tags["trial"] for r in runs if "mlflow.parentRunId" in r.data.tags) == ["1", "2", "5", "6"]
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_stopped_between_groups_hands_back_the_trial_it_asked_for_the_next(tmp_path, monkeypatch):
+    """Trials 0 and 1 (2 minibatches) finish as a group; the refill asks trial 2, which needs 1
+    minibatch and waits for the next group; the worker is interrupted there. Trial 2 goes back to the
+    study at once (failed, its settings enqueued), so the resumed job trains it (trial 3) instead of
+    counting it as running until its worker's lease is stale."""
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+
+    monkeypatch.chdir(tmp_path)
+    fit = {k: v for k, v in TINY_FIT.items() if k != "data.num_minibatches"}
+    space = load_space(tiny(tmp_path, trials=3, fit=fit, params={
+        "model.lr": {"type": "float", "low": 0.0005, "high": 0.016, "log": True},
+        "data.num_minibatches": {"type": "categorical", "choices": [1, 2]}}))
+    root = tmp_path / "runs"
+    study = _study(space, root)
+    for lr, mb in ((0.002, 2), (0.004, 2), (0.008, 1)):
+        study.enqueue_trial({"model.lr": lr, "data.num_minibatches": mb})
+    real = runner.train_group
+
+    def interrupted(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "train_group", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_worker(space, root, stale_after=3600)
+    monkeypatch.setattr(runner, "train_group", real)
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL, TrialState.WAITING]
+    assert "stopped before training it" in trials[2].user_attrs["failed_because"]
+    runner.run_worker(space, root, stale_after=3600)
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[3].params == trials[2].params and trials[3].user_attrs["retry_of"] == 2
+
+
+def test_refill_is_on_by_default_off_with_the_switch_and_never_for_ppg(tmp_path):
+    from ppo_lightning.tuning import runner
+
+    on, off = load_space(tiny(tmp_path)), load_space(tiny(tmp_path), {"refill": False})
+    assert on.refill and runner.refillable(on, 2) and not runner.refillable(on, 1)
+    assert not off.refill and not runner.refillable(off, 2)
+    ppg = load_space(tiny(tmp_path, base="minatar/ppg", params={"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}))
+    assert ppg.refill and not runner.refillable(ppg, 2)  # left out: on where a group can refill, and PPG cannot
+
+
+@pytest.mark.timeout(300)
+def test_with_refill_off_a_pruned_trials_slots_idle_and_the_next_trial_trains_in_a_new_group(tmp_path, monkeypatch, capsys):
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+    from ppo_lightning.tuning.command import main
+
+    monkeypatch.chdir(tmp_path)
+    space, root = _space_with_a_best_trial(tmp_path, trials=4, refill=False)
+    assert main(["--space", str(space.path), "--run-root", str(root), "--frames", "512", "--no-refill", "--no-plots"]) == 0
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials[1:]] == [TrialState.PRUNED] * 3
+    assert [t.user_attrs["group"] for t in trials[1:]] == ["trials-1-2", "trials-1-2", "trials-3"]
+    assert not any("refilled_slot" in t.user_attrs for t in trials)
+    out = capsys.readouterr().out
+    assert "refills" not in out and "every trial pruned; the group stopped at 128 of 512 frames" in out
+
+
+def test_a_refilled_member_on_an_lr_schedule_anneals_from_its_own_start_as_its_single_run():
+    """Trials of 4 iterations on a linear lr schedule, packed as a group (at a constant lr; the tuner's
+    reporter sets each member's lr): member 1's slot is refilled before the group's iteration 3 (another
+    seed, lr and gamma) and the group trains 7. Member 1 ends as the fresh single run of its trial with
+    ``model.lr_schedule: linear`` over its 4 iterations (its lr at its last 1e-3 x 1/4, not the group's),
+    member 0 as its own single run over 4 (its lr 0 once its trial's frames are spent)."""
+    import lightning.pytorch as pl
+    import torch
+
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
+    from ppo_lightning.tuning.runner import TrialReporter
+    from tests.test_group_members import DATA, NET, KeepSource, fit
+
+    first, new = {"lr": [3e-3, 2e-3], "gamma": [0.99, 0.9]}, {"lr": 1e-3, "gamma": 0.95}
+    pl.seed_everything(0)
+    gdm = RolloutDataModule(**DATA, total_frames=32 * 7, seed=0, member_seeds=[0, 1], member_hparams=first)
+    model = PPOLightningModule(gdm.observation_space, gdm.action_space, network=NET, seeds=gdm.seeds, member_hparams=first)
+    reporter = TrialReporter(2, lambda frames: frames == 96 and reporter.refill(1, 5, new), lr_schedule=("linear", 32 * 4))
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, callbacks=[KeepSource(), reporter])
+    trainer.fit(model, datamodule=gdm)
+    assert [lr for lr, _ in trainer.optimizers[0].settings] == [0.0, 1e-3 * 0.25] and reporter.starts == [0.0, 96.0]
+    for k, seed, lr, gamma in ((1, 5, 1e-3, 0.95), (0, 0, 3e-3, 0.99)):
+        pl.seed_everything(seed)
+        dm = RolloutDataModule(**DATA, total_frames=32 * 4, seed=seed, gamma=gamma)
+        alone, dm, _ = fit(dm, lr=lr, lr_schedule="linear")
+        for name, ref in alone.network.state_dict().items():
+            torch.testing.assert_close(model.network.seed_state_dict(k)[name], ref, rtol=1e-5, atol=3e-5,
+                                       msg=f"member {k} {name}")
+    assert dm.episodes.state_dict() != gdm.kept.states[0].episodes.state_dict()  # member 0 went on collecting at lr 0

@@ -176,12 +176,7 @@ class SeedGroup:
         for name, t in self.network.inner.state_dict().items():
             t[k].copy_(fresh[name])
         # Adam: a fresh one for member k (the group's step count is shared; member k counts from 0)
-        opt = trainer.optimizers[0]
-        if not isinstance(opt, MemberAdam):
-            if type(opt) is not torch.optim.Adam:
-                raise ValueError(f"refill needs model.optimizer adam, got {type(opt).__name__}")
-            opt = MemberAdam.from_adam(opt, self.num_seeds)
-            trainer.strategy.optimizers = [opt]
+        opt = self.member_adam(trainer, "refill")
         betas = values.get("adam_betas")
         opt.restart_member(k, values.get("lr"), None if betas is None else tuple(betas))
         # the EWMA (a PPO member's is kept at 0, unused) and the loss's member settings
@@ -203,6 +198,23 @@ class SeedGroup:
         dm.member_hparams = {n: list(v) for n, v in self.member_hparams.items()}
         dm.member_seeds = list(self.seeds)
         dm.source.refill(k, seed, self.action_rng_states[k])
+
+    def member_adam(self, trainer, what: str) -> "MemberAdam":
+        """The group's optimizer as a `MemberAdam` (a plain Adam becomes one, its state carried over)."""
+        opt = trainer.optimizers[0]
+        if not isinstance(opt, MemberAdam):
+            if type(opt) is not torch.optim.Adam:
+                raise ValueError(f"{what} needs model.optimizer adam, got {type(opt).__name__}")
+            opt = MemberAdam.from_adam(opt, self.num_seeds)
+            trainer.strategy.optimizers = [opt]
+        return opt
+
+    def set_member_lrs(self, module, lrs: list[float]) -> None:
+        """Every member's lr from now on (a tuning group's members each on their own lr schedule,
+        counted from their own start: `ppo_lightning.tuning.runner.TrialReporter`)."""
+        if module.trainer.lr_scheduler_configs:
+            raise ValueError("set_member_lrs: the group runs an lr schedule of its own; use model.lr_schedule constant")
+        self.member_adam(module.trainer, "set_member_lrs").set_lrs(lrs)
 
     def teardown(self, module) -> None:
         """End the members' MLflow runs; preempted, they are KILLED as the group's run (a resume continues them)."""
@@ -310,6 +322,11 @@ class MemberAdam(torch.optim.Adam):
         old_lr, old_betas = self.settings[k]
         self.settings[k] = (float(lr) if lr is not None else old_lr,
                             tuple(float(b) for b in betas) if betas is not None else old_betas)
+        self._plan_runs()
+
+    def set_lrs(self, lrs: list[float]) -> None:
+        """Member k steps at ``lrs[k]`` from the next step on (its betas and state kept)."""
+        self.settings = [(float(lr), betas) for lr, (_, betas) in zip(lrs, self.settings, strict=True)]
         self._plan_runs()
 
     def load_state_dict(self, state_dict) -> None:

@@ -7,16 +7,18 @@ from pathlib import Path
 
 from ppo_lightning.tuning.space import SpaceError, load_space
 
-USAGE = """ppo-lightning tune --space SPACE.yaml [--config BASE] [--trials N] [--members S] [--frames F] [options]
+USAGE = """ppo-lightning tune --space SPACE.yaml [--config BASE] [--trials N] [--members S] [--frames F]
+                         [--no-refill] [options]
 
   Optuna's ask-and-tell over a search-space file: S / seeds.count trials asked at once train as one
   vectorized group whose members carry their own settings (lr, EWMA age or PPO, advantage span, Adam
   betas, clip range, entropy and value coefficients, KL beta, gamma, GAE lambda); trials that differ in
   other settings split into groups. A pruned or finished trial's slots take the next trial, so a
-  group stays full. Several workers (--workers, or this
-  command started on several machines with the same --run-root on a shared filesystem) share the
-  study through Optuna's journal file; a rerun continues the search (a killed worker's trials are
-  asked again). Ends with the best settings, their CI over seeds, plots and the command that trains them."""
+  group stays full (--no-refill, or refill: false in the file: they idle). Several workers
+  (--workers, or this command started on several machines with the same --run-root on a shared
+  filesystem) share the study through Optuna's journal file; a rerun continues the search (a killed
+  worker's untold trials are asked again). Ends with the best settings, their CI over seeds, plots
+  and the command that trains them."""
 
 
 def main(argv: list[str]) -> int:
@@ -26,6 +28,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trials", type=int, default=None, help="trials in the search (all workers together)")
     p.add_argument("--members", type=int, default=None, help="members of a group: trials x seeds per trial")
     p.add_argument("--frames", type=int, default=None, help="frames per trial and seed")
+    p.add_argument("--no-refill", action="store_true",
+                   help="a pruned or finished trial's slots idle instead of taking the next trial "
+                        "(the file's refill: false)")
     p.add_argument("--workers", type=int, default=1,
                    help="parallel workers started here (submitit: SLURM where srun exists, local processes otherwise); "
                         "1: this process")
@@ -39,7 +44,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-plots", action="store_true", help="no plots in the summary")
     a = p.parse_args(argv)
     base = None if a.config is None else [str(Path(c).resolve()) if Path(c).exists() else c for c in a.config]
-    overrides = {"base": base, "trials": a.trials, "members": a.members, "frames": a.frames}
+    overrides = {"base": base, "trials": a.trials, "members": a.members, "frames": a.frames,
+                 "refill": False if a.no_refill else None}
     try:
         space = load_space(a.space.resolve(), overrides)
     except SpaceError as err:
@@ -90,7 +96,7 @@ def run_workers(space, run_root: Path, workers: int, executor: str, tracking_uri
     import submitit
 
     overrides = {k: v for k, v in {"base": list(space.base), "trials": space.trials, "members": space.members,
-                                   "frames": space.frames}.items()}
+                                   "frames": space.frames, "refill": None if space.refill else False}.items()}
     ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster={"local": "local", "slurm": "slurm", "auto": None}[executor])
     ex.update_parameters(timeout_min=60 * 24 * 3, cpus_per_task=1, name=space.name)
     if ex.cluster == "slurm":

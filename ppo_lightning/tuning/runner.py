@@ -12,7 +12,9 @@ return of its learning curve (`ppo_lightning.studies.records`). With a pruner, e
 the objective so far at every milestone (its own frames) and is told PRUNED when Optuna says so. A
 pruned or finished trial's slots take the next asked trial, which starts there afresh (weights,
 Adam state and step count, EWMA, normalizers, envs, episode statistics: each refilled member is its
-trial's single run); a group stops when no slot holds a trial.
+trial's single run; on an lr schedule each member anneals over its trial's frames from its own
+start); a group stops when no slot holds a trial. The space's ``refill: false`` (``--no-refill``)
+leaves freed slots idle; a PPG group (one trial's seeds) is never refilled.
 
 Storage: Optuna's `JournalStorage` on a `JournalFileBackend` (an append-only file with a lock file
 beside it) in the run root. Any number of workers on machines that share the folder (NFS, Lustre)
@@ -23,11 +25,14 @@ Resume: every worker keeps a lease file (``<run root>/workers/<id>.json``, its h
 heartbeat time refreshed every `HEARTBEAT_S`) and tags its trials with its id. A RUNNING trial whose
 worker is gone (its process ended on this host, or its heartbeat is older than ``stale_after``
 seconds) is failed and its settings enqueued, so the next ask trains it again; finished trials stay
-in the journal. Journal storage has no heartbeat of Optuna's own (only `RDBStorage` has), hence the
-lease.
+in the journal. A worker that stops (a signal, an error, Ctrl-C) hands back the trials it asked and
+did not tell at once (`hand_back`). Groups are not checkpointed: an unfinished trial, refilled or
+not, is trained again from its start under a new number (``retry_of``). Journal storage has no
+heartbeat of Optuna's own (only `RDBStorage` has), hence the lease.
 
 Records: one MLflow parent run per search (experiment = the search's name) and one run per trial
-under it, with its settings, objective, per-seed objectives, state and learning curve.
+under it, with its settings, objective, per-seed objectives, state and learning curve (a trial
+that refilled a slot: its own run, tagged ``slot`` and ``refill_of``).
 """
 
 from __future__ import annotations
@@ -161,14 +166,18 @@ class TrialReporter(Callback):
     """Every member's learning curve ``(frames of its own run, mean return of the last 20 episodes)``
     after each iteration, and ``on_iteration(frames)`` after it (True: stop the group). Refills queued
     with `refill` are applied before the next iteration's rollout (`SeedGroup.refill`): the slot's
-    curve starts again, counting its frames from there."""
+    curve starts again, counting its frames from there. With ``lr_schedule`` ``(name, frames)`` (the
+    group itself at a constant lr), each member's lr before each iteration is its own lr times the
+    schedule's factor at its own iteration of a ``frames`` run (`ppo_lightning.algos.schedules.lr_factor`):
+    a refilled member anneals from its start as its trial's single run does."""
 
-    def __init__(self, members: int, on_iteration=None) -> None:
+    def __init__(self, members: int, on_iteration=None, lr_schedule: tuple[str, int] | None = None) -> None:
         self.curves: list[list[tuple[float, float]]] = [[] for _ in range(members)]
         self.starts = [0.0] * members  # the group's frames when each slot's current run started
         self.on_iteration = on_iteration
         self.pending: list[tuple[int, int, dict[str, Any]]] = []
         self.frames = 0.0
+        self.lr_schedule = lr_schedule
 
     def refill(self, slot: int, seed: int, values: dict[str, Any]) -> None:
         self.pending.append((slot, seed, values))
@@ -178,6 +187,15 @@ class TrialReporter(Callback):
             pl_module.seed_group.refill(pl_module, slot, seed, values)
             self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
         self.pending = []
+        if self.lr_schedule is not None:
+            from ppo_lightning.algos.schedules import lr_factor  # start-up cost: only in a worker's group
+
+            name, frames = self.lr_schedule
+            dm, group = trainer.datamodule, pl_module.seed_group
+            fpi = dm.frames_per_iteration
+            own = [round((float(dm.frames) - start) / fpi) for start in self.starts]  # each member's iterations so far
+            group.set_member_lrs(pl_module, [lr * lr_factor(name, i, frames, fpi)
+                                             for lr, i in zip(group.member_hparams["lr"], own)])
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
@@ -299,6 +317,31 @@ def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me:
     return failed
 
 
+def hand_back(study, me: str) -> list[int]:
+    """Fail the RUNNING trials this worker asked and did not tell (a trial stashed for the next group,
+    a group's trials when it stops on an error outside its fit) and enqueue their settings again: a
+    worker that stops hands them to the next ask at once, where its removed lease would leave them to
+    `requeue_stale` only after ``stale_after``; returns their numbers."""
+    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
+    from optuna.trial import TrialState
+
+    back = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get("worker") != me:
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "failed_because", f"worker {me} stopped before training it")
+            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                continue
+        except UpdateFinishedTrialError:
+            continue
+        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+        back.append(t.number)
+    if back:
+        print(f"[tune] trials {back} handed back (asked, not trained): the next ask trains them", flush=True)
+    return back
+
+
 def counted(study) -> list:
     """The trials that count towards the search's size: every one not failed (a failed trial that
     was re-asked counts through its retry)."""
@@ -342,7 +385,9 @@ def parent_run(space: Space, run_root: Path, tracking_uri: str) -> str | None:
 
 def record_trial(space: Space, tracking_uri: str, parent: str | None, trial, params: dict, state: str,
                  value: float | None, per_seed: list[float], curves: list[list[tuple[float, float]]], group: str) -> str | None:
-    """One MLflow run for a trial under the search's parent run; returns its id."""
+    """One MLflow run for a trial under the search's parent run, made when the trial is told (a trial
+    that refilled a slot gets its own, tagged ``slot`` and ``refill_of``, with its curve over its own
+    frames); returns its id."""
     if parent is None:
         return None
     try:
@@ -351,9 +396,11 @@ def record_trial(space: Space, tracking_uri: str, parent: str | None, trial, par
 
         client = MlflowClient(tracking_uri)
         exp = client.get_experiment_by_name(space.name)
-        run = client.create_run(exp.experiment_id, run_name=f"{space.name}-trial{trial.number}",
-                                tags={"mlflow.parentRunId": parent, "tuning": space.name, "trial": str(trial.number),
-                                      "state": state, "group": group})
+        tags = {"mlflow.parentRunId": parent, "tuning": space.name, "trial": str(trial.number), "state": state,
+                "group": group}
+        if "refill_of" in trial.user_attrs:  # a refilled slot's trial: its own run, naming the trial it followed there
+            tags.update(slot=str(trial.user_attrs["refilled_slot"]), refill_of=str(trial.user_attrs["refill_of"]))
+        run = client.create_run(exp.experiment_id, run_name=f"{space.name}-trial{trial.number}", tags=tags)
         now = int(time.time() * 1000)
         metrics = []
         if value is not None and math.isfinite(value):
@@ -396,10 +443,10 @@ def _ask(study, space: Space, me: str) -> tuple[Any, dict[str, Any]] | None:
 
 
 def refillable(space: Space, members: int) -> bool:
-    """Whether a pruned or finished trial's slots take the next trial: a group (not a single run),
-    not PPG (no per-member settings), a constant lr (a schedule runs on the group's frames)."""
-    return (members > 1 and space.setting("model.ppg") is None
-            and (space.setting("model.lr_schedule") or "constant") == "constant")
+    """Whether a pruned or finished trial's slots take the next trial: the space's ``refill`` on, a
+    group (not a single run), not PPG (a PPG group holds one trial's seeds: its members carry no
+    settings of their own)."""
+    return space.refill and members > 1 and space.setting("model.ppg") is None
 
 
 def _next_for(study, space: Space, me: str, shared: dict[str, Any], stash: list):
@@ -485,19 +532,20 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
                 if trial.should_prune() and tell(trial, state=TrialState.PRUNED):
                     states[number] = "PRUNED"
                     active.pop(number)
-                    freed.append(slot)
+                    freed.append((slot, number))
                     print(f"[tune] trial {number} pruned at {m} frames ({space.metric} {value:.4f})", flush=True)
                     record_trial(space, tracking_uri, parent, trial, params, "PRUNED", None, [], curves_of(slot, m), name)
             if number in active and own >= space.frames:
                 finish(number, own)
-                freed.append(slot)
-        for slot in sorted(freed) if refill else ():
+                freed.append((slot, number))
+        for slot, before in sorted(freed) if refill else ():
             got = next_trial(shared)
             if got is None:
                 continue
             trial, params = got
             trial.set_user_attr("group", name)
             trial.set_user_attr("refilled_slot", slot)
+            trial.set_user_attr("refill_of", before)
             values = scaled(space, member_values(space, params))
             for j, seed in enumerate(space.seeds):
                 reporter.refill(slot + j, seed, values)
@@ -506,10 +554,13 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
                   f"of {name}", flush=True)
         return not active
 
-    reporter = TrialReporter(len(members), on_iteration)
-    # with refills the group trains until its last trial ends (the trials' budgets are their own frames)
+    # with refills the group trains until its last trial ends (the trials' budgets are their own frames),
+    # and an lr schedule is each member's own over its trial's frames, counted from its start
+    schedule = str(space.setting("model.lr_schedule", shared) or "constant")
+    own_schedule = (schedule, space.frames) if refill and schedule != "constant" else None
+    reporter = TrialReporter(len(members), on_iteration, own_schedule)
     budget = space.frames * max(1, space.trials) if refill else space.frames
-    args = group_args(space, members, refill) + [
+    args = group_args(space, members, refill) + (["--model.lr_schedule", "constant"] if own_schedule else []) + [
         "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
         "--mlflow.enabled", "false", "--run_dir", str(run_dir), "--data.total_frames", str(budget), *(fit_extra or [])]
     for trial, _ in group:
@@ -542,32 +593,43 @@ def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracki
     run_root.mkdir(parents=True, exist_ok=True)
     storage = Path(storage) if storage else journal_path(run_root)
     tracking_uri = tracking_uri or f"sqlite:///{run_root / 'mlflow.db'}"
-    told = 0
     stash: list = []
     with Lease(run_root, worker_id, heartbeat_s) as lease:
         probe = open_study(space, storage)
         study = open_study(space, storage, seed_offset=len(probe.trials))  # concurrent workers sample differently
         parent = parent_run(space, run_root, tracking_uri)
-        while True:
-            requeue_stale(study, run_root, stale_after, me=lease.id)
-            asked, stash[:] = list(stash), []  # trials asked for a refill that another group's settings needed
-            while len(asked) < space.trials_per_group:
-                got = _ask(study, space, lease.id)
-                if got is None:
-                    break
-                asked.append(got)
-            if not asked:
+        try:
+            told = _work(space, study, run_root, tracking_uri, parent, lease, stash, stale_after, fit_extra)
+        except BaseException:  # a signal, an error, Ctrl-C: the trials asked here and not told go back to the study
+            hand_back(study, lease.id)
+            raise
+    return told
+
+
+def _work(space: Space, study, run_root: Path, tracking_uri: str, parent: str | None, lease: Lease, stash: list,
+          stale_after: float, fit_extra: list[str] | None) -> int:
+    """The worker's loop (`run_worker`): ask a group's worth of trials, train them, until none is left."""
+    told = 0
+    while True:
+        requeue_stale(study, run_root, stale_after, me=lease.id)
+        asked, stash[:] = list(stash), []  # trials asked for a refill that another group's settings needed
+        while len(asked) < space.trials_per_group:
+            got = _ask(study, space, lease.id)
+            if got is None:
                 break
-            groups = plan_groups(space, asked)
-            if len(groups) > 1:
-                split = (["the settings of a PPG trial"] if space.setting("model.ppg") is not None
-                         else sorted({k for _, p in asked for k in split_params(space, p)[1]}))
-                print(f"[tune] {len(asked)} trials train as {len(groups)} groups ({', '.join(str(len(g)) for g in groups)} "
-                      f"trials): {', '.join(split)} cannot differ within a group", flush=True)
-            for group in groups:
-                print(f"[tune] trials {[t.number for t, _ in group]}: one group of {len(group) * len(space.seeds)} members",
-                      flush=True)
-                states = train_group(space, study, group, run_root, tracking_uri, parent, fit_extra,
-                                     next_trial=lambda shared: _next_for(study, space, lease.id, shared, stash))
-                told += len(states)
+            asked.append(got)
+        if not asked:
+            break
+        groups = plan_groups(space, asked)
+        if len(groups) > 1:
+            split = (["the settings of a PPG trial"] if space.setting("model.ppg") is not None
+                     else sorted({k for _, p in asked for k in split_params(space, p)[1]}))
+            print(f"[tune] {len(asked)} trials train as {len(groups)} groups ({', '.join(str(len(g)) for g in groups)} "
+                  f"trials): {', '.join(split)} cannot differ within a group", flush=True)
+        for group in groups:
+            print(f"[tune] trials {[t.number for t, _ in group]}: one group of {len(group) * len(space.seeds)} members",
+                  flush=True)
+            states = train_group(space, study, group, run_root, tracking_uri, parent, fit_extra,
+                                 next_trial=lambda shared: _next_for(study, space, lease.id, shared, stash))
+            told += len(states)
     return told

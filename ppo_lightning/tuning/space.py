@@ -12,6 +12,7 @@ seeds: {count: 2, first: 0}           # every trial trains these seeds; its obje
 objective: {metric: auc, score: minatar}  # auc | final; raw | minatar (normalized return)
 sampler: {name: tpe, seed: 0}         # tpe (constant liar: trials asked together differ) | random
 pruner: {name: median, milestones: [125000, 250000]}  # none | median | percentile | halving
+refill: true                          # a pruned or finished trial's slots take the next trial (default)
 params:
   model.lr: {type: float, low: 0.0005, high: 0.01, log: true}
   model.proximal_com: {type: categorical, choices: [null, 4, 8, 16]}   # null: PPO (behavior anchor)
@@ -24,7 +25,10 @@ gamma and GAE lambda) differ freely within a group; any other fit option is a
 *group* parameter: trials that differ in it train in separate groups. A parameter is ``float``
 or ``int`` (``low``, ``high``, optional ``log`` or ``step``) or ``categorical`` (``choices``; a
 list as a choice, for ``model.adam_betas``). ``--config``, ``--trials``, ``--members`` and
-``--frames`` of ``ppo-lightning tune`` replace the file's values before it is validated.
+``--frames`` of ``ppo-lightning tune`` replace the file's values before it is validated, and
+``--no-refill`` sets ``refill: false`` (each group then trains its first trials only, their freed
+slots idle). ``refill`` left out means on where a group can refill (not PPG); ``refill: true``
+with a PPG base is refused.
 Paths are relative to the repository root (the folder holding ``pyproject.toml`` above the file),
 else to the file.
 """
@@ -57,7 +61,7 @@ FIT_SECTIONS = ("model", "data", "trainer")
 RESERVED_FIT = ("data.env_id", "data.seed", "data.total_frames", "seed_everything", "data.member_seeds",
                 "data.member_hparams", "data.num_seeds", "seeds", "run_dir", "ckpt_path")
 FIELDS = ("tuning", "title", "base", "fit", "env", "frames", "trials", "members", "seeds", "objective", "sampler",
-          "pruner", "params")
+          "pruner", "refill", "params")
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -131,6 +135,7 @@ class Space:
     params: dict[str, Param]
     root: Path
     raw: dict = field(default_factory=dict, repr=False)
+    refill: bool = True
 
     @property
     def trials_per_group(self) -> int:
@@ -291,6 +296,8 @@ def parse_space(data: Any, path: Path) -> Space:
     _need(_int(startup, 0), where, f"pruner.n_startup_trials: an integer >= 0, got {startup!r}")
     pct = pr.get("percentile", 25.0)
     _need(_num(pct) and 0 < pct < 100, where, f"pruner.percentile: a number in (0, 100), got {pct!r}")
+    refill = data.get("refill")
+    _need(refill is None or isinstance(refill, bool), where, f"refill: true or false, got {refill!r}")
     fit = data.get("fit") or {}
     _need(isinstance(fit, dict), where, f"fit: a mapping of fit options, got {fit!r}")
     for key in fit:
@@ -304,7 +311,11 @@ def parse_space(data: Any, path: Path) -> Space:
     space = Space(path=path, name=name, title=str(data.get("title") or name), base=tuple(base), fit=dict(fit), env=env,
                   frames=frames, trials=data["trials"], members=members, seeds=tuple(range(first, first + count)),
                   metric=metric, score=score, sampler=sname, sampler_seed=sseed,
-                  pruner=Pruner(pname, tuple(milestones), startup, float(pct)), params=params, root=root, raw=dict(data))
+                  pruner=Pruner(pname, tuple(milestones), startup, float(pct)), params=params, root=root, raw=dict(data),
+                  refill=refill is not False)
+    _need(refill is not True or space.setting("model.ppg") is None, where,
+          "refill: a PPG group holds one trial's seeds (its members carry no settings of their own), so its slots "
+          "cannot take another trial; set refill: false or leave it out")
     if "model.proximal_com" in params:
         _need(space.setting("model.decoupled") is True, where,
               "params.model.proximal_com: the EWMA is the decoupled objective's anchor; set model.decoupled: true "
