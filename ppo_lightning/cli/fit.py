@@ -20,6 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
+import jsonargparse
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
@@ -440,6 +441,8 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
     args = resolve_config_args(list(sys.argv[1:] if args is None else args))
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     quiet_library_notices()
+    # --help shows each loss setting's meaning: the attribute docstrings of ppo_lightning.algos.loss.LossSettings
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
     return PPOCLI(
         PPOLightningModule,
         RolloutDataModule,

@@ -1,7 +1,8 @@
 """The LightningModule: owns the actor-critic; one training step is one minibatch, one optimizer step.
 
 A PPO iteration is one Lightning epoch (see `ppo_lightning.data.datamodule`). Per-step diagnostics are kept
-as one stacked tensor per step and logged once per iteration, so the hot path does no logging.
+by name (the loss's output entries, one tensor each per step) and logged once per iteration, so the hot
+path does no logging.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.data import parallel
 from ppo_lightning.core.faults import NumericalGuard, finite_mean
-from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, PPOFamilyLoss, check_loss_output, check_loss_settings
+from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, LossSettings, PPOFamilyLoss, check_loss_output
 from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
 from ppo_lightning.training.precision import take_precision_aliases
 from ppo_lightning.algos import ppg as ppg_lib
@@ -56,20 +57,12 @@ class PPOLightningModule(pl.LightningModule):
         network: ``{"name": "mlp", "hidden_sizes": [64, 64], "activation": "tanh",
             "shared_trunk": False}`` or ``{"name": "impala_cnn", ...}``; ``arch`` ("dual", "shared",
             "detach") and ``aux_value_head`` select PPG's layouts (`ppo_lightning.nets.models.resolve_arch`).
-        objective: "clip", "kl", "adaptive_kl", another name registered in
-            `ppo_lightning.algos.registry`, or a function's import path (``my_pkg.variants.clip_higher``).
-        objective_args: the objective's own settings (keyword arguments of its function), e.g.
-            ``{eps_high: 0.28}``; saved with the other hyperparameters (a resume keeps them).
         loss: the loss module's factory, ``{class_path: ..., init_args: {...}}``: a subclass of
             `ppo_lightning.algos.loss.PPOFamilyLoss` (e.g. one overriding ``surrogate``), built by
-            `make_loss` with the loss settings below and its ``init_args``. None: ``PPOFamilyLoss``.
-        decoupled: decoupled objective (Hilton et al. 2021): behavior policy for importance
-            sampling, proximal policy as the anchor.
+            `make_loss` with the loss settings (``loss_settings``) and its ``init_args``. None: ``PPOFamilyLoss``.
         proximal_com: with ``decoupled``, keep the proximal policy as an EWMA of the weights with
             this center of mass in gradient steps (PPO-EWMA; the paper's default is 8). None: the
             proximal policy comes with the batch (staleness experiments) or equals the behavior one.
-        clip_eps, kl_beta, kl_target, max_importance_ratio: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
-        value_coef, entropy_coef, value_clip_eps, kl_form: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
         lr, adam_eps, adam_betas, optimizer: Adam (default) or SGD.
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
         proximal_precision: deprecated, as is ``network.precision``: the precision of every forward
@@ -105,6 +98,10 @@ class PPOLightningModule(pl.LightningModule):
             ``proximal_com``; null: the behavior policy is the member's anchor, i.e. PPO; needs
             ``decoupled``), ``clip_eps``, ``entropy_coef``, ``value_coef``, ``kl_beta`` (the loss's);
             ``advantage_norm_span``, ``gamma`` and ``gae_lambda`` are the data side's.
+        loss_settings: the loss settings, each ``model.<name>`` (`ppo_lightning.algos.loss.LossSettings`:
+            ``objective``, ``objective_args``, ``decoupled``, ``clip_eps``, ``kl_beta``, ``kl_target``,
+            ``max_importance_ratio``, ``value_coef``, ``entropy_coef``, ``value_clip_eps``, ``kl_form``;
+            the table in docs/guides/extending.md); saved with the other hyperparameters.
     """
 
     def __init__(
@@ -112,17 +109,7 @@ class PPOLightningModule(pl.LightningModule):
         observation_space: dict | None = None,
         action_space: dict | None = None,
         network: dict[str, Any] | None = None,
-        objective: str = "clip",
-        objective_args: dict[str, Any] | None = None,
-        decoupled: bool = False,
         proximal_com: float | None = None,
-        clip_eps: float = 0.2,
-        kl_beta: float = 1.0,
-        kl_target: float = 0.01,
-        max_importance_ratio: float | None = None,
-        value_coef: float = 0.5,
-        entropy_coef: float = 0.01,
-        value_clip_eps: float | None = None,
         lr: float = 5e-4,
         adam_eps: float = 1e-5,
         adam_betas: tuple[float, float] = (0.9, 0.999),
@@ -131,15 +118,16 @@ class PPOLightningModule(pl.LightningModule):
         proximal_precision: str | None = None,
         micro_batch_size: int | None = None,
         ppg: dict[str, Any] | None = None,
-        kl_form: str = "analytic",
         lr_schedule: str = "constant",
         max_bad_steps: int | None = 100,
         compile: bool | str = False,
         seeds: list[int] | None = None,
         member_hparams: dict[str, list] | None = None,
         loss: dict[str, Any] | None = None,
+        **loss_settings: Any,
     ) -> None:
         super().__init__()
+        settings = LossSettings(**loss_settings)  # model.objective, model.clip_eps, ... (checked)
         network = dict(network or {"name": "mlp"})
 
         take_precision_aliases({"network": network, "proximal_precision": proximal_precision})
@@ -148,17 +136,18 @@ class PPOLightningModule(pl.LightningModule):
         if ppg is not None:
             network = ppg_lib.ppg_network_config(network)
         # The hyperparameters are the init arguments of this class and of a subclass (its own
-        # settings then resume with --ckpt_path), normalized to plain values; a subclass's class path
-        # goes with them, so that the CLI rebuilds the same class from a checkpoint.
+        # settings then resume with --ckpt_path) and every loss setting, normalized to plain values; a
+        # subclass's class path goes with them, so that the CLI rebuilds the same class from a checkpoint.
         hparams = collect_init_args(inspect.currentframe(), [], classes=(pl.LightningModule,))
         hparams = {k: v for d in hparams for k, v in d.items() if k not in ("self", "__class__")}
+        hparams.update({name: getattr(settings, name) for name in LOSS_SETTINGS})
         hparams.update(
             network=network,
             ppg=ppg,
             adam_betas=tuple(float(b) for b in adam_betas),
             seeds=None if seeds is None else [int(s) for s in seeds],
             member_hparams=None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()},
-            objective_args=None if objective_args is None else _plain(objective_args),
+            objective_args=None if settings.objective_args is None else _plain(settings.objective_args),
             loss=None if loss is None else _plain(loss),
         )
         hparams.pop("proximal_precision", None)
@@ -172,6 +161,7 @@ class PPOLightningModule(pl.LightningModule):
             self.seed_group = SeedGroup(self, seeds, self.hparams.member_hparams)
             self.network = self.seed_group.network
         self.num_seeds = 1 if self.seed_group is None else self.seed_group.num_seeds
+        self.stat_shape = () if self.num_seeds == 1 else (self.num_seeds,)  # of each loss entry (per seed)
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
         self.loss_module = self.make_loss()
@@ -180,7 +170,7 @@ class PPOLightningModule(pl.LightningModule):
         self.proximal_source = None
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
         # the ProximalEWMAStep callback only says when to update it.
-        if decoupled and com is not None:
+        if settings.decoupled and com is not None:
             from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
             self.proximal_source = ProximalPolicyEWMA(com=com)
@@ -189,8 +179,10 @@ class PPOLightningModule(pl.LightningModule):
         # The update of a minibatch, one per algorithm (ppo_lightning.training.update).
         self.updater = PPOUpdate() if ppg is None else PPGUpdate()
         self.automatic_optimization = ppg is None
-        self._step_stats: list[torch.Tensor] = []
-        self._stat_names: list[str] | None = None
+        # This iteration's per-step diagnostics: one {entry name: tensor} per training step (the loss's
+        # output entries, detached; `step_stat` reads one across the steps).
+        self.step_stats: list[dict[str, torch.Tensor]] = []
+        self._output_checked = False  # the loss's output contract is checked on its first output
         self._fit_t0: float | None = None
         # Loggers get an iteration's metrics at most once per this many frames (and at the last
         # iteration); 0: every iteration. Set by the CLI's --log_every_frames: at c = 64 an iteration is
@@ -211,7 +203,6 @@ class PPOLightningModule(pl.LightningModule):
         h = self.hparams
         if h.observation_space is None or h.action_space is None:
             raise ValueError("model.observation_space and model.action_space are required (the CLI takes them from data)")
-        check_loss_settings(**self.loss_settings())
         for name, value in {"lr": h.lr, "adam_eps": h.adam_eps}.items():
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"model.{name} must be > 0, got {value!r}")
@@ -410,22 +401,20 @@ class PPOLightningModule(pl.LightningModule):
 
     def loss_and_stats(
         self, batch: TensorDictBase, terms: tuple[str, ...] = LOSS_TERMS
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of a (micro)batch (the sum of ``terms``: a scalar, or ``[S]`` per seed of a seed
-        group) and its diagnostics stacked in ``self._stat_names`` order (``[K]``, or ``[K, S]``)."""
+        group) and its diagnostics by name: every entry of the loss's output, detached, as float32."""
         if self.loss_module.decoupled:
             batch = self.add_proximal(batch)
         out = self.loss_module(batch)
-        shape = () if self.num_seeds == 1 else (self.num_seeds,)  # a group's entries are per seed
-        if self._stat_names is None:
-            check_loss_output(out, *shape)
-            self._stat_names = list(out.keys())
-        stats = [out[k].detach().float() for k in self._stat_names]
-        return sum(out[k] for k in terms), torch.stack([s.expand(shape) for s in stats] if shape else stats)
+        if not self._output_checked:
+            check_loss_output(out, *self.stat_shape)
+            self._output_checked = True
+        return sum(out[k] for k in terms), {k: v.detach().float() for k, v in out.items()}
 
-    def record_step(self, stats: torch.Tensor) -> None:
-        """Keep one training step's diagnostics (``_stat_names`` order) for the iteration's metrics."""
-        self._step_stats.append(stats)
+    def record_step(self, stats: dict[str, torch.Tensor]) -> None:
+        """Keep one training step's diagnostics (by name) for the iteration's metrics."""
+        self.step_stats.append(stats)
 
     def on_train_start(self) -> None:
         self._fit_t0 = time.perf_counter()
@@ -434,7 +423,7 @@ class PPOLightningModule(pl.LightningModule):
         self.updater.on_train_start(self)
 
     def on_train_epoch_start(self) -> None:
-        self._step_stats = []
+        self.step_stats = []
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self.compiled is not None:
@@ -472,14 +461,14 @@ class PPOLightningModule(pl.LightningModule):
         """The iteration's means of the per-step diagnostics over the steps with finite ones (skipped
         steps have non-finite ones), and the adaptive KL beta's update: once per iteration, on the mean
         KL of the last update epoch (all ranks'); a NaN never reaches beta. A group's are per seed."""
-        if not self._step_stats:
+        if not self.step_stats:
             return {}
         S, out = self.num_seeds, {}
-        stats = torch.stack(self._step_stats).reshape(len(self._step_stats), len(self._stat_names), S)
-        kl = stats[-getattr(dm, "num_minibatches", len(self._step_stats)):, self._stat_names.index("kl_anchor")]
+        stats = {name: self.step_stat(name).reshape(len(self.step_stats), S) for name in self.step_stats[0]}
+        kl = stats["kl_anchor"][-getattr(dm, "num_minibatches", len(self.step_stats)):]
         for k in range(S):
             prefix = "" if S == 1 else f"seed{k}/"
-            out.update({f"{prefix}train/{name}": finite_mean(stats[:, i, k]) for i, name in enumerate(self._stat_names)})
+            out.update({f"{prefix}train/{name}": finite_mean(values[:, k]) for name, values in stats.items()})
             if S == 1 or self.loss_module.objective_spec.adaptive_beta:
                 mean_kl = parallel.mean_over_ranks(self, finite_mean(kl[:, k]))
                 out[f"{prefix}train/kl_anchor_last_epoch"] = mean_kl
@@ -494,8 +483,8 @@ class PPOLightningModule(pl.LightningModule):
     # ------------------------------------------------------------------ per-iteration metrics
     def step_stat(self, name: str) -> torch.Tensor:
         """This iteration's per-step values of the loss's diagnostic ``name``: ``[steps]``, or
-        ``[steps, S]`` for a seed group (every step's diagnostics are stacked in ``_stat_names`` order)."""
-        return torch.stack(self._step_stats)[:, self._stat_names.index(name)]
+        ``[steps, S]`` for a seed group (a scalar entry counts for every seed)."""
+        return torch.stack([stats[name].expand(self.stat_shape) for stats in self.step_stats])
 
     def record_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics (from callbacks) to this iteration's batch, published at the iteration's end."""
