@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.parsing import collect_init_args
 from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.data import parallel
-from ppo_lightning.core.faults import NumericalGuard, finite_mean
+from ppo_lightning.core.faults import finite_mean
 from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, LossSettings, PPOFamilyLoss, check_loss_output
 from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
 from ppo_lightning.training.precision import take_precision_aliases
@@ -29,7 +29,7 @@ from ppo_lightning.algos.schedules import LR_SCHEDULES
 from ppo_lightning.algos.schedules import make_lr_scheduler
 from ppo_lightning.interop.export import load_pretrained_weights
 from ppo_lightning.training.compiled import validate_compile
-from ppo_lightning.training.seed_group import SeedGroup, SeedGroupGuard, validate_seed_group
+from ppo_lightning.training.seed_group import seed_axis, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
 from ppo_lightning.algos.proximal import ProximalEWMAStep
 from ppo_lightning.training.update import PPGUpdate, PPOUpdate
@@ -156,17 +156,17 @@ class PPOLightningModule(pl.LightningModule):
         self.save_hyperparameters(hparams)
         self.validate_config()
         self.network = build_network(observation_space, action_space, network)
-        self.seed_group = None
-        if seeds is not None and len(seeds) > 1:  # vectorized seeds: one stacked network
-            self.seed_group = SeedGroup(self, seeds, self.hparams.member_hparams)
-            self.network = self.seed_group.network
-        self.num_seeds = 1 if self.seed_group is None else self.seed_group.num_seeds
-        self.stat_shape = () if self.num_seeds == 1 else (self.num_seeds,)  # of each loss entry (per seed)
+        # The seed axis (ppo_lightning.training.seed_group): a single run, or a vectorized seed group whose
+        # network stacks one copy per seed (and `seed_group` is that group).
+        self.seed_axis = seed_axis(self, seeds, self.hparams.member_hparams)
+        self.seed_group = self.seed_axis.group
+        self.network = self.seed_axis.stacked(self.network)
+        self.num_seeds, self.stat_shape = self.seed_axis.num_seeds, self.seed_axis.stat_shape
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
         self.loss_module = self.make_loss()
         self.param_keys = dist_param_keys(action_space)
-        com = proximal_com if self.seed_group is None else self.seed_group.proximal_com(proximal_com)
+        com = self.seed_axis.proximal_com(proximal_com)  # a group's members may have their own
         self.proximal_source = None
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
         # the ProximalEWMAStep callback only says when to update it.
@@ -193,8 +193,7 @@ class PPOLightningModule(pl.LightningModule):
         self._recorded: dict[str, float] = {}
         self._fit_frames0 = 0
         # Skips non-finite steps (a group: per seed), stops after max_bad_steps in a row.
-        self.numerical_guard = (NumericalGuard(max_bad_steps) if self.seed_group is None
-                                else SeedGroupGuard(self.num_seeds, max_bad_steps))
+        self.numerical_guard = self.seed_axis.make_guard(max_bad_steps)
         self.compiled = None  # ppo_lightning.training.compiled.CompiledLoss when model.compile is on
 
     # ------------------------------------------------------------------ configuration
@@ -223,10 +222,7 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
         if h.get("compile", False) is not False:
             validate_compile(h.compile, ppg=h.get("ppg") is not None)
-        if h.get("seeds") is not None and len(h.seeds) > 1:
-            validate_seed_group(h, len(h.seeds))
-        elif h.get("member_hparams") is not None:
-            raise ValueError("model.member_hparams needs a seed group (data.num_seeds > 1, --seeds or data.member_seeds)")
+        validate_seed_group(h)
         if h.max_bad_steps is not None and not (isinstance(h.max_bad_steps, int) and h.max_bad_steps > 0):
             raise ValueError(f"model.max_bad_steps must be a positive integer or null, got {h.max_bad_steps!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
@@ -252,9 +248,8 @@ class PPOLightningModule(pl.LightningModule):
             except (ImportError, AttributeError, ValueError) as err:
                 raise ValueError(f"model.loss.class_path {spec['class_path']!r}: cannot import it ({err})") from None
         loss = cls(self.network, self.hparams.action_space, **self.loss_settings(),
-                   stacked_seeds=self.seed_group is not None, **(spec.get("init_args") or {}))
-        if self.seed_group is not None:
-            self.seed_group.configure_loss(loss)  # members' own anchors and loss settings
+                   stacked_seeds=self.seed_axis.stacked_seeds, **(spec.get("init_args") or {}))
+        self.seed_axis.configure_loss(loss)  # a group's members' own anchors and loss settings
         return loss
 
     def make_network(self) -> torch.nn.Module:
@@ -305,12 +300,11 @@ class PPOLightningModule(pl.LightningModule):
     def teardown(self, stage: str) -> None:
         if self.proximal_source is not None:
             self.proximal_source.stop()
-        if self.seed_group is not None:
-            self.seed_group.teardown(self)
+        self.seed_axis.teardown(self)
 
     def _checkpointed_parts(self) -> dict[str, Any]:
         """This module's optional parts that keep state in its checkpoint, by checkpoint key."""
-        parts = {"seed_runs": getattr(self.seed_group, "runs", None), "proximal_ewma": self.proximal_source,
+        parts = {"seed_runs": self.seed_axis.runs, "proximal_ewma": self.proximal_source,
                  "ppg": self.ppg_phases}
         return {key: part for key, part in parts.items() if part is not None}
 
@@ -342,12 +336,8 @@ class PPOLightningModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        h, params = self.hparams, list(self.network.parameters())
-        if self.seed_group is not None:  # the members' common or own lrs / betas
-            return self.seed_group.make_optimizer(h, params, self._fused(params))
-        if h.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=h.lr)
-        return torch.optim.Adam(params, lr=h.lr, eps=h.adam_eps, betas=h.adam_betas, fused=self._fused(params))
+        params = list(self.network.parameters())
+        return self.seed_axis.make_optimizer(self.hparams, params, self._fused(params))  # a group: members' own lrs
 
     def _fused(self, params: list) -> bool | None:
         """Whether Adam takes the fused kernel: one call per step instead of a Python loop over tensors
@@ -391,10 +381,8 @@ class PPOLightningModule(pl.LightningModule):
         self.updater.optimizer_step(self, optimizer, optimizer_closure)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        if self.seed_group is not None and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
-            self.seed_group.clip_grad_norm_(self.network.parameters(), gradient_clip_val)  # per seed
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if not self.seed_axis.clip_gradients(self, gradient_clip_val, gradient_clip_algorithm):  # a group: per seed
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
         self.updater.zero_grad(optimizer)
@@ -435,7 +423,6 @@ class PPOLightningModule(pl.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         dm = self.trainer.datamodule
-        group = self.seed_group
         metrics = self._train_metrics(dm)
         metrics.update(self.numerical_guard.metrics())
         if dm is not None and hasattr(dm, "iteration_metrics"):
@@ -451,11 +438,10 @@ class PPOLightningModule(pl.LightningModule):
         metrics.update(self._recorded)
         self._recorded = {}
         send = self._logging_due(dm)
-        if group is not None:  # "seed<k>/" names are seed k's; unprefixed, the seeds' mean
-            metrics = group.iteration_metrics(metrics)
-        self.publish_metrics(metrics, send)
-        if group is not None and send:
-            group.runs.publish(self, group.last_per_seed)  # each seed's own MLflow run
+        # a group's: "seed<k>/" names are seed k's, unprefixed the seeds' mean; each seed's own MLflow run
+        self.publish_metrics(self.seed_axis.iteration_metrics(metrics), send)
+        if send:
+            self.seed_axis.publish(self)
 
     def _train_metrics(self, dm) -> dict[str, float]:
         """The iteration's means of the per-step diagnostics over the steps with finite ones (skipped
