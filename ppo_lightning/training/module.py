@@ -127,6 +127,7 @@ class PPOLightningModule(pl.LightningModule):
         **loss_settings: Any,
     ) -> None:
         super().__init__()
+        loss_settings.pop("_class_path", None)  # a subclass's, given back by load_from_checkpoint
         settings = LossSettings(**loss_settings)  # model.objective, model.clip_eps, ... (checked)
         network = dict(network or {"name": "mlp"})
 

@@ -1,5 +1,9 @@
 """Vectorized seeds (``data.num_seeds`` / ``fit --seeds S``): S independent runs in one process.
 
+The module (`ppo_lightning.training.module`) holds a seed axis (`seed_axis`): a `SeedGroup`, or for a
+single run a `SingleRun`, a group of one with the same interface whose network, guard, optimizer,
+clipping and metrics are the plain ones; the module does not branch on which it has.
+
 The module's network becomes a `ppo_lightning.nets.seed_stack.SeedStack` of S networks, seed k's
 initialized exactly as a single run with seed ``seeds[k]`` initializes its own (the global
 generator seeded with it, then the network built); the generator's state right after is the state a
