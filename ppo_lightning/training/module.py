@@ -392,14 +392,18 @@ class PPOLightningModule(pl.LightningModule):
         self, batch: TensorDictBase, terms: tuple[str, ...] = LOSS_TERMS
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of a (micro)batch (the sum of ``terms``: a scalar, or ``[S]`` per seed of a seed
-        group) and its diagnostics by name: every entry of the loss's output, detached, as float32."""
+        group) and its diagnostics by name: every entry of the loss's output, detached, as float32
+        (``[S]`` in a seed group)."""
         if self.loss_module.decoupled:
             batch = self.add_proximal(batch)
         out = self.loss_module(batch)
         if not self._output_checked:
             check_loss_output(out, *self.stat_shape)
             self._output_checked = True
-        return sum(out[k] for k in terms), {k: v.detach().float() for k, v in out.items()}
+        stats = {k: v.detach().float() for k, v in out.items()}
+        if self.stat_shape:  # a seed group: a scalar entry counts for every seed
+            stats = {k: v.expand(self.stat_shape) for k, v in stats.items()}
+        return sum(out[k] for k in terms), stats
 
     def record_step(self, stats: dict[str, torch.Tensor]) -> None:
         """Keep one training step's diagnostics (by name) for the iteration's metrics."""
@@ -470,8 +474,8 @@ class PPOLightningModule(pl.LightningModule):
     # ------------------------------------------------------------------ per-iteration metrics
     def step_stat(self, name: str) -> torch.Tensor:
         """This iteration's per-step values of the loss's diagnostic ``name``: ``[steps]``, or
-        ``[steps, S]`` for a seed group (a scalar entry counts for every seed)."""
-        return torch.stack([stats[name].expand(self.stat_shape) for stats in self.step_stats])
+        ``[steps, S]`` for a seed group."""
+        return torch.stack([stats[name] for stats in self.step_stats])
 
     def record_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics (from callbacks) to this iteration's batch, published at the iteration's end."""
