@@ -214,3 +214,15 @@ def test_the_honesty_checks_can_fail():
     assert FIGURE.search("PPO ran at 11,521 frames/s") and FIGURE.search("3.4 ms per gradient step")
     assert not MACHINE.search("PPO ran at 11,521 frames/s") and MACHINE.search("AMD EPYC, AVX2 only")
     assert [m.group(1) for m in REPO_PATH.finditer("see `benchmarks/results/gone.txt`.")] == ["benchmarks/results/gone.txt"]
+
+
+def test_the_loss_settings_table_lists_every_setting_as_declared():
+    """docs/guides/extending.md's table of loss settings is `settings_table` (from `LossSettings`):
+    every setting, its type, default and meaning."""
+    sys.path.insert(0, str(ROOT))
+    from ppo_lightning.algos.loss import LOSS_SETTINGS, settings_table
+
+    page = (ROOT / "docs/guides/extending.md").read_text()
+    found = re.search(r"<!-- loss-settings: [^\n]*-->\n(.*?)<!-- /loss-settings -->", page, re.S)
+    assert found and found.group(1) == settings_table(), f"regenerate the table:\n{settings_table()}"
+    assert all(f"| `model.{name}` |" in found.group(1) for name in LOSS_SETTINGS)

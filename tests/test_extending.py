@@ -1,6 +1,5 @@
 """docs/guides/extending.md, run: its code blocks are the user's module, trained through the CLI."""
 
-import inspect
 import re
 import sys
 from pathlib import Path
@@ -110,9 +109,20 @@ def test_unknown_objectives_and_settings_are_one_line_errors(tmp_path, capsys, o
 
 
 def test_loss_settings_are_the_modules_by_name_and_default():
-    module = inspect.signature(PPOLightningModule.__init__).parameters
+    """Declared once (`LossSettings`): the command line's parser takes each as ``--model.<name>`` with its
+    default (through the module's ``**loss_settings``), the hyperparameters hold every one, the loss gets them."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(PPOLightningModule, "model")
+    cfg = parser.parse_args(["--model", "PPOLightningModule", "--model.clip_eps", "0.1"]).model.init_args
+    model = PPOLightningModule({"shape": [4], "dtype": "float32"}, {"type": "discrete", "n": 2}, clip_eps=0.1)
     for name, default in LOSS_SETTINGS.items():
-        assert name in module and module[name].default == default, name
+        expected = 0.1 if name == "clip_eps" else default
+        assert cfg[name] == expected and model.hparams[name] == expected, name
+    assert model.loss_module.clip_eps == 0.1 and model.loss_module.kl_form == LOSS_SETTINGS["kl_form"]
+    with pytest.raises(ValueError, match="model.clip_eps must be > 0"):
+        PPOLightningModule({"shape": [4], "dtype": "float32"}, {"type": "discrete", "n": 2}, clip_eps=-1.0)
 
 
 def test_a_checkpoint_from_before_the_registry_resumes(tmp_path):

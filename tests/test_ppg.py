@@ -32,7 +32,7 @@ class StepLog(pl.Callback):
             "prox": None if src is None else vec(src.proximal.parameters()),
             "ewma_weight": None if src is None else src.weight,
             "net": vec(pl_module.network.parameters()),
-            "aux_kl": float(phases._aux_stats[-1][1]) if outputs["ppg_phase"] == "aux" else None,
+            "aux_kl": float(phases.aux_stats[-1]["pol_distance"]) if outputs["ppg_phase"] == "aux" else None,
         })
 
 

@@ -156,8 +156,7 @@ class _DM:
 
 class _M:
     hparams = {"objective": "clip"}
-    _stat_names = ["clip_fraction"]
-    _step_stats = [torch.tensor([0.5])]
+    step_stats = [{"clip_fraction": torch.tensor([0.5])}]
 
     def __init__(self):
         self.logged = {}
@@ -219,8 +218,7 @@ def test_diagnostics_warm_up_over_frames_not_iterations(scale):
 
     class M:
         hparams = {"objective": "clip"}
-        _stat_names = ["clip_fraction"]
-        _step_stats = [torch.tensor([0.0])]  # the clipping never acts
+        step_stats = [{"clip_fraction": torch.tensor([0.0])}]  # the clipping never acts
 
         def log_dict(self, d, **kw):
             pass

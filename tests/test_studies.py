@@ -89,6 +89,40 @@ def test_tost_on_cases_with_a_known_answer():
     assert tost(a, a + 2.0, 1.0) > 0.99  # far outside
 
 
+def test_noninferiority_on_cases_with_a_known_answer():
+    from scipy.stats import t, ttest_ind
+
+    from ppo_lightning.studies.analysis import noninferiority
+
+    a = np.array([0.0, 0.1, 0.2, 0.3, 0.4])
+    b = a + 0.05  # d = -0.05, se = 0.1, dof 8 (as above)
+    for m in (0.02, 0.1, 0.3):
+        assert noninferiority(a, b, m) == pytest.approx(t.sf((-0.05 + m) / 0.1, 8), rel=1e-12)
+        assert noninferiority(a, b, m) == pytest.approx(ttest_ind(a + m, b, equal_var=False, alternative="greater").pvalue, rel=1e-9)
+    assert noninferiority(a, b, 0.05) == pytest.approx(0.5)  # a is worse by exactly the margin
+    assert noninferiority(a, a - 2.0, 0.01) < 1e-6            # far better: not worse, whatever the margin
+    assert noninferiority(a, a + 2.0, 1.0) > 0.99              # far worse
+    with pytest.raises(ValueError, match="margin"):
+        noninferiority(a, b, 0.0)
+
+
+def test_noninferiority_verdicts_and_its_margin_in_the_study_file(tmp_path):
+    from ppo_lightning.studies.analysis import compare
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.5, 0.02, (8, 2))
+    assert "not worse than b by 0.05" in compare(x, x + 0.01, test="noninferiority", margin=0.05, target=0.05)["verdict"]
+    assert "not shown within 0.05" in compare(x, x + 0.2, test="noninferiority", margin=0.05, target=0.05)["verdict"]
+    bad = tmp_path / "s.yaml"
+    bad.write_text("study: s\nbase: minatar/ppo\nenvs: [minatar:breakout]\nseeds: {count: 2}\nframes: 1000\n"
+                   "arms:\n- {name: a, label: A, fit: {model.lr: 0.001}}\n- {name: b, label: B, fit: {model.lr: 0.002}}\n"
+                   "comparisons:\n- {claim: a as good as b, a: a, b: b, test: noninferiority}\n")
+    from ppo_lightning.studies.spec import StudyError, load_study
+
+    with pytest.raises(StudyError, match=r"comparisons\[0\]\.margin: a non-inferiority test needs a positive margin"):
+        load_study(bad)
+
+
 def test_welch_interval_and_seed_count():
     from ppo_lightning.studies.analysis import seeds_needed, welch_diff_ci
 

@@ -76,11 +76,10 @@ class KLRecorder(pl.Callback):
         self.beta_before = float(pl_module.loss_module.kl_beta)
 
     def on_train_epoch_end(self, trainer, pl_module):  # callbacks run before the module's hook
-        names, stats = pl_module._stat_names, torch.stack(pl_module._step_stats)
+        kl = pl_module.step_stat("kl_anchor")
         per_epoch = trainer.datamodule.num_minibatches
-        self.rows.append({"before": self.beta_before,
-                          "kl_last_epoch": stats[-per_epoch:, names.index("kl_anchor")].mean().item(),
-                          "kl_all": stats[:, names.index("kl_anchor")].mean().item()})
+        self.rows.append({"before": self.beta_before, "kl_last_epoch": kl[-per_epoch:].mean().item(),
+                          "kl_all": kl.mean().item()})
 
     def on_train_end(self, trainer, pl_module):
         self.final_beta = float(pl_module.loss_module.kl_beta)

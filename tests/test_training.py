@@ -187,7 +187,7 @@ def test_micro_batches_give_the_same_update_as_whole_minibatches(objective):
                              enable_checkpointing=False, gradient_clip_val=0.05)
         trainer.fit(model, datamodule=dm)
         assert trainer.global_step == 4  # one iteration of 2 epochs x 2 minibatches, whatever the chunking
-        stats = dict(zip(model._stat_names, torch.stack(model._step_stats).mean(0).tolist()))
+        stats = {name: model.step_stat(name).mean().item() for name in model.step_stats[0]}
         results.append((torch.nn.utils.parameters_to_vector(model.network.parameters()).detach(),
                         torch.nn.utils.parameters_to_vector(model.proximal_source.proximal.parameters()), stats))
     (w0, p0, s0), (w1, p1, s1) = results

@@ -20,9 +20,9 @@ scalar is taken as every seed's).
 
 from __future__ import annotations
 
-import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -65,47 +65,84 @@ def check_loss_output(out, num_seeds: int | None = None) -> None:
             raise ValueError(f"the loss module's entry {key!r} has shape {list(shape)}, not {want}")
 
 
-def check_loss_settings(objective: str = "clip", objective_args: dict | None = None, clip_eps: float = 0.2,
-                        kl_beta: float = 1.0, kl_target: float = 0.01, max_importance_ratio: float | None = None,
-                        value_coef: float = 0.5, entropy_coef: float = 0.01, value_clip_eps: float | None = None,
-                        kl_form: str = "analytic", **_) -> None:
-    """One-line errors naming ``model.<setting>`` for invalid loss settings (the loss and the module call it)."""
-    get_objective(objective).check_args(objective_args)
-    for name, value in {"clip_eps": clip_eps, "kl_target": kl_target}.items():
-        if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-            raise ValueError(f"model.{name} must be > 0, got {value!r}")
-    for name, value in {"kl_beta": kl_beta, "value_coef": value_coef, "entropy_coef": entropy_coef}.items():
-        if value < 0:
-            raise ValueError(f"model.{name} must be >= 0, got {value!r}")
-    if max_importance_ratio is not None and max_importance_ratio <= 1:
-        raise ValueError(f"model.max_importance_ratio must be > 1, got {max_importance_ratio}")
-    if value_clip_eps is not None and value_clip_eps <= 0:
-        raise ValueError(f"model.value_clip_eps must be > 0, got {value_clip_eps}")
-    if kl_form not in KL_FORMS:
-        raise ValueError(f"model.kl_form must be one of {KL_FORMS}, got {kl_form!r}")
+@dataclass
+class LossSettings:
+    """The settings of a PPO-family loss, each declared once here: its name (``model.<name>`` in YAML
+    and on the command line, and in the checkpoint's hyperparameters), type, default and meaning. The
+    loss (`PPOFamilyLoss`) and the module (`ppo_lightning.training.module.PPOLightningModule`) take
+    them as keyword arguments; `settings_table` writes the table of docs/guides/extending.md from them.
+    Building one checks the values (one-line errors naming ``model.<name>``)."""
+
+    objective: str = "clip"
+    """The surrogate: "clip", "kl" (fixed beta), "adaptive_kl" (beta adapted once per iteration), another
+    name registered in `ppo_lightning.algos.registry`, or a function's import path (``my_pkg.variants.fn``)."""
+    objective_args: dict[str, Any] | None = None
+    """The objective's own settings (keyword arguments of its function), e.g. ``{eps_high: 0.28}``."""
+    decoupled: bool = False
+    """The decoupled objective (Hilton et al. 2021): the behavior policy for importance sampling, the
+    proximal policy as the anchor of the clip / KL term (with ``model.proximal_com``: PPO-EWMA)."""
+    clip_eps: float = 0.2
+    """The clip range of the clipped surrogate (and of the clip fraction)."""
+    kl_beta: float = 1.0
+    """The KL coefficient of the "kl" objectives (adaptive_kl: its start)."""
+    kl_target: float = 0.01
+    """The target KL of adaptive_kl: beta halves below it / 1.5 and doubles above 1.5 times it."""
+    max_importance_ratio: float | None = None
+    """Cap of ``pi / pi_behav`` (the PPO-EWMA reference code's 100); null: no cap."""
+    value_coef: float = 0.5
+    """Coefficient of the L2 value loss."""
+    entropy_coef: float = 0.01
+    """Coefficient of the entropy bonus."""
+    value_clip_eps: float | None = None
+    """Clip the value around the behavior value (PPO2 baselines); null: off."""
+    kl_form: str = "analytic"
+    """The KL term of the "kl" objectives: "analytic" (exact KL between the anchor's and the current
+    distribution) or "sq_logratio" (the reference code's ``0.5 (log pi(a) - log pi_anchor(a))^2``)."""
+
+    def __post_init__(self) -> None:
+        get_objective(self.objective).check_args(self.objective_args)
+        for name in ("clip_eps", "kl_target"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"model.{name} must be > 0, got {value!r}")
+        for name in ("kl_beta", "value_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.max_importance_ratio is not None and self.max_importance_ratio <= 1:
+            raise ValueError(f"model.max_importance_ratio must be > 1, got {self.max_importance_ratio}")
+        if self.value_clip_eps is not None and self.value_clip_eps <= 0:
+            raise ValueError(f"model.value_clip_eps must be > 0, got {self.value_clip_eps}")
+        if self.kl_form not in KL_FORMS:
+            raise ValueError(f"model.kl_form must be one of {KL_FORMS}, got {self.kl_form!r}")
+
+
+# The loss settings by name, with their defaults (`LossSettings`).
+LOSS_SETTINGS: dict[str, Any] = {f.name: f.default for f in fields(LossSettings)}
+
+
+def settings_table() -> str:
+    """The loss settings as a Markdown table (name, type, default, meaning; members: whether a seed
+    group's members may each have their own), from `LossSettings`'s fields and their docstrings."""
+    import docstring_parser  # jsonargparse's; reads the attribute docstrings
+
+    docs = {p.arg_name: p.description for p in docstring_parser.parse_from_object(LossSettings).params}
+    rows = ["| setting | type | default | per member | meaning |", "|---|---|---|---|---|"]
+    for f in fields(LossSettings):
+        default = "null" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) else f.default
+        doc, kind = " ".join(docs[f.name].split()).replace("|", "\\|"), str(f.type).replace("|", "\\|")
+        rows.append(f"| `model.{f.name}` | `{kind}` | `{default}` | {'yes' if f.name in MEMBER_LOSS_SETTINGS else ''} | {doc} |")
+    return "\n".join(rows) + "\n"
 
 
 class PPOFamilyLoss(LossModule):
     """PPO losses of Schulman et al. (2017) and their decoupled forms (Hilton et al. 2021).
 
-    Its keyword settings (`LOSS_SETTINGS`) are the module's too (`ppo_lightning.training.module`), by
-    the same names and defaults.
-
     Args:
         network: an actor-critic whose ``forward(obs)`` returns ``(*dist_params, value)``.
         action_space: plain dict (see `ppo_lightning.nets.models`).
-        objective: a name of `ppo_lightning.algos.registry`: "clip", "kl" (fixed beta), "adaptive_kl"
-            (beta adapted once per iteration by `update_kl_beta`, never inside ``forward``), a
-            registered one, or a function's import path.
-        objective_args: the objective's own settings (keyword arguments of its function).
-        decoupled: use the proximal policy as the anchor of the clip / KL term and the behavior
-            policy for importance sampling.
-        clip_eps, kl_beta, kl_target, max_importance_ratio: see `ppo_lightning.algos.objectives`.
-        value_coef, entropy_coef: coefficients of the L2 value loss and the entropy bonus.
-        value_clip_eps: clip the value around the behavior value (PPO2 baselines); None = off.
-        kl_form: the KL term of the "kl" objectives: "analytic" (exact KL between the anchor's and
-            the current distribution) or "sq_logratio" (the PPO-EWMA reference code's
-            ``0.5 (log pi(a) - log pi_anchor(a))^2`` on the taken action).
+        settings: the loss settings, `LossSettings` (the module's ``model.<name>`` settings): the
+            objective (``adaptive_kl``'s beta is adapted once per iteration by `update_kl_beta`, never
+            inside ``forward``), the decoupled form, the clip range, coefficients and KL form.
         stacked_seeds: the inputs carry a leading seed dimension, ``[S, B]`` (vectorized seeds,
             `ppo_lightning.training.seed_group`): every reduction is over the samples of each seed,
             so each entry of the output is ``[S]``, seed k's own loss or diagnostic.
@@ -124,50 +161,32 @@ class PPOFamilyLoss(LossModule):
     default_keys = _AcceptedKeys
     default_value_estimator = None
 
-    def __init__(
-        self,
-        network: nn.Module,
-        action_space: dict,
-        *,
-        objective: str = "clip",
-        objective_args: dict | None = None,
-        decoupled: bool = False,
-        clip_eps: float = 0.2,
-        kl_beta: float = 1.0,
-        kl_target: float = 0.01,
-        max_importance_ratio: float | None = None,
-        value_coef: float = 0.5,
-        entropy_coef: float = 0.01,
-        value_clip_eps: float | None = None,
-        kl_form: str = "analytic",
-        stacked_seeds: bool = False,
-    ) -> None:
+    def __init__(self, network: nn.Module, action_space: dict, *, stacked_seeds: bool = False, **settings: Any) -> None:
         super().__init__()
-        if kl_form not in KL_FORMS:
-            raise ValueError(f"model.kl_form must be one of {KL_FORMS}, got {kl_form!r}")
-        self.kl_form = kl_form
-        self.objective_spec = get_objective(objective)
-        self.objective_args = self.objective_spec.check_args(objective_args)
+        settings = LossSettings(**settings)
+        self.kl_form = settings.kl_form
+        self.objective_spec = get_objective(settings.objective)
+        self.objective_args = self.objective_spec.check_args(settings.objective_args)
         # Not registered as a submodule: the LightningModule owns the network (one copy of the
         # weights in its state_dict, and FSDP wraps it there).
         self.__dict__["network"] = network
         self.action_space = action_space
         self.param_keys = dist_param_keys(action_space)
         self.objective = self.objective_spec.name
-        self.decoupled = decoupled
-        self.clip_eps = clip_eps
-        self.kl_target = kl_target
-        self.max_importance_ratio = max_importance_ratio
-        self.value_coef = value_coef
-        self.entropy_coef = entropy_coef
-        self.value_clip_eps = value_clip_eps
+        self.decoupled = settings.decoupled
+        self.clip_eps = settings.clip_eps
+        self.kl_target = settings.kl_target
+        self.max_importance_ratio = settings.max_importance_ratio
+        self.value_coef = settings.value_coef
+        self.entropy_coef = settings.entropy_coef
+        self.value_clip_eps = settings.value_clip_eps
         self.stacked_seeds = stacked_seeds
         # [S] bools of a group whose members have their own anchors (`ppo_lightning.training.seed_group`):
         # True where the anchor is the behavior policy (PPO members of a decoupled group); set by the module
         self.behavior_anchor: torch.Tensor | None = None
         # A buffer, so that the adapted beta is saved in (and restored from) the checkpoint; one per
         # seed of a vectorized group ([S], S of the stacked network: each seed's beta adapts to its own KL).
-        beta = torch.tensor(float(kl_beta), dtype=torch.float64)
+        beta = torch.tensor(float(settings.kl_beta), dtype=torch.float64)
         self.register_buffer("kl_beta", beta.expand(network.num_seeds).clone() if stacked_seeds else beta)
 
     def set_member_settings(self, values: dict[str, list]) -> None:
@@ -292,10 +311,3 @@ class PPOFamilyLoss(LossModule):
             )
         return out
 
-
-# The loss settings, in the loss's signature order: the module (`ppo_lightning.training.module`) takes
-# them by these names and defaults and passes them on (tests/test_extending.py checks both signatures).
-LOSS_SETTINGS: dict[str, object] = {
-    p.name: p.default for p in inspect.signature(PPOFamilyLoss.__init__).parameters.values()
-    if p.kind == p.KEYWORD_ONLY and p.name != "stacked_seeds"
-}

@@ -213,7 +213,7 @@ class PPGPhases:
         self.aux_ran = False  # this iteration ran an auxiliary phase
         self.last_step_phase: str | None = None
         self._old_ready = False
-        self._aux_stats: list[torch.Tensor] = []
+        self.aux_stats: list[dict[str, torch.Tensor]] = []  # this iteration's auxiliary steps', by name
         self._aux_t0: float | None = None
         self._aux_seconds = 0.0
         self.restart_pending = False  # resumed mid-phase: reset the EWMA at train start
@@ -317,8 +317,8 @@ class PPGPhases:
         pending, self.restart_pending = self.restart_pending, False
         return pending
 
-    def record_aux_stats(self, stats: torch.Tensor) -> None:
-        self._aux_stats.append(stats)
+    def record_aux_stats(self, stats: dict[str, torch.Tensor]) -> None:
+        self.aux_stats.append(stats)
 
     def finish_aux_phase(self) -> None:
         """Free the buffer; a new policy phase starts."""
@@ -330,9 +330,10 @@ class PPGPhases:
         if self._aux_t0 is not None:
             self._aux_seconds = time.perf_counter() - self._aux_t0
 
-    def aux_loss_and_stats(self, network, loss_module, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
-        """`ppg_auxiliary_loss` on an auxiliary (micro)batch; stats in `AUX_STATS` order. For a seed
-        group's ``[S, B]`` batch: the losses ``[S]`` (each seed's mean over its samples), stats ``[K, S]``."""
+    def aux_loss_and_stats(self, network, loss_module, batch: TensorDictBase
+                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """`ppg_auxiliary_loss` on an auxiliary (micro)batch and its `AUX_STATS` by name. For a seed
+        group's ``[S, B]`` batch: the losses ``[S]`` (each seed's mean over its samples), each stat ``[S]``."""
         cfg = self.cfg
         *params, value, aux_value = network.forward_aux(batch.get(OBS_KEY))
         old = [batch.get(OLD_PREFIX + k) for k in self.param_keys]
@@ -340,7 +341,7 @@ class PPGPhases:
         target = batch.get(TARGET_KEY).reshape(kl.shape)
         out = F.ppg_auxiliary_loss(kl, aux_value.reshape(kl.shape), value.reshape(kl.shape), target,
                                    cfg["beta_clone"], cfg["vf_true_weight"], dim=None if self.num_seeds is None else -1)
-        return out["loss"], torch.stack([out[k].detach().float() for k in AUX_STATS])
+        return out["loss"], {k: out[k].detach().float() for k in AUX_STATS}
 
     def iteration_metrics(self) -> dict[str, float]:
         """``ppg/phase`` (auxiliary phases completed), ``ppg/phase_iteration`` (policy iterations of
@@ -351,15 +352,16 @@ class PPGPhases:
             "ppg/aux_phase": float(self.aux_ran),
             "ppg/buffer_frames": float(sum(seg.numel() for seg in self.buffer)),
         }
-        if self._aux_stats:
-            means = torch.stack(self._aux_stats).mean(0).tolist()  # [stats] or, for a seed group, [stats][S]
+        if self.aux_stats:
+            # the steps' means, as [stats] or, for a seed group, [stats][S]
+            means = torch.stack([torch.stack([st[k] for k in AUX_STATS]) for st in self.aux_stats]).mean(0).tolist()
             if self.num_seeds is None:
                 out.update({f"ppg/aux_{k}": v for k, v in zip(AUX_STATS, means)})
             else:  # each seed's own (the group's metrics take "seed<k>/" names as that seed's)
                 out.update({f"seed{j}/ppg/aux_{k}": v[j] for k, v in zip(AUX_STATS, means) for j in range(self.num_seeds)})
-            out["ppg/aux_steps"] = float(len(self._aux_stats))
+            out["ppg/aux_steps"] = float(len(self.aux_stats))
             out["time/aux_phase_s"] = self._aux_seconds
-        self._aux_stats = []
+        self.aux_stats = []
         return out
 
     # -------------------------------------------------------------- checkpoint

@@ -13,13 +13,12 @@ the model.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
+import jsonargparse
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
@@ -82,11 +81,6 @@ class _TrainingStarted(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         global _TRAINING_STARTED
         _TRAINING_STARTED = True
-
-
-def default_run_dir(cfg, run_name: str) -> Path:
-    """``--run_dir``, else ``runs/<mlflow.experiment>/<run_name>``."""
-    return Path(cfg.run_dir or Path("runs") / cfg.mlflow.experiment / run_name)
 
 
 def fill_data_seed(cfg) -> None:
@@ -170,8 +164,10 @@ class PPOCLI(LightningCLI):
             report = scaling.apply_scale(cfg, cfg.scale, rules)
             print(scaling.format_scale_table(cfg.scale, rules, report), flush=True)
             self.scale_params = scaling.scale_params(cfg.scale, rules, report)
-            if cfg.get("ckpt_path"):
-                self._check_resumed_scaled_settings(cfg)
+            if cfg.get("ckpt_path"):  # the scaled settings must be the checkpoint's
+                from ppo_lightning.training.rescale import check_resumed_scaled_settings
+
+                check_resumed_scaled_settings(cfg.ckpt_path, model_config(cfg), cfg.scale)
         strategy = cfg.trainer.get("strategy")
         if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
             # sharded checkpoints written to a temporary folder and swapped in (never half-written)
@@ -197,11 +193,8 @@ class PPOCLI(LightningCLI):
         # Resuming (--ckpt_path) continues the checkpoint's MLflow run and run folder, unless
         # --mlflow.run_name asks for a new run.
         resumed = read_tracking_state(cfg.ckpt_path) if cfg.get("ckpt_path") and not cfg.mlflow.run_name else {}
-        from ppo_lightning.training.preemption import slurm_run_name
-
-        # under SLURM: named after the job, so that a requeued job finds its run folder again
-        run_name = cfg.mlflow.run_name or slurm_run_name() or time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(resumed["run_dir"]) if not cfg.run_dir and resumed.get("run_dir") else default_run_dir(cfg, run_name)
+        run_name = preemption.run_name(cfg.mlflow.run_name)
+        run_dir = preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, run_name, resumed.get("run_dir"))
         self.run_dir = run_dir
         if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -274,7 +267,7 @@ class PPOCLI(LightningCLI):
         """LightningCLI puts a checkpoint's model hyperparameters over the config's. Those of a run
         trained with ``--scale c`` are already scaled, and ``before_instantiate_classes`` would scale
         them a second time (lr / c, center of mass x c^2): with ``--scale``, the scaled keys keep the
-        command line's c = 1 values here, and `_check_resumed_scaled_settings` compares the result of
+        command line's c = 1 values here, and `ppo_lightning.training.rescale.check_resumed_scaled_settings` compares the result of
         scaling them with the checkpoint's after the scaling."""
         sub = self.config.get("subcommand")
         cfg = self.config[sub] if sub else None
@@ -286,34 +279,6 @@ class PPOCLI(LightningCLI):
         if keep is not None:
             for k, v in keep.items():
                 model_config(self.config[sub])[k] = v
-
-    @staticmethod
-    def _check_resumed_scaled_settings(cfg) -> None:
-        """With ``--ckpt_path`` and ``--scale``: the scaled settings must be the checkpoint's (a resume
-        continues the run it was; another c or base needs ``--rescale``'s record of the change)."""
-        from ppo_lightning.training.rescale import read_checkpoint_meta
-
-        saved = read_checkpoint_meta(cfg.ckpt_path).get("hyper_parameters") or {}
-        diffs = []
-        for key in ("lr", "proximal_com", "adam_betas"):
-            if key not in saved or key not in model_config(cfg):
-                continue
-            a, b = saved[key], model_config(cfg)[key]
-            same = (a is None) == (b is None) and (a is None or all(
-                math.isclose(float(x), float(y), rel_tol=1e-9) for x, y in zip(*(
-                    (list(v) if isinstance(v, (list, tuple)) else [v]) for v in (a, b)))))
-            if not same:
-                def show(v):
-                    return "null" if v is None else (f"{float(v):.4g}" if not isinstance(v, (list, tuple)) else
-                                                     "[" + ", ".join(f"{float(x):.4g}" for x in v) + "]")
-                diffs.append(f"model.{key} {show(a)} in the checkpoint, {show(b)} after --scale {cfg.scale:g}")
-        saved_n_pi = (saved.get("ppg") or {}).get("n_pi")
-        n_pi = (dict(model_config(cfg).get("ppg") or {})).get("n_pi")
-        if saved_n_pi is not None and n_pi is not None and int(saved_n_pi) != int(n_pi):
-            diffs.append(f"model.ppg.n_pi {saved_n_pi} in the checkpoint, {n_pi} after --scale {cfg.scale:g}")
-        if diffs:
-            raise ValueError(f"--ckpt_path {cfg.ckpt_path} was trained with other scaled settings ("
-                             + "; ".join(diffs) + "): resume with the first run's --scale and base values")
 
     def parse_arguments(self, parser, args) -> None:
         """``--print_config`` prints the config with the callbacks and logger the run would use
@@ -335,7 +300,7 @@ class PPOCLI(LightningCLI):
         sub = self.config["subcommand"]
         cfg = self.config[sub]
         fill_data_seed(cfg)
-        run_dir = default_run_dir(cfg, cfg.mlflow.run_name or "<time>")
+        run_dir = preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or "<time>")
         user_has_bar = any(_is_progress_bar(getattr(c, "class_path", "")) for c in cfg.trainer.get("callbacks") or [])
         logger = cfg.trainer.get("logger")
         entry = None
@@ -359,7 +324,7 @@ class PPOCLI(LightningCLI):
         name = slurm_run_name()
         if name is None:
             return None
-        found = find_resume_checkpoint(default_run_dir(cfg, cfg.mlflow.run_name or name))
+        found = find_resume_checkpoint(preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or name))
         if found is not None:
             restart = os.environ.get("SLURM_RESTART_COUNT")
             print(f"SLURM job {name[len('slurm-'):]}{f' (restart {restart})' if restart else ''}: resuming from {found}",
@@ -440,6 +405,8 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
     args = resolve_config_args(list(sys.argv[1:] if args is None else args))
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     quiet_library_notices()
+    # --help shows each loss setting's meaning: the attribute docstrings of ppo_lightning.algos.loss.LossSettings
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
     return PPOCLI(
         PPOLightningModule,
         RolloutDataModule,

@@ -8,6 +8,8 @@ sample-efficiency curves with bands; and a few formulas rliable does not have, w
   rliable offers only the bootstrap.
 - `tost`: two one-sided tests of equivalence within a margin (Schuirmann 1987) on the per-seed
   scores, with Welch's t. rliable has no hypothesis tests.
+- `noninferiority`: the one-sided test that arm a is worse than arm b by less than a margin (the
+  lower half of TOST), for "at least as good as" claims such as a tuned setting against a hand-picked one.
 - `seeds_needed`: the seeds per arm a CI of a target half-width needs (normal approximation).
 
 A seed's score on a metric is the mean over the comparison's environments of its normalized
@@ -71,24 +73,38 @@ def welch_diff_ci(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -
     return d, d - half, d + half
 
 
+def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """``(mean(a) - mean(b), its standard error, Welch's degrees of freedom)``."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = float(a.mean() - b.mean())
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if se > 0 else float("inf")
+    return d, se, dof
+
+
+def noninferiority(a: Sequence[float], b: Sequence[float], margin: float) -> float:
+    """p-value of the one-sided Welch test of H0: ``mean(a) - mean(b) <= -margin`` (a is worse than b
+    by the margin or more). Non-inferiority at level alpha when p < alpha, which is the lower bound of
+    the (1 - 2 alpha) Welch interval lying above ``-margin``."""
+    from scipy.stats import t
+
+    if margin <= 0:
+        raise ValueError(f"noninferiority: the margin must be > 0, got {margin}")
+    d, se, dof = _welch(a, b)
+    if se == 0:
+        return 0.0 if d > -margin else 1.0
+    return float(t.sf((d + margin) / se, dof))
+
+
 def tost(a: Sequence[float], b: Sequence[float], margin: float) -> float:
     """p-value of two one-sided tests that ``|mean(a) - mean(b)| < margin`` (Welch's t): the larger
     of the p-values of H0: d <= -margin and H0: d >= +margin. Equivalence at level alpha when
     p < alpha, which is the (1 - 2 alpha) Welch interval lying inside (-margin, +margin)."""
-    from scipy.stats import t
-
-    a, b = np.asarray(a, float), np.asarray(b, float)
     if margin <= 0:
         raise ValueError(f"tost: the margin must be > 0, got {margin}")
-    d = a.mean() - b.mean()
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return 0.0 if abs(d) < margin else 1.0
-    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    p_low = t.sf((d + margin) / se, dof)    # H0: d <= -margin
-    p_high = t.cdf((d - margin) / se, dof)  # H0: d >= +margin
-    return float(max(p_low, p_high))
+    # H0: d >= +margin is H0: (b - a) <= -margin
+    return max(noninferiority(a, b, margin), noninferiority(b, a, margin))
 
 
 def seeds_needed(sd: float, half_width: float, arms: int = 2) -> int:
@@ -278,6 +294,13 @@ def compare(x: np.ndarray, y: np.ndarray, *, test: str, margin: float | None, ta
             out["verdict"] = f"{sign} (not equal within ±{margin:g}: TOST p = {p:.2f})"
         else:
             out["verdict"] = f"not shown equal within ±{margin:g} (TOST p = {p:.2f})"
+    elif test == "noninferiority":
+        p = noninferiority(sx, sy, margin) if min(len(sx), len(sy)) > 1 else float("nan")
+        out["tost_p"] = p
+        if p < 0.05:
+            out["verdict"] = ("a > b, and " if sign == "a > b" else "") + f"a not worse than b by {margin:g} or more (one-sided p = {p:.3f})"
+        else:
+            out["verdict"] = ("a < b; " if sign == "a < b" else "") + f"not shown within {margin:g} of b or better (one-sided p = {p:.2f})"
     else:
         out["verdict"] = sign + ("" if sign != "no difference resolved" else
                                  f" (equal within ±{max(abs(lo), abs(hi)):.3f})" if out["resolved"] else " (CI wider than the target)")

@@ -17,6 +17,7 @@ arms:
 comparisons:
   - {claim: "PPO-EWMA learns faster than PPO", a: ppo_ewma, b: ppo, test: difference, metric: auc}
   - {claim: "PPG-EWMA equals PPG", a: ppg_ewma, b: ppg, test: equivalence, margin: 0.02, metric: [auc, final]}
+  - {claim: "tuned is as good as hand-picked", a: tuned, b: hand, test: noninferiority, margin: 0.05, metric: auc}
 records:                              # optional: committed records of the old driver, read as cells
   dir: experiments/results/minatar
   figure: ewma500k                    # <figure>_runs.csv / _curves.csv; an arm's rows are its name's
@@ -44,7 +45,7 @@ from ppo_lightning.core.configs import resolve_config
 
 SCORES = ("raw", "minatar", "minatar-500k")
 POOLABLE = ("cpu", "precision")
-TESTS = ("difference", "equivalence")
+TESTS = ("difference", "equivalence", "noninferiority")
 METRICS = ("auc", "final")
 # fit options outside the model / data / trainer / mlflow sections that an arm may set
 TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "seed_everything", "log_every_frames",
@@ -254,11 +255,12 @@ def parse_study(data: Any, path: Path) -> Study:
         test = c.get("test", "difference")
         _need(test in TESTS, where, f"{at}.test: one of {', '.join(TESTS)}, got {test!r}")
         margin = c.get("margin")
-        if test == "equivalence":
+        if test in ("equivalence", "noninferiority"):
+            what = "the largest difference that counts as equal" if test == "equivalence" else "how much worse a may be and still count"
             _need(isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin > 0 and math.isfinite(margin),
-                  where, f"{at}.margin: an equivalence needs a positive margin (the largest difference that counts as equal), got {margin!r}")
+                  where, f"{at}.margin: {'an equivalence' if test == 'equivalence' else 'a non-inferiority test'} needs a positive margin ({what}), got {margin!r}")
         else:
-            _need(margin is None, where, f"{at}.margin: only an equivalence has a margin")
+            _need(margin is None, where, f"{at}.margin: only an equivalence or a non-inferiority test has a margin")
         metrics = c.get("metric", "auc")
         metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics) if isinstance(metrics, list) else (metrics,)
         for m in metrics:

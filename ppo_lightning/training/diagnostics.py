@@ -109,11 +109,10 @@ class SmallBatchDiagnostics(Callback):
         warnings.warn(message, SmallBatchDiagnosticsWarning, stacklevel=2)
 
     def _iteration_clip_fraction(self, pl_module) -> float:
-        names, stats = getattr(pl_module, "_stat_names", None), getattr(pl_module, "_step_stats", None)
-        if not names or not stats or "clip_fraction" not in names:
+        stats = getattr(pl_module, "step_stats", None)
+        if not stats or "clip_fraction" not in stats[0]:
             return math.nan
-        i = names.index("clip_fraction")
-        return sum(float(s[i].mean()) for s in stats) / len(stats)  # a seed group: the mean over seeds
+        return sum(float(s["clip_fraction"].mean()) for s in stats) / len(stats)  # a seed group: the mean over seeds
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         adv = batch.get("advantage", None) if hasattr(batch, "get") else None

@@ -1,7 +1,8 @@
 """The LightningModule: owns the actor-critic; one training step is one minibatch, one optimizer step.
 
 A PPO iteration is one Lightning epoch (see `ppo_lightning.data.datamodule`). Per-step diagnostics are kept
-as one stacked tensor per step and logged once per iteration, so the hot path does no logging.
+by name (the loss's output entries, one tensor each per step) and logged once per iteration, so the hot
+path does no logging.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from lightning.pytorch.utilities.parsing import collect_init_args
 from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.data import parallel
-from ppo_lightning.core.faults import NumericalGuard, finite_mean
-from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, PPOFamilyLoss, check_loss_output, check_loss_settings
+from ppo_lightning.core.faults import finite_mean
+from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, LossSettings, PPOFamilyLoss, check_loss_output
 from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
 from ppo_lightning.training.precision import take_precision_aliases
 from ppo_lightning.algos import ppg as ppg_lib
@@ -28,7 +29,7 @@ from ppo_lightning.algos.schedules import LR_SCHEDULES
 from ppo_lightning.algos.schedules import make_lr_scheduler
 from ppo_lightning.interop.export import load_pretrained_weights
 from ppo_lightning.training.compiled import validate_compile
-from ppo_lightning.training.seed_group import SeedGroup, SeedGroupGuard, validate_seed_group
+from ppo_lightning.training.seed_group import seed_axis, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
 from ppo_lightning.algos.proximal import ProximalEWMAStep
 from ppo_lightning.training.update import PPGUpdate, PPOUpdate
@@ -56,20 +57,12 @@ class PPOLightningModule(pl.LightningModule):
         network: ``{"name": "mlp", "hidden_sizes": [64, 64], "activation": "tanh",
             "shared_trunk": False}`` or ``{"name": "impala_cnn", ...}``; ``arch`` ("dual", "shared",
             "detach") and ``aux_value_head`` select PPG's layouts (`ppo_lightning.nets.models.resolve_arch`).
-        objective: "clip", "kl", "adaptive_kl", another name registered in
-            `ppo_lightning.algos.registry`, or a function's import path (``my_pkg.variants.clip_higher``).
-        objective_args: the objective's own settings (keyword arguments of its function), e.g.
-            ``{eps_high: 0.28}``; saved with the other hyperparameters (a resume keeps them).
         loss: the loss module's factory, ``{class_path: ..., init_args: {...}}``: a subclass of
             `ppo_lightning.algos.loss.PPOFamilyLoss` (e.g. one overriding ``surrogate``), built by
-            `make_loss` with the loss settings below and its ``init_args``. None: ``PPOFamilyLoss``.
-        decoupled: decoupled objective (Hilton et al. 2021): behavior policy for importance
-            sampling, proximal policy as the anchor.
+            `make_loss` with the loss settings (``loss_settings``) and its ``init_args``. None: ``PPOFamilyLoss``.
         proximal_com: with ``decoupled``, keep the proximal policy as an EWMA of the weights with
             this center of mass in gradient steps (PPO-EWMA; the paper's default is 8). None: the
             proximal policy comes with the batch (staleness experiments) or equals the behavior one.
-        clip_eps, kl_beta, kl_target, max_importance_ratio: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
-        value_coef, entropy_coef, value_clip_eps, kl_form: see `ppo_lightning.algos.loss.PPOFamilyLoss`.
         lr, adam_eps, adam_betas, optimizer: Adam (default) or SGD.
         init_from: a Hugging Face folder exported by ``ppo-lightning export-hf`` to start from.
         proximal_precision: deprecated, as is ``network.precision``: the precision of every forward
@@ -105,6 +98,10 @@ class PPOLightningModule(pl.LightningModule):
             ``proximal_com``; null: the behavior policy is the member's anchor, i.e. PPO; needs
             ``decoupled``), ``clip_eps``, ``entropy_coef``, ``value_coef``, ``kl_beta`` (the loss's);
             ``advantage_norm_span``, ``gamma`` and ``gae_lambda`` are the data side's.
+        loss_settings: the loss settings, each ``model.<name>`` (`ppo_lightning.algos.loss.LossSettings`:
+            ``objective``, ``objective_args``, ``decoupled``, ``clip_eps``, ``kl_beta``, ``kl_target``,
+            ``max_importance_ratio``, ``value_coef``, ``entropy_coef``, ``value_clip_eps``, ``kl_form``;
+            the table in docs/guides/extending.md); saved with the other hyperparameters.
     """
 
     def __init__(
@@ -112,17 +109,7 @@ class PPOLightningModule(pl.LightningModule):
         observation_space: dict | None = None,
         action_space: dict | None = None,
         network: dict[str, Any] | None = None,
-        objective: str = "clip",
-        objective_args: dict[str, Any] | None = None,
-        decoupled: bool = False,
         proximal_com: float | None = None,
-        clip_eps: float = 0.2,
-        kl_beta: float = 1.0,
-        kl_target: float = 0.01,
-        max_importance_ratio: float | None = None,
-        value_coef: float = 0.5,
-        entropy_coef: float = 0.01,
-        value_clip_eps: float | None = None,
         lr: float = 5e-4,
         adam_eps: float = 1e-5,
         adam_betas: tuple[float, float] = (0.9, 0.999),
@@ -131,15 +118,17 @@ class PPOLightningModule(pl.LightningModule):
         proximal_precision: str | None = None,
         micro_batch_size: int | None = None,
         ppg: dict[str, Any] | None = None,
-        kl_form: str = "analytic",
         lr_schedule: str = "constant",
         max_bad_steps: int | None = 100,
         compile: bool | str = False,
         seeds: list[int] | None = None,
         member_hparams: dict[str, list] | None = None,
         loss: dict[str, Any] | None = None,
+        **loss_settings: Any,
     ) -> None:
         super().__init__()
+        loss_settings.pop("_class_path", None)  # a subclass's, given back by load_from_checkpoint
+        settings = LossSettings(**loss_settings)  # model.objective, model.clip_eps, ... (checked)
         network = dict(network or {"name": "mlp"})
 
         take_precision_aliases({"network": network, "proximal_precision": proximal_precision})
@@ -148,17 +137,18 @@ class PPOLightningModule(pl.LightningModule):
         if ppg is not None:
             network = ppg_lib.ppg_network_config(network)
         # The hyperparameters are the init arguments of this class and of a subclass (its own
-        # settings then resume with --ckpt_path), normalized to plain values; a subclass's class path
-        # goes with them, so that the CLI rebuilds the same class from a checkpoint.
+        # settings then resume with --ckpt_path) and every loss setting, normalized to plain values; a
+        # subclass's class path goes with them, so that the CLI rebuilds the same class from a checkpoint.
         hparams = collect_init_args(inspect.currentframe(), [], classes=(pl.LightningModule,))
         hparams = {k: v for d in hparams for k, v in d.items() if k not in ("self", "__class__")}
+        hparams.update({name: getattr(settings, name) for name in LOSS_SETTINGS})
         hparams.update(
             network=network,
             ppg=ppg,
             adam_betas=tuple(float(b) for b in adam_betas),
             seeds=None if seeds is None else [int(s) for s in seeds],
             member_hparams=None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()},
-            objective_args=None if objective_args is None else _plain(objective_args),
+            objective_args=None if settings.objective_args is None else _plain(settings.objective_args),
             loss=None if loss is None else _plain(loss),
         )
         hparams.pop("proximal_precision", None)
@@ -167,20 +157,21 @@ class PPOLightningModule(pl.LightningModule):
         self.save_hyperparameters(hparams)
         self.validate_config()
         self.network = build_network(observation_space, action_space, network)
-        self.seed_group = None
-        if seeds is not None and len(seeds) > 1:  # vectorized seeds: one stacked network
-            self.seed_group = SeedGroup(self, seeds, self.hparams.member_hparams)
-            self.network = self.seed_group.network
-        self.num_seeds = 1 if self.seed_group is None else self.seed_group.num_seeds
+        # The seed axis (ppo_lightning.training.seed_group): a single run, or a vectorized seed group whose
+        # network stacks one copy per seed (and `seed_group` is that group).
+        self.seed_axis = seed_axis(self, seeds, self.hparams.member_hparams)
+        self.seed_group = self.seed_axis.group
+        self.network = self.seed_axis.stacked(self.network)
+        self.num_seeds, self.stat_shape = self.seed_axis.num_seeds, self.seed_axis.stat_shape
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
         self.loss_module = self.make_loss()
         self.param_keys = dist_param_keys(action_space)
-        com = proximal_com if self.seed_group is None else self.seed_group.proximal_com(proximal_com)
+        com = self.seed_axis.proximal_com(proximal_com)  # a group's members may have their own
         self.proximal_source = None
         # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
         # the ProximalEWMAStep callback only says when to update it.
-        if decoupled and com is not None:
+        if settings.decoupled and com is not None:
             from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
             self.proximal_source = ProximalPolicyEWMA(com=com)
@@ -189,8 +180,10 @@ class PPOLightningModule(pl.LightningModule):
         # The update of a minibatch, one per algorithm (ppo_lightning.training.update).
         self.updater = PPOUpdate() if ppg is None else PPGUpdate()
         self.automatic_optimization = ppg is None
-        self._step_stats: list[torch.Tensor] = []
-        self._stat_names: list[str] | None = None
+        # This iteration's per-step diagnostics: one {entry name: tensor} per training step (the loss's
+        # output entries, detached; `step_stat` reads one across the steps).
+        self.step_stats: list[dict[str, torch.Tensor]] = []
+        self._output_checked = False  # the loss's output contract is checked on its first output
         self._fit_t0: float | None = None
         # Loggers get an iteration's metrics at most once per this many frames (and at the last
         # iteration); 0: every iteration. Set by the CLI's --log_every_frames: at c = 64 an iteration is
@@ -201,8 +194,7 @@ class PPOLightningModule(pl.LightningModule):
         self._recorded: dict[str, float] = {}
         self._fit_frames0 = 0
         # Skips non-finite steps (a group: per seed), stops after max_bad_steps in a row.
-        self.numerical_guard = (NumericalGuard(max_bad_steps) if self.seed_group is None
-                                else SeedGroupGuard(self.num_seeds, max_bad_steps))
+        self.numerical_guard = self.seed_axis.make_guard(max_bad_steps)
         self.compiled = None  # ppo_lightning.training.compiled.CompiledLoss when model.compile is on
 
     # ------------------------------------------------------------------ configuration
@@ -211,7 +203,6 @@ class PPOLightningModule(pl.LightningModule):
         h = self.hparams
         if h.observation_space is None or h.action_space is None:
             raise ValueError("model.observation_space and model.action_space are required (the CLI takes them from data)")
-        check_loss_settings(**self.loss_settings())
         for name, value in {"lr": h.lr, "adam_eps": h.adam_eps}.items():
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"model.{name} must be > 0, got {value!r}")
@@ -232,10 +223,7 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
         if h.get("compile", False) is not False:
             validate_compile(h.compile, ppg=h.get("ppg") is not None)
-        if h.get("seeds") is not None and len(h.seeds) > 1:
-            validate_seed_group(h, len(h.seeds))
-        elif h.get("member_hparams") is not None:
-            raise ValueError("model.member_hparams needs a seed group (data.num_seeds > 1, --seeds or data.member_seeds)")
+        validate_seed_group(h)
         if h.max_bad_steps is not None and not (isinstance(h.max_bad_steps, int) and h.max_bad_steps > 0):
             raise ValueError(f"model.max_bad_steps must be a positive integer or null, got {h.max_bad_steps!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
@@ -261,9 +249,8 @@ class PPOLightningModule(pl.LightningModule):
             except (ImportError, AttributeError, ValueError) as err:
                 raise ValueError(f"model.loss.class_path {spec['class_path']!r}: cannot import it ({err})") from None
         loss = cls(self.network, self.hparams.action_space, **self.loss_settings(),
-                   stacked_seeds=self.seed_group is not None, **(spec.get("init_args") or {}))
-        if self.seed_group is not None:
-            self.seed_group.configure_loss(loss)  # members' own anchors and loss settings
+                   stacked_seeds=self.seed_axis.stacked_seeds, **(spec.get("init_args") or {}))
+        self.seed_axis.configure_loss(loss)  # a group's members' own anchors and loss settings
         return loss
 
     def make_network(self) -> torch.nn.Module:
@@ -314,12 +301,11 @@ class PPOLightningModule(pl.LightningModule):
     def teardown(self, stage: str) -> None:
         if self.proximal_source is not None:
             self.proximal_source.stop()
-        if self.seed_group is not None:
-            self.seed_group.teardown(self)
+        self.seed_axis.teardown(self)
 
     def _checkpointed_parts(self) -> dict[str, Any]:
         """This module's optional parts that keep state in its checkpoint, by checkpoint key."""
-        parts = {"seed_runs": getattr(self.seed_group, "runs", None), "proximal_ewma": self.proximal_source,
+        parts = {"seed_runs": self.seed_axis.runs, "proximal_ewma": self.proximal_source,
                  "ppg": self.ppg_phases}
         return {key: part for key, part in parts.items() if part is not None}
 
@@ -351,12 +337,8 @@ class PPOLightningModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        h, params = self.hparams, list(self.network.parameters())
-        if self.seed_group is not None:  # the members' common or own lrs / betas
-            return self.seed_group.make_optimizer(h, params, self._fused(params))
-        if h.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=h.lr)
-        return torch.optim.Adam(params, lr=h.lr, eps=h.adam_eps, betas=h.adam_betas, fused=self._fused(params))
+        params = list(self.network.parameters())
+        return self.seed_axis.make_optimizer(self.hparams, params, self._fused(params))  # a group: members' own lrs
 
     def _fused(self, params: list) -> bool | None:
         """Whether Adam takes the fused kernel: one call per step instead of a Python loop over tensors
@@ -400,32 +382,32 @@ class PPOLightningModule(pl.LightningModule):
         self.updater.optimizer_step(self, optimizer, optimizer_closure)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        if self.seed_group is not None and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
-            self.seed_group.clip_grad_norm_(self.network.parameters(), gradient_clip_val)  # per seed
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if not self.seed_axis.clip_gradients(self, gradient_clip_val, gradient_clip_algorithm):  # a group: per seed
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
         self.updater.zero_grad(optimizer)
 
     def loss_and_stats(
         self, batch: TensorDictBase, terms: tuple[str, ...] = LOSS_TERMS
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of a (micro)batch (the sum of ``terms``: a scalar, or ``[S]`` per seed of a seed
-        group) and its diagnostics stacked in ``self._stat_names`` order (``[K]``, or ``[K, S]``)."""
+        group) and its diagnostics by name: every entry of the loss's output, detached, as float32
+        (``[S]`` in a seed group)."""
         if self.loss_module.decoupled:
             batch = self.add_proximal(batch)
         out = self.loss_module(batch)
-        shape = () if self.num_seeds == 1 else (self.num_seeds,)  # a group's entries are per seed
-        if self._stat_names is None:
-            check_loss_output(out, *shape)
-            self._stat_names = list(out.keys())
-        stats = [out[k].detach().float() for k in self._stat_names]
-        return sum(out[k] for k in terms), torch.stack([s.expand(shape) for s in stats] if shape else stats)
+        if not self._output_checked:
+            check_loss_output(out, *self.stat_shape)
+            self._output_checked = True
+        stats = {k: v.detach().float() for k, v in out.items()}
+        if self.stat_shape:  # a seed group: a scalar entry counts for every seed
+            stats = {k: v.expand(self.stat_shape) for k, v in stats.items()}
+        return sum(out[k] for k in terms), stats
 
-    def record_step(self, stats: torch.Tensor) -> None:
-        """Keep one training step's diagnostics (``_stat_names`` order) for the iteration's metrics."""
-        self._step_stats.append(stats)
+    def record_step(self, stats: dict[str, torch.Tensor]) -> None:
+        """Keep one training step's diagnostics (by name) for the iteration's metrics."""
+        self.step_stats.append(stats)
 
     def on_train_start(self) -> None:
         self._fit_t0 = time.perf_counter()
@@ -434,7 +416,7 @@ class PPOLightningModule(pl.LightningModule):
         self.updater.on_train_start(self)
 
     def on_train_epoch_start(self) -> None:
-        self._step_stats = []
+        self.step_stats = []
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self.compiled is not None:
@@ -446,7 +428,6 @@ class PPOLightningModule(pl.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         dm = self.trainer.datamodule
-        group = self.seed_group
         metrics = self._train_metrics(dm)
         metrics.update(self.numerical_guard.metrics())
         if dm is not None and hasattr(dm, "iteration_metrics"):
@@ -462,24 +443,23 @@ class PPOLightningModule(pl.LightningModule):
         metrics.update(self._recorded)
         self._recorded = {}
         send = self._logging_due(dm)
-        if group is not None:  # "seed<k>/" names are seed k's; unprefixed, the seeds' mean
-            metrics = group.iteration_metrics(metrics)
-        self.publish_metrics(metrics, send)
-        if group is not None and send:
-            group.runs.publish(self, group.last_per_seed)  # each seed's own MLflow run
+        # a group's: "seed<k>/" names are seed k's, unprefixed the seeds' mean; each seed's own MLflow run
+        self.publish_metrics(self.seed_axis.iteration_metrics(metrics), send)
+        if send:
+            self.seed_axis.publish(self)
 
     def _train_metrics(self, dm) -> dict[str, float]:
         """The iteration's means of the per-step diagnostics over the steps with finite ones (skipped
         steps have non-finite ones), and the adaptive KL beta's update: once per iteration, on the mean
         KL of the last update epoch (all ranks'); a NaN never reaches beta. A group's are per seed."""
-        if not self._step_stats:
+        if not self.step_stats:
             return {}
         S, out = self.num_seeds, {}
-        stats = torch.stack(self._step_stats).reshape(len(self._step_stats), len(self._stat_names), S)
-        kl = stats[-getattr(dm, "num_minibatches", len(self._step_stats)):, self._stat_names.index("kl_anchor")]
+        stats = {name: self.step_stat(name).reshape(len(self.step_stats), S) for name in self.step_stats[0]}
+        kl = stats["kl_anchor"][-getattr(dm, "num_minibatches", len(self.step_stats)):]
         for k in range(S):
             prefix = "" if S == 1 else f"seed{k}/"
-            out.update({f"{prefix}train/{name}": finite_mean(stats[:, i, k]) for i, name in enumerate(self._stat_names)})
+            out.update({f"{prefix}train/{name}": finite_mean(values[:, k]) for name, values in stats.items()})
             if S == 1 or self.loss_module.objective_spec.adaptive_beta:
                 mean_kl = parallel.mean_over_ranks(self, finite_mean(kl[:, k]))
                 out[f"{prefix}train/kl_anchor_last_epoch"] = mean_kl
@@ -494,8 +474,8 @@ class PPOLightningModule(pl.LightningModule):
     # ------------------------------------------------------------------ per-iteration metrics
     def step_stat(self, name: str) -> torch.Tensor:
         """This iteration's per-step values of the loss's diagnostic ``name``: ``[steps]``, or
-        ``[steps, S]`` for a seed group (every step's diagnostics are stacked in ``_stat_names`` order)."""
-        return torch.stack(self._step_stats)[:, self._stat_names.index(name)]
+        ``[steps, S]`` for a seed group."""
+        return torch.stack([stats[name] for stats in self.step_stats])
 
     def record_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics (from callbacks) to this iteration's batch, published at the iteration's end."""

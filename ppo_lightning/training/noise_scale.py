@@ -94,8 +94,7 @@ class GradientNoiseScale(Callback):
         if self._acc.k >= trainer.datamodule.num_minibatches:
             return
         # One row per seed: a vectorized seed group's parameters have a leading seed dimension.
-        seeds = getattr(getattr(pl_module, "seed_group", None), "num_seeds", None)
-        rows = seeds or 1
+        rows = getattr(pl_module, "num_seeds", 1)
         grads = [p.grad.detach().reshape(rows, -1) for p in pl_module.network.parameters() if p.grad is not None]
         if grads:
             self._acc.add(grads)
@@ -114,7 +113,7 @@ class GradientNoiseScale(Callback):
             grad_sq, trace = noise_scale_from_norms(small_sq[r], big_sq[r], k, trainer.datamodule.minibatch_size)
             self._sum_grad_sq[r] += grad_sq
             self._sum_trace[r] += trace
-            prefix = f"seed{r}/" if getattr(pl_module, "seed_group", None) is not None else ""
+            prefix = f"seed{r}/" if getattr(pl_module, "num_seeds", 1) > 1 else ""
             out.update({f"{prefix}noise/grad_sq": grad_sq, f"{prefix}noise/trace_cov": trace,
                         f"{prefix}noise/grad_sq_mean": self._sum_grad_sq[r] / self._n,
                         f"{prefix}noise/trace_cov_mean": self._sum_trace[r] / self._n})

@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -68,6 +69,18 @@ def slurm_run_name() -> str | None:
     """The default run name under SLURM: stable across requeues of the same job."""
     job = slurm_job_id()
     return None if job is None else f"slurm-{job}"
+
+
+def run_name(name: str | None = None) -> str:
+    """A run's name (MLflow's and its folder's): ``--mlflow.run_name``, else the SLURM job's (a requeued
+    job finds its folder again), else the time."""
+    return name or slurm_run_name() or time.strftime("%Y%m%d-%H%M%S")
+
+
+def run_folder(run_dir: str | Path | None, experiment: str, name: str, resumed_dir: str | Path | None = None) -> Path:
+    """A run's folder: ``--run_dir``; else the folder of the run a checkpoint resumes (``resumed_dir``:
+    its checkpoints are this run's); else ``runs/<experiment>/<name>``."""
+    return Path(run_dir or resumed_dir or Path("runs") / experiment / name)
 
 
 def find_resume_checkpoint(run_dir: str | Path) -> Path | None:

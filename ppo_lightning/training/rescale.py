@@ -20,6 +20,7 @@ are per rank and per batch shape). Runs with artificial staleness are refused.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +223,32 @@ def apply_settings(trainer, pl_module, settings: dict[str, Any], restart_ppg_pha
             phases.phase_iteration = 0
             phases.restart_pending = True  # the module resets the EWMA at its train start
 
+
+
+def check_resumed_scaled_settings(ckpt_path: str | Path, model, scale: float) -> None:
+    """With ``--ckpt_path`` and ``--scale``: the scaled settings (``model``: the model's config after
+    the scaling) must be the checkpoint's, a resume continuing the run it was; another c or base needs
+    ``--rescale``'s record of the change. One-line error naming the settings that differ."""
+    saved = read_checkpoint_meta(ckpt_path).get("hyper_parameters") or {}
+
+    def show(v):
+        return "null" if v is None else (f"{float(v):.4g}" if not isinstance(v, (list, tuple)) else
+                                         "[" + ", ".join(f"{float(x):.4g}" for x in v) + "]")
+
+    diffs = []
+    for key in ("lr", "proximal_com", "adam_betas"):
+        if key not in saved or key not in model:
+            continue
+        a, b = saved[key], model[key]
+        same = (a is None) == (b is None) and (a is None or all(
+            math.isclose(float(x), float(y), rel_tol=1e-9) for x, y in zip(*(
+                (list(v) if isinstance(v, (list, tuple)) else [v]) for v in (a, b)))))
+        if not same:
+            diffs.append(f"model.{key} {show(a)} in the checkpoint, {show(b)} after --scale {scale:g}")
+    saved_n_pi = (saved.get("ppg") or {}).get("n_pi")
+    n_pi = (dict(model.get("ppg") or {})).get("n_pi")
+    if saved_n_pi is not None and n_pi is not None and int(saved_n_pi) != int(n_pi):
+        diffs.append(f"model.ppg.n_pi {saved_n_pi} in the checkpoint, {n_pi} after --scale {scale:g}")
+    if diffs:
+        raise ValueError(f"--ckpt_path {ckpt_path} was trained with other scaled settings ("
+                         + "; ".join(diffs) + "): resume with the first run's --scale and base values")

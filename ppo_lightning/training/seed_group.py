@@ -1,5 +1,9 @@
 """Vectorized seeds (``data.num_seeds`` / ``fit --seeds S``): S independent runs in one process.
 
+The module (`ppo_lightning.training.module`) holds a seed axis (`seed_axis`): a `SeedGroup`, or for a
+single run a `SingleRun`, a group of one with the same interface whose network, guard, optimizer,
+clipping and metrics are the plain ones; the module does not branch on which it has.
+
 The module's network becomes a `ppo_lightning.nets.seed_stack.SeedStack` of S networks, seed k's
 initialized exactly as a single run with seed ``seeds[k]`` initializes its own (the global
 generator seeded with it, then the network built); the generator's state right after is the state a
@@ -53,15 +57,22 @@ from typing import Any
 
 import torch
 from ppo_lightning.algos.loss import MEMBER_LOSS_SETTINGS
-from ppo_lightning.core.faults import NumericalFault
+from ppo_lightning.core.faults import NumericalFault, NumericalGuard
 from ppo_lightning.data.seed_group import validate_member_hparams
 from ppo_lightning.nets.seed_stack import SeedStack
 from ppo_lightning.training.mlflow_sender import create_run
 from ppo_lightning.training.tracking import SafeMLFlowLogger
 
 
-def validate_seed_group(h, num_seeds: int) -> None:
-    """One-line errors for settings a seed group does not support (yet)."""
+def validate_seed_group(h) -> None:
+    """One-line errors for settings a seed group does not support (yet), and for member settings
+    without a group."""
+    num_seeds = len(h.get("seeds") or ())
+    members = h.get("member_hparams")
+    if num_seeds <= 1:
+        if members is not None:
+            raise ValueError("model.member_hparams needs a seed group (data.num_seeds > 1, --seeds or data.member_seeds)")
+        return
     refused = {
         "model.micro_batch_size": h.get("micro_batch_size") is not None,
         "model.compile": h.get("compile", False) is not False,
@@ -71,7 +82,6 @@ def validate_seed_group(h, num_seeds: int) -> None:
     for name, bad in refused.items():
         if bad:
             raise ValueError(f"data.num_seeds={num_seeds} (vectorized seeds) does not support {name} yet; run the seeds one by one")
-    members = h.get("member_hparams")
     if members is not None:
         validate_member_hparams(members, num_seeds)
         if h.get("ppg") is not None:
@@ -81,12 +91,72 @@ def validate_seed_group(h, num_seeds: int) -> None:
                              "null: the behavior policy)")
 
 
-class SeedGroup:
-    """The module-side state of a seed group."""
+def seed_axis(module, seeds: list[int] | None, member_hparams: dict[str, list] | None = None) -> "SingleRun":
+    """The module's seed axis: a `SeedGroup` for more than one seed, else a `SingleRun`."""
+    if seeds is not None and len(seeds) > 1:
+        return SeedGroup(module, seeds, member_hparams)
+    return SingleRun()
+
+
+def make_optimizer(h, params: list, fused: bool | None, lr: float | None = None,
+                   betas: tuple[float, float] | None = None) -> torch.optim.Optimizer:
+    """``model.optimizer`` over ``params``: SGD, or Adam (``fused``: the fused kernel is allowed), at
+    ``lr`` / ``betas`` (None: the model's)."""
+    lr = h.lr if lr is None else lr
+    if h.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    return torch.optim.Adam(params, lr=lr, eps=h.adam_eps, betas=h.adam_betas if betas is None else betas, fused=fused)
+
+
+class SingleRun:
+    """The seed axis of a single run: a group of one where the arithmetic is the same, so that the module
+    has one path. Its network, loss, optimizer, guard, clipping and metrics are the plain ones."""
+
+    num_seeds = 1
+    stat_shape: tuple[int, ...] = ()  # of each loss entry
+    stacked_seeds = False  # the loss's inputs carry no seed dimension
+    group = None  # the module's ``seed_group``: None
+    runs = None  # no member runs in the checkpoint
+
+    def stacked(self, network: torch.nn.Module) -> torch.nn.Module:
+        return network
+
+    def proximal_com(self, com: float | None) -> float | None:
+        return com
+
+    def make_guard(self, max_bad_steps: int | None) -> NumericalGuard:
+        return NumericalGuard(max_bad_steps)
+
+    def configure_loss(self, loss) -> None:
+        pass
+
+    def make_optimizer(self, h, params: list, fused: bool | None) -> torch.optim.Optimizer:
+        return make_optimizer(h, params, fused)
+
+    def clip_gradients(self, module, gradient_clip_val, gradient_clip_algorithm) -> bool:
+        """Whether the axis clipped the gradients itself (a single run: no, Lightning's clipping does)."""
+        return False
+
+    def iteration_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return metrics
+
+    def publish(self, module) -> None:
+        pass
+
+    def teardown(self, module) -> None:
+        pass
+
+
+class SeedGroup(SingleRun):
+    """The module-side state of a seed group: the seed axis of S seeds (`SingleRun`'s interface)."""
+
+    stacked_seeds = True
 
     def __init__(self, module, seeds: list[int], member_hparams: dict[str, list] | None = None) -> None:
         self.seeds = list(seeds)
         self.num_seeds = len(self.seeds)
+        self.stat_shape = (self.num_seeds,)  # every loss entry is per seed
+        self.group = self
         self.member_hparams = dict(member_hparams or {})
         lrs, betas = self.member_hparams.get("lr"), self.member_hparams.get("adam_betas")
         betas = None if betas is None else [tuple(float(b) for b in x) for x in betas]
@@ -111,21 +181,37 @@ class SeedGroup:
         self.last_per_seed: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- members' own hyperparameters
+    def stacked(self, network: torch.nn.Module) -> torch.nn.Module:
+        """The group's network (the seeds' networks stacked) in place of a single run's ``network``."""
+        return self.network
+
+    def make_guard(self, max_bad_steps: int | None) -> "SeedGroupGuard":
+        return SeedGroupGuard(self.num_seeds, max_bad_steps)
+
     def make_optimizer(self, h, params: list, fused: bool | None) -> torch.optim.Optimizer:
         """The group's optimizer over its stacked ``params``: at the members' common lr / betas (or the
         model's), or `MemberAdam` where members have their own (``fused``: the fused kernel is allowed)."""
-        lr = h.lr if self.lr is None else self.lr
-        betas = h.adam_betas if self.adam_betas is None else self.adam_betas
-        if h.optimizer == "sgd":
-            if self.adam_members is not None or self.adam_betas is not None:
-                raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need model.optimizer adam")
-            return torch.optim.SGD(params, lr=lr)
+        if h.optimizer == "sgd" and (self.adam_members is not None or self.adam_betas is not None):
+            raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need model.optimizer adam")
         if self.adam_members is None:
-            return torch.optim.Adam(params, lr=lr, eps=h.adam_eps, betas=betas, fused=fused)
+            return make_optimizer(h, params, fused, self.lr, self.adam_betas)
         if not fused:  # members' own lrs / betas: fused Adam per setting
             raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need the fused Adam: not "
                              "with trainer.gradient_clip_val under mixed precision")
+        lr = h.lr if self.lr is None else self.lr
+        betas = h.adam_betas if self.adam_betas is None else self.adam_betas
         return MemberAdam(params, *self.adam_members, lr=lr, eps=h.adam_eps, betas=betas)
+
+    def clip_gradients(self, module, gradient_clip_val, gradient_clip_algorithm) -> bool:
+        """Norm clipping per seed (`clip_grad_norm_`); other algorithms are Lightning's."""
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            self.clip_grad_norm_(module.network.parameters(), gradient_clip_val)
+            return True
+        return False
+
+    def publish(self, module) -> None:
+        """Each seed's metrics of the iteration to its own MLflow run."""
+        self.runs.publish(module, self.last_per_seed)
 
     def proximal_com(self, com: float | None) -> float | list[float] | None:
         """The EWMA's center of mass: the config's, or one per member (PPO members' EWMA is kept at 0,

@@ -31,26 +31,20 @@ from ppo_lightning.algos.ppg import PHASE_TERMS, PhaseBatch
 from ppo_lightning.data import parallel
 
 
-def combine_chunk_stats(chunk_stats: list[tuple[float, torch.Tensor]], names: list[str] | None) -> torch.Tensor:
-    """A minibatch's diagnostics from its chunks' ``(weight, stats)``: the size-weighted mean, and the
-    maximum for the entries of `ppo_lightning.algos.loss.MAX_ENTRIES` (on device: no host sync)."""
-    total = sum(w * st for w, st in chunk_stats)
-    if len(chunk_stats) > 1:
-        for name in MAX_ENTRIES:
-            if names is not None and name in names:
-                k = names.index(name)
-                total[k] = torch.stack([st[k] for _, st in chunk_stats]).max()
-    return total
+def combine_chunk_stats(chunk_stats: list[tuple[float, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
+    """A minibatch's diagnostics from its chunks' ``(weight, stats by name)``: the size-weighted mean,
+    and the maximum for the entries of `ppo_lightning.algos.loss.MAX_ENTRIES` (on device: no host sync)."""
+    return {name: torch.stack([st[name] for _, st in chunk_stats]).max() if name in MAX_ENTRIES
+            else sum(w * st[name] for w, st in chunk_stats) for name in chunk_stats[0][1]}
 
 
-def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward: Callable,
-               names: Callable[[], list[str] | None] = lambda: None, backward_last: bool = True
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward: Callable, backward_last: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Back-propagate ``loss_and_stats(chunk)`` over the minibatch's chunks of ``model.micro_batch_size``
     samples (one chunk without it), each loss weighted by its share of the minibatch, with
     ``backward``; the last chunk's too unless ``backward_last`` is False (Lightning's automatic
     optimization back-propagates the returned loss). Returns (the last chunk's weighted loss, the
-    minibatch's loss detached, the combined diagnostics; ``names()`` names their rows)."""
+    minibatch's loss detached, the combined diagnostics by name)."""
     n, m = batch.shape[0], module.hparams.micro_batch_size
     if m is None or m >= n:  # one chunk: the minibatch itself
         loss, stats = loss_and_stats(batch)
@@ -67,7 +61,7 @@ def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward
             backward(loss)
         chunk_stats.append((w, stats))
         total_loss = total_loss + loss.detach()
-    return loss, total_loss, combine_chunk_stats(chunk_stats, names())
+    return loss, total_loss, combine_chunk_stats(chunk_stats)
 
 
 def guarded_step(module, optimizer, loss: torch.Tensor | None, clip: float | None) -> None:
@@ -108,7 +102,7 @@ class PPOUpdate:
                 batch = module.add_proximal(batch)
         loss, total, stats = accumulate(module, batch, module.loss_and_stats,
                                         lambda chunk_loss: parallel.backward_chunk(module, chunk_loss),
-                                        lambda: module._stat_names, backward_last=False)
+                                        backward_last=False)
         self.losses = None if total.dim() == 0 else total  # a seed group's [S]: the guard's, per seed
         module.record_step(stats)
         return loss.sum()
@@ -198,8 +192,7 @@ class PPGUpdate:
             elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
                 data = module.add_proximal(data)
             terms = PHASE_TERMS[phase]
-            _, loss, stats = accumulate(module, data, lambda c: module.loss_and_stats(c, terms), backward,
-                                        lambda: module._stat_names)
+            _, loss, stats = accumulate(module, data, lambda c: module.loss_and_stats(c, terms), backward)
             module.record_step(stats)
         guarded_step(module, opt, loss, phases.cfg["max_grad_norm"])
         phases.last_step_phase = phase
