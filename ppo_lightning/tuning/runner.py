@@ -290,11 +290,26 @@ def worker_gone(run_root: Path, worker: str | None, started: float | None, stale
     return now - float(info.get("time", 0)) > stale_after
 
 
+def _fail_and_enqueue(study, t, why: str) -> bool:
+    """Fail RUNNING trial ``t`` (its ``failed_because``: ``why``) and enqueue its settings again, so
+    that the next ask trains them; False when another worker has already failed it (and enqueued it)."""
+    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
+    from optuna.trial import TrialState
+
+    try:
+        study._storage.set_trial_user_attr(t._trial_id, "failed_because", why)
+        if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+            return False
+    except UpdateFinishedTrialError:
+        return False
+    study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+    return True
+
+
 def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me: str | None = None) -> list[int]:
     """Fail the RUNNING trials of workers that are gone and enqueue their settings again (the next
     ask trains them); returns the numbers of the trials failed here."""
-    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
 
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -304,14 +319,8 @@ def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me:
         started = t.datetime_start.timestamp() if t.datetime_start else None
         if not worker_gone(run_root, worker, started, stale_after):
             continue
-        try:
-            study._storage.set_trial_user_attr(t._trial_id, "failed_because", f"worker {worker} is gone")
-            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-                continue
-        except UpdateFinishedTrialError:  # another worker failed it first (and enqueued it)
-            continue
-        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
-        failed.append(t.number)
+        if _fail_and_enqueue(study, t, f"worker {worker} is gone"):
+            failed.append(t.number)
     if failed:
         print(f"[tune] re-asking trials {failed}: their worker is gone", flush=True)
     return failed
@@ -322,21 +331,14 @@ def hand_back(study, me: str) -> list[int]:
     a group's trials when it stops on an error outside its fit) and enqueue their settings again: a
     worker that stops hands them to the next ask at once, where its removed lease would leave them to
     `requeue_stale` only after ``stale_after``; returns their numbers."""
-    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
 
     back = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.user_attrs.get("worker") != me:
             continue
-        try:
-            study._storage.set_trial_user_attr(t._trial_id, "failed_because", f"worker {me} stopped before training it")
-            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-                continue
-        except UpdateFinishedTrialError:
-            continue
-        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
-        back.append(t.number)
+        if _fail_and_enqueue(study, t, f"worker {me} stopped before training it"):
+            back.append(t.number)
     if back:
         print(f"[tune] trials {back} handed back (asked, not trained): the next ask trains them", flush=True)
     return back
