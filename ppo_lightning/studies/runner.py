@@ -214,15 +214,15 @@ def lpt(costs: list[float], workers: int) -> list[list[int]]:
     return [b for b in bins if b]
 
 
-def makespan(costs: list[float], workers: int) -> float:
-    """The longest worker's time when `lpt` deals ``costs`` to ``workers`` workers."""
-    return max((sum(costs[i] for i in b) for b in lpt(costs, workers)), default=0.0)
-
-
 def worker_loads(costs: list[float], workers: int) -> list[float]:
     """Every worker's time when `lpt` deals ``costs``, longest first (idle workers as 0)."""
     loads = sorted((sum(costs[i] for i in b) for b in lpt(costs, workers)), reverse=True)
     return loads + [0.0] * (max(1, workers) - len(loads))
+
+
+def makespan(costs: list[float], workers: int) -> float:
+    """The longest worker's time when `lpt` deals ``costs`` to ``workers`` workers."""
+    return worker_loads(costs, workers)[0]
 
 
 def _shorter(a: list[float], b: list[float], tol: float = 1e-9) -> bool:
