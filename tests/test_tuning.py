@@ -222,6 +222,10 @@ def test_concurrent_workers_share_one_study_and_the_command_summarizes_it(tmp_pa
     assert "[tune] best: trial" in out and "train it on 8 fresh seeds: ppo-lightning fit" in out
     best = json.loads((root / "best.json").read_text())
     assert best["objective"] == max(t.value for t in real) and (root / "history.png").exists()
+    # the search's cost: each trial's share of its group's CPU time and member-frames, summed
+    assert best["cost"]["trials"] == 4 and best["cost"]["member_frames"] == 4 * 512 and best["cost"]["unrecorded"] == 0
+    assert best["cost"]["cpu_s"] == pytest.approx(sum(t.user_attrs["cpu_s"] for t in real)) and best["cost"]["cpu_s"] > 0
+    assert "[tune] cost: " in out and "M member-frames" in out
 
 def test_loss_and_return_settings_ride_in_one_group(tmp_path):
     """A space searching the usual PPO settings (lr, clip range, entropy coefficient, gamma, GAE
@@ -268,6 +272,9 @@ def test_a_pruned_trials_slot_is_refilled_with_the_next_trial(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
     assert "every trial pruned; the group stopped at 256 of 512 frames" in out
+    # a pruned trial is charged its own frames and its slot's share of the group's CPU time up to its pruning
+    assert [t.user_attrs["member_frames"] for t in trials[1:]] == [128, 128, 128]
+    assert all(t.user_attrs["cpu_s"] > 0 for t in trials[1:])
     # trial 3 has its own MLflow run under the search's, with its settings and its curve over its own frames
     from mlflow.tracking import MlflowClient
 

@@ -467,6 +467,11 @@ def _next_for(study, space: Space, me: str, shared: dict[str, Any], stash: list)
     return None
 
 
+def _clocks() -> tuple[float, float]:
+    """(wall, this process's CPU) seconds: a trial's cost is its share of its group's."""
+    return time.perf_counter(), time.process_time()
+
+
 def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], run_root: Path, tracking_uri: str,
                 parent: str | None, fit_extra: list[str] | None = None, next_trial=None) -> dict[int, str]:
     """Train one group of trials and tell each its result; returns ``{trial number: state}``.
@@ -491,8 +496,8 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
     shared = split_params(space, group[0][1])[1]
     milestones = space.pruner.milestones if space.pruner.name != "none" else ()
     states: dict[int, str] = {}
-    # the trials in the group's slots: trial number -> [trial, values, first slot, next milestone, start time]
-    active: dict[int, list] = {t.number: [t, p, i * per_trial, 0, time.perf_counter()] for i, (t, p) in enumerate(group)}
+    # the trials in the group's slots: trial number -> [trial, values, first slot, next milestone, start clocks]
+    active: dict[int, list] = {t.number: [t, p, i * per_trial, 0, _clocks()] for i, (t, p) in enumerate(group)}
 
     def tell(trial, **kw) -> bool:
         try:
@@ -506,11 +511,19 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
         cs = reporter.curves[slot:slot + per_trial]
         return cs if upto is None else [[p for p in c if p[0] <= upto] for c in cs]
 
+    def charge(trial, started: tuple[float, float], own: float) -> None:
+        """The trial's share of the group's wall and CPU time while it held its slots, and its member-frames."""
+        wall, cpu = (now - then for now, then in zip(_clocks(), started))
+        share = per_trial / len(members)
+        trial.set_user_attr("train_s", wall * share)
+        trial.set_user_attr("cpu_s", cpu * share)
+        trial.set_user_attr("member_frames", own * per_trial)
+
     def finish(number: int, own: float) -> None:
-        trial, params, slot, _, t0 = active.pop(number)
+        trial, params, slot, _, started = active.pop(number)
         value, per_seed = objective(space, curves_of(slot), own)
         trial.set_user_attr("seed_values", per_seed)
-        trial.set_user_attr("train_s", (time.perf_counter() - t0) * per_trial / len(members))
+        charge(trial, started, own)
         if math.isfinite(value) and tell(trial, values=value):
             states[trial.number] = "COMPLETE"
         else:
@@ -531,7 +544,10 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
                 if not math.isfinite(value):
                     continue
                 trial.report(value, step=m)
-                if trial.should_prune() and tell(trial, state=TrialState.PRUNED):
+                if not trial.should_prune():
+                    continue
+                charge(trial, active[number][4], own)
+                if tell(trial, state=TrialState.PRUNED):
                     states[number] = "PRUNED"
                     active.pop(number)
                     freed.append((slot, number))
@@ -551,7 +567,7 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
             values = scaled(space, member_values(space, params))
             for j, seed in enumerate(space.seeds):
                 reporter.refill(slot + j, seed, values)
-            active[trial.number] = [trial, params, slot, 0, time.perf_counter()]
+            active[trial.number] = [trial, params, slot, 0, _clocks()]
             print(f"[tune] trial {trial.number} refills the slots of a finished or pruned trial at {frames:.0f} frames "
                   f"of {name}", flush=True)
         return not active

@@ -42,6 +42,17 @@ def seed_interval(values: list[float]) -> tuple[float, float, float, str]:
     return mean, mean - half, mean + half, f"t interval, {len(vals)} seeds"
 
 
+def search_cost(trials) -> dict:
+    """What the told trials cost: CPU seconds and member-frames summed over their shares of their groups
+    (``cpu_s``, ``member_frames``: `ppo_lightning.tuning.runner.train_group`); ``unrecorded``: told trials
+    without them. Training a killed worker lost, and slots left idle, count in no trial."""
+    told = [t for t in trials if t.state.is_finished()]
+    recorded = [t for t in told if "cpu_s" in t.user_attrs]
+    return {"cpu_s": sum(float(t.user_attrs["cpu_s"]) for t in recorded),
+            "member_frames": sum(float(t.user_attrs.get("member_frames", 0)) for t in recorded),
+            "trials": len(recorded), "unrecorded": len(told) - len(recorded)}
+
+
 def train_command(space: Space, params: dict, seeds: int = FRESH_SEEDS, first: int = FRESH_FIRST) -> str:
     """``ppo-lightning fit`` with the best settings, ``seeds`` seeds the search never used, as one group."""
     parts = ["ppo-lightning", "fit"]
@@ -64,6 +75,12 @@ def summarize(space: Space, study, out_dir: Path, plots: bool = True) -> dict:
     by_state = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
     print(f"[tune] {space.name}: {by_state['COMPLETE']} complete, {by_state['PRUNED']} pruned, {by_state['RUNNING']} running, "
           f"{by_state['FAIL']} failed (of {space.trials} asked for)", flush=True)
+    cost = search_cost(trials)
+    if cost["trials"]:
+        missing = f"; {cost['unrecorded']} told trials carry no cost record" if cost["unrecorded"] else ""
+        print(f"[tune] cost: {cost['cpu_s'] / 3600:.2f} core-hours of CPU for {cost['member_frames'] / 1e6:.2f}M "
+              f"member-frames ({1e3 * cost['cpu_s'] / max(cost['member_frames'], 1):.3f} ms each) over "
+              f"{cost['trials']} told trials{missing}", flush=True)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if not complete:
         print("[tune] no complete trial yet", flush=True)
@@ -75,7 +92,7 @@ def summarize(space: Space, study, out_dir: Path, plots: bool = True) -> dict:
     out = {"tuning": space.name, "best_trial": best.number, "params": params, "objective": best.value,
            "metric": space.metric, "score": space.score, "frames": space.frames, "seeds": list(space.seeds),
            "seed_values": best.user_attrs.get("seed_values"), "interval": [low, high], "interval_method": method,
-           "command": command}
+           "command": command, "cost": cost}
     shown = ", ".join(f"{k} = {fit_value(v)}" for k, v in params.items())
     print(f"[tune] best: trial {best.number}: {shown}", flush=True)
     print(f"[tune]   {space.metric} ({space.score}) {mean:.4f}, 95% CI [{low:.4f}, {high:.4f}] over the search's seeds "
