@@ -458,3 +458,66 @@ def test_a_full_disk_while_writing_study_records_is_one_line_and_keeps_every_rec
         assert len(runner.recorded(root)) == 4
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_group_another_process_trains_is_left_to_it(tmp_path, capsys):
+    """While another process holds a group's lock (a killed launcher's job still training it), a worker
+    given the group trains nothing and records nothing; the lock is free again once its holder lets go."""
+    from ppo_lightning.studies import runner
+
+    study = load_study(tiny(tmp_path))
+    group = runner.plan(study, set(), 1)[0]
+    root = tmp_path / "runs"
+    held = runner.group_lock(root, group.name)
+    assert held is not None and runner.group_lock(root, group.name) is None
+    assert runner.run_group(study, group, root, f"sqlite:///{tmp_path / 'mlflow.db'}") == []
+    assert f"{group.name}: another process trains it now" in capsys.readouterr().out
+    assert not (root / "cells").exists() and not (root / "groups" / group.name).exists()
+    os.close(held)
+    again = runner.group_lock(root, group.name)
+    assert again is not None
+    os.close(again)
+
+
+@pytest.mark.timeout(300)
+def test_a_launcher_stopped_by_sigterm_stops_its_local_jobs_and_a_rerun_continues(tmp_path, monkeypatch):
+    """SIGTERM to `study run` while its local job trains: the job checkpoints and stops (no process of
+    it is left), the launcher exits 143 with one line, and a rerun continues the group from its
+    checkpoint and records every cell."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ppo_lightning.studies import runner
+
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    path = tiny(tmp_path, frames=16384)
+    root, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    launcher = subprocess.Popen([sys.executable, "-m", "ppo_lightning", "study", "run", str(path), "--workers", "1",
+                                 "--executor", "local", "--run-root", str(root), "--tracking-uri", uri,
+                                 "--checkpoint-frames", "64"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 200
+    while not list(root.glob("groups/*/checkpoints/iteration-*.ckpt")):  # the job's training is under way
+        assert launcher.poll() is None and time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGTERM)
+    out, _ = launcher.communicate(timeout=180)
+    assert launcher.returncode == 143, out
+    assert "[study] stopped by SIGTERM: 1 local job(s) checkpointed and stopped" in out
+    assert not [pid for pid, cmd in _cmdlines() if str(root / "submitit") in cmd], "a job outlived its launcher"
+    assert not (root / "cells").exists() and list(root.glob("groups/*/checkpoints/last.ckpt"))
+    assert runner.run_study(load_study(path), workers=1, executor="local", run_root=root, tracking_uri=uri, poll_s=1) == 0
+    cells = [json.loads(p.read_text()) for p in (root / "cells").glob("*.json")]
+    assert len(cells) == 2 and all(c["attempts"] == 2 and c["frames"] == 16384 for c in cells)  # continued, not restarted
+
+
+def _cmdlines():
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            yield p.parent.name, p.read_bytes().replace(b"\0", b" ").decode(errors="ignore")
+        except OSError:
+            continue

@@ -26,6 +26,7 @@ study file (`ppo_lightning.studies.records`).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -34,6 +35,8 @@ import math
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,6 +82,72 @@ def job_failures(jobs) -> list[str]:
             last = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
             failed.append(f"job {j.job_id}: {FAULT_PREFIX.sub('', last)}")
     return failed
+
+
+class _Stopped(BaseException):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Linux's /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@contextlib.contextmanager
+def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120.0):
+    """While a launcher waits on its submitit jobs, SIGTERM or SIGINT to it stops its local jobs too,
+    as a preemption stops a run: SIGTERM to each job (submitit's controller hands it to the training,
+    which checkpoints at the end of its iteration and exits); a job still running ``grace_s`` later
+    (a signal that came before its training set its handler) is killed, and its group resumes from its
+    last periodic checkpoint. Then the launcher exits 128 + the signal with one line. Local jobs are
+    processes of their own: left alone they would outlive the launcher and a rerun would start the
+    same groups beside them (`group_lock` keeps those apart). SLURM jobs run on: the line names them."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Stopped(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    except _Stopped as got:
+        for s, h in old.items():  # a second signal ends the launcher at once
+            signal.signal(s, h)
+        local = [j for j in jobs if j.__class__.__name__ == "LocalJob" and not j.done()]
+        for j in local:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(j.job_id), signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end and not all(j.done() for j in local):
+            time.sleep(0.2)
+        killed = [j for j in local if not j.done()]
+        for j in killed:
+            for pid in [*_children(int(j.job_id)), int(j.job_id)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        cluster = [j.job_id for j in jobs if j.__class__.__name__ != "LocalJob" and not j.done()]
+        name = signal.Signals(got.signum).name
+        print(f"[{tag}] stopped by {name}: {len(local) - len(killed)} local job(s) checkpointed and stopped"
+              + (f", {len(killed)} killed after {grace_s:.0f} s (their groups resume from their last checkpoint)" if killed else "")
+              + (f"; SLURM jobs {', '.join(cluster)} run on (scancel them to stop them)" if cluster else "")
+              + f"; {rerun} continues", flush=True)
+        raise SystemExit(128 + got.signum) from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def fit_value(v) -> str:
@@ -427,12 +496,45 @@ def _elapsed_history(client, run_id: str) -> list[tuple[int, int, float]]:
     return [(m.timestamp, m.step, m.value) for m in client.get_metric_history(run_id, "time/elapsed_s")]
 
 
+def group_lock(run_root: Path, name: str) -> int | None:
+    """An exclusive lock on ``<run root>/groups/<name>.lock`` (`fcntl.flock`, held until its descriptor is
+    closed or the process ends, SIGKILL included): its descriptor, or None while another process holds
+    it. Two processes never train one group at once (a rerun while a killed launcher's jobs still run,
+    a job requeued while its old one is ending); the file names the holder."""
+    path = run_root / "groups" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode())
+    return fd
+
+
 def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, parent_run_id: str | None = None,
               checkpoint_frames: int | None = None) -> list[Cell]:
-    """Train one group in this process and record its cells (skipped when all are recorded)."""
+    """Train one group in this process and record its cells (skipped when all are recorded; left alone,
+    returning no cell, while another process holds its `group_lock`)."""
     have = recorded(run_root)
     if all((a, group.env, s) in have for a, s in group.members):
         return [have[(a, group.env, s)] for a, s in group.members]
+    lock = group_lock(run_root, group.name)
+    if lock is None:
+        holder = (run_root / "groups" / f"{group.name}.lock").read_text() or "?"
+        print(f"[study] {group.name}: another process trains it now ({holder}); left to it", flush=True)
+        return []
+    try:
+        return _train_group(study, group, run_root, tracking_uri, parent_run_id, checkpoint_frames)
+    finally:
+        os.close(lock)
+
+
+def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, parent_run_id: str | None,
+                 checkpoint_frames: int | None) -> list[Cell]:
+    """`run_group`'s training and records, under the group's lock."""
     from ppo_lightning.cli.fit import fit_main  # start-up cost: the training stack only in a worker
 
     run_dir = run_root / "groups" / group.name
@@ -578,13 +680,19 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         planning_s = time.perf_counter() - t0
         jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, None, checkpoint_frames)) for b in bins]
         start, last = time.perf_counter(), -1
-        while not all(j.done() for j in jobs):
-            n = len(recorded(run_root))
-            if n != last:
-                print(f"[study] {status_line(study, run_root, start)}", flush=True)
-                last = n
-            time.sleep(poll_s)
+        with jobs_stop_with_the_launcher(jobs, "study", f"`ppo-lightning study run {study.path}`"):
+            while not all(j.done() for j in jobs):
+                n = len(recorded(run_root))
+                if n != last:
+                    print(f"[study] {status_line(study, run_root, start)}", flush=True)
+                    last = n
+                time.sleep(poll_s)
         failed = job_failures(jobs)
+        have = recorded(run_root)
+        busy = [k for g in groups for a, s in g.members if (k := (a, g.env, s)) not in have]
+        if busy and not failed:
+            failed = [f"{len(busy)} cells not recorded: another process trains their groups (a `study run` or its "
+                      f"jobs still running?); rerun when it ends"]
         t1 = time.perf_counter()
         overhead = planning_s
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from ppo_lightning.tuning.space import SpaceError, load_space
@@ -102,8 +103,11 @@ def run_workers(space, run_root: Path, workers: int, executor: str, tracking_uri
     if ex.cluster == "slurm":
         ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
     jobs = [ex.submit(_Job(str(space.path), overrides, str(run_root), tracking_uri, stale)) for _ in range(workers)]
-    from ppo_lightning.studies.runner import job_failures  # start-up cost: only with workers
+    from ppo_lightning.studies.runner import job_failures, jobs_stop_with_the_launcher  # start-up cost: only with workers
 
+    with jobs_stop_with_the_launcher(jobs, "tune", "rerunning the command"):
+        while not all(j.done() for j in jobs):
+            time.sleep(1.0)
     failed = job_failures(jobs)
     if failed:
         print("[tune] failed: " + "; ".join(failed), flush=True)
