@@ -104,7 +104,8 @@ def _children(pid: int) -> list[int]:
 
 @contextlib.contextmanager
 def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120.0):
-    """While a launcher waits on its submitit jobs, SIGTERM or SIGINT to it stops its local jobs too,
+    """While a launcher waits on its submitit jobs, SIGTERM or SIGINT to it stops its local jobs too
+    (Ctrl-C in a terminal reaches them itself, and submitit's local controller kills its job a second later),
     as a preemption stops a run: SIGTERM to each job (submitit's controller hands it to the training,
     which checkpoints at the end of its iteration and exits); a job still running ``grace_s`` later
     (a signal that came before its training set its handler) is killed, and its group resumes from its
