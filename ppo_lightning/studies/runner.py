@@ -127,7 +127,8 @@ def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120
     except _Stopped as got:
         for s, h in old.items():  # a second signal ends the launcher at once
             signal.signal(s, h)
-        local = [j for j in jobs if j.__class__.__name__ == "LocalJob" and not j.done()]
+        is_local = {j.job_id: j.__class__.__name__ == "LocalJob" for j in jobs}  # submitit's local executor
+        local = [j for j in jobs if is_local[j.job_id] and not j.done()]
         for j in local:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(j.job_id), signal.SIGTERM)
@@ -139,7 +140,7 @@ def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120
             for pid in [*_children(int(j.job_id)), int(j.job_id)]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        cluster = [j.job_id for j in jobs if j.__class__.__name__ != "LocalJob" and not j.done()]
+        cluster = [j.job_id for j in jobs if not is_local[j.job_id] and not j.done()]
         name = signal.Signals(got.signum).name
         print(f"[{tag}] stopped by {name}: {len(local) - len(killed)} local job(s) checkpointed and stopped"
               + (f", {len(killed)} killed after {grace_s:.0f} s (their groups resume from their last checkpoint)" if killed else "")
@@ -689,16 +690,16 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
                     last = n
                 time.sleep(poll_s)
         failed = job_failures(jobs)
-        have = recorded(run_root)
-        busy = [k for g in groups for a, s in g.members if (k := (a, g.env, s)) not in have]
-        if busy and not failed:
-            failed = [f"{len(busy)} cells not recorded: another process trains their groups (a `study run` or its "
-                      f"jobs still running?); rerun when it ends"]
         t1 = time.perf_counter()
         overhead = planning_s
     else:
         t1, overhead, failed = time.perf_counter(), time.perf_counter() - t0, []
-    mine = {k: c for k, c in recorded(run_root).items() if c.arm in study.arms and c.env in study.envs}
+    have = recorded(run_root)
+    busy = [k for g in groups for a, s in g.members if (k := (a, g.env, s)) not in have]
+    if busy and not failed:  # the workers left groups that another process holds (`group_lock`)
+        failed = [f"{len(busy)} cells not recorded: another process trains their groups (a `study run` or its "
+                  f"jobs still running?); rerun when it ends"]
+    mine = {k: c for k, c in have.items() if c.arm in study.arms and c.env in study.envs}
     if mine:  # the CSV export next to the study file: its own cells (committed records stay where they are)
         cells = export_cells(study, curves=True)
         cells.update(mine)
