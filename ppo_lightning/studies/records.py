@@ -232,16 +232,16 @@ def reference_returns(root: Path) -> dict[str, float]:
 
 
 def normalizer(study: Study):
-    """``(env, raw return) -> score`` by the study's ``score``: raw; minatar (issue 11's R_random and
-    R_ref constants, `ppo_lightning.envs.minatar_scores`); minatar-500k (R_random the same, R_ref
-    the 500k base run 2-4x as long, `reference_returns`)."""
+    """``(env, raw return) -> score`` by the study's ``score``: raw; minatar (the R_random and R_ref
+    constants of `ppo_lightning.envs.minatar_scores`); minatar-500k (R_random the same, R_ref the 500k
+    base run 2-4x as long: `REFERENCE_500K`, which `reference_returns` recomputes from the records)."""
     if study.score == "raw":
         return lambda env, r: r
-    from ppo_lightning.envs.minatar_scores import RETURN_RANGES, normalized_return
+    from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, normalized_return
 
     if study.score == "minatar":
         return lambda env, r: normalized_return(env_game(env), r)
-    ref = reference_returns(study.root)
+    ref = REFERENCE_500K
 
     def norm(env: str, r: float) -> float:
         game = env_game(env)
