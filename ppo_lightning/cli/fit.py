@@ -411,14 +411,14 @@ def resolve_config_precision(cfg) -> None:
     cfg.trainer.precision = resolve(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"), minibatch)
 
 
-def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
+def fit_main(args: list[str] | None = None, extra_callbacks=(), cli_class: type[PPOCLI] | None = None) -> PPOCLI:
     # --config takes a path or a shipped name (cartpole/ppo_ewma): resolved before LightningCLI reads it
     args = resolve_config_args(trust.trust_args(list(sys.argv[1:] if args is None else args)))
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     quiet_library_notices()
     # --help shows each loss setting's meaning: the attribute docstrings of ppo_lightning.algos.loss.LossSettings
     jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    return PPOCLI(
+    return (cli_class or PPOCLI)(  # cli_class: ppo_lightning.cli.preflight's, which trains nothing
         PPOLightningModule,
         RolloutDataModule,
         trainer_class=PPOTrainer,  # Lightning's Trainer; its precision also takes "auto"
