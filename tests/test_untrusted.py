@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import lightning.pytorch  # noqa: F401  (imported at collection: its log handler binds the real stderr, not a test's capture)
 import pytest
 import torch
 import yaml
@@ -389,7 +390,9 @@ def test_tune_checks_its_trials_before_any_worker_starts(tmp_path, capsys):
 
     cases = [
         ({"fit": {"data.num_envs": 4, "model.nope": 1}}, 2, "model: Option 'nope' is not accepted"),
-        ({"params": {"model.lr": {"type": "categorical", "choices": [0.001, "fast"]}}}, 2, "a trial with model.lr=fast"),
+        ({"params": {"model.lr": {"type": "float", "low": 0.0005, "high": 0.016, "log": True},
+                     "data.update_epochs": {"type": "categorical", "choices": [2, "many"]}}}, 2,
+         "a trial with data.update_epochs=many, model.lr=0.0005: data.update_epochs: Expected a <class 'int'>"),
     ]
     for change, code, words in cases:
         assert main(["tune", "--space", str(_space(tmp_path, **change)), "--run-root", str(tmp_path / "root")]) == code

@@ -214,8 +214,8 @@ class PPOCLI(LightningCLI):
         logger = given.get("logger")
         checkpoints = run_dir / "checkpoints" if cfg.trainer.get("enable_checkpointing") is not False else None
         mlflow_store = cfg.mlflow.tracking_uri if cfg.mlflow.enabled and logger in (None, True) else None
+        trust.check_run_folder(run_dir)  # planted symbolic links: one line, exit code 2, nothing created
         preflight(run_dir, checkpoints, mlflow_store)  # unwritable folders: one line, exit code 4
-        trust.check_run_folder(run_dir)  # planted symbolic links: one line, exit code 2
         if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
             kwargs["logger"] = (
                 make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"),
