@@ -147,7 +147,9 @@ def test_an_alias_bomb_is_one_line_within_a_second(tmp_path, capsys):
         load_yaml(bomb)
     assert time.perf_counter() - t0 < 1.0
     # the same file as a study, a space and a fit config, in this process
-    for argv, stream in ((["study", "status", str(bomb)], "out"), (["tune", "--space", str(bomb), "--summary-only"], "out"),
+    for argv, stream in ((["study", "status", str(bomb)], "out"), (["study", "run", str(bomb)], "out"),
+                         (["study", "report", str(bomb)], "out"), (["tune", "--space", str(bomb)], "out"),
+                         (["tune", "--space", str(bomb), "--summary-only"], "out"),
                          (["fit", "--config", str(bomb), "--mlflow.enabled", "false"], "err")):
         t0 = time.perf_counter()
         assert main(argv) == 2, argv
@@ -295,6 +297,13 @@ def test_planted_symlinks_are_refused_and_their_targets_untouched(tmp_path, caps
     assert main([*FIT, "--mlflow.enabled", "false", "--run_dir", str(run)]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "config.yaml is a symbolic link" in line and not (run / "checkpoints").exists(), line
+    for entry in ("checkpoints", "videos"):  # a linked folder: the checkpoints or videos would land at its target
+        other = tmp_path / f"run_{entry}"
+        other.mkdir()
+        (other / entry).symlink_to(tmp_path, target_is_directory=True)
+        assert main([*FIT, "--mlflow.enabled", "false", "--run_dir", str(other)]) == 2
+        assert f"{entry} is a symbolic link" in one_error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run_checkpoints", "run_videos", "victim.txt"]
     # a group's lock file
     root = tmp_path / "root"
     (root / "groups").mkdir(parents=True)
@@ -385,10 +394,13 @@ def test_study_run_bad_env_code_workers_and_run_root(tmp_path, capsys, monkeypat
     assert not marker.exists() and not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
 
 
-def test_tune_checks_its_trials_before_any_worker_starts(tmp_path, capsys):
+def test_tune_checks_its_trials_before_any_worker_starts(tmp_path, capsys, monkeypatch):
     from ppo_lightning.cli.main import main
 
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name, marker = evil_module(tmp_path)
     cases = [
+        ({"env": f"{name}:Evil{name}-v0"}, 2, f"env '{name}:Evil{name}-v0' would import the module {name!r}"),
         ({"fit": {"data.num_envs": 4, "model.nope": 1}}, 2, "model: Option 'nope' is not accepted"),
         ({"params": {"model.lr": {"type": "float", "low": 0.0005, "high": 0.016, "log": True},
                      "data.update_epochs": {"type": "categorical", "choices": [2, "many"]}}}, 2,
@@ -398,7 +410,7 @@ def test_tune_checks_its_trials_before_any_worker_starts(tmp_path, capsys):
         assert main(["tune", "--space", str(_space(tmp_path, **change)), "--run-root", str(tmp_path / "root")]) == code
         line = one_error_line(capsys.readouterr().out)
         assert words in line, line
-    assert not (tmp_path / "root").exists()
+    assert not (tmp_path / "root").exists() and not marker.exists()
     assert main(["tune", "--space", str(_space(tmp_path)), "--run-root", str(tmp_path / "space.yaml" / "x")]) == 4
     assert "search run root" in one_error_line(capsys.readouterr().out)
 
