@@ -644,8 +644,9 @@ def _find_or_make_parent_run(study: Study, tracking_uri: str, run_root: Path | N
         from ppo_lightning.training.tracking import probe_tracking_store  # start-up cost: MLflow only for run
 
         # a new experiment keeps its artifacts in the run root, not in ./mlruns of the working directory
+        local = run_root is not None and tracking_uri.startswith("sqlite:")  # a server keeps its own artifact root
         probe_tracking_store(tracking_uri, study.name,
-                             artifact_location=None if run_root is None else (Path(run_root) / "mlruns").resolve().as_uri())
+                             artifact_location=(Path(run_root) / "mlruns").resolve().as_uri() if local else None)
         client = MlflowClient(tracking_uri)
         exp = client.get_experiment_by_name(study.name)
         found = client.search_runs([exp.experiment_id], filter_string="tags.study_parent = 'true'")

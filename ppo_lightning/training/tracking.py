@@ -13,7 +13,8 @@ Lightning's `MLFlowLogger` does the logging (parameters, per-iteration metrics).
   reported once, after which the run goes on with console logging.
 
 The tracking store is ``sqlite:///mlflow.db`` by default; artifacts go to MLflow's default
-artifact root for it, ``./mlruns/<experiment id>/<run id>/artifacts`` (``make clean`` removes both).
+artifact root for it, ``./mlruns/<experiment id>/<run id>/artifacts`` (``make clean`` removes both); a
+study's or a search's experiment keeps them in its run root (``<run root>/mlruns``).
 """
 
 from __future__ import annotations
