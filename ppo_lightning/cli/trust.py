@@ -86,6 +86,8 @@ def own_tracking_state(ckpt_path, state: dict) -> dict:
     own = checkpoint_run_dir(ckpt_path)
     if Path(os.path.abspath(recorded)) == own or Path(recorded).resolve() == own.resolve():
         return state
+    if not Path(recorded).is_absolute() and own.as_posix().endswith("/" + Path(recorded).as_posix()):
+        return {**state, "run_dir": str(own)}  # a relative folder recorded from another working directory
     print(f"[ppo-lightning] --ckpt_path {ckpt_path} records another run folder ({recorded}) and its MLflow run: "
           f"ignored, this run writes only where its command line says (a new MLflow run)", file=sys.stderr, flush=True)
     return {}
