@@ -38,7 +38,7 @@ def one_line(err: BaseException) -> str:
 
 # weights_only unpickler messages that mean "a disallowed object", not "a damaged file" (matched in
 # lower case: torch 2.13 says "Unsupported GLOBAL posix.system" or "unsupported GLOBAL", by path)
-_UNSAFE_MARKERS = ("unsupported global", "weights only load failed", "unrecognized function", "can only build",
+_UNSAFE_MARKERS = ("unsupported global", "unrecognized function", "can only build",
                    "can only create new object")
 
 
