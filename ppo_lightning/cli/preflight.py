@@ -7,14 +7,15 @@ worker starts, each in one line naming the arm (or trial) and the field (issue 4
 - `study_code` / `space_code`: what a study or space file (and the config files it names, other than
   the shipped ones) would import; refused without ``--trust-code`` (`ppo_lightning.core.safety`).
 - `check_study` / `check_space`: the above for every (arm, env) of a study (envs built once each), or
-  every value a search may give a group setting; `check_run_root`: the run root is writable and holds
-  no symbolic link.
+  every value a search may give a group setting; `check_groups`: the groups a study run would launch,
+  as their workers run them; `check_run_root`: the run root is writable and holds no symbolic link.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ def check_fit_args(args: list[str], where: str) -> None:
     from ppo_lightning.core.faults import TrainingFault
 
     out = io.StringIO()
+    logging.disable(logging.INFO)  # Lightning's "Seed set to ..." per cell: its handler holds the real stderr
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             fit_cli.fit_main(["fit", *args], cli_class=_check_cli_class())
@@ -62,6 +64,8 @@ def check_fit_args(args: list[str], where: str) -> None:
     except SystemExit as err:  # the parser's own exit (should not happen with exit_on_error off)
         lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("error:")]
         raise PreflightError(f"{where}: {lines[-1][len('error: '):] if lines else f'fit exits {err.code}'}") from None
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def check_env_once(env: str, kwargs: dict[str, Any] | None, where: str) -> None:
@@ -125,6 +129,24 @@ def check_study(study, trust_code: bool = False) -> None:
             runner.member_values(study, name)
     except (TypeError, ValueError) as err:
         raise PreflightError(f"{study.path}: arm {name}: {err}") from None
+
+
+def check_groups(study, run_root: Path, workers: int) -> None:
+    """The groups ``study run`` would launch now (`ppo_lightning.studies.runner.plan` on the cells not
+    recorded), each through fit's parser once per (env, arms, packed or not): a packing fit refuses
+    (vectorized members on an env without a batched step) is one line naming the arms, before any worker."""
+    from ppo_lightning.studies import runner
+
+    done = runner.done_cells(study, run_root)
+    seen: set = set()
+    for group in runner.plan(study, set(done), workers, done.values()):
+        arms = tuple(dict.fromkeys(a for a, _ in group.members))
+        key = (group.env, arms, len(group.members) > 1)
+        if key in seen:
+            continue
+        seen.add(key)
+        what = f"arm {arms[0]}" if len(arms) == 1 else f"arms {', '.join(arms)}"
+        check_fit_args(group.args, f"{study.path}: {what} on {group.env} as a group of {len(group.members)} members")
 
 
 def space_code(space) -> list[tuple[str, str, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ppo_lightning.studies.spec import StudyError, load_study
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
         return 0
     # pre-flight (issue 48): code the file would import, every cell's settings through fit's parser, the
     # envs built once, the run root writable and free of links: before any worker starts
-    from ppo_lightning.cli.preflight import check_run_root, check_study
+    from ppo_lightning.cli.preflight import check_groups, check_run_root, check_study
     from ppo_lightning.core.faults import UnwritablePath
     from ppo_lightning.core.safety import UnsafeInput
 
@@ -80,6 +81,7 @@ def main(argv: list[str]) -> int:
         check_study(study, a.trust_code)
         a.run_root = check_run_root((a.run_root or runner.default_run_root(study)).resolve(), "study run root",
                                     "choose another with --run-root")
+        check_groups(study, a.run_root, a.workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1)))
     except UnsafeInput as err:
         print(f"error: {err}")
         return 2
