@@ -76,7 +76,7 @@ def test_guide_objective_trains_as_ewma_seed_group_and_resumes(user_module):
     ckpt = user_module / "run/checkpoints/last.ckpt"
     assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["objective_args"] == {"eps_high": 0.3}
     resumed = fit_main(["fit", *GROUP, "--data.total_frames", "192", "--run_dir", str(user_module / "run"),
-                        "--ckpt_path", str(ckpt)])
+                        "--ckpt_path", str(ckpt), "--model.objective", "my_variants.clip_higher"])  # named again
     model = resumed.model
     assert model.hparams.objective == "my_variants.clip_higher" and model.loss_module.objective_args == {"eps_high": 0.3}
     assert resumed.datamodule.frames == 192 and resumed.trainer.global_step == 6
@@ -89,7 +89,8 @@ def test_model_and_loss_subclasses_from_the_cli_resume_with_their_settings(user_
                              "--model.entropy_coef", "0.01", "--model.loss", loss, "--data.total_frames", "128"])
     assert type(first.model).__name__ == "EntropyDecay" and first.model.loss_module.adv_clip == 2.0
     assert first.model.loss_module.entropy_coef == pytest.approx(0.01 * 0.5 ** 1)
-    resumed = fit_main(base + ["--data.total_frames", "192", "--ckpt_path", str(user_module / "run/checkpoints/last.ckpt")])
+    resumed = fit_main(base + ["--data.total_frames", "192", "--ckpt_path", str(user_module / "run/checkpoints/last.ckpt"),
+                               "--trust-code"])  # the checkpoint's class paths are code: imported with the opt-in
     model = resumed.model
     assert type(model).__name__ == "EntropyDecay" and model.hparams.entropy_decay == 0.5
     assert type(model.loss_module).__name__ == "ClippedAdvantageLoss" and model.loss_module.adv_clip == 2.0

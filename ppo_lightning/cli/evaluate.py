@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ppo_lightning.core.safety import UnsafeInput, check_code, code_references
 from ppo_lightning.envs import env_spaces
 from ppo_lightning.interop.checkpoint_io import ExportError, is_checkpoint, load_network
 from ppo_lightning.interop.evaluation import evaluate_policy, format_result, resolve_env
@@ -52,11 +53,14 @@ def check_observations(env_id: str, env_kwargs: dict, observation_space: dict) -
 
 def evaluate_source(source, episodes: int = 10, deterministic: bool = False, env_id: str | None = None,
                     levels: str = "test", seed: int = 0, num_envs: int | None = None, video: str | None = None,
-                    video_episodes: int = 1, seed_index: int | None = None) -> dict[str, Any]:
-    """`evaluate_policy` on the network of SOURCE (see the module doc)."""
+                    video_episodes: int = 1, seed_index: int | None = None, trust_code: bool = False) -> dict[str, Any]:
+    """`evaluate_policy` on the network of SOURCE (see the module doc). An env id SOURCE names that would
+    import a module (``module:EnvId``) is refused unless ``trust_code`` (``--env`` is the user's own)."""
     if not isinstance(episodes, int) or episodes <= 0:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
     net, training_env, obs_space, action_space = load_source(source, seed_index)
+    if env_id is None:  # the env comes from the file: data, not code
+        check_code(code_references({"env_id": training_env.get("env_id")}, "environment"), str(source), trust_code)
     target, kwargs = resolve_env(training_env, env_id, levels)
     check_observations(target, kwargs, obs_space)
     result = evaluate_policy(net, target, episodes=episodes, deterministic=deterministic, env_kwargs=kwargs,
@@ -82,6 +86,8 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-envs", type=int, default=None, help="envs run at once (default min(episodes, 16))")
     parser.add_argument("--video", default=None, metavar="OUT.mp4", help="record env 0's first episode(s) to this MP4")
     parser.add_argument("--video-episodes", type=int, default=1, help="episodes in the video (default 1)")
+    parser.add_argument("--trust-code", action="store_true",
+                        help="allow a module:EnvId env id stored in SOURCE to be imported (only for sources you trust)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the figures as one JSON object")
     parser.add_argument("--seed_index", "--seed-index", type=int, default=None, metavar="K",
                         help="a vectorized seed group's checkpoint: evaluate its seed K")
@@ -89,7 +95,8 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     try:
         result = evaluate_source(args.source, episodes=args.episodes, deterministic=args.deterministic,
                                  env_id=args.env, levels=args.levels, seed=args.seed, num_envs=args.num_envs,
-                                 video=args.video, video_episodes=args.video_episodes, seed_index=args.seed_index)
+                                 video=args.video, video_episodes=args.video_episodes, seed_index=args.seed_index,
+                                 trust_code=args.trust_code)
     except (ExportError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

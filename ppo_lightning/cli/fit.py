@@ -46,6 +46,8 @@ from ppo_lightning.training import preemption
 from ppo_lightning.training.checkpointing import check_checkpoint_file
 from ppo_lightning.training.storage_faults import preflight, storage_hint
 from ppo_lightning.training.mlflow_sender import SPOOL_NAME
+from ppo_lightning.core.safety import refuse_symlink
+from ppo_lightning.cli import trust
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -56,6 +58,7 @@ class SaveRunConfig(SaveConfigCallback):
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / self.config_filename
+        refuse_symlink(path, "the run's config")  # a planted link: its target is never overwritten
         self.parser.save(self.config, str(path), skip_none=False, overwrite=True)
         if isinstance(trainer.logger, SafeMLFlowLogger):
             trainer.logger.log_file(path)
@@ -145,6 +148,9 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
         parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
         parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
+        parser.add_argument("--trust_code", type=bool, default=False,
+                            help="with --ckpt_path: allow the class paths and objective paths the checkpoint names "
+                                 "to be imported (also --trust-code); only for checkpoints you trust")
         parser.add_argument("--rescale", type=bool, default=False,
                             help="with --ckpt_path on another world size or data.num_envs: apply the batch-size "
                                  "scaling rules (--scale_rules, --scale_adam_betas) for the batch's factor")
@@ -193,8 +199,9 @@ class PPOCLI(LightningCLI):
         # Resuming (--ckpt_path) continues the checkpoint's MLflow run and run folder, unless
         # --mlflow.run_name asks for a new run.
         resumed = read_tracking_state(cfg.ckpt_path) if cfg.get("ckpt_path") and not cfg.mlflow.run_name else {}
+        resumed = trust.own_tracking_state(cfg.ckpt_path, resumed) if resumed else resumed  # in place only
         run_name = preemption.run_name(cfg.mlflow.run_name)
-        run_dir = preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, run_name, resumed.get("run_dir"))
+        run_dir = preemption.run_folder(trust.run_root_dir(cfg), cfg.mlflow.experiment, run_name, resumed.get("run_dir"))
         self.run_dir = run_dir
         if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -207,6 +214,7 @@ class PPOCLI(LightningCLI):
         logger = given.get("logger")
         checkpoints = run_dir / "checkpoints" if cfg.trainer.get("enable_checkpointing") is not False else None
         mlflow_store = cfg.mlflow.tracking_uri if cfg.mlflow.enabled and logger in (None, True) else None
+        trust.check_run_folder(run_dir)  # planted symbolic links: one line, exit code 2, nothing created
         preflight(run_dir, checkpoints, mlflow_store)  # unwritable folders: one line, exit code 4
         if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
             kwargs["logger"] = (
@@ -275,6 +283,9 @@ class PPOCLI(LightningCLI):
         if cfg is not None and cfg.get("ckpt_path") and cfg.get("scale") is not None:
             model = model_config(cfg)
             keep = {k: copy.deepcopy(model[k]) for k in self.SCALED_MODEL_KEYS if k in model}
+        if cfg is not None and cfg.get("ckpt_path"):  # code the checkpoint names: only what the user named
+            trust.check_checkpoint_code(cfg.ckpt_path, trust.read_checkpoint_hparams(cfg.ckpt_path), cfg.as_dict(),
+                                        bool(cfg.get("trust_code")))
         super()._parse_ckpt_path()
         if keep is not None:
             for k, v in keep.items():
@@ -400,14 +411,14 @@ def resolve_config_precision(cfg) -> None:
     cfg.trainer.precision = resolve(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"), minibatch)
 
 
-def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
+def fit_main(args: list[str] | None = None, extra_callbacks=(), cli_class: type[PPOCLI] | None = None) -> PPOCLI:
     # --config takes a path or a shipped name (cartpole/ppo_ewma): resolved before LightningCLI reads it
-    args = resolve_config_args(list(sys.argv[1:] if args is None else args))
+    args = resolve_config_args(trust.trust_args(list(sys.argv[1:] if args is None else args)))
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     quiet_library_notices()
     # --help shows each loss setting's meaning: the attribute docstrings of ppo_lightning.algos.loss.LossSettings
     jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    return PPOCLI(
+    return (cli_class or PPOCLI)(  # cli_class: ppo_lightning.cli.preflight's, which trains nothing
         PPOLightningModule,
         RolloutDataModule,
         trainer_class=PPOTrainer,  # Lightning's Trainer; its precision also takes "auto"
@@ -419,6 +430,7 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
             "log_every_n_steps": 1,
         },
         save_config_callback=SaveRunConfig,
+        parser_kwargs={"exit_on_error": False, "fit": {"exit_on_error": False}},  # a bad value: one line (main)
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         args=args,
         subclass_mode_model=True,  # --model my_pkg.MyModule: a PPOLightningModule subclass
@@ -470,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
         if _TRAINING_STARTED:
             raise
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except jsonargparse.ArgumentError as err:  # a value the parser refuses (NaN, a wrong type): one line
+        print(f"error: {trust.parse_error_line(str(err))}", file=sys.stderr)
         return 2
     close_process_group()
     return getattr(cli, "exit_code", None) or 0

@@ -59,6 +59,14 @@ def _dispatch(args: list[str]) -> int:
         from ppo_lightning.cli.evaluate import evaluate_main
 
         return evaluate_main(args[1:])
+    # the --config files first, bounded (an alias bomb, a missing file: one line before Lightning loads)
+    from ppo_lightning.core.configs import resolve_config_args
+
+    try:
+        resolve_config_args(args[1:] if args[0] == "fit" else args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     # start-up cost, as above: Lightning's CLI and TorchRL load only for fit
     from ppo_lightning.cli.fit import main as fit_cli_main
 

@@ -42,18 +42,28 @@ def resolve_config(name_or_path: str | Path) -> Path:
                      "(`ppo-lightning configs` lists them)")
 
 
+def checked_config(name_or_path: str | Path) -> Path:
+    """`resolve_config`, then the file read once with `ppo_lightning.core.safety.load_yaml` (bounded
+    size and alias expansion: a YAML bomb is one line before jsonargparse expands it)."""
+    from ppo_lightning.core.safety import load_yaml
+
+    path = resolve_config(name_or_path)
+    load_yaml(path, f"--config {path}")
+    return path
+
+
 def resolve_config_args(argv: list[str]) -> list[str]:
     """Command-line arguments with every ``--config X`` / ``--config=X`` / ``-c X`` value resolved
-    by `resolve_config` (what LightningCLI then reads as a file)."""
+    by `resolve_config` (what LightningCLI then reads as a file) and checked by `checked_config`."""
     out, i = [], 0
     while i < len(argv):
         arg = argv[i]
         if arg in ("--config", "-c") and i + 1 < len(argv):
-            out += [arg, str(resolve_config(argv[i + 1]))]
+            out += [arg, str(checked_config(argv[i + 1]))]
             i += 2
             continue
         if arg.startswith("--config="):
-            arg = "--config=" + str(resolve_config(arg.split("=", 1)[1]))
+            arg = "--config=" + str(checked_config(arg.split("=", 1)[1]))
         out.append(arg)
         i += 1
     return out

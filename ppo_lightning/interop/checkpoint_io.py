@@ -36,8 +36,23 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}".strip()
 
 
-# weights_only unpickler messages that mean "a disallowed object", not "a damaged file"
-_UNSAFE_MARKERS = ("Unsupported global", "unrecognized function", "Can only build", "Can only create new object")
+# weights_only unpickler messages that mean "a disallowed object", not "a damaged file" (matched in
+# lower case: torch 2.13 says "Unsupported GLOBAL posix.system" or "unsupported GLOBAL", by path)
+_UNSAFE_MARKERS = ("unsupported global", "unrecognized function", "can only build",
+                   "can only create new object")
+
+
+def unsafe_pickle_text(err: BaseException, what: str, path) -> str | None:
+    """The one-line refusal of a file whose pickle names objects other than tensors and plain data
+    (``torch.load(weights_only=True)`` refused it: nothing in it ran), or None if ``err`` is another
+    failure (a truncated or foreign file)."""
+    text = str(err)
+    if not isinstance(err, pickle.UnpicklingError) or not any(m in text.lower() for m in _UNSAFE_MARKERS):
+        return None
+    found = re.search(r"GLOBAL (\S+)", text, flags=re.IGNORECASE)
+    detail = f" (it calls {found.group(1)})" if found else ""
+    return (f"refusing to load {what} {path}: an unsafe pickle{detail}, refused by torch.load(weights_only=True) and "
+            "never run; a checkpoint must hold only tensors and plain data")
 
 
 def _safe_torch_load(path: Path, what: str) -> Any:
@@ -45,14 +60,9 @@ def _safe_torch_load(path: Path, what: str) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        text = str(err)
-        if any(marker in text for marker in _UNSAFE_MARKERS):
-            found = re.search(r"GLOBAL (\S+)", text)
-            detail = f" ({found.group(1)})" if found else ""
-            raise ExportError(
-                f"refusing to load {what} {path}: it holds pickled objects{detail} other than tensors and "
-                "plain containers (read with torch.load(weights_only=True); nothing was executed)"
-            ) from None
+        refused = unsafe_pickle_text(err, what, path)
+        if refused is not None:
+            raise ExportError(refused) from None
         raise ExportError(f"cannot read {what} {path}: corrupt or truncated ({one_line(err)})") from None
     except Exception as err:  # zip/EOF/runtime errors of truncated or foreign files
         raise ExportError(f"cannot read {what} {path}: corrupt or truncated ({one_line(err)})") from None
@@ -130,10 +140,10 @@ def _read_sharded(path: Path) -> dict[str, Any]:
     try:
         metadata = _safe_reader(path).read_metadata()
     except pickle.UnpicklingError as err:
-        if "Unsupported global" in str(err):
+        if "unsupported global" in str(err).lower():
             raise ExportError(
-                f"refusing to load sharded checkpoint {path}: its .metadata holds pickled objects "
-                f"({str(err).split('GLOBAL ')[-1].split()[0]}) other than checkpoint metadata; nothing was executed"
+                f"refusing to load sharded checkpoint {path}: its .metadata is an unsafe pickle (it calls "
+                f"{str(err).split('GLOBAL ')[-1].split()[0]}), refused and never run"
             ) from None
         raise ExportError(f"cannot read sharded checkpoint {path}: corrupt .metadata ({one_line(err)})") from None
     except Exception as err:

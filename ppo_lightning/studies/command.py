@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ppo_lightning.studies.spec import StudyError, load_study
@@ -32,7 +33,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--into", type=Path, default=None, help="report: also replace the study's block in this docs page")
     p.add_argument("--out", type=Path, default=None, help="report: folder (default experiments/results/studies)")
     p.add_argument("--no-plots", action="store_true", help="report: tables only")
+    p.add_argument("--trust-code", action="store_true",
+                   help="run: allow the class paths, objective paths and module:EnvId env ids the study file (and "
+                        "the config files it names) would import; only for files you trust")
     a = p.parse_args(argv)
+    if a.workers is not None and a.workers < 1:
+        print(f"error: --workers must be >= 1, got {a.workers}")
+        return 2
     if a.action != "report" and len(a.files) > 1:
         print(f"error: study {a.action} takes one study file, got {len(a.files)}")
         return 2
@@ -47,16 +54,41 @@ def main(argv: list[str]) -> int:
     if a.action == "report":  # start-up cost: the report needs rliable and matplotlib, not the runner
         from ppo_lightning.studies.report import report
 
-        for study in studies:
-            report(study, a.out, a.into, plots=not a.no_plots)
+        try:
+            for study in studies:
+                report(study, a.out, a.into, plots=not a.no_plots)
+        except (ValueError, OSError) as err:  # a page without the study's block, an unreadable page: one line
+            print(f"error: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
+            return 2
         return 0
     study = studies[0]
     # start-up cost: the runner imports submitit and, in its workers, the training stack
     from ppo_lightning.studies import runner
 
     if a.action == "status":
-        print(runner.status_text(study, a.run_root, a.workers))
+        try:
+            print(runner.status_text(study, a.run_root, a.workers))
+        except (ValueError, TypeError) as err:  # an arm's settings the planner cannot read ("fast" for an lr)
+            print(f"error: {study.path}: {err}")
+            return 2
         return 0
+    # pre-flight (issue 48): code the file would import, every cell's settings through fit's parser, the
+    # envs built once, the run root writable and free of links: before any worker starts
+    from ppo_lightning.cli.preflight import check_groups, check_run_root, check_study
+    from ppo_lightning.core.faults import UnwritablePath
+    from ppo_lightning.core.safety import UnsafeInput
+
+    try:
+        check_study(study, a.trust_code)
+        a.run_root = check_run_root((a.run_root or runner.default_run_root(study)).resolve(), "study run root",
+                                    "choose another with --run-root")
+        check_groups(study, a.run_root, a.workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1)))
+    except UnsafeInput as err:
+        print(f"error: {err}")
+        return 2
+    except UnwritablePath as err:
+        print(f"error: {err}")
+        return err.exit_code
     try:
         return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root,
                                 tracking_uri=a.tracking_uri, checkpoint_frames=a.checkpoint_frames)

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import yaml
 
+from ppo_lightning.core.safety import open_nofollow
 from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
@@ -526,7 +527,7 @@ def group_lock(run_root: Path, name: str) -> int | None:
     a job requeued while its old one is ending); the file names the holder."""
     path = run_root / "groups" / f"{name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = open_nofollow(path, os.O_CREAT | os.O_RDWR, "the group's lock file")  # a planted link: refused
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -703,21 +704,24 @@ def done_cells(study: Study, run_root: Path) -> dict:
 def _parent_run(study: Study, tracking_uri: str, run_root: Path) -> str | None:
     """The study's MLflow parent run: found by its tag, else made (one at a time: the workers of a
     study take a lock in its run root)."""
-    lock = os.open(run_root / ".parent-run.lock", os.O_CREAT | os.O_RDWR)
+    lock = open_nofollow(run_root / ".parent-run.lock", os.O_CREAT | os.O_RDWR, "the study's lock file")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _find_or_make_parent_run(study, tracking_uri)
+        return _find_or_make_parent_run(study, tracking_uri, run_root)
     finally:
         os.close(lock)
 
 
-def _find_or_make_parent_run(study: Study, tracking_uri: str) -> str | None:
+def _find_or_make_parent_run(study: Study, tracking_uri: str, run_root: Path | None = None) -> str | None:
     try:
         from mlflow.tracking import MlflowClient
 
         from ppo_lightning.training.tracking import probe_tracking_store  # start-up cost: MLflow only for run
 
-        probe_tracking_store(tracking_uri, study.name)
+        # a new experiment keeps its artifacts in the run root, not in ./mlruns of the working directory
+        local = run_root is not None and tracking_uri.startswith("sqlite:")  # a server keeps its own artifact root
+        probe_tracking_store(tracking_uri, study.name,
+                             artifact_location=(Path(run_root) / "mlruns").resolve().as_uri() if local else None)
         client = MlflowClient(tracking_uri)
         exp = client.get_experiment_by_name(study.name)
         found = client.search_runs([exp.experiment_id], filter_string="tags.study_parent = 'true'")

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from ppo_lightning.core.configs import resolve_config
+from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
 
 SCORES = ("raw", "minatar", "minatar-500k")
 POOLABLE = ("cpu", "precision")
@@ -202,6 +202,14 @@ def _need(cond: bool, where: str, msg: str) -> None:
         raise StudyError(f"{where}: {msg}")
 
 
+def _safe(check, where: str) -> None:
+    """A `ppo_lightning.core.safety` check whose refusal becomes this file's `StudyError`."""
+    try:
+        check()
+    except UnsafeInput as err:
+        raise StudyError(f"{where}: {err}") from None
+
+
 def _str_list(value: Any, where: str, field_name: str) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     _need(isinstance(items, list) and items and all(isinstance(x, str) and x for x in items), where,
@@ -247,7 +255,10 @@ def merge_configs(paths: list[Path]) -> dict:
     """YAML configs merged in order (a later file's section values over an earlier one's)."""
     merged: dict = {}
     for path in paths:
-        for section, values in (yaml.safe_load(Path(path).read_text()) or {}).items():
+        data = load_yaml(path) or {}  # bounded: a config a shared study file names is data too
+        if not isinstance(data, dict):
+            raise UnsafeInput(f"{path}: a config file is a YAML mapping of sections")
+        for section, values in data.items():
             if isinstance(values, dict):
                 merged.setdefault(section, {}).update(values)
             else:
@@ -264,12 +275,15 @@ def parse_study(data: Any, path: Path) -> Study:
         _need(required in data, where, f"{required}: missing")
     name = data["study"]
     _need(isinstance(name, str) and bool(NAME.match(name)), where, f"study: a name of letters, digits, _ . -, got {name!r}")
+    _safe(lambda: safe_name(name, "study"), where)  # it names the run root and the records: not '..', bounded
     root = find_root(path.resolve())
     base = _str_list(data["base"], where, "base")
     for b in base:
         _need(ref_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
     envs = _str_list(data["envs"], where, "envs")
     _need(len(set(envs)) == len(envs), where, "envs: listed twice")
+    for e in envs:  # an env becomes part of lock, folder and record names (':' as '-')
+        _safe(lambda: env_dirname(e, "envs"), where)
     seeds = data["seeds"]
     _need(isinstance(seeds, dict), where, f"seeds: a mapping {{count: N, first: S}}, got {seeds!r}")
     _keys(seeds, _names(SEEDS_FIELDS), where, "seeds.")
@@ -297,6 +311,7 @@ def parse_study(data: Any, path: Path) -> Study:
         n = a.get("name")
         _need(isinstance(n, str) and bool(NAME.match(n)), where, f"{at}.name: a name of letters, digits, _ . -, got {n!r}")
         _need(n not in arms, where, f"{at}.name: {n!r} is used twice")
+        _safe(lambda: safe_name(n, f"{at}.name", max_len=64), where)  # arm__env__seed.json stays a file name
         label = a.get("label")
         _need(isinstance(label, str) and label.strip() != "", where, f"{at}.label ({n}): the label plots and tables show, missing")
         configs = _str_list(a["configs"], where, f"{at}.configs") if "configs" in a else ()
@@ -371,7 +386,7 @@ def load_study(path: str | Path) -> Study:
     if not path.exists():
         raise StudyError(f"{path}: no such study file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise StudyError(f"{path}: not YAML ({str(err).splitlines()[0]})") from None
+        data = load_yaml(path)  # bounded: an alias bomb is refused in one line
+    except UnsafeInput as err:
+        raise StudyError(str(err)) from None
     return parse_study(data, path)

@@ -108,10 +108,13 @@ def check_sharded_checkpoint(path: Path) -> None:
     if not (path / "meta.pt").exists():
         raise CheckpointError(f"checkpoint folder {path} has no meta.pt (not a complete sharded checkpoint)")
     check_checkpoint_file(path / "meta.pt")
-    from torch.distributed.checkpoint import FileSystemReader
+    from ppo_lightning.interop.checkpoint_io import _safe_reader  # torch's reader unpickles .metadata unchecked
 
     try:
-        metadata = FileSystemReader(str(path)).read_metadata()
+        metadata = _safe_reader(path).read_metadata()
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"checkpoint folder {path}: its .metadata is an unsafe pickle "
+                              f"({str(err).split('GLOBAL ')[-1].split()[0]}), refused and never run") from None
     except Exception as err:  # noqa: BLE001 - any unreadable .metadata: one line
         raise CheckpointError(f"checkpoint folder {path} has an unreadable .metadata ({type(err).__name__})") from None
     need: dict[str, int] = {}
@@ -183,6 +186,11 @@ def _atomic_checkpoint_io_class():
             try:
                 return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
             except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, FileNotFoundError) as err:
+                from ppo_lightning.interop.checkpoint_io import unsafe_pickle_text
+
+                refused = unsafe_pickle_text(err, "checkpoint", path)  # a payload: say so (it never ran)
+                if refused is not None:
+                    raise CheckpointError(refused) from None
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise CheckpointError(f"checkpoint {path} does not load ({type(err).__name__}: {first})") from None
 

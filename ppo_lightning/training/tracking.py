@@ -13,7 +13,8 @@ Lightning's `MLFlowLogger` does the logging (parameters, per-iteration metrics).
   reported once, after which the run goes on with console logging.
 
 The tracking store is ``sqlite:///mlflow.db`` by default; artifacts go to MLflow's default
-artifact root for it, ``./mlruns/<experiment id>/<run id>/artifacts`` (``make clean`` removes both).
+artifact root for it, ``./mlruns/<experiment id>/<run id>/artifacts`` (``make clean`` removes both); a
+study's or a search's experiment keeps them in its run root (``<run root>/mlruns``).
 """
 
 from __future__ import annotations
@@ -306,9 +307,11 @@ def _sqlite_store_lock(tracking_uri: str):
         os.close(fd)  # releases the lock
 
 
-def probe_tracking_store(tracking_uri: str, experiment_name: str, limit: int = 300) -> str | None:
+def probe_tracking_store(tracking_uri: str, experiment_name: str, limit: int = 300,
+                         artifact_location: str | None = None) -> str | None:
     """Create or find the experiment, tagged as model training (`EXPERIMENT_KIND_TAG`: a kind the
-    user set is kept); returns an error message if the store cannot be written."""
+    user set is kept); returns an error message if the store cannot be written. ``artifact_location``:
+    where a new experiment keeps its artifacts (a study's or search's: inside its run root)."""
     quiet_mlflow()
     try:
         import mlflow
@@ -317,7 +320,8 @@ def probe_tracking_store(tracking_uri: str, experiment_name: str, limit: int = 3
             client = mlflow.MlflowClient(tracking_uri=tracking_uri)
             experiment = client.get_experiment_by_name(experiment_name)
             if experiment is None:
-                client.create_experiment(experiment_name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                client.create_experiment(experiment_name, artifact_location=artifact_location,
+                                         tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
             elif EXPERIMENT_KIND_TAG not in experiment.tags:  # made by an older version, or by hand
                 client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     except Exception as err:  # noqa: BLE001

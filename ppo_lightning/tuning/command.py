@@ -43,6 +43,9 @@ def main(argv: list[str]) -> int:
                    help="seconds without a heartbeat after which a worker on another host counts as gone (default 120)")
     p.add_argument("--summary-only", action="store_true", help="train nothing: print the best settings and plot the search")
     p.add_argument("--no-plots", action="store_true", help="no plots in the summary")
+    p.add_argument("--trust-code", action="store_true",
+                   help="allow the class paths, objective paths and module:EnvId env ids the space file (and the "
+                        "config files it names) would import; only for files you trust")
     a = p.parse_args(argv)
     base = None if a.config is None else [str(Path(c).resolve()) if Path(c).exists() else c for c in a.config]
     overrides = {"base": base, "trials": a.trials, "members": a.members, "frames": a.frames,
@@ -62,6 +65,21 @@ def main(argv: list[str]) -> int:
     run_root = (a.run_root or space.root / "runs" / "tuning" / space.name).resolve()
     stale = a.stale_after if a.stale_after is not None else runner.STALE_AFTER_S
     if not a.summary_only:
+        # pre-flight (issue 48): code the file would import, a trial's settings through fit's parser, the env
+        # built once, the run root writable and free of links: before any worker starts
+        from ppo_lightning.cli.preflight import check_run_root, check_space
+        from ppo_lightning.core.faults import UnwritablePath
+        from ppo_lightning.core.safety import UnsafeInput
+
+        try:
+            check_space(space, a.trust_code)
+            check_run_root(run_root, "search run root", "choose another with --run-root")
+        except UnsafeInput as err:
+            print(f"error: {err}")
+            return 2
+        except UnwritablePath as err:
+            print(f"error: {err}")
+            return err.exit_code
         code = run_workers(space, run_root, a.workers, a.executor, a.tracking_uri, stale)
         if code:
             return code

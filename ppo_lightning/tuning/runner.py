@@ -371,7 +371,9 @@ def parent_run(space: Space, run_root: Path, tracking_uri: str) -> str | None:
                     return json.loads(text)["run_id"]
                 time.sleep(0.1)
             return None
-        probe_tracking_store(tracking_uri, space.name)
+        local = tracking_uri.startswith("sqlite:")  # a tracking server keeps its own artifact root
+        probe_tracking_store(tracking_uri, space.name,
+                             artifact_location=(run_root / "mlruns").resolve().as_uri() if local else None)
         client = MlflowClient(tracking_uri)
         exp = client.get_experiment_by_name(space.name)
         run = client.create_run(exp.experiment_id, run_name=space.name,

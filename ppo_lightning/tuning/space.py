@@ -42,8 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
 from ppo_lightning.studies.spec import find_root, merge_configs, ref_exists, resolve_ref
 
 # a fit option's name -> the member setting it is (ppo_lightning.data.seed_group.MEMBER_HPARAMS)
@@ -167,6 +166,14 @@ def _need(cond: bool, where: str, msg: str) -> None:
         raise SpaceError(f"{where}: {msg}")
 
 
+def _safe(check, where: str) -> None:
+    """A `ppo_lightning.core.safety` check whose refusal becomes this file's `SpaceError`."""
+    try:
+        check()
+    except UnsafeInput as err:
+        raise SpaceError(f"{where}: {err}") from None
+
+
 def _int(v: Any, lo: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= lo
 
@@ -245,6 +252,7 @@ def parse_space(data: Any, path: Path) -> Space:
         _need(data.get(required) is not None, where, f"{required}: missing")
     name = data["tuning"]
     _need(isinstance(name, str) and bool(NAME.match(name)), where, f"tuning: a name of letters, digits, _ . -, got {name!r}")
+    _safe(lambda: safe_name(name, "tuning"), where)  # it names the run root: not '..', bounded
     root = find_root(path.resolve())
     base = [data["base"]] if isinstance(data["base"], str) else data["base"]
     _need(isinstance(base, list) and base and all(isinstance(b, str) and b for b in base), where,
@@ -253,6 +261,7 @@ def parse_space(data: Any, path: Path) -> Space:
         _need(ref_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
     env = data["env"]
     _need(isinstance(env, str) and env != "", where, f"env: an environment id (minatar:<game>), got {env!r}")
+    _safe(lambda: env_dirname(env, "env"), where)
     for key in ("frames", "trials", "members"):
         _need(_int(data[key], 1), where, f"{key}: a positive integer, got {data[key]!r}")
     seeds = data.get("seeds") or {"count": 1}
@@ -330,9 +339,12 @@ def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Spa
     if not path.exists():
         raise SpaceError(f"{path}: no such search-space file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SpaceError(f"{path}: not YAML ({str(err).splitlines()[0]})") from None
+        data = load_yaml(path)  # bounded: an alias bomb is refused in one line
+    except UnsafeInput as err:
+        raise SpaceError(str(err)) from None
     if isinstance(data, dict):
         data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return parse_space(data, path)
+    try:
+        return parse_space(data, path)
+    except UnsafeInput as err:  # a base config that is a bomb or not a mapping
+        raise SpaceError(str(err)) from None

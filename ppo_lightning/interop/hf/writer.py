@@ -185,12 +185,14 @@ def export_hf(
     video: bool = True,
     seed: int = 0,
     seed_index: int | None = None,
+    trust_code: bool = False,
 ) -> Path:
     """Export a checkpoint (``.ckpt`` file or sharded folder) to a Hugging Face folder; returns it.
 
     ``evaluate``: episodes to play with the exported weights for the model card (0: none);
     ``video``: with ``evaluate``, also write ``replay.mp4`` (env 0's first episode).
-    ``seed_index``: seed k of a vectorized seed group's checkpoint.
+    ``seed_index``: seed k of a vectorized seed group's checkpoint. ``trust_code``: the evaluation may
+    import the module of a ``module:EnvId`` env id the checkpoint names (else it is skipped, in one line).
     """
     from huggingface_hub import save_torch_state_dict
 
@@ -221,7 +223,7 @@ def export_hf(
         if evaluate:
             # the stored weights (rounded to dtype), run in float32
             net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
-            evaluation = _evaluate(net, config, evaluate, seed, tmp / REPLAY_FILE if video else None)
+            evaluation = _evaluate(net, config, evaluate, seed, tmp / REPLAY_FILE if video else None, trust_code)
             if evaluation is not None:
                 config["evaluation"] = _plain({k: v for k, v in evaluation.items() if k not in ("video",)})
         save_torch_state_dict(weights, tmp, max_shard_size=shard_bytes, metadata={"format": "pt"})
@@ -266,14 +268,19 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 
 
 
-def _evaluate(net: torch.nn.Module, config: dict[str, Any], episodes: int, seed: int, video: Path | None) -> dict | None:
+def _evaluate(net: torch.nn.Module, config: dict[str, Any], episodes: int, seed: int, video: Path | None,
+              trust_code: bool = False) -> dict | None:
     """`evaluate_policy` on the training env (Procgen: held-out levels); None, with a message, if the
     env cannot be built or played here (the folder is still written, its card says "not measured")."""
     # start-up cost: the evaluation pulls the envs and TorchRL (seconds), needed only with --evaluate
     from ppo_lightning.interop.evaluation import evaluate_policy, resolve_env
 
+    from ppo_lightning.core.safety import check_code, code_references
+
     try:
-        env_id, kwargs = resolve_env(config.get("environment") or {}, None, "test")
+        env = config.get("environment") or {}
+        check_code(code_references({"env_id": env.get("env_id")}, "environment"), "the checkpoint", trust_code)
+        env_id, kwargs = resolve_env(env, None, "test")
         return evaluate_policy(net, env_id, episodes=episodes, env_kwargs=kwargs, seed=seed,
                                video=None if video is None else str(video))
     except Exception as err:  # noqa: BLE001 - the export itself is still valid: say so, write no score
@@ -300,13 +307,16 @@ def export_main(argv: list[str] | None = None) -> int:
                         help="play N episodes for the model card's mean return and replay.mp4 (default 10; 0 skips)")
     parser.add_argument("--no-video", action="store_true", help="do not write replay.mp4")
     parser.add_argument("--seed", type=int, default=0, help="env seed of the evaluation (default 0)")
+    parser.add_argument("--trust-code", action="store_true",
+                        help="let the evaluation import the module of a module:EnvId env id the checkpoint names")
     parser.add_argument("--seed_index", "--seed-index", type=int, default=None, metavar="K",
                         help="a vectorized seed group's checkpoint: export its seed K")
     args = parser.parse_args(argv)
     size: int | str = int(args.max_shard_size) if str(args.max_shard_size).isdigit() else args.max_shard_size
     try:
         out = export_hf(args.ckpt, args.out_dir, max_shard_size=size, dtype=args.dtype, overwrite=args.overwrite,
-                        evaluate=args.evaluate, video=not args.no_video, seed=args.seed, seed_index=args.seed_index)
+                        evaluate=args.evaluate, video=not args.no_video, seed=args.seed, seed_index=args.seed_index,
+                        trust_code=args.trust_code)
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
