@@ -30,6 +30,8 @@ import yaml
 DICT_SETTINGS = ("objective_args", "value_loss_args", "aux_terms", "schedules", "loss")
 # Model settings that may change on resume without --resume_override (they do not change what is learned).
 MODEL_SAFE = ("max_bad_steps", "compile", "micro_batch_size", "init_from")
+# Model settings the optimizer's state holds (Lightning restores it): no change on resume takes effect.
+OPTIMIZER_STATE = ("lr", "adam_betas", "adam_eps", "optimizer")
 # Model settings that come from the data side (linked by the CLI), never compared here.
 MODEL_LINKED = ("observation_space", "action_space", "seeds", "member_hparams")
 # Data settings that may change on resume: a longer (or shorter) run. Frame-based schedules follow the new total.
@@ -232,8 +234,12 @@ def reconcile(cfg_before: dict[str, Any], ckpt: dict[str, Any], given: set[str],
         if key in given:
             if same:
                 continue
+            # data.num_envs: another batch per rank is --rescale's to allow or refuse (ppo_lightning.training.rescale)
             allowed = (key in overrides or (section == "model" and name in safe) or (section == "data" and name in DATA_SAFE)
-                       or (rescale and section == "data" and name in ("num_envs",)))
+                       or key == "data.num_envs")
+            if allowed and section == "model" and name in OPTIMIZER_STATE:
+                raise ResumeRefused(f"--{key}: the optimizer's state, restored from the checkpoint, holds it; it "
+                                    "cannot change on resume (start a new run, e.g. with model.init_from)")
             if not allowed:
                 raise ResumeRefused(
                     f"--{key} {_show(here)} differs from the checkpoint's {_show(saved)}: a resumed run keeps its "
