@@ -178,6 +178,7 @@ class PPOFamilyLoss(LossModule):
         self.kl_form = settings.kl_form
         self.objective_spec = get_objective(settings.objective)
         self.objective_args = self.objective_spec.check_args(settings.objective_args)
+        self.objective_call_args = self.objective_spec.full_args(self.objective_args)  # defaults filled
         # the hooks past the surrogate (ppo_lightning.algos.hooks): the value loss and auxiliary terms
         self.value_loss_spec, self.value_loss_args = VALUE_LOSSES.check(settings.value_loss, settings.value_loss_args,
                                                                         "model.value_loss_args")
@@ -243,7 +244,7 @@ class PPOFamilyLoss(LossModule):
     def surrogate(self, x: SurrogateInputs) -> torch.Tensor:
         """The per-sample surrogate to maximize: the registered objective's function with
         ``objective_args``. A subclass may override this one method instead of registering a function."""
-        return self.objective_spec.fn(x, **self.objective_args)
+        return self.objective_spec.fn(x, **self.objective_call_args)
 
     def value_loss(self, v: ValueInputs) -> torch.Tensor:
         """The per-sample value loss: the hook ``model.value_loss`` names with ``value_loss_args``

@@ -118,8 +118,13 @@ class Objective:
         """``model.objective_args`` for this objective, checked against its settings (names, types,
         checks; one-line errors naming the setting, before training). Returns the given ones, converted."""
         args = dict(args or {})
-        full = check_settings(self.settings_schema, args, "model.objective_args", f"objective {self.name!r}")
+        full = self.full_args(args)
         return {k: full[k] for k in args}
+
+    def full_args(self, args: dict[str, Any] | None) -> dict[str, Any]:
+        """Every setting of this objective, checked: the given ones and the defaults of the others (the
+        keyword arguments its function is called with)."""
+        return check_settings(self.settings_schema, args, "model.objective_args", f"objective {self.name!r}")
 
 
 _OBJECTIVES: dict[str, Objective] = {}

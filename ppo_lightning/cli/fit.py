@@ -350,6 +350,7 @@ class PPOCLI(LightningCLI):
         self._argv, self._dotted = argv or [], []
         if argv is not None:  # --model.objective_args.eps_high 0.3: one entry of a dict setting
             argv, self._dotted = resume_cli.split_dotted(argv)
+            argv = resume_cli.with_checkpoint_class(argv)  # a subclass's checkpoint: its settings parse
             args = argv
         flags = [a for a in argv or [] if a == "--print_config" or a.startswith("--print_config=")]
         if not flags:
@@ -391,7 +392,7 @@ class PPOCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except jsonargparse.ArgumentError as err:
-            message = resume_cli.unknown_setting(self._argv) if isinstance(args, list) else None
+            message = resume_cli.unknown_setting(args) if isinstance(args, list) else None
             if message:
                 raise ValueError(message) from None
             for p, flag in zip(parsers, saved):

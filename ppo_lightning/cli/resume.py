@@ -129,6 +129,30 @@ def apply_dotted(model_cfg, overrides: list[tuple[str, list[str], str]], only: s
         model_cfg[name] = root
 
 
+def with_checkpoint_class(argv: list[str]) -> list[str]:
+    """With ``--ckpt_path`` of a module subclass's checkpoint and no ``--model`` class, ``--model <its
+    class>`` before the first ``--model.X``: its own settings (``--model.max_clip_fraction``) parse on resume."""
+    from pathlib import Path
+
+    if any(t == "--model" or t.startswith("--model=") for t in argv):
+        return argv
+    path = next((argv[i + 1] for i, t in enumerate(argv[:-1]) if t == "--ckpt_path"), None) or next(
+        (t.split("=", 1)[1] for t in argv if t.startswith("--ckpt_path=")), None)
+    if not path or not Path(path).is_file():
+        return argv
+    try:
+        import torch
+
+        hparams = torch.load(path, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters") or {}
+    except Exception:  # noqa: BLE001  (an unreadable file is reported by the checkpoint check, in one line)
+        return argv
+    cls = hparams.get("_class_path")
+    if not cls:
+        return argv
+    i = next((j for j, t in enumerate(argv) if t.startswith("--model.")), len(argv))
+    return argv[:i] + ["--model", str(cls)] + argv[i:]
+
+
 # ---------------------------------------------------------------------- unknown settings, in one line
 def _import(path: str):
     module, _, name = str(path).rpartition(".")
