@@ -1,15 +1,27 @@
-"""Learning-rate schedules over PPO iterations.
+"""Schedules: the learning rate over PPO iterations (``model.lr_schedule``), and any coefficient by frames
+(``model.schedules``).
 
-``linear``: the PPO paper's MuJoCo setting and CleanRL's ``--anneal-lr``: at iteration ``i``
+``model.lr_schedule`` ``linear``: the PPO paper's MuJoCo setting and CleanRL's ``--anneal-lr``: at iteration ``i``
 (0-based) the rate is ``lr * (1 - i / N)``, ``N = ceil(total_frames / frames_per_iteration)``, so the
 last iteration trains with ``lr / N`` and the rate would reach 0 just after ``total_frames``.
+
+``model.schedules`` maps a coefficient of `SCHEDULABLE` to a schedule: a registered name (``linear``)
+or ``{name: linear, <settings>}``, e.g. ``{entropy_coef: {name: linear, end: 0.0}, lr: cosine}``. A
+schedule is a pure function ``fn(p: Progress, **settings) -> float``: the FACTOR on the coefficient's
+configured value at that point of the run. The factor scales the value and never replaces it: a seed
+group's members with their own values (``data.member_hparams``, e.g. entropy_coef ``[0.01, 0.05]``) keep
+their ratio. Applied at the start of every iteration from the frames trained so far (restored with the
+run on resume, as ``data.total_frames`` is).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass as _dataclass
 
 import torch
+
+from ppo_lightning.algos.settings import setting
 
 LR_SCHEDULES = ("constant", "linear")
 
@@ -46,19 +58,6 @@ def make_lr_scheduler(name: str, optimizer: torch.optim.Optimizer, total_frames:
 
 
 # ---------------------------------------------------------------------- coefficient schedules by frames
-"""Schedules of a coefficient by frames (``model.schedules``).
-
-``model.schedules`` maps a coefficient of `SCHEDULABLE` to a schedule: a registered name (``linear``)
-or ``{name: linear, <settings>}``, e.g. ``{entropy_coef: {name: linear, end: 0.0}, lr: cosine}``. A
-schedule is a pure function ``fn(p: Progress, **settings) -> float``: the FACTOR on the coefficient's
-configured value at that point of the run. The factor scales the value and never replaces it: a seed
-group's members with their own values (``data.member_hparams``, e.g. entropy_coef ``[0.01, 0.05]``) keep
-their ratio. Applied at the start of every iteration from the frames trained so far (restored with the
-run on resume, as ``data.total_frames`` is)."""
-
-from dataclasses import dataclass as _dataclass  # noqa: E402
-
-from ppo_lightning.algos.settings import setting  # noqa: E402
 
 # The coefficients a schedule may scale: the optimizer's lr and the loss's settings.
 SCHEDULABLE = ("lr", "clip_eps", "entropy_coef", "value_coef", "kl_beta")
