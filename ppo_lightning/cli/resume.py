@@ -256,7 +256,7 @@ def reconcile(cfg_before: dict[str, Any], ckpt: dict[str, Any], given: set[str],
             continue  # --scale rewrites them from the config's c = 1 values (checked by rescale)
         same = _plain(here) == _plain(saved)
         if key in given:
-            if same:
+            if same or matches(here, saved):
                 continue
             # data.num_envs: another batch per rank is --rescale's to allow or refuse (ppo_lightning.training.rescale)
             allowed = (key in overrides or (section == "model" and name in safe) or (section == "data" and name in DATA_SAFE)
@@ -272,11 +272,23 @@ def reconcile(cfg_before: dict[str, Any], ckpt: dict[str, Any], given: set[str],
             changed.append(f"{key} {_show(saved)} -> {_show(here)}")
         elif not same:
             out[key] = saved
-            kept.append(f"{key}={_show(saved)}")
+            if not matches(here, saved):  # a mapping the module completed with its defaults is the same setting
+                kept.append(f"{key}={_show(saved)}")
     unused = sorted(overrides - given)
     if unused:
         raise ValueError(f"--resume_override {', '.join(unused)}: not given on the command line (give the new value too)")
     return out, kept, changed
+
+
+def matches(given: Any, saved: Any) -> bool:
+    """Whether a setting as given agrees with the checkpoint's: equal, or a mapping each of whose entries
+    agrees with the checkpoint's (the module completes ``model.ppg`` and ``model.network`` with defaults)."""
+    given, saved = _plain(given), _plain(saved)
+    if isinstance(given, dict) and isinstance(saved, dict):
+        return all(k in saved and matches(v, saved[k]) for k, v in given.items())
+    if isinstance(given, list) and isinstance(saved, list):
+        return len(given) == len(saved) and all(matches(a, b) for a, b in zip(given, saved))
+    return given == saved
 
 
 def resume_line(path: str, frames: int | None, kept: list[str], changed: list[str]) -> str:
