@@ -335,3 +335,20 @@ def test_loss_settings_are_the_modules_by_name_and_default():
     assert model.loss_module.clip_eps == 0.1 and model.loss_module.kl_form == LOSS_SETTINGS["kl_form"]
     with pytest.raises(ValueError, match="model.clip_eps must be > 0"):
         PPOLightningModule({"shape": [4], "dtype": "float32"}, {"type": "discrete", "n": 2}, clip_eps=-1.0)
+
+
+class LearningRates(Callback):
+    def __init__(self):
+        self.seen: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 0:
+            self.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def test_an_lr_schedule_by_frames_scales_the_optimizers_lr(tmp_path):
+    seen = LearningRates()
+    cli = fit_main(["fit", "--config", CARTPOLE, *TINY, "--model.lr", "0.001", "--model.schedules.lr", "{name: linear, end: 0.5}",
+                    "--data.total_frames", "256", "--run_dir", str(tmp_path / "run")], extra_callbacks=[seen])
+    assert seen.seen == pytest.approx([0.001 * (1 - 0.5 * f / 256) for f in (0, 64, 128, 192)])
+    assert cli.model.hparams.schedules == {"lr": {"name": "linear", "end": 0.5}}
