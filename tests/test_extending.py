@@ -352,3 +352,17 @@ def test_an_lr_schedule_by_frames_scales_the_optimizers_lr(tmp_path):
                     "--data.total_frames", "256", "--run_dir", str(tmp_path / "run")], extra_callbacks=[seen])
     assert seen.seen == pytest.approx([0.001 * (1 - 0.5 * f / 256) for f in (0, 64, 128, 192)])
     assert cli.model.hparams.schedules == {"lr": {"name": "linear", "end": 0.5}}
+
+
+def test_an_auxiliary_term_is_an_entry_of_the_loss_and_joins_the_minimized_sum():
+    _, batch = batch_and_net(False)
+    model = PPOLightningModule({"shape": [4], "dtype": "float32"}, ACT, network={"name": "mlp", "hidden_sizes": [8]},
+                               aux_terms={"logit_l2": {"coef": 0.1}})
+    loss, stats = model.loss_and_stats(batch)
+    out = model.loss_module(batch)
+    logits = model.network(batch["observation"])[0]
+    torch.testing.assert_close(out["loss_aux_logit_l2"], 0.1 * (0.5 * logits.pow(2).mean(-1)).mean())
+    torch.testing.assert_close(loss, sum(out[k] for k in ("loss_objective", "loss_critic", "loss_entropy", "loss_aux_logit_l2")))
+    assert "loss_aux_logit_l2" in stats
+    with pytest.raises(ValueError, match="model.aux_terms.logit_l2.coef must be a number >= 0, got -1"):
+        PPOLightningModule({"shape": [4], "dtype": "float32"}, ACT, aux_terms={"logit_l2": {"coef": -1}})
