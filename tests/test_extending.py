@@ -311,6 +311,8 @@ def test_a_checkpoint_from_before_the_registry_resumes(tmp_path):
     (["--model.schedules.entropy", "linear"], "model.schedules: 'entropy' is not a schedulable coefficient"),
     (["--model.schedules.entropy_coef", "{name: linear, end: -1}"],
      "model.schedules.entropy_coef.end of schedule 'linear' must be >= 0, got -1"),
+    (["--data.total_frame", "64"], "--data.total_frame: RolloutDataModule has no setting 'total_frame'; did you mean "
+                                   "--data.total_frames?"),
     (["--model.entrpy_coef", "0.1"], "--model.entrpy_coef: ppo_lightning.training.module.PPOLightningModule has no setting "
                                       "'entrpy_coef'; did you mean --model.entropy_coef?"),
 ])

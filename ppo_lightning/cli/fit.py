@@ -512,6 +512,8 @@ def fit_main(args: list[str] | None = None, extra_callbacks=()) -> PPOCLI:
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         args=args,
         subclass_mode_model=True,  # --model my_pkg.MyModule: a PPOLightningModule subclass
+        # no prefixes of option names: --data.total_frame is a misspelling (one line naming the setting), not total_frames
+        parser_kwargs={"allow_abbrev": False, "fit": {"allow_abbrev": False}},
         auto_configure_optimizers=False,
         extra_callbacks=extra_callbacks,
     )
