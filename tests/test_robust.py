@@ -431,8 +431,8 @@ def test_bad_input_table_rows_fail_in_one_line(tmp_path, capsys):
         (["--ckpt_path", str(tmp_path)], 2, f"error: checkpoint folder {tmp_path} has no .metadata"),
         (["--ckpt_path", str(good), "--data.num_envs", "8", "--data.total_frames", "256"], 2,
          "error: the checkpoint has 4 environments per rank, the config 8 (data.num_envs)"),
-        (["--ckpt_path", str(tmp_path / "stale/checkpoints/last.ckpt"), "--data.total_frames", "128"], 2,
-         "error: checkpoint has a staleness queue (data.staleness=1); the config has data.staleness=0"),
+        (["--ckpt_path", str(tmp_path / "stale/checkpoints/last.ckpt"), "--data.total_frames", "128", "--data.staleness", "0"], 2,
+         "error: --data.staleness 0 differs from the checkpoint's 1: a resumed run keeps its settings"),
     ]
     capsys.readouterr()
     for args, code, message in cases:

@@ -30,6 +30,7 @@ from torch import nn
 from torchrl.objectives import LossModule
 
 from ppo_lightning.algos import objectives as F
+from ppo_lightning.algos.hooks import VALUE_LOSSES, TermInputs, ValueInputs, check_aux_terms
 from ppo_lightning.algos.registry import SurrogateInputs, get_objective, objective_names
 from ppo_lightning.nets.models import dist_param_keys, make_distribution
 
@@ -98,9 +99,19 @@ class LossSettings:
     kl_form: str = "analytic"
     """The KL term of the "kl" objectives: "analytic" (exact KL between the anchor's and the current
     distribution) or "sq_logratio" (the reference code's ``0.5 (log pi(a) - log pi_anchor(a))^2``)."""
+    value_loss: str = "mse"
+    """The value loss, a hook of `ppo_lightning.algos.hooks` by name: "mse", "clipped", "huber", another
+    registered name or a function's import path; times ``value_coef``."""
+    value_loss_args: dict[str, Any] | None = None
+    """The value loss's own settings, e.g. ``{delta: 0.5}`` for "huber"."""
+    aux_terms: dict[str, Any] | None = None
+    """Auxiliary loss terms added to the loss, ``{name: {coef: c, <settings>}}`` (hooks of
+    `ppo_lightning.algos.hooks`, e.g. ``{logit_l2: {coef: 0.001}}``); null: none."""
 
     def __post_init__(self) -> None:
         get_objective(self.objective).check_args(self.objective_args)
+        VALUE_LOSSES.check(self.value_loss, self.value_loss_args, "model.value_loss_args")
+        check_aux_terms(self.aux_terms)
         for name in ("clip_eps", "kl_target"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
@@ -167,6 +178,11 @@ class PPOFamilyLoss(LossModule):
         self.kl_form = settings.kl_form
         self.objective_spec = get_objective(settings.objective)
         self.objective_args = self.objective_spec.check_args(settings.objective_args)
+        self.objective_call_args = self.objective_spec.full_args(self.objective_args)  # defaults filled
+        # the hooks past the surrogate (ppo_lightning.algos.hooks): the value loss and auxiliary terms
+        self.value_loss_spec, self.value_loss_args = VALUE_LOSSES.check(settings.value_loss, settings.value_loss_args,
+                                                                        "model.value_loss_args")
+        self.aux_specs = check_aux_terms(settings.aux_terms)
         # Not registered as a submodule: the LightningModule owns the network (one copy of the
         # weights in its state_dict, and FSDP wraps it there).
         self.__dict__["network"] = network
@@ -228,7 +244,12 @@ class PPOFamilyLoss(LossModule):
     def surrogate(self, x: SurrogateInputs) -> torch.Tensor:
         """The per-sample surrogate to maximize: the registered objective's function with
         ``objective_args``. A subclass may override this one method instead of registering a function."""
-        return self.objective_spec.fn(x, **self.objective_args)
+        return self.objective_spec.fn(x, **self.objective_call_args)
+
+    def value_loss(self, v: ValueInputs) -> torch.Tensor:
+        """The per-sample value loss: the hook ``model.value_loss`` names with ``value_loss_args``
+        (`ppo_lightning.algos.hooks`). A subclass may override this one method instead."""
+        return self.value_loss_spec.fn(v, **self.value_loss_args)
 
     def update_kl_beta(self, mean_kl: float, seed: int | None = None) -> float:
         """Adapt beta once per iteration (PPO paper rule); returns the new beta. ``seed``: that seed's
@@ -271,8 +292,9 @@ class PPOFamilyLoss(LossModule):
         if self.kl_form == "sq_logratio":  # the reference code's penalty: 0.5 (log pi - log pi_anchor)^2
             kl_anchor = F.squared_log_ratio_kl(log_prob, anchor_log_prob.detach())
         beta = self.kl_beta.float().unsqueeze(-1) if self.stacked_seeds else self.kl_beta.float()
-        surrogate = self.surrogate(SurrogateInputs(log_prob, behavior_log_prob, advantage, proximal_log_prob,
-                                                   kl_anchor, beta, self.clip_eps, self.max_importance_ratio))
+        x = SurrogateInputs(log_prob, behavior_log_prob, advantage, proximal_log_prob, kl_anchor, beta, self.clip_eps,
+                            self.max_importance_ratio)
+        surrogate = self.surrogate(x)
 
         value = value.reshape(log_prob.shape)
         value_target = tensordict.get(keys.value_target).reshape(log_prob.shape)
@@ -281,15 +303,19 @@ class PPOFamilyLoss(LossModule):
             behavior_value = behavior_value.reshape(log_prob.shape)
         entropy = dist.entropy()
 
+        value_inputs = ValueInputs(value, value_target, behavior_value, self.value_clip_eps)
         out = TensorDict(
             {
                 "loss_objective": -mean(surrogate),
-                "loss_critic": self.value_coef
-                * mean(F.value_loss(value, value_target, behavior_value, self.value_clip_eps)),
+                "loss_critic": self.value_coef * mean(self.value_loss(value_inputs)),
                 "loss_entropy": -self.entropy_coef * mean(entropy),
             },
             batch_size=[],
         )
+        if self.aux_specs:  # auxiliary terms (hooks): coef * mean, summed by the module with the others
+            terms = TermInputs(x, value_inputs, entropy, tuple(params), tensordict.get(keys.observation))
+            for entry, (hook, coef, args) in self.aux_specs.items():
+                out.set(entry, coef * mean(hook.fn(terms, **args)))
         with torch.no_grad():
             lp = log_prob.detach()
             capped = behavior_log_prob if self.max_importance_ratio is None else F.cap_behavior_log_prob(

@@ -28,6 +28,7 @@ __all__ = [
     "clip_bounds",
     "clip_fraction",
     "value_loss",
+    "huber_value_loss",
     "explained_variance",
     "ppg_auxiliary_loss",
 ]
@@ -181,6 +182,12 @@ def value_loss(
         clipped = old_value + (value - old_value).clamp(-clip_eps, clip_eps)
         err = torch.maximum(err, (clipped - value_target).pow(2))
     return err
+
+
+def huber_value_loss(value: Tensor, value_target: Tensor, delta: float = 1.0) -> Tensor:
+    """Huber loss of the value error per sample: ``0.5 e^2`` for ``|e| <= delta``, else ``delta (|e| - 0.5
+    delta)``, ``e = V - V_targ`` (Huber 1964; TorchRL's "smooth_l1" critic loss at ``delta`` 1)."""
+    return torch.nn.functional.huber_loss(value, value_target, reduction="none", delta=delta)
 
 
 def explained_variance(prediction: Tensor, target: Tensor, dim: int | None = None) -> Tensor:

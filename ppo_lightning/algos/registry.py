@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ppo_lightning.algos import objectives as F
+from ppo_lightning.algos.settings import check_settings, schema_of
 
 __all__ = ["SurrogateInputs", "Objective", "register_objective", "get_objective", "objective_names"]
 
@@ -69,6 +70,15 @@ class SurrogateInputs:
         """``r = pi / pi_anchor``, with gradient."""
         return torch.exp(self.log_prob - self.anchor_log_prob)
 
+    def clamp_ratio(self, eps_low: float | Tensor | None = None, eps_high: float | Tensor | None = None) -> Tensor:
+        """``clip(r, 1 - eps_low, 1 + eps_high)`` with ``r = x.ratio``; each bound ``x.clip_eps`` where not
+        given (a seed group's per-member clip range included: its bounds in the ratio's dtype,
+        `ppo_lightning.algos.objectives.clip_bounds`)."""
+        ratio = self.ratio
+        low = F.clip_bounds(self.clip_eps if eps_low is None else eps_low, ratio)[0]
+        high = F.clip_bounds(self.clip_eps if eps_high is None else eps_high, ratio)[1]
+        return ratio.clamp(low, high)
+
     @property
     def weight(self) -> Tensor | float:
         """The decoupled form's importance weight ``pi_prox / pi_behav`` without gradient; 1.0 in the
@@ -82,42 +92,55 @@ class SurrogateInputs:
 @dataclass(frozen=True)
 class Objective:
     """A registered objective: its name, its function, whether ``beta`` adapts once per iteration
-    (`ppo_lightning.algos.objectives.adaptive_kl_beta` on the mean ``kl_anchor``), and its settings
-    (the function's keyword arguments after ``x``, with their defaults)."""
+    (`ppo_lightning.algos.objectives.adaptive_kl_beta` on the mean ``kl_anchor``), and its settings:
+    a dataclass (``settings=`` at registration, `ppo_lightning.algos.settings`), or the function's
+    keyword arguments after ``x`` with their annotations and defaults."""
 
     name: str
     fn: Callable[..., Tensor]
     adaptive_beta: bool = False
+    schema: type | None = None
+
+    @property
+    def settings_schema(self) -> type:
+        return self.schema if self.schema is not None else schema_of(self.fn, skip=1)
 
     @property
     def settings(self) -> dict[str, Any]:
-        params = list(inspect.signature(self.fn).parameters.values())[1:]
-        return {p.name: p.default for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        """The settings by name with their defaults (``inspect.Parameter.empty``: required)."""
+        import dataclasses
+
+        return {f.name: f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
+            for f in dataclasses.fields(self.settings_schema)}
 
     def check_args(self, args: dict[str, Any] | None) -> dict[str, Any]:
-        """``model.objective_args`` for this objective (one-line error for a setting it does not have)."""
+        """``model.objective_args`` for this objective, checked against its settings (names, types,
+        checks; one-line errors naming the setting, before training). Returns the given ones, converted."""
         args = dict(args or {})
-        known = self.settings
-        for key in args:
-            if key not in known:
-                raise ValueError(f"model.objective_args: {key!r} is not a setting of objective {self.name!r} "
-                                 f"(its settings: {', '.join(known) or 'none'})")
-        missing = [k for k, v in known.items() if v is inspect.Parameter.empty and k not in args]
-        if missing:
-            raise ValueError(f"model.objective_args: objective {self.name!r} needs {', '.join(missing)}")
-        return args
+        full = self.full_args(args)
+        return {k: full[k] for k in args}
+
+    def full_args(self, args: dict[str, Any] | None) -> dict[str, Any]:
+        """Every setting of this objective, checked: the given ones and the defaults of the others (the
+        keyword arguments its function is called with)."""
+        return check_settings(self.settings_schema, args, "model.objective_args", f"objective {self.name!r}")
 
 
 _OBJECTIVES: dict[str, Objective] = {}
 
 
-def register_objective(name: str, fn: Callable[..., Tensor] | None = None, *, adaptive_beta: bool = False):
+def register_objective(name: str, fn: Callable[..., Tensor] | None = None, *, adaptive_beta: bool = False,
+                       settings: type | None = None):
     """Register ``fn`` as objective ``name`` (usable as a decorator: ``@register_objective("name")``).
+    ``settings``: a dataclass declaring its settings (types, defaults, checks; `ppo_lightning.algos.settings`),
+    whose fields are ``fn``'s keyword arguments; without it, ``fn``'s own keyword arguments are.
     Registering a name again replaces it (re-importing a user module is harmless). Returns ``fn``."""
     def add(f: Callable[..., Tensor]) -> Callable[..., Tensor]:
         if not callable(f) or not list(inspect.signature(f).parameters):
             raise ValueError(f"objective {name!r}: a function of (x: SurrogateInputs, **settings) is needed")
-        _OBJECTIVES[name] = Objective(name, f, adaptive_beta)
+        check_schema_matches(f"objective {name!r}", f, settings)
+        _OBJECTIVES[name] = Objective(name, f, adaptive_beta, settings)
         if not hasattr(f, "__ppo_objective__"):
             f.__ppo_objective__ = name
         return f
@@ -144,11 +167,26 @@ def get_objective(name: str) -> Objective:
         registered = getattr(fn, "__ppo_objective__", None)
         if registered in _OBJECTIVES and _OBJECTIVES[registered].fn is fn:
             spec = _OBJECTIVES[registered]
-            return _OBJECTIVES.setdefault(name, Objective(name, fn, spec.adaptive_beta))
+            return _OBJECTIVES.setdefault(name, Objective(name, fn, spec.adaptive_beta, spec.schema))
         register_objective(name, fn)
         return _OBJECTIVES[name]
     raise ValueError(f"model.objective must be one of {objective_names()} or the import path of a function "
                      f"(pkg.module.fn), got {name!r}")
+
+
+def check_schema_matches(what: str, fn: Callable, settings: type | None) -> None:
+    """A settings dataclass given at registration names ``fn``'s keyword arguments (after the inputs)."""
+    if settings is None:
+        return
+    import dataclasses
+
+    if not dataclasses.is_dataclass(settings):
+        raise ValueError(f"{what}: settings must be a dataclass (ppo_lightning.algos.settings), got {settings!r}")
+    params = inspect.signature(fn).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = [f.name for f in dataclasses.fields(settings) if f.name not in params and not takes_kwargs]
+    if unknown:
+        raise ValueError(f"{what}: its settings {', '.join(unknown)} are not keyword arguments of {fn.__name__}")
 
 
 # ---------------------------------------------------------------------- the built-ins

@@ -48,6 +48,7 @@ from ppo_lightning.training.storage_faults import preflight, storage_hint
 from ppo_lightning.training.mlflow_sender import SPOOL_NAME
 from ppo_lightning.core.safety import refuse_symlink
 from ppo_lightning.cli import trust
+from ppo_lightning.cli import resume as resume_cli
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -151,6 +152,9 @@ class PPOCLI(LightningCLI):
         parser.add_argument("--trust_code", type=bool, default=False,
                             help="with --ckpt_path: allow the class paths and objective paths the checkpoint names "
                                  "to be imported (also --trust-code); only for checkpoints you trust")
+        parser.add_argument("--resume_override", type=str | None, default=None,
+                            help="with --ckpt_path: comma list of settings (model.x,data.y) whose command-line value "
+                                 "replaces the checkpoint's (ppo_lightning.cli.resume)")
         parser.add_argument("--rescale", type=bool, default=False,
                             help="with --ckpt_path on another world size or data.num_envs: apply the batch-size "
                                  "scaling rules (--scale_rules, --scale_adam_betas) for the batch's factor")
@@ -286,10 +290,67 @@ class PPOCLI(LightningCLI):
         if cfg is not None and cfg.get("ckpt_path"):  # code the checkpoint names: only what the user named
             trust.check_checkpoint_code(cfg.ckpt_path, trust.read_checkpoint_hparams(cfg.ckpt_path), cfg.as_dict(),
                                         bool(cfg.get("trust_code")))
+        ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
+        before = self._resume_settings(cfg) if ckpt_path and Path(ckpt_path).is_file() else None
         super()._parse_ckpt_path()
         if keep is not None:
             for k, v in keep.items():
                 model_config(self.config[sub])[k] = v
+        if before is not None:
+            self._reconcile_resume(self.config[sub], before)
+
+    @staticmethod
+    def _resume_settings(cfg) -> dict:
+        """The model and data settings as the config and the command line give them (before the
+        checkpoint's are read), by ``model.<name>`` / ``data.<name>``."""
+        fill_data_seed(cfg)
+        model = model_config(cfg)
+        out = {f"model.{k}": copy.deepcopy(resume_cli._plain(v)) for k, v in dict(model).items()}
+        out["model.class_path"] = resume_cli.class_name(cfg.model.get("class_path") or MODEL_CLASS_PATH)
+        out.update({f"data.{k}": copy.deepcopy(resume_cli._plain(v)) for k, v in dict(cfg.data).items()})
+        if cfg.get("seeds") is not None:
+            out["data.num_seeds"] = cfg.seeds
+        return out
+
+    def _reconcile_resume(self, cfg, before: dict) -> None:
+        """The checkpoint's model and data settings are the run's; a command-line setting that differs is
+        an error unless safe or in ``--resume_override`` (`ppo_lightning.cli.resume.reconcile`). Prints
+        the one line of what came from the checkpoint."""
+        import torch
+
+        ckpt = torch.load(cfg.ckpt_path, weights_only=True, map_location="cpu", mmap=True)
+        hparams = {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items() if k not in ("_instantiator", "_class_path")}
+        saved = {f"model.{k}": v for k, v in hparams.items()}
+        saved["model.class_path"] = resume_cli.class_name((ckpt.get("hyper_parameters") or {}).get("_class_path", MODEL_CLASS_PATH))
+        scaled = cfg.get("scale") is not None
+        if scaled:  # kept at the command line's c = 1 values and checked after scaling (rescale)
+            saved = {k: v for k, v in saved.items() if k.split(".", 1)[1] not in self.SCALED_MODEL_KEYS}
+        data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items() if k != "_instantiator"}
+        saved.update({f"data.{k}": v for k, v in data.items() if k in cfg.data})
+        given = resume_cli.explicit_settings(getattr(self, "_argv", []))
+        overrides = resume_cli.parse_overrides(cfg.get("resume_override"))
+        values, kept, changed = resume_cli.reconcile(
+            before, saved, given, overrides, resume_cli.resume_safe(before.get("model.class_path")),
+            rescale=bool(cfg.get("rescale")), scaled=scaled)
+        model = model_config(cfg)
+        dotted = {name for name, _, _ in getattr(self, "_dotted", [])}
+        for key, value in values.items():
+            section, name = key.split(".", 1)
+            if key == "model.class_path":
+                cfg.model.class_path = value
+            elif section == "model":
+                if name in dotted and key in given and f"--{key}" not in self._argv:  # only entries changed: on the checkpoint's dict
+                    model[name] = copy.deepcopy(resume_cli._plain(hparams.get(name)))
+                    resume_cli.apply_dotted(model, self._dotted, only={name})
+                else:
+                    model[name] = value
+            elif name == "num_seeds" and cfg.get("seeds") is not None:
+                cfg.seeds = value
+            else:
+                cfg.data[name] = value
+        frames = (ckpt.get("RolloutDataModule") or {}).get("frames")
+        if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+            print(resume_cli.resume_line(str(cfg.ckpt_path), frames, kept, changed), flush=True)
 
     def parse_arguments(self, parser, args) -> None:
         """``--print_config`` prints the config with the callbacks and logger the run would use
@@ -297,9 +358,14 @@ class PPOCLI(LightningCLI):
         ``--ckpt_path`` is checked first: LightningCLI reads the checkpoint's hyperparameters right
         after parsing, so an incomplete file is refused here, in one line (ppo_lightning.training.checkpointing)."""
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        self._argv, self._dotted = argv or [], []
+        if argv is not None:  # --model.objective_args.eps_high 0.3: one entry of a dict setting
+            argv, self._dotted = resume_cli.split_dotted(argv)
+            argv = resume_cli.with_checkpoint_class(argv)  # a subclass's checkpoint: its settings parse
+            args = argv
         flags = [a for a in argv or [] if a == "--print_config" or a.startswith("--print_config=")]
         if not flags:
-            super().parse_arguments(parser, args)
+            self._parse_one_line(parser, args)
             sub = self.config.get("subcommand")
             if sub == "fit" and not self.config[sub].get("ckpt_path"):
                 self.config[sub].ckpt_path = self._slurm_resume_checkpoint(self.config[sub])
@@ -307,7 +373,7 @@ class PPOCLI(LightningCLI):
             if ckpt_path:
                 check_checkpoint_file(ckpt_path)
             return
-        super().parse_arguments(parser, [a for a in argv if a not in flags])
+        self._parse_one_line(parser, [a for a in argv if a not in flags])
         sub = self.config["subcommand"]
         cfg = self.config[sub]
         fill_data_seed(cfg)
@@ -325,6 +391,30 @@ class PPOCLI(LightningCLI):
         full = yaml.safe_load(parser.dump(self.config, skip_none=False, skip_check=True))
         sys.stdout.write(yaml.safe_dump(full[sub], sort_keys=False))
         sys.exit(0)
+
+    def _parse_one_line(self, parser, args) -> None:
+        """Parse; a setting its class does not take (a misspelled ``--model.X`` of a subclass, ``--data.X``)
+        is one line naming the class and the closest setting (`ppo_lightning.cli.resume.unknown_setting`);
+        other parse errors print as jsonargparse prints them. Then the dotted dict entries are applied."""
+        parsers = [parser, *getattr(getattr(parser, "_subcommands_action", None), "_name_parser_map", {}).values()]
+        saved = [p.exit_on_error for p in parsers]
+        for p in parsers:
+            p.exit_on_error = False
+        try:
+            super().parse_arguments(parser, args)
+        except jsonargparse.ArgumentError as err:
+            message = resume_cli.unknown_setting(args) if isinstance(args, list) else None
+            if message:
+                raise ValueError(message) from None
+            for p, flag in zip(parsers, saved):
+                p.exit_on_error = flag
+            parser.error(str(err))
+        finally:
+            for p, flag in zip(parsers, saved):
+                p.exit_on_error = flag
+        sub = self.config.get("subcommand")
+        if self._dotted and sub:
+            resume_cli.apply_dotted(model_config(self.config[sub]), self._dotted)
 
     @staticmethod
     def _slurm_resume_checkpoint(cfg) -> str | None:
@@ -434,6 +524,8 @@ def fit_main(args: list[str] | None = None, extra_callbacks=(), cli_class: type[
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         args=args,
         subclass_mode_model=True,  # --model my_pkg.MyModule: a PPOLightningModule subclass
+        # no prefixes of option names: --data.total_frame is a misspelling (one line naming the setting), not total_frames
+        parser_kwargs={"allow_abbrev": False, "fit": {"allow_abbrev": False}},
         auto_configure_optimizers=False,
         extra_callbacks=extra_callbacks,
     )

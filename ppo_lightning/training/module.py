@@ -33,6 +33,9 @@ from ppo_lightning.training.seed_group import seed_axis, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
 from ppo_lightning.algos.proximal import ProximalEWMAStep
 from ppo_lightning.training.update import PPGUpdate, PPOUpdate
+from ppo_lightning.algos.hooks import AUX_PREFIX
+from ppo_lightning.algos.settings import check_settings, schema_of
+from ppo_lightning.training.coefficients import ScheduledCoefficients
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
@@ -100,8 +103,13 @@ class PPOLightningModule(pl.LightningModule):
             ``advantage_norm_span``, ``gamma`` and ``gae_lambda`` are the data side's.
         loss_settings: the loss settings, each ``model.<name>`` (`ppo_lightning.algos.loss.LossSettings`:
             ``objective``, ``objective_args``, ``decoupled``, ``clip_eps``, ``kl_beta``, ``kl_target``,
-            ``max_importance_ratio``, ``value_coef``, ``entropy_coef``, ``value_clip_eps``, ``kl_form``;
-            the table in docs/guides/extending.md); saved with the other hyperparameters.
+            ``max_importance_ratio``, ``value_coef``, ``entropy_coef``, ``value_clip_eps``, ``kl_form``,
+            ``value_loss``, ``value_loss_args``, ``aux_terms``; the table in docs/guides/extending.md);
+            saved with the other hyperparameters.
+        schedules: coefficients scheduled by frames, ``{coefficient: schedule}`` for ``lr``, ``clip_eps``,
+            ``entropy_coef``, ``value_coef``, ``kl_beta`` (`ppo_lightning.algos.schedules`): a registered
+            schedule's name or ``{name: ..., <settings>}``; its factor scales the configured value (a
+            group's members' own values too). None: constant.
     """
 
     def __init__(
@@ -124,6 +132,7 @@ class PPOLightningModule(pl.LightningModule):
         seeds: list[int] | None = None,
         member_hparams: dict[str, list] | None = None,
         loss: dict[str, Any] | None = None,
+        schedules: dict[str, Any] | None = None,
         **loss_settings: Any,
     ) -> None:
         super().__init__()
@@ -150,6 +159,9 @@ class PPOLightningModule(pl.LightningModule):
             member_hparams=None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()},
             objective_args=None if settings.objective_args is None else _plain(settings.objective_args),
             loss=None if loss is None else _plain(loss),
+            schedules=None if schedules is None else _plain(schedules),
+            value_loss_args=None if settings.value_loss_args is None else _plain(settings.value_loss_args),
+            aux_terms=None if settings.aux_terms is None else _plain(settings.aux_terms),
         )
         hparams.pop("proximal_precision", None)
         if type(self) is not PPOLightningModule:
@@ -166,6 +178,7 @@ class PPOLightningModule(pl.LightningModule):
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
         self.loss_module = self.make_loss()
+        self.coefficients.check_loss(self.loss_module)
         self.param_keys = dist_param_keys(action_space)
         com = self.seed_axis.proximal_com(proximal_com)  # a group's members may have their own
         self.proximal_source = None
@@ -209,6 +222,8 @@ class PPOLightningModule(pl.LightningModule):
         if h.get("loss") is not None and not (isinstance(h.loss, dict) and isinstance(h.loss.get("class_path"), str)
                                               and set(h.loss) <= {"class_path", "init_args"}):
             raise ValueError(f"model.loss must be {{class_path: ..., init_args: {{...}}}} or null, got {h.loss!r}")
+        # model.schedules (ppo_lightning.algos.schedules): checked here, applied every iteration
+        self.coefficients = ScheduledCoefficients(h)
         if h.proximal_com is not None:
             if h.proximal_com < 0:
                 raise ValueError(f"model.proximal_com (center of mass, gradient steps) must be >= 0, got {h.proximal_com}")
@@ -248,8 +263,13 @@ class PPOLightningModule(pl.LightningModule):
                 cls = getattr(importlib.import_module(module), name)
             except (ImportError, AttributeError, ValueError) as err:
                 raise ValueError(f"model.loss.class_path {spec['class_path']!r}: cannot import it ({err})") from None
+        init_args = dict(spec.get("init_args") or {})
+        if cls is not PPOFamilyLoss:  # a subclass's own settings, checked (its Settings dataclass or __init__)
+            schema = schema_of(cls, skip=0, exclude=("network", "action_space", "stacked_seeds", *LOSS_SETTINGS))
+            checked = check_settings(schema, init_args, "model.loss.init_args", spec["class_path"])
+            init_args = {k: checked[k] for k in init_args}
         loss = cls(self.network, self.hparams.action_space, **self.loss_settings(),
-                   stacked_seeds=self.seed_axis.stacked_seeds, **(spec.get("init_args") or {}))
+                   stacked_seeds=self.seed_axis.stacked_seeds, **init_args)
         self.seed_axis.configure_loss(loss)  # a group's members' own anchors and loss settings
         return loss
 
@@ -331,7 +351,8 @@ class PPOLightningModule(pl.LightningModule):
         optimizer = self._make_optimizer()
         dm = self.trainer.datamodule if self._trainer is not None else None
         if self.hparams.lr_schedule == "constant" or dm is None:
-            return optimizer
+            scheduler = None if dm is None else self.coefficients.lr_scheduler(self, optimizer)  # model.schedules.lr
+            return optimizer if scheduler is None else {"optimizer": optimizer, "lr_scheduler": scheduler}
 
         scheduler = make_lr_scheduler(self.hparams.lr_schedule, optimizer, dm.total_frames, dm.frames_per_iteration)
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
@@ -400,6 +421,8 @@ class PPOLightningModule(pl.LightningModule):
         if not self._output_checked:
             check_loss_output(out, *self.stat_shape)
             self._output_checked = True
+        if "loss_objective" in terms:  # auxiliary terms (ppo_lightning.algos.hooks) join the policy's loss
+            terms = tuple(terms) + tuple(k for k in out.keys() if k.startswith(AUX_PREFIX))
         stats = {k: v.detach().float() for k, v in out.items()}
         if self.stat_shape:  # a seed group: a scalar entry counts for every seed
             stats = {k: v.expand(self.stat_shape) for k, v in stats.items()}
@@ -417,6 +440,8 @@ class PPOLightningModule(pl.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self.step_stats = []
+        if self.coefficients:  # model.schedules: this iteration's coefficients, scaled from the configured ones
+            self.record_metrics(self.coefficients.apply(self))
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self.compiled is not None:

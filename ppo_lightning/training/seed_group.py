@@ -247,6 +247,8 @@ class SeedGroup(SingleRun):
         trainer = module.trainer
         if trainer.lr_scheduler_configs:
             raise ValueError("refill: a member's lr schedule would continue the group's; use model.lr_schedule constant")
+        if module.hparams.get("schedules"):
+            raise ValueError("refill: model.schedules follow the group's frames; a refilled member would start mid-schedule")
         if module.ppg_phases is not None:
             raise ValueError("refill: PPG groups cannot refill a member")
         for name, v in values.items():
