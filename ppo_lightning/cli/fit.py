@@ -520,12 +520,12 @@ def fit_main(args: list[str] | None = None, extra_callbacks=(), cli_class: type[
             "log_every_n_steps": 1,
         },
         save_config_callback=SaveRunConfig,
-        parser_kwargs={"exit_on_error": False, "fit": {"exit_on_error": False}},  # a bad value: one line (main)
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         args=args,
         subclass_mode_model=True,  # --model my_pkg.MyModule: a PPOLightningModule subclass
-        # no prefixes of option names: --data.total_frame is a misspelling (one line naming the setting), not total_frames
-        parser_kwargs={"allow_abbrev": False, "fit": {"allow_abbrev": False}},
+        # a bad value: one line (main); no prefixes of option names: --data.total_frame is a misspelling
+        # (one line naming the setting), not total_frames
+        parser_kwargs={"exit_on_error": False, "allow_abbrev": False, "fit": {"exit_on_error": False, "allow_abbrev": False}},
         auto_configure_optimizers=False,
         extra_callbacks=extra_callbacks,
     )
