@@ -254,7 +254,7 @@ def test_a_typo_in_a_loss_subclass_setting_is_one_line_naming_the_class(user_mod
 # ---------------------------------------------------------------------- resume
 def test_resume_refuses_a_changed_setting_allows_declared_ones_and_restores_total_frames(user_module, capsys):
     base = ["fit", "--config", CARTPOLE, *TINY, "--run_dir", "run"]
-    ckpt = ["--ckpt_path", "run/checkpoints/last.ckpt"]
+    ckpt = ["--ckpt_path", "run/checkpoints/last.ckpt", "--trust-code"]  # its class paths: the user's own code
     fit_main(base + ["--model", "my_variants.ClipWatch", "--model.objective", "my_variants.dual_clip",
                      "--model.objective_args.c", "2.5", "--model.schedules.entropy_coef", "linear",
                      "--model.entropy_coef", "0.01", "--data.total_frames", "128"])

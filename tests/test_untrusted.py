@@ -362,7 +362,7 @@ def test_nan_and_words_where_numbers_go_are_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("arm_fit, words", [
     ({"model.lr": "fast"}, "arm bad on minatar:breakout: model.lr: Expected a <class 'float'>. Got value: fast"),
     ({"model.lr": float("nan")}, "arm bad: model.lr is nan, not a finite number"),
-    ({"model.nope": 1}, "arm bad on minatar:breakout: model: Option 'nope' is not accepted"),
+    ({"model.nope": 1}, "arm bad on minatar:breakout: --model.nope: ppo_lightning.training.module.PPOLightningModule has no setting 'nope'"),
     ({"data.num_envs": 0}, "arm bad on minatar:breakout: data.num_envs"),
 ])
 def test_study_run_checks_every_arm_before_any_worker_starts(tmp_path, capsys, arm_fit, words):
@@ -414,7 +414,7 @@ def test_tune_checks_its_trials_before_any_worker_starts(tmp_path, capsys, monke
     name, marker = evil_module(tmp_path)
     cases = [
         ({"env": f"{name}:Evil{name}-v0"}, 2, f"env '{name}:Evil{name}-v0' would import the module {name!r}"),
-        ({"fit": {"data.num_envs": 4, "model.nope": 1}}, 2, "model: Option 'nope' is not accepted"),
+        ({"fit": {"data.num_envs": 4, "model.nope": 1}}, 2, "--model.nope: ppo_lightning.training.module.PPOLightningModule has no setting 'nope'"),
         ({"params": {"model.lr": {"type": "float", "low": 0.0005, "high": 0.016, "log": True},
                      "data.update_epochs": {"type": "categorical", "choices": [2, "many"]}}}, 2,
          "a trial with data.update_epochs=many, model.lr=0.0005: data.update_epochs: Expected a <class 'int'>"),
