@@ -31,6 +31,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--into", type=Path, default=None, help="report: also replace the study's block in this docs page")
     p.add_argument("--out", type=Path, default=None, help="report: folder (default experiments/results/studies)")
     p.add_argument("--no-plots", action="store_true", help="report: tables only")
+    p.add_argument("--runs", type=Path, default=None,
+                   help="report: a folder of run roots (e.g. runs/studies): also read the cell files of runs in progress "
+                        "there (<runs>/<study name>/cells), for the study and its confirming study")
     a = p.parse_args(argv)
     if a.action != "report" and len(a.files) > 1:
         print(f"error: study {a.action} takes one study file, got {len(a.files)}")
@@ -47,7 +50,7 @@ def main(argv: list[str]) -> int:
         from ppo_lightning.studies.report import report
 
         for study in studies:
-            report(study, a.out, a.into, plots=not a.no_plots)
+            report(study, a.out, a.into, plots=not a.no_plots, runs=a.runs)
         return 0
     study = studies[0]
     # start-up cost: the runner imports submitit and, in its workers, the training stack

@@ -18,12 +18,25 @@ comparisons:
   - {claim: "PPO-EWMA learns faster than PPO", a: ppo_ewma, b: ppo, test: difference, metric: auc}
   - {claim: "PPG-EWMA equals PPG", a: ppg_ewma, b: ppg, test: equivalence, margin: 0.02, metric: [auc, final]}
   - {claim: "tuned is as good as hand-picked", a: tuned, b: hand, test: noninferiority, margin: 0.05, metric: auc}
+selection: "lr 4e-3 was chosen for PPO-EWMA on seeds 0-7 (minatar_lr_500k.yaml)"  # optional: what these seeds chose
+confirm:                              # optional: the same claims on seeds no selection used
+  study: minatar_fig4_500k_fresh.yaml # a study file with arms of the same names and other seeds
 records:                              # optional: committed records of the old driver, read as cells
   dir: experiments/results/minatar
   figure: ewma500k                    # <figure>_runs.csv / _curves.csv; an arm's rows are its name's
   arms: {ppo_ewma: [lr500k/c1_lr8x, ewma500k/ppo_ewma_lr8x]}  # or other figures' arms, in order
   committed: ewma500k_summary.csv     # its committed verdicts, compared in the report
 ```
+
+A study whose ``seeds`` chose a setting (an lr, a COM: picked where it did best) states so in
+``selection``, and names in ``confirm.study`` the study that runs the same arms on seeds no selection
+used: its own file, run by ``study run`` like any other, its seeds disjoint from these. The report
+gives every claim on both seed sets; a claim is a headline only where it holds on the fresh seeds.
+
+``score: random-best`` normalizes per environment as the PPO paper's Table 1: 0 the random policy's
+return (``score_ref.random``: a CSV of ``env,return``), 1 the best of ``score_ref.best_of``'s arms
+(the mean over its seeds of ``score_ref.metric``). An arm may carry ``paper:`` (its published value
+on that score), shown beside its measured one.
 
 An arm may add config files after the base (``configs: [minatar/ppg]``). A
 comparison may restrict the environments it pools (``envs``) and name its figure (``figure``).
@@ -43,10 +56,10 @@ import yaml
 
 from ppo_lightning.core.configs import resolve_config
 
-SCORES = ("raw", "minatar", "minatar-500k")
+SCORES = ("raw", "minatar", "minatar-500k", "random-best")
 POOLABLE = ("cpu", "precision")
 TESTS = ("difference", "equivalence", "noninferiority")
-METRICS = ("auc", "final")
+METRICS = ("auc", "final", "last100")  # last100: mean return of the run's last 100 episodes (the PPO paper's score)
 # fit options outside the model / data / trainer / mlflow sections that an arm may set
 TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "seed_everything", "log_every_frames",
                  "checkpoint_every", "video_every", "trainer.callbacks+")
@@ -66,6 +79,7 @@ class Arm:
     label: str
     fit: dict[str, Any] = field(default_factory=dict)
     configs: tuple[str, ...] = ()
+    paper: float | None = None  # the published value of this arm on the study's score (Table 1's)
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,21 @@ class Records:
 
 
 @dataclass(frozen=True)
+class Confirm:
+    """The study that runs the same claims on seeds no selection used (``confirm.study``)."""
+    path: Path
+
+
+@dataclass(frozen=True)
+class ScoreRef:
+    """``score: random-best``: per env, 0 is ``random[env]``, 1 the best mean ``metric`` of ``best_of``."""
+    random: dict[str, float]
+    random_source: Path
+    best_of: tuple[str, ...]
+    metric: str
+
+
+@dataclass(frozen=True)
 class Study:
     path: Path
     name: str
@@ -106,6 +135,19 @@ class Study:
     comparisons: tuple[Comparison, ...]
     records: Records | None
     root: Path
+    selection: str = ""
+    confirm: Confirm | None = None
+    score_ref: ScoreRef | None = None
+
+    def confirmation(self) -> "Study | None":
+        """The confirming study (`load_study` of ``confirm.study``), or None."""
+        return None if self.confirm is None else load_study(self.confirm.path)
+
+    @property
+    def seed_range(self) -> str:
+        """The seeds as a reader writes them: '0-7', or '0, 3, 5'."""
+        s = list(self.seeds)
+        return f"{s[0]}-{s[-1]}" if s == list(range(s[0], s[0] + len(s))) and len(s) > 1 else ", ".join(map(str, s))
 
     def arm(self, name: str) -> Arm:
         return self.arms[name]
@@ -197,8 +239,8 @@ def parse_study(data: Any, path: Path) -> Study:
     """A `Study` from a loaded YAML mapping (``path``: where it came from, for messages and paths)."""
     where = str(path)
     _need(isinstance(data, dict), where, "a study file is a YAML mapping")
-    _keys(data, ("study", "title", "base", "fit", "envs", "seeds", "frames", "score", "pool", "target_half_width",
-                 "arms", "comparisons", "records"), where)
+    _keys(data, ("study", "title", "base", "fit", "envs", "seeds", "frames", "score", "score_ref", "pool", "target_half_width",
+                 "arms", "comparisons", "records", "selection", "confirm"), where)
     for required in ("study", "base", "envs", "seeds", "frames", "arms"):
         _need(required in data, where, f"{required}: missing")
     name = data["study"]
@@ -232,7 +274,7 @@ def parse_study(data: Any, path: Path) -> Study:
     for i, a in enumerate(data["arms"]):
         at = f"arms[{i}]"
         _need(isinstance(a, dict), where, f"{at}: a mapping {{name, label, fit}}, got {a!r}")
-        _keys(a, ("name", "label", "fit", "configs"), where, f"{at}.")
+        _keys(a, ("name", "label", "fit", "configs", "paper"), where, f"{at}.")
         n = a.get("name")
         _need(isinstance(n, str) and bool(NAME.match(n)), where, f"{at}.name: a name of letters, digits, _ . -, got {n!r}")
         _need(n not in arms, where, f"{at}.name: {n!r} is used twice")
@@ -241,7 +283,10 @@ def parse_study(data: Any, path: Path) -> Study:
         configs = _str_list(a["configs"], where, f"{at}.configs") if "configs" in a else ()
         for c in configs:
             _need(ref_exists(root, path, c), where, f"{at}.configs: {c} is neither a file nor a shipped config name")
-        arms[n] = Arm(n, label, _fit(a.get("fit"), where, f"{at}.fit ({n})"), configs)
+        paper = a.get("paper")
+        _need(paper is None or (isinstance(paper, (int, float)) and not isinstance(paper, bool)), where,
+              f"{at}.paper ({n}): the published value, a number, got {paper!r}")
+        arms[n] = Arm(n, label, _fit(a.get("fit"), where, f"{at}.fit ({n})"), configs, None if paper is None else float(paper))
 
     comparisons = []
     for i, c in enumerate(data.get("comparisons") or []):
@@ -299,9 +344,55 @@ def parse_study(data: Any, path: Path) -> Study:
         _need((rdir / f"{r['figure']}_runs.csv").exists(), where, f"records.figure: no {r['figure']}_runs.csv in {r['dir']}")
         records = Records(rdir, r["figure"], mapping, committed)
 
+    seed_tuple = tuple(range(first, first + count))
+    selection = data.get("selection") or ""
+    _need(isinstance(selection, str), where, f"selection: what these seeds chose, in words, got {selection!r}")
+    confirm = None
+    if data.get("confirm") is not None:
+        cf = data["confirm"]
+        _need(isinstance(cf, dict), where, "confirm: a mapping {study: FILE} (the study on seeds no selection used)")
+        _keys(cf, ("study",), where, "confirm.")
+        _need(isinstance(cf.get("study"), str), where, "confirm.study: the confirming study file, missing")
+        cpath = resolve_ref(root, path, cf["study"])
+        _need(cpath.is_file(), where, f"confirm.study: {cf['study']} is not a file")
+        _need(cpath.resolve() != path.resolve(), where, "confirm.study: a study cannot confirm itself")
+        try:
+            other = load_study(cpath)
+        except StudyError as err:
+            raise StudyError(f"{where}: confirm.study: {err}") from None
+        overlap = sorted(set(other.seeds) & set(seed_tuple))
+        _need(not overlap, where, f"confirm.study: seeds {overlap} are also this study's (selection) seeds; fresh seeds must be others")
+        confirmable = [c for c in comparisons if c.a in other.arms and c.b in other.arms]
+        _need(bool(confirmable), where, f"confirm.study: {cf['study']} has the arms of none of the comparisons (same names)")
+        confirm = Confirm(cpath)
+    score_ref = None
+    if score == "random-best":
+        sr = data.get("score_ref")
+        _need(isinstance(sr, dict), where, "score_ref: score random-best needs {random: CSV, best_of: [arms], metric}")
+        _keys(sr, ("random", "best_of", "metric"), where, "score_ref.")
+        _need(isinstance(sr.get("random"), str), where, "score_ref.random: a CSV of env,return (the random policy's), missing")
+        rpath = resolve_ref(root, path, sr["random"])
+        _need(rpath.is_file(), where, f"score_ref.random: {sr['random']} is not a file")
+        import csv
+
+        with open(rpath, newline="") as f:
+            rows = list(csv.DictReader(f))
+        _need(rows and {"env", "return"} <= set(rows[0]), where, f"score_ref.random: {sr['random']} needs columns env, return")
+        random = {r["env"]: float(r["return"]) for r in rows}
+        for e in envs:
+            _need(e in random, where, f"score_ref.random: no random-policy return for {e} in {sr['random']}")
+        best_of = _str_list(sr.get("best_of"), where, "score_ref.best_of")
+        for b in best_of:
+            _need(b in arms, where, f"score_ref.best_of: {b!r} is not an arm")
+        metric = sr.get("metric", "last100")
+        _need(metric in METRICS, where, f"score_ref.metric: one of {', '.join(METRICS)}, got {metric!r}")
+        score_ref = ScoreRef(random, rpath, best_of, metric)
+    else:
+        _need("score_ref" not in data, where, "score_ref: only score random-best has one")
     return Study(path=path, name=name, title=str(data.get("title") or name), base=base, fit=shared, envs=envs,
-                 seeds=tuple(range(first, first + count)), frames=frames, score=score, pool=pool,
-                 target_half_width=float(target), arms=arms, comparisons=tuple(comparisons), records=records, root=root)
+                 seeds=seed_tuple, frames=frames, score=score, pool=pool,
+                 target_half_width=float(target), arms=arms, comparisons=tuple(comparisons), records=records, root=root,
+                 selection=selection.strip(), confirm=confirm, score_ref=score_ref)
 
 
 def load_study(path: str | Path) -> Study:
