@@ -360,6 +360,7 @@ def parse_study(data: Any, path: Path) -> Study:
             other = load_study(cpath)
         except StudyError as err:
             raise StudyError(f"{where}: confirm.study: {err}") from None
+        _need(other.score == score, where, f"confirm.study: scores {other.score}, this study {score}: the same claims need the same score")
         overlap = sorted(set(other.seeds) & set(seed_tuple))
         _need(not overlap, where, f"confirm.study: seeds {overlap} are also this study's (selection) seeds; fresh seeds must be others")
         confirmable = [c for c in comparisons if c.a in other.arms and c.b in other.arms]
