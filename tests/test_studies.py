@@ -650,3 +650,40 @@ def test_every_committed_study_report_has_every_comparison():
         md = ROOT / "experiments" / "results" / "studies" / f"{f.stem}.md"
         if study.comparisons and md.exists():
             assert covered(study, md.read_text()) == [], f.name
+
+
+def test_table1_scores_as_the_paper_random_zero_best_one_with_known_answers():
+    """Synthetic records of the Table 1 study: per task, setting k's last-100-episode return is
+    R_random + paper_k x 100 on every seed (the paper's best, clip 0.2 at 0.82, the best here too),
+    so each setting's score is paper_k / 0.82 exactly; the report puts it beside the paper's, and
+    every ordering claim of the file is a row."""
+    from ppo_lightning.studies.records import Cell, normalizer
+    from ppo_lightning.studies.report import analyse, covered, markdown
+
+    study = load_study(ROOT / "experiments" / "studies" / "mujoco_ppo_table1.yaml")
+    assert len(study.envs) == 7 and all(e.endswith("-v5") for e in study.envs) and len(study.seeds) >= 3
+    assert sum(a.paper is not None for a in study.arms.values()) == 11
+    rng = np.random.default_rng(0)
+    cells = {}
+    for arm, a in study.arms.items():
+        k = a.paper if a.paper is not None else 0.82
+        for env in study.envs:
+            for s in study.seeds:
+                v = study.score_ref.random[env] + 100 * k + (rng.normal(0, 1e-3) if arm != "clip_0.2" else 0.0)
+                cells[(arm, env, s)] = Cell(arm, env, s, 1_000_000, v, v, "CPU: AMD EPYC, avx2", "32-true", 1.0, 1.0,
+                                            last100_return=v)
+    norm = normalizer(study, cells)
+    env = "Hopper-v5"
+    assert norm(env, study.score_ref.random[env]) == 0.0 and norm(env, study.score_ref.random[env] + 82) == pytest.approx(1.0)
+    results = analyse(study, cells)
+    text = markdown(study, results, cells, {})
+    assert covered(study, text) == []
+    row = next(line for line in text.splitlines() if line.startswith("| No clipping or penalty | -0.39 |"))
+    assert f"{-0.39 / 0.82:.2f} [" in row, row
+    assert next(line for line in text.splitlines() if line.startswith("| Clipping, eps = 0.2 | 0.82 |")).split(" | ")[2].startswith("1.00")
+    best = [r for r in results if r.a == "clip_0.2"]
+    assert len(best) == 10 and all(r.verdict.startswith("a > b") for r in best)
+    # records without the last-100 score (none recorded yet): every claim a pending row, no crash
+    empty = {k: Cell(*k, 1_000_000, 1.0, 1.0) for k in list(cells)[:5]}
+    text = markdown(study, analyse(study, empty), empty, {})
+    assert covered(study, text) == [] and "pending" in text
