@@ -554,7 +554,7 @@ def test_welch_p_is_scipys_and_a_difference_test_never_says_equal():
 
 
 def _study_with_cells(tmp_path: Path, name: str, seeds: dict, effect: dict[str, float], extra: dict | None = None,
-                      missing: set | None = None, noise: float = 0.01) -> Path:
+                      missing: set | None = None, noise: float = 0.01, precision: str = "32-true") -> Path:
     """A two-env study file (score raw) and its export CSV: arm a scores b + effect[env] on each seed."""
     from ppo_lightning.studies.records import Cell, write_export
 
@@ -571,7 +571,7 @@ def _study_with_cells(tmp_path: Path, name: str, seeds: dict, effect: dict[str, 
                 if (arm, env, s) in (missing or set()):
                     continue
                 v = 1.0 + (effect[env] if arm == "ppo_ewma" else 0.0) + rng.normal(0, noise)
-                cells.append(Cell(arm, env, s, 256, v, v, "CPU: AMD EPYC, 2 cores, avx2", "32-true", 1.0, 1.0))
+                cells.append(Cell(arm, env, s, 256, v, v, "CPU: AMD EPYC, 2 cores, avx2", precision, 1.0, 1.0))
     write_export(study, cells)
     return path
 
@@ -585,10 +585,12 @@ def test_a_study_with_selection_and_confirmation_seeds_reports_both(tmp_path):
     sel = _study_with_cells(tmp_path, "sel", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2},
                             extra={"selection": "lr chosen on seeds 0-5", "confirm": {"study": fresh.name}})
     study = load_study(sel)
-    assert study.confirmation().seeds == tuple(range(100, 106))
+    assert [c.seeds for c in study.confirmation()] == [tuple(range(100, 106))]
     text = report(study, tmp_path / "out", plots=False)
-    assert "selection seeds (0-5)" in text and "fresh seeds (100-105)" in text and "lr chosen on seeds 0-5" in text
-    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | **+"))
+    assert "selection (0-5)" in text and "fresh (100-105, 32-true)" in text and "lr chosen on seeds 0-5" in text
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | selection (0-5) | **+"))
+    assert row.endswith("| **holds** |"), row
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | fresh (100-105, 32-true) | **+"))
     assert row.endswith("| **holds** |"), row
     games = {line.split(" | ")[2]: line for line in text.splitlines() if line.count(" | ") == 5 and "| AUC | " in line}
     assert games["breakout"].endswith("| **holds** |") and games["asterix"].endswith("| does not hold |")
@@ -598,7 +600,28 @@ def test_a_study_with_selection_and_confirmation_seeds_reports_both(tmp_path):
                              extra={"confirm": {"study": bad.name}})
     text = report(load_study(sel2), tmp_path / "out", plots=False)
     main = next(line for line in text.splitlines() if "stratified bootstrap)" in line)
-    assert "**" not in main.split(" | ")[3] and "fresh seeds: does not hold (a < b on fresh seeds)" in main
+    assert "**" not in main.split(" | ")[3] and "fresh seeds: does not hold" in main
+    assert "| does not hold (a < b on fresh seeds) |" in text  # the fresh row says why
+
+
+def test_two_confirming_studies_in_two_precisions_measure_the_precision_apart_from_selection(tmp_path):
+    """The same fresh seeds in 32-true (effect +0.2 on both games) and in bf16-mixed (+0.1): the report
+    gives the claim on each, and precision's effect: arm a -0.1, arm b 0, the claim's effect -0.1."""
+    from ppo_lightning.studies.report import report
+
+    f32 = _study_with_cells(tmp_path, "f32", {"count": 6, "first": 100}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2})
+    f16 = _study_with_cells(tmp_path, "f16", {"count": 6, "first": 100}, {"minatar:breakout": 0.1, "minatar:asterix": 0.1},
+                            precision="bf16-mixed", extra={"fit": {**TINY_FIT, "trainer.precision": "bf16-mixed"}})
+    sel = _study_with_cells(tmp_path, "sel", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2},
+                            precision="bf16-mixed", extra={"confirm": {"study": [f32.name, f16.name]}})
+    text = report(load_study(sel), tmp_path / "out", plots=False)
+    assert "fresh (100-105, 32-true)" in text and "fresh (100-105, bf16-mixed)" in text
+    assert "`f16.yaml` sets `trainer.precision` bf16-mixed (here: 32-true)" in text  # what else differs, said
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | selection (0-5)"))
+    assert row.endswith("| **holds** |")  # it holds on both fresh sets
+    factor = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | **-0.1"))
+    a, b, claim = factor.split(" | ")[2:5]
+    assert a.startswith("**-0.10") and not b.startswith("**") and claim.startswith("**-0.10"), factor
 
 
 def test_confirmation_seeds_must_be_fresh_and_partial_records_are_pending(tmp_path):

@@ -183,50 +183,148 @@ def _effect_cell(r: analysis.Result) -> str:
     return f"{_ci(r.effect, r.low, r.high, r.low > 0 or r.high < 0)} ({r.n_a} vs {r.n_b} seeds)"
 
 
-def confirmation_table(study: Study, sel: list[analysis.Result], conf: Study, fresh: list[analysis.Result],
-                       conf_cells: dict) -> list[str]:
-    """Per claim and metric: the effect on the selection seeds and on the fresh seeds, and whether it holds."""
+def _seed_set(conf: Study, cells: dict) -> str:
+    """A confirming study's seeds and precision, as the tables name it: '2000-2007, 32-true'."""
+    precisions = sorted({c.precision for c in cells.values()}) or [str(conf.fit.get("trainer.precision", "auto"))]
+    return f"{conf.seed_range}, {' + '.join(precisions)}"
+
+
+def fit_diff(study: Study, conf: Study, arms: set[str]) -> str:
+    """The fit options of ``conf`` (study-wide and its compared arms') that differ from ``study``'s,
+    as '`trainer.precision` 32-true (here: not set)'; empty where none does."""
+    out = []
+    def show(v):
+        return "not set" if v is _UNSET else str(v)
+    for where, mine, theirs in [("", study.fit, conf.fit)] + [
+            (f"{a}: ", study.arms[a].fit, conf.arms[a].fit) for a in sorted(arms) if a in study.arms and a in conf.arms]:
+        for k in sorted(set(mine) | set(theirs)):
+            a, b = mine.get(k, _UNSET), theirs.get(k, _UNSET)
+            if a != b:
+                out.append(f"{where}`{k}` {show(b)} (here: {show(a)})")
+    if conf.base != study.base:
+        out.append(f"base {', '.join(conf.base)} (here: {', '.join(study.base)})")
+    return ", ".join(out)
+
+
+_UNSET = object()
+
+
+def overall(verdicts: list[str]) -> str:
+    """A claim on every confirming study: ``holds`` where it holds on each, ``does not hold`` where it
+    fails on one, ``pending`` while one has no verdict (and none fails)."""
+    if any(v.startswith("does not hold") for v in verdicts):
+        return "does not hold"
+    if any(v.startswith("pending") for v in verdicts):
+        return "pending"
+    if verdicts and all(v == "holds" for v in verdicts):
+        return "holds"
+    return verdicts[0] if verdicts else "not run on fresh seeds"
+
+
+def confirmation_table(study: Study, sel: list[analysis.Result],
+                       confirms: list[tuple[Study, list[analysis.Result], dict]]) -> list[str]:
+    """Per claim and metric: the effect on the selection seeds and on each confirming study's fresh
+    seeds, and whether it holds there; then per environment; then, for confirming studies on the same
+    seeds in different precisions, the precision's effect."""
     labels = {a: arm.label for a, arm in study.arms.items()}
-    by = {(r.claim, r.a, r.b, r.metric): r for r in fresh}
-    planned = len([c for c in conf.cells() if c[0] in {x for comp in study.comparisons for x in (comp.a, comp.b)}])
-    lines = [f"**Confirmation on fresh seeds** ({conf.seed_range}, `{_rel(conf)}`: {len(conf_cells)} of {planned} cells "
-             f"recorded; cells: {holds_under(list(conf_cells.values())) or 'none yet'}). "
-             + (f"Selection: {study.selection} " if study.selection else "")
-             + f"A claim is a headline only where it holds on the fresh seeds: the same resolved sign (difference), "
-               f"the test passed (equivalence, non-inferiority). Every factor is pooled in this table (the cells "
-               f"column names them: where the two seed sets differ in precision or CPU, a gap between them mixes "
-               f"selection with those).", "",
-             f"| claim | metric | selection seeds ({study.seed_range}) | verdict | cells | fresh seeds ({conf.seed_range}) | verdict | cells | on fresh seeds |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    compared = {x for comp in study.comparisons for x in (comp.a, comp.b)}
+    diffs = [f"`{_rel(conf)}` sets {d}" for conf, _, _ in confirms if (d := fit_diff(study, conf, compared))]
+    lines = [f"**Confirmation on fresh seeds.** " + (f"Selection: {study.selection} " if study.selection else "")
+             + "Fresh seeds: " + "; ".join(
+                 f"{conf.seed_range} (`{_rel(conf)}`: {len(cc)} of {len([c for c in conf.cells() if c[0] in compared])} "
+                 f"cells recorded; {holds_under(list(cc.values())) or 'none yet'})" for conf, _, cc in confirms)
+             + ". A claim is a headline only where it holds on the fresh seeds: the same resolved sign (difference), "
+               "the test passed (equivalence, non-inferiority). Every factor is pooled in these tables (the cells "
+               "column names them: where seed sets differ in precision or CPU, a gap between them mixes selection "
+               "with those)." + (" Settings besides the seeds that differ from this study's: " + "; ".join(diffs) + "."
+                                  if diffs else ""), "",
+             "| claim | metric | seeds | effect (a - b) [95% CI] | verdict | cells | on fresh seeds |",
+             "|---|---|---|---|---|---|---|"]
+    by = [{(r.claim, r.a, r.b, r.metric): r for r in fresh} for _, fresh, _ in confirms]
     for r in sel:
-        f = by.get((r.claim, r.a, r.b, r.metric))
-        h = holds_on_fresh(r, f)
-        lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | {_effect_cell(r)} | {r.verdict} | "
-                     f"{getattr(r, 'cells', '')} | {_effect_cell(f) if f else '-'} | {f.verdict if f else '-'} | "
-                     f"{getattr(f, 'cells', '') if f else '-'} | {'**holds**' if h == 'holds' else h} |")
+        key = (r.claim, r.a, r.b, r.metric)
+        each = [holds_on_fresh(r, b.get(key)) for b in by]
+        h = overall([v for v in each if v != "not run on fresh seeds"] or each)
+        name = f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} |"
+        lines.append(f"{name} selection ({study.seed_range}) | {_effect_cell(r)} | {r.verdict} | {getattr(r, 'cells', '')} | "
+                     f"{'**holds**' if h == 'holds' else h} |")
+        for (conf, _, cc), b, v in zip(confirms, by, each):
+            f = b.get(key)
+            lines.append(f"{name} fresh ({_seed_set(conf, cc)}) | {_effect_cell(f) if f else '-'} | {f.verdict if f else '-'} | "
+                         f"{getattr(f, 'cells', '') if f else '-'} | {'**holds**' if v == 'holds' else v} |")
     envs = list(dict.fromkeys(e for r in sel for e in r.per_env))
     if envs:
-        lines += ["", "Per environment on both seed sets (effect a - b [95% CI], Holm-adjusted Welch p over the family of "
+        lines += ["", "Per environment on every seed set (effect a - b [95% CI], Holm-adjusted Welch p over the family of "
                   "one comparison's environments on one metric; a per-game claim holds where the adjusted p < 0.05 on the "
                   "selection seeds and on the fresh ones, with the same sign):", "",
-                  "| comparison | metric | env | selection seeds | fresh seeds | on fresh seeds |", "|---|---|---|---|---|---|"]
+                  "| comparison | metric | env | selection (" + study.seed_range + ") | "
+                  + " | ".join(f"fresh ({_seed_set(conf, cc)})" for conf, _, cc in confirms) + " | on fresh seeds |",
+                  "|---|---|---|---|" + "---|" * len(confirms) + "---|"]
         fmt = lambda v: f"{_ci(*v[:3], v[3] < analysis.ALPHA)} (p {v[3]:.3f})" if math.isfinite(v[3]) else _ci(*v[:3])  # noqa: E731
+        sig = lambda x: math.isfinite(x[3]) and x[3] < analysis.ALPHA  # noqa: E731
         for r in sel:
-            f = by.get((r.claim, r.a, r.b, r.metric))
+            key = (r.claim, r.a, r.b, r.metric)
             for e in envs:
                 if e not in r.per_env:
                     continue
-                v, w = r.per_env[e], (f.per_env.get(e) if f is not None else None)
-                sig = lambda x: math.isfinite(x[3]) and x[3] < analysis.ALPHA  # noqa: E731
-                if w is None:
-                    h = "pending" if f is not None else "not run on fresh seeds"
-                elif not sig(v):
-                    h = "nothing to confirm (not resolved on the selection seeds)"
-                else:
-                    h = "**holds**" if sig(w) and np.sign(w[0]) == np.sign(v[0]) else "does not hold"
+                v, cols, each = r.per_env[e], [], []
+                for b in by:
+                    f = b.get(key)
+                    w = f.per_env.get(e) if f is not None else None
+                    cols.append(fmt(w) if w is not None else "-")
+                    if w is None:
+                        each.append("pending" if f is not None else "not run on fresh seeds")
+                    elif not sig(v):
+                        each.append("nothing to confirm (not resolved on the selection seeds)")
+                    else:
+                        each.append("holds" if sig(w) and np.sign(w[0]) == np.sign(v[0]) else "does not hold")
+                h = overall([x for x in each if x != "not run on fresh seeds"] or each)
                 lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | {env_game(e)} | {fmt(v)} | "
-                             f"{fmt(w) if w is not None else '-'} | {h} |")
+                             + " | ".join(cols) + f" | {'**holds**' if h == 'holds' else h} |")
+    lines += precision_factor(study, confirms)
     return lines
+
+
+def precision_factor(study: Study, confirms: list[tuple[Study, list[analysis.Result], dict]]) -> list[str]:
+    """For two confirming studies on the same seeds whose cells differ in precision only: each compared
+    arm's score in one minus the other, and each claim's effect in one minus the other (`analysis.interaction`),
+    with 95% CIs: precision's effect, measured apart from the seeds' selection."""
+    labels = {a: arm.label for a, arm in study.arms.items()}
+    rows = []
+    for i in range(len(confirms)):
+        for j in range(i + 1, len(confirms)):
+            (c1, _, k1), (c2, _, k2) = confirms[i], confirms[j]
+            p1 = {c.precision for c in k1.values()} or {str(c1.fit.get("trainer.precision", "auto"))}
+            p2 = {c.precision for c in k2.values()} or {str(c2.fit.get("trainer.precision", "auto"))}
+            if c1.seeds != c2.seeds or c1.envs != c2.envs or len(p1) != 1 or len(p2) != 1 or p1 == p2:
+                continue
+            n1, n2 = next(iter(p1)), next(iter(p2))
+            norm = normalizer(study, {**k1, **k2})
+            m = lambda cells, arm, envs, metric: _matrix([c for c in cells.values() if c.arm == arm], envs, metric, norm)[0]  # noqa: E731
+            for comp in study.comparisons:
+                if comp.a not in c1.arms or comp.b not in c1.arms or comp.a not in c2.arms or comp.b not in c2.arms:
+                    continue
+                envs = comp.envs or study.envs
+                for metric in comp.metrics:
+                    arrays = [m(k1, comp.a, envs, metric), m(k1, comp.b, envs, metric), m(k2, comp.a, envs, metric),
+                              m(k2, comp.b, envs, metric)]
+                    name = f"| {labels[comp.a]} vs {labels[comp.b]} | {METRIC_NAME[metric]} |"
+                    if min(len(a) for a in arrays) < 2:
+                        rows.append(f"{name} pending | pending | pending |")
+                        continue
+                    arm_a = analysis.compare(arrays[2], arrays[0], test="difference", margin=None, target=study.target_half_width)
+                    arm_b = analysis.compare(arrays[3], arrays[1], test="difference", margin=None, target=study.target_half_width)
+                    d, lo, hi = analysis.interaction(*arrays)
+                    rows.append(f"{name} {_ci(arm_a['effect'], arm_a['low'], arm_a['high'], arm_a['low'] > 0 or arm_a['high'] < 0)} | "
+                                f"{_ci(arm_b['effect'], arm_b['low'], arm_b['high'], arm_b['low'] > 0 or arm_b['high'] < 0)} | "
+                                f"{_ci(d, lo, hi, lo > 0 or hi < 0)} |")
+            if rows:
+                rows = ["", f"Precision on the fresh seeds ({c1.seed_range}): {n2} minus {n1}, the same seeds and arms "
+                        f"(`{_rel(c2)}` against `{_rel(c1)}`; 95% CIs, bold where they exclude 0; a difference, not an "
+                        "equivalence test):", "",
+                        "| claim | metric | arm a: " + n2 + " - " + n1 + " | arm b: " + n2 + " - " + n1 + " | the claim's effect (a - b): "
+                        + n2 + " - " + n1 + " |", "|---|---|---|---|---|"] + rows
+    return rows
 
 
 def _rel(study: Study) -> str:
@@ -273,10 +371,10 @@ def paper_table(study: Study, cells: dict, reps: int = analysis.REPS) -> list[st
 
 
 def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: dict[str, str],
-             confirmation: tuple[Study, list[analysis.Result], list[analysis.Result], dict] | None = None) -> str:
+             confirmation: tuple[list[analysis.Result], list[tuple[Study, list[analysis.Result], dict]]] | None = None) -> str:
     """The report's tables (links to plots relative to the docs page of experiments/); with
-    ``confirmation`` (the confirming study, its results, the selection results pooled alike, its cells)
-    the claims on both seed sets first."""
+    ``confirmation`` (the selection results with every factor pooled, and per confirming study its
+    results and cells) the claims on every seed set first."""
     labels = {a: arm.label for a, arm in study.arms.items()}
     committed = committed_rows(study)
     planned = len(study.cells())
@@ -288,10 +386,13 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
              + rules(study), ""]
     confirmed: dict[tuple, str] = {}
     if confirmation is not None:
-        conf, fresh, sel_pooled, conf_cells = confirmation
-        lines += confirmation_table(study, sel_pooled, conf, fresh, conf_cells) + [""]
-        by = {(r.claim, r.a, r.b, r.metric): r for r in fresh}
-        confirmed = {(r.claim, r.a, r.b, r.metric): holds_on_fresh(r, by.get((r.claim, r.a, r.b, r.metric))) for r in sel_pooled}
+        sel_pooled, confirms = confirmation
+        lines += confirmation_table(study, sel_pooled, confirms) + [""]
+        by = [{(r.claim, r.a, r.b, r.metric): r for r in fresh} for _, fresh, _ in confirms]
+        for r in sel_pooled:
+            key = (r.claim, r.a, r.b, r.metric)
+            each = [holds_on_fresh(r, b.get(key)) for b in by]
+            confirmed[key] = overall([v for v in each if v != "not run on fresh seeds"] or each)
         lines += [f"On the selection seeds ({study.seed_range}), per stratum:", ""]
     lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed (old driver) | cells | seeds/arm for ±{study.target_half_width:g} |",
                                      "|---|---|---|---|---|---|---|---|---|"]
@@ -537,16 +638,17 @@ def report(study: Study, out_dir: Path | None = None, into: Path | None = None, 
     cells = load_cells(study, curves=plots, run_root=root_of(study))
     results = analyse(study, cells)
     confirmation = None
-    conf = study.confirmation()
-    if conf is not None:
+    confirms = []
+    for conf in study.confirmation():
         conf_cells = load_cells(conf, run_root=root_of(conf))
         compared = {x for comp in study.comparisons for x in (comp.a, comp.b)}
         conf_cells = {k: c for k, c in conf_cells.items() if c.arm in compared}
         confirmable = tuple(c for c in study.comparisons if c.a in conf.arms and c.b in conf.arms)
         # the claims as the selecting study states them (its envs, margins, target), on the fresh cells
         conf_view = replace(conf, comparisons=confirmable, target_half_width=study.target_half_width)
-        fresh = analyse(conf_view, conf_cells, pool_all=True)
-        confirmation = (conf, fresh, analyse(study, cells, pool_all=True), conf_cells)
+        confirms.append((conf, analyse(conf_view, conf_cells, pool_all=True), conf_cells))
+    if confirms:
+        confirmation = (analyse(study, cells, pool_all=True), confirms)
     out = out_dir / f"{study.path.stem}.md"
     made = plot(study, cells, results, out) if plots else {}
     # beside the report, the figures by name; a docs page of experiments/ links them as results/studies/...

@@ -20,7 +20,7 @@ comparisons:
   - {claim: "tuned is as good as hand-picked", a: tuned, b: hand, test: noninferiority, margin: 0.05, metric: auc}
 selection: "lr 4e-3 was chosen for PPO-EWMA on seeds 0-7 (minatar_lr_500k.yaml)"  # optional: what these seeds chose
 confirm:                              # optional: the same claims on seeds no selection used
-  study: minatar_fig4_500k_fresh.yaml # a study file with arms of the same names and other seeds
+  study: minatar_fig4_500k_fresh.yaml # a study file (or a list) with arms of the same names and other seeds
 records:                              # optional: committed records of the old driver, read as cells
   dir: experiments/results/minatar
   figure: ewma500k                    # <figure>_runs.csv / _curves.csv; an arm's rows are its name's
@@ -29,9 +29,10 @@ records:                              # optional: committed records of the old d
 ```
 
 A study whose ``seeds`` chose a setting (an lr, a COM: picked where it did best) states so in
-``selection``, and names in ``confirm.study`` the study that runs the same arms on seeds no selection
-used: its own file, run by ``study run`` like any other, its seeds disjoint from these. The report
-gives every claim on both seed sets; a claim is a headline only where it holds on the fresh seeds.
+``selection``, and names in ``confirm.study`` the study (or studies: e.g. the same fresh seeds in
+32-true and in bf16-mixed) that runs the same arms on seeds no selection used: its own file, run by
+``study run`` like any other, its seeds disjoint from these. The report gives every claim on every
+seed set; a claim is a headline only where it holds on the fresh seeds.
 
 ``score: random-best`` normalizes per environment as the PPO paper's Table 1: 0 the random policy's
 return (``score_ref.random``: a CSV of ``env,return``), 1 the best of ``score_ref.best_of``'s arms
@@ -105,8 +106,8 @@ class Records:
 
 @dataclass(frozen=True)
 class Confirm:
-    """The study that runs the same claims on seeds no selection used (``confirm.study``)."""
-    path: Path
+    """The studies that run the same claims on seeds no selection used (``confirm.study``)."""
+    paths: tuple[Path, ...]
 
 
 @dataclass(frozen=True)
@@ -139,9 +140,9 @@ class Study:
     confirm: Confirm | None = None
     score_ref: ScoreRef | None = None
 
-    def confirmation(self) -> "Study | None":
-        """The confirming study (`load_study` of ``confirm.study``), or None."""
-        return None if self.confirm is None else load_study(self.confirm.path)
+    def confirmation(self) -> "list[Study]":
+        """The confirming studies (`load_study` of each ``confirm.study``), in the file's order."""
+        return [] if self.confirm is None else [load_study(p) for p in self.confirm.paths]
 
     @property
     def seed_range(self) -> str:
@@ -350,22 +351,26 @@ def parse_study(data: Any, path: Path) -> Study:
     confirm = None
     if data.get("confirm") is not None:
         cf = data["confirm"]
-        _need(isinstance(cf, dict), where, "confirm: a mapping {study: FILE} (the study on seeds no selection used)")
+        _need(isinstance(cf, dict), where, "confirm: a mapping {study: FILE or [FILE, ...]} (the studies on seeds no selection used)")
         _keys(cf, ("study",), where, "confirm.")
-        _need(isinstance(cf.get("study"), str), where, "confirm.study: the confirming study file, missing")
-        cpath = resolve_ref(root, path, cf["study"])
-        _need(cpath.is_file(), where, f"confirm.study: {cf['study']} is not a file")
-        _need(cpath.resolve() != path.resolve(), where, "confirm.study: a study cannot confirm itself")
-        try:
-            other = load_study(cpath)
-        except StudyError as err:
-            raise StudyError(f"{where}: confirm.study: {err}") from None
-        _need(other.score == score, where, f"confirm.study: scores {other.score}, this study {score}: the same claims need the same score")
-        overlap = sorted(set(other.seeds) & set(seed_tuple))
-        _need(not overlap, where, f"confirm.study: seeds {overlap} are also this study's (selection) seeds; fresh seeds must be others")
-        confirmable = [c for c in comparisons if c.a in other.arms and c.b in other.arms]
-        _need(bool(confirmable), where, f"confirm.study: {cf['study']} has the arms of none of the comparisons (same names)")
-        confirm = Confirm(cpath)
+        refs = _str_list(cf.get("study"), where, "confirm.study")
+        paths = []
+        for ref in refs:
+            cpath = resolve_ref(root, path, ref)
+            _need(cpath.is_file(), where, f"confirm.study: {ref} is not a file")
+            _need(cpath.resolve() != path.resolve(), where, "confirm.study: a study cannot confirm itself")
+            try:
+                other = load_study(cpath)
+            except StudyError as err:
+                raise StudyError(f"{where}: confirm.study: {err}") from None
+            _need(other.score == score, where, f"confirm.study: {ref} scores {other.score}, this study {score}: the same claims need the same score")
+            overlap = sorted(set(other.seeds) & set(seed_tuple))
+            _need(not overlap, where, f"confirm.study: seeds {overlap} are also this study's (selection) seeds; fresh seeds must be others")
+            confirmable = [c for c in comparisons if c.a in other.arms and c.b in other.arms]
+            _need(bool(confirmable), where, f"confirm.study: {ref} has the arms of none of the comparisons (same names)")
+            paths.append(cpath)
+        _need(len(set(paths)) == len(paths), where, "confirm.study: listed twice")
+        confirm = Confirm(tuple(paths))
     score_ref = None
     if score == "random-best":
         sr = data.get("score_ref")
