@@ -11,6 +11,14 @@ sample-efficiency curves with bands; and a few formulas rliable does not have, w
 - `noninferiority`: the one-sided test that arm a is worse than arm b by less than a margin (the
   lower half of TOST), for "at least as good as" claims such as a tuned setting against a hand-picked one.
 - `seeds_needed`: the seeds per arm a CI of a target half-width needs (normal approximation).
+- `welch_p` and `holm`: a per-environment effect's two-sided Welch p-value, and Holm's step-down
+  adjustment (Holm 1979) over a family of them (one comparison's environments on one metric), so that
+  a bold per-game claim holds at a family-wise 0.05.
+- `interaction`: how a factor (precision) changes an effect, ``(a2 - b2) - (a1 - b1)``, with its CI.
+
+Every interval is 95%, from `REPS` stratified-bootstrap replicates (rliable's examples use 50,000;
+5,000 keeps a report within seconds); a difference never says "equal": only an equivalence test at
+the margin its study file states does.
 
 A seed's score on a metric is the mean over the comparison's environments of its normalized
 per-environment statistic (AUC or final return), as the paper pools games.
