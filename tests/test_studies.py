@@ -307,13 +307,16 @@ def test_packed_rows_equal_single_runs_and_a_rerun_redoes_nothing(tmp_path, monk
         alone = runner.run_group(study, single, tmp_path / f"single-{cell.arm}", uri)[0]
         assert [v for _, v in cell.curve] == pytest.approx([v for _, v in alone.curve], abs=1e-6)
         assert cell.auc_return == pytest.approx(alone.auc_return, abs=1e-6)
+        # the PPO paper's score, each member's own last-100-episode mean (NaN only before an episode ends)
+        assert cell.last100_return == pytest.approx(alone.last100_return, abs=1e-6, nan_ok=True)
+    assert any(math.isfinite(c.last100_return) for c in cells)
     # the runner, rerun on the same root: every cell is recorded, no group trains again
     stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "packed" / "cells").glob("*.json")}
     assert runner.plan(study, set(runner.done_cells(study, tmp_path / "packed")), 2) == []
     assert runner.run_study(study, workers=2, executor="local", run_root=tmp_path / "packed", tracking_uri=uri) == 0
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
     exported = study.cells_csv.read_text().splitlines()
-    assert len(exported) == 3 and "32-true" in exported[1]
+    assert len(exported) == 3 and "32-true" in exported[1] and exported[0].endswith(",last100_return")
 
 
 @pytest.mark.timeout(600)
