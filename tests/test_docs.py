@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "lightning", "torchrl", "tensordict", "mlflow", "gymnasium")
-API_PAGES = ("core", "envs", "nets", "algos", "data", "interop", "training", "cli")
+API_PAGES = ("core", "envs", "nets", "algos", "data", "interop", "training", "cli", "studies", "tuning")
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,8 @@ def test_site_builds_strict_without_importing_the_training_stack(site):
     for name in ("PPOFamilyLoss", "clipped_surrogate", "beta_from_com", "apply_scale"):
         assert f'id="ppo_lightning.algos.' in algos and name in algos
     assert "ceil(warmup * c)" in _text((out / "api" / "training" / "index.html").read_text())  # a docstring's Args
+    for page, name in (("studies", "load_study"), ("studies", "run_study"), ("tuning", "load_space")):
+        assert f"ppo_lightning.{page}." in (text := (out / "api" / page / "index.html").read_text()) and name in text
     # every figure of experiments/results/ is in the site (build hook), and the pages show them
     figures = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "experiments" / "results").rglob("*.png"))
     assert figures and all((out / f).is_file() for f in figures)
@@ -226,3 +228,13 @@ def test_the_loss_settings_table_lists_every_setting_as_declared():
     found = re.search(r"<!-- loss-settings: [^\n]*-->\n(.*?)<!-- /loss-settings -->", page, re.S)
     assert found and found.group(1) == settings_table(), f"regenerate the table:\n{settings_table()}"
     assert all(f"| `model.{name}` |" in found.group(1) for name in LOSS_SETTINGS)
+
+
+def test_the_study_file_schema_in_the_studies_guide_is_the_declared_one():
+    """docs/guides/studies.md's field tables are `schema_table` (from `spec.py`'s field declarations, the
+    ones its parser accepts): a field added to the parser without the page fails here."""
+    from ppo_lightning.studies.spec import schema_table
+
+    page = (ROOT / "docs" / "guides" / "studies.md").read_text()
+    found = re.search(r"<!-- schema:begin -->\n(.*?)\n<!-- schema:end -->", page, re.S)
+    assert found and found.group(1) == schema_table(), f"regenerate the tables:\n{schema_table()}"

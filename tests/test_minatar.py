@@ -119,8 +119,8 @@ def test_score_table_matches_the_measurements():
         random = {r["game"]: float(r["mean_return"]) for r in csv.DictReader(f)}
     with open(out / "reference_runs.csv") as f:
         ref: dict[str, list[float]] = {}
-        for r in csv.DictReader(f):  # the table's R_ref: issue 11's PPO runs (arm "ppo"); issue 19's
-            if r.get("arm", "ppo") == "ppo":  # 500k-base references (other arms) are not adopted yet
+        for r in csv.DictReader(f):  # the table's R_ref: the 300k PPO runs (arm "ppo"); the 500k base's
+            if r.get("arm", "ppo") == "ppo":  # references (other arms) are REFERENCE_500K's (next test)
                 ref.setdefault(r["game"], []).append(float(r["final_return"]))
     assert set(RETURN_RANGES) == set(GAMES) == set(random) and set(ref) <= set(GAMES) and ref
     for g in set(GAMES) - set(ref):  # no reference run at this budget: a clear error, not a number
@@ -137,6 +137,18 @@ def test_score_table_matches_the_measurements():
     assert mean_normalized_return({**mid, "breakout": float("nan")}) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="no normalized-return constants"):
         normalized_return("pong", 1.0)
+
+
+def test_shipped_500k_references_are_the_recorded_runs():
+    """`score: minatar-500k` reads constants shipped with the package (a study file outside the
+    repository scores the same); they are the records' 1M+-frame reference runs."""
+    from ppo_lightning.envs.minatar_scores import REFERENCE_500K
+    from ppo_lightning.studies.records import reference_returns
+
+    measured = reference_returns(ROOT)
+    assert set(measured) == set(REFERENCE_500K)
+    for game, r_ref in REFERENCE_500K.items():
+        assert r_ref == pytest.approx(measured[game], abs=1e-4)
 
 
 def test_game_without_reference_run_is_a_clear_error(monkeypatch):

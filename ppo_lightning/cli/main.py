@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 USAGE = """usage: ppo-lightning {fit,export-hf,evaluate,configs,study,tune} ...
@@ -23,7 +25,14 @@ ppo-lightning COMMAND --help shows the options of a command."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # output piped into a reader that stopped (`| head`): end quietly, as `cat` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would raise again
+        return 128 + signal.SIGPIPE
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2

@@ -2,7 +2,7 @@
 
 ``"CartPole-v1"`` or any registered gymnasium id -> `ppo_lightning.envs.gymnasium_env`;
 ``"procgen:<game>"`` -> `ppo_lightning.envs.procgen_env` (issue 3);
-``"minatar:<game>"`` -> `ppo_lightning.envs.minatar_env` (issue 11). Every env is batched over
+``"minatar:<game>"`` -> `ppo_lightning.envs.minatar_env`. Every env is batched over
 ``num_envs`` on its first dimension, reports ``episode_reward`` and ``step_count`` in ``next`` and
 resets through TorchRL (no fake transitions from a vector env's autoreset).
 

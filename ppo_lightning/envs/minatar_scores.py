@@ -45,6 +45,18 @@ RETURN_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+# game: R_ref of the 500k base (``score: minatar-500k``): the mean final return of its longest reference
+# runs (arm ``ppo_ewma_lr8x`` of ``experiments/results/minatar/reference_runs.csv``, 1M+ frames; study file
+# ``experiments/studies/minatar_reference_500k.yaml``). Shipped with the package so that a study file
+# anywhere scores the same; `tests/test_minatar.py` recomputes them from the CSV.
+REFERENCE_500K: dict[str, float] = {
+    "asterix": 10.866,
+    "breakout": 14.1714,
+    "seaquest": 6.426,
+    "space_invaders": 109.1653,
+}
+
+
 def return_range(game: str) -> tuple[float, float]:
     """(R_random, R_ref) of a MinAtar game."""
     if game not in RETURN_RANGES:

@@ -39,6 +39,6 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
         if "arch" in network or "aux_value_head" in network:  # PPG's layouts (ppo_lightning.nets.impala_phasic)
             return PhasicImpalaActorCritic(observation_space, action_space, **network)
         return ImpalaActorCritic(observation_space, action_space, **network)
-    if name == "minatar_cnn":  # issue 11: the MinAtar paper's conv(16, 3x3) + dense 128
+    if name == "minatar_cnn":  # the MinAtar paper's conv(16, 3x3) + dense 128
         return MinAtarActorCritic(observation_space, action_space, **network)
     raise ValueError(f"model.network.name must be 'mlp', 'impala_cnn' or 'minatar_cnn', got {name!r}")

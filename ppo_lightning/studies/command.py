@@ -24,7 +24,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, default=None,
                    help="run: parallel workers; status: the workers its time left assumes (default: the CPU count, or SLURM's)")
     p.add_argument("--executor", choices=["auto", "local", "slurm"], default="auto", help="run: submitit executor")
-    p.add_argument("--run-root", type=Path, default=None, help="run: the folder of the runs (default runs/studies/<study>)")
+    p.add_argument("--run-root", type=Path, default=None, help="run, status: the folder of the runs (default runs/studies/<study> beside the repository "
+                   "holding the study file, else beside the file)")
     p.add_argument("--tracking-uri", default=None, help="run: MLflow store (default sqlite in the run root)")
     p.add_argument("--checkpoint-frames", type=int, default=None,
                    help="run: a group checkpoints every this many frames per member (default 65536)")

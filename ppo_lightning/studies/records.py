@@ -276,10 +276,11 @@ def best_returns(study: Study, cells) -> dict[str, tuple[float, str]]:
 
 
 def normalizer(study: Study, cells=None):
-    """``(env, raw return) -> score`` by the study's ``score``: raw; minatar (issue 11's R_random and
-    R_ref constants, `ppo_lightning.envs.minatar_scores`); minatar-500k (R_random the same, R_ref
-    the 500k base run 2-4x as long, `reference_returns`); random-best (the PPO paper's Table 1: per
-    env ``(R - R_random) / (R_best - R_random)``, R_best from ``cells``, `best_returns`)."""
+    """``(env, raw return) -> score`` by the study's ``score``: raw; minatar (the R_random and R_ref
+    constants of `ppo_lightning.envs.minatar_scores`); minatar-500k (R_random the same, R_ref the 500k
+    base run 2-4x as long: `REFERENCE_500K`, which `reference_returns` recomputes from the records);
+    random-best (the PPO paper's Table 1: per env ``(R - R_random) / (R_best - R_random)``, R_best
+    from ``cells``, `best_returns`)."""
     if study.score == "raw":
         return lambda env, r: r
     if study.score == "random-best":
@@ -291,11 +292,11 @@ def normalizer(study: Study, cells=None):
                 return float("nan")  # no best recorded yet: pending
             return (r - lo[env]) / (best[env][0] - lo[env])
         return norm_rb
-    from ppo_lightning.envs.minatar_scores import RETURN_RANGES, normalized_return
+    from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, normalized_return
 
     if study.score == "minatar":
         return lambda env, r: normalized_return(env_game(env), r)
-    ref = reference_returns(study.root)
+    ref = REFERENCE_500K
 
     def norm(env: str, r: float) -> float:
         game = env_game(env)

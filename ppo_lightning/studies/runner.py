@@ -71,16 +71,37 @@ def cpu_label() -> str:
     return f"CPU: {info.get('Model name', '?').strip()}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"
 
 
-def job_failures(jobs) -> list[str]:
-    """Waits for every submitit job; one line per job that failed (its error's last line), so that a
-    runner reports every worker's failure, then exits non-zero."""
+ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception|Fault|Full)\b.*: )")
+
+
+def first_error_line(log: str) -> str | None:
+    """The first line of a worker's log that states an error: a one-line error of ours (``error: ...``),
+    else the first exception line of a traceback (``SomeError: message``, its module path dropped)."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    for pick in (lambda ln: ln.startswith("error: "), lambda ln: bool(ERROR_LINE.match(ln))):
+        for ln in lines:
+            if pick(ln):
+                return re.sub(r"^[\w.]+\.(\w+): ", r"\1: ", ln)  # the exception's class without its module
+    return None
+
+
+def job_failures(jobs, what=None) -> list[str]:
+    """Waits for every submitit job; one line per job that failed, so that a runner reports every
+    worker's failure, then exits non-zero: ``what(i)`` names what job i was doing (a study's group and
+    its arms), then the first error line of its log (else its error's last line) and the log's path."""
     failed = []
-    for j in jobs:
+    for i, j in enumerate(jobs):
         try:
             j.result()
         except Exception as err:  # noqa: BLE001 - every worker's failure is reported
             last = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
-            failed.append(f"job {j.job_id}: {FAULT_PREFIX.sub('', last)}")
+            try:
+                log = Path(j.paths.stderr)
+                line = first_error_line(log.read_text(errors="replace")) or FAULT_PREFIX.sub("", last)
+            except (OSError, AttributeError):
+                log, line = None, FAULT_PREFIX.sub("", last)
+            doing = f" ({what(i)})" if what is not None and what(i) else ""
+            failed.append(f"job {j.job_id}{doing}: {line}" + (f" [log: {log}]" if log is not None else ""))
     return failed
 
 
@@ -546,7 +567,7 @@ def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, 
     earlier = json.loads(attempts_file.read_text()) if attempts_file.exists() else []
     t0 = time.perf_counter()
     cli = fit_main(["fit", *group.args, *extra, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", study.name,
-                    "--mlflow.run_name", group.name, "--run_dir", str(run_dir)])
+                    "--mlflow.run_name", group.name, "--run_dir", str(run_dir), f"--trainer.callbacks+={PROGRESS_CALLBACK}"])
     code = getattr(cli, "exit_code", None)
     wall = time.perf_counter() - t0
     if code:  # stopped by a signal (preemption): resumable from its checkpoint; its time is kept for the cells
@@ -615,6 +636,60 @@ class Worker:
                                                          self.parent, self.checkpoint_frames))
 
 
+# the callback a group trains with so that the launcher can show its progress (not part of the group's
+# arguments: the group's name, a hash of them, stays the same)
+PROGRESS_CALLBACK = "ppo_lightning.training.callbacks.ProgressFile"
+
+
+def _bar(fraction: float, width: int = 20) -> str:
+    n = max(0, min(width, round(fraction * width)))
+    return "[" + "#" * n + "." * (width - n) + "]"
+
+
+def _mframes(n: float) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.1f}k"
+
+
+def _duration(s: float) -> str:
+    return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
+
+
+def progress_lines(study: Study, run_root: Path, bins: list[list[Group]]) -> list[str]:
+    """One line per worker: its member-frames done over its groups' total (recorded groups whole, the
+    running one from its ``progress.json``), a bar, and the time left at the running group's rate
+    (member-frames per second in this attempt)."""
+    have = recorded(run_root)
+    lines = []
+    for i, groups in enumerate(bins):
+        total = sum(len(g.members) * study.frames for g in groups)
+        done, rate = 0.0, None
+        for g in groups:
+            if all((a, g.env, s) in have for a, s in g.members):
+                done += len(g.members) * study.frames
+                continue
+            try:
+                p = json.loads((run_root / "groups" / g.name / "progress.json").read_text())
+            except (OSError, ValueError):
+                continue
+            done += min(p["frames"], study.frames) * len(g.members)
+            if p.get("attempt_s", 0) > 0 and p.get("attempt_frames", 0) > 0:
+                rate = p["attempt_frames"] * len(g.members) / p["attempt_s"]
+        frac = done / total if total else 1.0
+        left = "done" if done >= total else (f"~{_duration((total - done) / rate)} left" if rate else "starting")
+        lines.append(f"worker {i + 1}: {_bar(frac)} {_mframes(done)}/{_mframes(total)} member-frames ({frac:.0%}), {left}")
+    return lines
+
+
+def _failing_group(groups: list[Group], run_root: Path) -> str | None:
+    """What a failed worker was training: its first group with a cell not recorded, and that group's arms."""
+    have = recorded(run_root)
+    for g in groups:
+        if not all((a, g.env, s) in have for a, s in g.members):
+            arms = ", ".join(dict.fromkeys(a for a, _ in g.members))
+            return f"arm{'s' if ',' in arms else ''} {arms} on {g.env}, group {g.name}"
+    return None
+
+
 def default_run_root(study: Study) -> Path:
     return study.root / "runs" / "studies" / study.name
 
@@ -647,7 +722,8 @@ def _find_or_make_parent_run(study: Study, tracking_uri: str) -> str | None:
         client = MlflowClient(tracking_uri)
         exp = client.get_experiment_by_name(study.name)
         found = client.search_runs([exp.experiment_id], filter_string="tags.study_parent = 'true'")
-        if found:
+        if found:  # a rerun's workers: RUNNING again until the launcher ends it (`end_parent_run`)
+            client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0].info.run_id
         run = client.create_run(exp.experiment_id, run_name=study.name, tags={"study_parent": "true", "study": study.name,
                                                                               "study_file": str(study.path)})
@@ -658,8 +734,44 @@ def _find_or_make_parent_run(study: Study, tracking_uri: str) -> str | None:
         return None
 
 
+class _EndParentOnStop(contextlib.AbstractContextManager):
+    """A launcher stopped by a signal (SystemExit from `jobs_stop_with_the_launcher`) ends the parent
+    run KILLED, with the cells still missing."""
+
+    def __init__(self, study: Study, run_root: Path, tracking_uri: str) -> None:
+        self.study, self.run_root, self.tracking_uri = study, run_root, tracking_uri
+
+    def __exit__(self, kind, err, tb) -> None:
+        if kind is SystemExit:
+            done = done_cells(self.study, self.run_root)
+            end_parent_run(self.study, self.tracking_uri, "KILLED", [c for c in self.study.cells() if c not in done])
+
+
+def end_parent_run(study: Study, tracking_uri: str, status: str, missing: list[tuple[str, str, int]]) -> None:
+    """Ends the study's MLflow parent run (if a worker made one): FINISHED when every cell is recorded,
+    else ``status`` (FAILED, or KILLED when the launcher was stopped) with the missing cells in a tag
+    (a rerun that finishes them ends it FINISHED)."""
+    try:
+        from mlflow.tracking import MlflowClient  # start-up cost: MLflow once, at the launcher's end
+
+        client = MlflowClient(tracking_uri)
+        exp = client.get_experiment_by_name(study.name)
+        if exp is None:
+            return
+        for run in client.search_runs([exp.experiment_id], filter_string="tags.study_parent = 'true'"):
+            if missing:
+                shown = ", ".join(f"{a}/{e}/{s}" for a, e, s in missing[:20]) + (" ..." if len(missing) > 20 else "")
+                client.set_tag(run.info.run_id, "missing_cells", f"{len(missing)}: {shown}")
+            elif "missing_cells" in run.data.tags:
+                client.delete_tag(run.info.run_id, "missing_cells")
+            client.set_terminated(run.info.run_id, "FINISHED" if not missing else status)
+    except Exception as err:  # noqa: BLE001 - the records are in the cell files whatever the tracking store does
+        print(f"[study] MLflow parent run not ended ({str(err).splitlines()[0]})", flush=True)
+
+
 def run_study(study: Study, workers: int | None = None, executor: str = "auto", run_root: Path | None = None,
-              tracking_uri: str | None = None, poll_s: float = 5.0, checkpoint_frames: int | None = None) -> int:
+              tracking_uri: str | None = None, poll_s: float = 5.0, checkpoint_frames: int | None = None,
+              progress_s: float = 60.0) -> int:
     import submitit
 
     run_root = (run_root or default_run_root(study)).resolve()
@@ -682,15 +794,18 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
             ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
         planning_s = time.perf_counter() - t0
         jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, None, checkpoint_frames)) for b in bins]
-        start, last = time.perf_counter(), -1
-        with jobs_stop_with_the_launcher(jobs, "study", f"`ppo-lightning study run {study.path}`"):
+        start, last, shown = time.perf_counter(), -1, -float("inf")
+        stopped = _EndParentOnStop(study, run_root, tracking_uri)
+        with stopped, jobs_stop_with_the_launcher(jobs, "study", f"`ppo-lightning study run {study.path}`"):
             while not all(j.done() for j in jobs):
                 n = len(recorded(run_root))
-                if n != last:
+                if n != last or time.perf_counter() - shown >= progress_s:  # a cell recorded, or every progress_s
                     print(f"[study] {status_line(study, run_root, start)}", flush=True)
-                    last = n
+                    for line in progress_lines(study, run_root, bins):
+                        print(f"[study]   {line}", flush=True)
+                    last, shown = n, time.perf_counter()
                 time.sleep(poll_s)
-        failed = job_failures(jobs)
+        failed = job_failures(jobs, lambda i: _failing_group(bins[i], run_root))
         t1 = time.perf_counter()
         overhead = planning_s
     else:
@@ -709,6 +824,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         overhead += time.perf_counter() - t1
         print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
               f"(planning + records) against {compute:.0f} s of training", flush=True)
+    end_parent_run(study, tracking_uri, "FAILED", [c for c in study.cells() if c not in done_cells(study, run_root)])
     if failed:
         print("[study] failed: " + "; ".join(failed) + f"; the recorded cells are kept: rerun `ppo-lightning study run "
               f"{study.path}` to train the others", flush=True)

@@ -70,6 +70,84 @@ RESERVED_FIT = ("data.env_id", "data.seed", "data.total_frames", "seed_everythin
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+# The study file's fields: (name, required, what it is). The parser accepts these and no others, and the
+# Studies guide's schema tables are generated from them (`schema_table`; tests/test_docs.py checks the page).
+STUDY_FIELDS = (
+    ("study", True, "the study's name (letters, digits, `_ . -`): its MLflow experiment, run folder, record and report files"),
+    ("title", False, "a title for the report (default: the name)"),
+    ("base", True, "the base config: a shipped name (`minatar/ppo`) or a path, or a list applied in order"),
+    ("fit", False, "fit options every arm shares, dotted keys as on the command line (`model.lr: 0.004`)"),
+    ("envs", True, "environment ids: any gymnasium id, `minatar:<game>`, `procgen:<game>`"),
+    ("seeds", True, "`{count: N, first: S}`: seeds S .. S + N - 1 of every arm on every env"),
+    ("frames", True, "the budget of every run, in environment frames"),
+    ("score", False, "how returns are normalized: `raw` (default), `minatar`, `minatar-500k`, `random-best` (the PPO "
+              "paper's Table 1: per env, the random policy 0 and the best of `score_ref.best_of` 1)"),
+    ("score_ref", False, "`score: random-best`'s references (below)"),
+    ("pool", False, "factors a verdict may pool cells across: `cpu`, `precision` (default: none)"),
+    ("target_half_width", False, "the CI half-width the rows are checked against: a wider CI says so in its row (default 0.05)"),
+    ("arms", True, "the settings compared: a list of arms (below)"),
+    ("comparisons", False, "the claims tested: a list of comparisons (below)"),
+    ("records", False, "committed records of earlier runs read as cells (below)"),
+    ("selection", False, "what these seeds chose, in words (an lr picked where it did best on them): the report says it"),
+    ("confirm", False, "the studies that run the same claims on seeds no selection used (below)"),
+)
+SEEDS_FIELDS = (
+    ("count", True, "how many seeds (>= 1)"),
+    ("first", False, "the first seed (default 0)"),
+)
+ARM_FIELDS = (
+    ("name", True, "the arm's name (letters, digits, `_ . -`): record files and comparisons use it"),
+    ("label", True, "what plots and tables show"),
+    ("fit", False, "the arm's own fit options (dotted keys), over the study's `fit`"),
+    ("configs", False, "config files (or shipped names) applied after the base, e.g. `[minatar/ppg]`"),
+    ("paper", False, "the arm's published value on the study's score, shown beside the measured one"),
+)
+COMPARISON_FIELDS = (
+    ("claim", True, "the hypothesis in words"),
+    ("a", True, "an arm"),
+    ("b", True, "the arm it is compared with (the effect is a - b)"),
+    ("test", False, "`difference` (default; the sign the 95% CI resolves), `equivalence` (TOST: abs(a - b) < margin), "
+                    "`noninferiority` (a - b > -margin)"),
+    ("margin", False, "equivalence and noninferiority: the difference that counts as equal (equivalence) or how much worse a may be"),
+    ("metric", False, "`auc` (default; normalized return averaged over the run), `final` (its last 10%), `last100` "
+               "(the mean return of its last 100 episodes), or a list"),
+    ("envs", False, "the study's envs this comparison pools (default: all)"),
+    ("figure", False, "the paper's figure the claim comes from, for the report"),
+    ("pool", False, "factors this comparison pools across besides the study's (`precision` where that is its point)"),
+)
+RECORDS_FIELDS = (
+    ("dir", True, "the folder of committed CSVs"),
+    ("figure", True, "the records' figure: `<figure>_runs.csv` and `_curves.csv` hold the cells"),
+    ("arms", False, "an arm's records under other names: `{arm: [FIGURE/ARM, ...]}`, in order"),
+    ("committed", False, "a CSV of committed verdicts the report compares with"),
+)
+CONFIRM_FIELDS = (
+    ("study", True, "a study file, or a list: the same arm names on other seeds (disjoint from these), the same score; "
+                    "each its own study, run by `study run`. The report gives every claim on every seed set"),
+)
+SCORE_REF_FIELDS = (
+    ("random", True, "a CSV of `env,return`: the random policy's return per env (the score's 0)"),
+    ("best_of", True, "the arms whose best mean (over their seeds) sets each env's 1"),
+    ("metric", False, "the statistic normalized and compared: `last100` (default), `final` or `auc`"),
+)
+SCHEMA = (("study file", STUDY_FIELDS), ("seeds", SEEDS_FIELDS), ("arms[i]", ARM_FIELDS),
+          ("comparisons[i]", COMPARISON_FIELDS), ("records", RECORDS_FIELDS), ("confirm", CONFIRM_FIELDS),
+          ("score_ref", SCORE_REF_FIELDS))
+
+
+def _names(fields) -> tuple[str, ...]:
+    return tuple(f[0] for f in fields)
+
+
+def schema_table() -> str:
+    """The study file's schema as Markdown tables, one per part (`SCHEMA`): the Studies guide's tables."""
+    out = []
+    for part, fields in SCHEMA:
+        out += [f"| `{part}` field | required | what it is |", "|---|---|---|"]
+        out += [f"| `{n}` | {'yes' if req else 'no'} | {what} |" for n, req, what in fields] + [""]
+    return "\n".join(out).rstrip("\n")
+
+
 class StudyError(ValueError):
     """A study file that cannot run: the message is one line, naming the file and the field."""
 
@@ -240,9 +318,8 @@ def parse_study(data: Any, path: Path) -> Study:
     """A `Study` from a loaded YAML mapping (``path``: where it came from, for messages and paths)."""
     where = str(path)
     _need(isinstance(data, dict), where, "a study file is a YAML mapping")
-    _keys(data, ("study", "title", "base", "fit", "envs", "seeds", "frames", "score", "score_ref", "pool", "target_half_width",
-                 "arms", "comparisons", "records", "selection", "confirm"), where)
-    for required in ("study", "base", "envs", "seeds", "frames", "arms"):
+    _keys(data, _names(STUDY_FIELDS), where)
+    for required in (n for n, req, _ in STUDY_FIELDS if req):
         _need(required in data, where, f"{required}: missing")
     name = data["study"]
     _need(isinstance(name, str) and bool(NAME.match(name)), where, f"study: a name of letters, digits, _ . -, got {name!r}")
@@ -254,7 +331,7 @@ def parse_study(data: Any, path: Path) -> Study:
     _need(len(set(envs)) == len(envs), where, "envs: listed twice")
     seeds = data["seeds"]
     _need(isinstance(seeds, dict), where, f"seeds: a mapping {{count: N, first: S}}, got {seeds!r}")
-    _keys(seeds, ("count", "first"), where, "seeds.")
+    _keys(seeds, _names(SEEDS_FIELDS), where, "seeds.")
     count, first = seeds.get("count"), seeds.get("first", 0)
     _need(isinstance(count, int) and not isinstance(count, bool) and count >= 1, where, f"seeds.count: an integer >= 1, got {count!r}")
     _need(isinstance(first, int) and not isinstance(first, bool) and first >= 0, where, f"seeds.first: an integer >= 0, got {first!r}")
@@ -275,7 +352,7 @@ def parse_study(data: Any, path: Path) -> Study:
     for i, a in enumerate(data["arms"]):
         at = f"arms[{i}]"
         _need(isinstance(a, dict), where, f"{at}: a mapping {{name, label, fit}}, got {a!r}")
-        _keys(a, ("name", "label", "fit", "configs", "paper"), where, f"{at}.")
+        _keys(a, _names(ARM_FIELDS), where, f"{at}.")
         n = a.get("name")
         _need(isinstance(n, str) and bool(NAME.match(n)), where, f"{at}.name: a name of letters, digits, _ . -, got {n!r}")
         _need(n not in arms, where, f"{at}.name: {n!r} is used twice")
@@ -293,7 +370,7 @@ def parse_study(data: Any, path: Path) -> Study:
     for i, c in enumerate(data.get("comparisons") or []):
         at = f"comparisons[{i}]"
         _need(isinstance(c, dict), where, f"{at}: a mapping {{claim, a, b, test, metric}}, got {c!r}")
-        _keys(c, ("claim", "a", "b", "test", "margin", "metric", "envs", "figure", "pool"), where, f"{at}.")
+        _keys(c, _names(COMPARISON_FIELDS), where, f"{at}.")
         _need(isinstance(c.get("claim"), str) and c["claim"].strip() != "", where, f"{at}.claim: the hypothesis in words, missing")
         for side in ("a", "b"):
             _need(c.get(side) in arms, where, f"{at}.{side}: {c.get(side)!r} is not an arm; arms: {', '.join(arms)}")
@@ -326,7 +403,7 @@ def parse_study(data: Any, path: Path) -> Study:
     if data.get("records") is not None:
         r = data["records"]
         _need(isinstance(r, dict), where, "records: a mapping {dir, arms, committed}")
-        _keys(r, ("dir", "figure", "arms", "committed"), where, "records.")
+        _keys(r, _names(RECORDS_FIELDS), where, "records.")
         _need(isinstance(r.get("figure"), str), where, "records.figure: the old driver's figure whose CSVs hold the cells, missing")
         _need(isinstance(r.get("dir"), str), where, "records.dir: the folder of the committed CSVs, missing")
         rdir = (root / r["dir"]) if (root / r["dir"]).exists() else path.parent / r["dir"]
@@ -352,7 +429,7 @@ def parse_study(data: Any, path: Path) -> Study:
     if data.get("confirm") is not None:
         cf = data["confirm"]
         _need(isinstance(cf, dict), where, "confirm: a mapping {study: FILE or [FILE, ...]} (the studies on seeds no selection used)")
-        _keys(cf, ("study",), where, "confirm.")
+        _keys(cf, _names(CONFIRM_FIELDS), where, "confirm.")
         refs = _str_list(cf.get("study"), where, "confirm.study")
         paths = []
         for ref in refs:
@@ -375,7 +452,7 @@ def parse_study(data: Any, path: Path) -> Study:
     if score == "random-best":
         sr = data.get("score_ref")
         _need(isinstance(sr, dict), where, "score_ref: score random-best needs {random: CSV, best_of: [arms], metric}")
-        _keys(sr, ("random", "best_of", "metric"), where, "score_ref.")
+        _keys(sr, _names(SCORE_REF_FIELDS), where, "score_ref.")
         _need(isinstance(sr.get("random"), str), where, "score_ref.random: a CSV of env,return (the random policy's), missing")
         rpath = resolve_ref(root, path, sr["random"])
         _need(rpath.is_file(), where, f"score_ref.random: {sr['random']} is not a file")

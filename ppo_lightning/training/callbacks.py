@@ -3,15 +3,17 @@ kept in checkpoints."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
 from ppo_lightning.core.faults import TrainingFault
-from ppo_lightning.core.storage import free_bytes, human_bytes, out_of_space, space_error_text
+from ppo_lightning.core.storage import atomic_replace, free_bytes, human_bytes, out_of_space, space_error_text
 from ppo_lightning.interop.evaluation import evaluate_policy
 from ppo_lightning.nets.models import is_sharded
 from ppo_lightning.training.tracking import quiet_mlflow
@@ -290,3 +292,36 @@ def record_run_setup(cfg, callbacks, mlflow_logger: dict | None) -> None:
     if mlflow_logger is not None:
         cfg.trainer.logger = Namespace(class_path="ppo_lightning.training.tracking.SafeMLFlowLogger",
                                        init_args=Namespace(**mlflow_logger))
+
+
+class ProgressFile(Callback):
+    """Writes ``<run folder>/progress.json`` after every iteration (atomically): the frames each member
+    has seen, the run's total, the members, and this process's frames and training seconds. A study's
+    launcher reads it for its progress line (`ppo_lightning.studies.runner.progress_lines`)."""
+
+    FILENAME = "progress.json"
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s = every_s  # at most one write per this many seconds (and one at the end)
+        self._last = -float("inf")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        self._start = (time.perf_counter(), int(getattr(dm, "frames", 0)))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if time.perf_counter() - self._last >= self.every_s:
+            self.write(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.write(trainer)
+
+    def write(self, trainer) -> None:
+        if trainer.global_rank != 0 or not hasattr(self, "_start"):
+            return
+        self._last = time.perf_counter()
+        dm = trainer.datamodule
+        t0, f0 = self._start
+        data = {"frames": int(dm.frames), "total_frames": int(dm.total_frames), "members": int(getattr(dm, "num_seeds", 1)),
+                "attempt_frames": int(dm.frames) - f0, "attempt_s": round(time.perf_counter() - t0, 3)}
+        atomic_replace(Path(trainer.default_root_dir) / self.FILENAME, lambda f: f.write(json.dumps(data).encode()))

@@ -1,0 +1,124 @@
+"""Studies in use: the launcher's progress per worker, the failing arm's first error line, the MLflow
+parent run ended with the study, a study file anywhere reports, and CLI output piped into `head`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from ppo_lightning.studies.spec import load_study
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_FIT = {"data.num_envs": 4, "data.rollout_steps": 16, "data.num_minibatches": 2, "data.update_epochs": 1,
+            "trainer.precision": "32-true", "checkpoint_every": 1000000, "video_every": None, "log_every_frames": 64}
+
+
+def study_file(folder: Path, **over) -> Path:
+    d = {"study": "use", "base": "minatar/ppo", "fit": TINY_FIT, "envs": ["minatar:breakout"],
+         "seeds": {"count": 2, "first": 0}, "frames": 256, "score": "raw",
+         "arms": [{"name": "ppo", "label": "PPO", "fit": {"model.lr": 0.001}},
+                  {"name": "ppo_ewma", "label": "PPO-EWMA", "fit": {"model.decoupled": True, "model.proximal_com": 4}}],
+         "comparisons": [{"claim": "EWMA differs from PPO", "a": "ppo_ewma", "b": "ppo", "test": "difference"}]}
+    d.update(over)
+    path = folder / "use.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def test_cli_output_piped_into_head_ends_quietly(tmp_path):
+    out = subprocess.run(f"{sys.executable} -m ppo_lightning configs | head -1", shell=True, capture_output=True,
+                         text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.stdout.strip() and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
+def test_a_study_file_outside_the_repository_reports_with_the_shipped_references(tmp_path):
+    """`score: minatar-500k` outside the repository: R_ref comes with the package, not from files
+    beside the study."""
+    from ppo_lightning.studies.records import Cell, write_export
+    from ppo_lightning.studies.report import report
+
+    study = load_study(study_file(tmp_path, score="minatar-500k", seeds={"count": 3, "first": 0}))
+    assert study.root == tmp_path  # no repository above it
+    curve = [(64.0, 1.0), (128.0, 2.0), (256.0, 3.0)]
+    write_export(study, [Cell(a, "minatar:breakout", s, 256, 2.0 + s + (a == "ppo_ewma"), 3.0, curve=curve)
+                         for a in study.arms for s in study.seeds])
+    text = report(study, tmp_path / "out", plots=False)
+    assert "| PPO-EWMA vs PPO | AUC | breakout |" in text and "Scores: minatar-500k" in text
+
+
+def test_progress_lines_count_recorded_groups_whole_and_the_running_one_from_its_file(tmp_path):
+    from ppo_lightning.studies import runner
+    from ppo_lightning.studies.records import Cell
+
+    study = load_study(study_file(tmp_path, frames=1000))
+    root = tmp_path / "runs"
+    g1 = runner.Group("minatar:breakout", [("ppo", 0), ("ppo_ewma", 0)], ["a"])
+    g2 = runner.Group("minatar:breakout", [("ppo", 1), ("ppo_ewma", 1)], ["b"])
+    g3 = runner.Group("minatar:asterix", [("ppo", 0)], ["c"])
+    for a, s in g1.members:  # the first group is recorded
+        runner._write_json(runner._cell_path(root, a, g1.env, s), json.loads(json.dumps(Cell(a, g1.env, s, 1000, 1.0, 1.0).__dict__)))
+    (root / "groups" / g2.name).mkdir(parents=True)  # the second runs: 250 of 1000 frames, 500 member-frames in 10 s
+    (root / "groups" / g2.name / "progress.json").write_text(json.dumps(
+        {"frames": 250, "total_frames": 1000, "members": 2, "attempt_frames": 250, "attempt_s": 10.0}))
+    lines = runner.progress_lines(study, root, [[g1, g2], [g3]])
+    # worker 1: 2000 + 500 of 4000 member-frames; 1500 left at 50 member-frames/s = 30 s
+    assert lines[0] == "worker 1: [############........] 2.5k/4.0k member-frames (62%), ~30 s left", lines
+    assert lines[1] == "worker 2: [....................] 0.0k/1.0k member-frames (0%), starting", lines
+
+
+@pytest.mark.parametrize("log, line", [
+    ("Traceback (most recent call last):\n  File x\nppo_lightning.core.faults.NumericalFault: non-finite loss at step 3\n",
+     "NumericalFault: non-finite loss at step 3"),
+    ("some notice\nerror: model.lr: must be > 0, got -1\nTraceback (most recent call last):\nSystemExit: 2\n",
+     "error: model.lr: must be > 0, got -1"),
+    ("all quiet\n", None),
+])
+def test_the_first_error_line_of_a_worker_log(log, line):
+    from ppo_lightning.studies.runner import first_error_line
+
+    assert first_error_line(log) == line
+
+
+def test_a_failed_job_names_its_arms_and_its_first_error_line(tmp_path):
+    from ppo_lightning.studies.runner import job_failures
+
+    err = tmp_path / "0_0_log.err"
+    err.write_text("loading\nTraceback (most recent call last):\n  File y\nValueError: observation shape (3,) vs (4,)\n")
+
+    class Failed:
+        job_id, paths = "123", SimpleNamespace(stderr=err)
+
+        def result(self):
+            raise RuntimeError("Job failed\n...\nSystemExit: 1")
+
+    [line] = job_failures([Failed()], lambda i: "arms ppo, ppo_ewma on CartPole-v1")
+    assert line == f"job 123 (arms ppo, ppo_ewma on CartPole-v1): ValueError: observation shape (3,) vs (4,) [log: {err}]"
+
+
+def test_a_study_run_shows_progress_and_ends_its_parent_run_finished(tmp_path, monkeypatch, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from ppo_lightning.studies import runner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    study = load_study(study_file(tmp_path))
+    root, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert runner.run_study(study, workers=1, executor="local", run_root=root, tracking_uri=uri, poll_s=0.5,
+                            progress_s=1) == 0
+    out = capsys.readouterr().out
+    assert "worker 1: [####################] 1.0k/1.0k member-frames (100%), done" in out or "4/4 cells done" in out, out
+    assert "worker 1: [" in out
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(study.name)
+    [parent] = client.search_runs([exp.experiment_id], filter_string="tags.study_parent = 'true'")
+    assert parent.info.status == "FINISHED" and "missing_cells" not in parent.data.tags
+    [group] = list((root / "groups").glob("*/progress.json"))
+    assert json.loads(group.read_text())["frames"] == 256
