@@ -185,7 +185,8 @@ def test_report_regenerates_a_committed_500k_verdict(tmp_path):
 
     study = load_study(ROOT / "experiments" / "studies" / "minatar_fig4_500k.yaml")
     text = report(study, tmp_path, plots=False)
-    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA") and "| AUC |" in line and "seaquest |" in line)
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA") and "| AUC |" in line and "seaquest |" in line
+               and "stratified bootstrap)" in line)
     assert "+0.033" in row and "(8 vs 8 seeds" in row  # the committed pooled AUC +0.033 [-0.007, +0.074]
     assert "bf16-mixed on Xeon-AMX" in row
 
@@ -306,13 +307,16 @@ def test_packed_rows_equal_single_runs_and_a_rerun_redoes_nothing(tmp_path, monk
         alone = runner.run_group(study, single, tmp_path / f"single-{cell.arm}", uri)[0]
         assert [v for _, v in cell.curve] == pytest.approx([v for _, v in alone.curve], abs=1e-6)
         assert cell.auc_return == pytest.approx(alone.auc_return, abs=1e-6)
+        # the PPO paper's score, each member's own last-100-episode mean (NaN only before an episode ends)
+        assert cell.last100_return == pytest.approx(alone.last100_return, abs=1e-6, nan_ok=True)
+    assert any(math.isfinite(c.last100_return) for c in cells)
     # the runner, rerun on the same root: every cell is recorded, no group trains again
     stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "packed" / "cells").glob("*.json")}
     assert runner.plan(study, set(runner.done_cells(study, tmp_path / "packed")), 2) == []
     assert runner.run_study(study, workers=2, executor="local", run_root=tmp_path / "packed", tracking_uri=uri) == 0
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
     exported = study.cells_csv.read_text().splitlines()
-    assert len(exported) == 3 and "32-true" in exported[1]
+    assert len(exported) == 3 and "32-true" in exported[1] and exported[0].endswith(",last100_return")
 
 
 @pytest.mark.timeout(600)
@@ -521,3 +525,191 @@ def _cmdlines():
             yield p.parent.name, p.read_bytes().replace(b"\0", b" ").decode(errors="ignore")
         except OSError:
             continue
+
+
+# ----------------------------------------------------------------------------------- issue 47: claims a reader can check
+def test_holm_on_cases_with_a_known_answer():
+    from ppo_lightning.studies.analysis import holm
+
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.02]) == pytest.approx([0.02])          # a family of one: unadjusted
+    out = holm([0.01, float("nan"), 0.02])                 # a test not made is not in the family
+    assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.02)
+    # four games each at p = 0.02: each alone would be bold, none survives the family of four
+    assert all(p > 0.05 for p in holm([0.02] * 4))
+
+
+def test_welch_p_is_scipys_and_a_difference_test_never_says_equal():
+    from scipy.stats import ttest_ind
+
+    from ppo_lightning.studies.analysis import compare, welch_p
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(0, 1, 6), rng.normal(0.5, 2, 8)
+    assert welch_p(a, b) == pytest.approx(ttest_ind(a, b, equal_var=False).pvalue, rel=1e-10)
+    x = rng.normal(0.5, 0.01, (8, 2))
+    out = compare(x, x + 0.001, test="difference", margin=None, target=0.05, reps=2000)
+    assert out["verdict"] == "no difference resolved" and "equal" not in out["verdict"]
+    wide = compare(x, x + rng.normal(0, 0.5, (8, 2)), test="difference", margin=None, target=0.05, reps=2000)
+    assert "CI half-width" in wide["verdict"] and "> target 0.05" in wide["verdict"]  # the header's rule, said in the row
+
+
+def _study_with_cells(tmp_path: Path, name: str, seeds: dict, effect: dict[str, float], extra: dict | None = None,
+                      missing: set | None = None, noise: float = 0.01, precision: str = "32-true") -> Path:
+    """A two-env study file (score raw) and its export CSV: arm a scores b + effect[env] on each seed."""
+    from ppo_lightning.studies.records import Cell, write_export
+
+    path = tiny(tmp_path, study=name, envs=["minatar:breakout", "minatar:asterix"], seeds=seeds,
+                comparisons=[{"claim": "EWMA beats PPO", "a": "ppo_ewma", "b": "ppo_hi", "test": "difference", "metric": "auc"}],
+                **(extra or {}))
+    path = path.rename(tmp_path / f"{name}.yaml")
+    study = load_study(path)
+    rng = np.random.default_rng(seeds["first"])
+    cells = []
+    for arm in study.arms:
+        for env in study.envs:
+            for s in study.seeds:
+                if (arm, env, s) in (missing or set()):
+                    continue
+                v = 1.0 + (effect[env] if arm == "ppo_ewma" else 0.0) + rng.normal(0, noise)
+                cells.append(Cell(arm, env, s, 256, v, v, "CPU: AMD EPYC, 2 cores, avx2", precision, 1.0, 1.0))
+    write_export(study, cells)
+    return path
+
+
+def test_a_study_with_selection_and_confirmation_seeds_reports_both(tmp_path):
+    """Selection seeds 0-5 show the effect on both games; fresh seeds 100-105 on Breakout only (Asterix
+    the other way): the pooled claim holds on both, the per-game claim holds on Breakout, not on Asterix."""
+    from ppo_lightning.studies.report import report
+
+    fresh = _study_with_cells(tmp_path, "fresh", {"count": 6, "first": 100}, {"minatar:breakout": 0.3, "minatar:asterix": -0.1})
+    sel = _study_with_cells(tmp_path, "sel", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2},
+                            extra={"selection": "lr chosen on seeds 0-5", "confirm": {"study": fresh.name}})
+    study = load_study(sel)
+    assert [c.seeds for c in study.confirmation()] == [tuple(range(100, 106))]
+    text = report(study, tmp_path / "out", plots=False)
+    assert "selection (0-5)" in text and "fresh (100-105, 32-true)" in text and "lr chosen on seeds 0-5" in text
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | selection (0-5) | **+"))
+    assert row.endswith("| **holds** |"), row
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | fresh (100-105, 32-true) | **+"))
+    assert row.endswith("| **holds** |"), row
+    games = {line.split(" | ")[2]: line for line in text.splitlines() if line.count(" | ") == 5 and "| AUC | " in line}
+    assert games["breakout"].endswith("| **holds** |") and games["asterix"].endswith("| does not hold |")
+    # a claim that does not hold on the fresh seeds is no headline: its selection row is not bold and says why
+    bad = _study_with_cells(tmp_path, "fresh2", {"count": 6, "first": 200}, {"minatar:breakout": -0.2, "minatar:asterix": -0.2})
+    sel2 = _study_with_cells(tmp_path, "sel2", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2},
+                             extra={"confirm": {"study": bad.name}})
+    text = report(load_study(sel2), tmp_path / "out", plots=False)
+    main = next(line for line in text.splitlines() if "stratified bootstrap)" in line)
+    assert "**" not in main.split(" | ")[3] and "fresh seeds: does not hold" in main
+    assert "| does not hold (a < b on fresh seeds) |" in text  # the fresh row says why
+
+
+def test_two_confirming_studies_in_two_precisions_measure_the_precision_apart_from_selection(tmp_path):
+    """The same fresh seeds in 32-true (effect +0.2 on both games) and in bf16-mixed (+0.1): the report
+    gives the claim on each, and precision's effect: arm a -0.1, arm b 0, the claim's effect -0.1."""
+    from ppo_lightning.studies.report import report
+
+    f32 = _study_with_cells(tmp_path, "f32", {"count": 6, "first": 100}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2})
+    f16 = _study_with_cells(tmp_path, "f16", {"count": 6, "first": 100}, {"minatar:breakout": 0.1, "minatar:asterix": 0.1},
+                            precision="bf16-mixed", extra={"fit": {**TINY_FIT, "trainer.precision": "bf16-mixed"}})
+    sel = _study_with_cells(tmp_path, "sel", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2},
+                            precision="bf16-mixed", extra={"confirm": {"study": [f32.name, f16.name]}})
+    text = report(load_study(sel), tmp_path / "out", plots=False)
+    assert "fresh (100-105, 32-true)" in text and "fresh (100-105, bf16-mixed)" in text
+    assert "`f16.yaml` sets `trainer.precision` bf16-mixed (here: 32-true)" in text  # what else differs, said
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | selection (0-5)"))
+    assert row.endswith("| **holds** |")  # it holds on both fresh sets
+    factor = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | **-0.1"))
+    a, b, claim = factor.split(" | ")[2:5]
+    assert a.startswith("**-0.10") and not b.startswith("**") and claim.startswith("**-0.10"), factor
+
+
+def test_confirmation_seeds_must_be_fresh_and_partial_records_are_pending(tmp_path):
+    from ppo_lightning.studies.records import cell_files
+    from ppo_lightning.studies.report import report
+
+    fresh = _study_with_cells(tmp_path, "fresh", {"count": 6, "first": 3}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2})
+    with pytest.raises(StudyError, match=r"confirm.study: seeds \[3, 4, 5\] are also this study's"):
+        _study_with_cells(tmp_path, "sel", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2},
+                          extra={"confirm": {"study": fresh.name}})
+    # a confirmation in progress: no export yet, 3 cell files in its run root (the runner's format)
+    (tmp_path / "fresh.cells.csv").unlink()
+    (tmp_path / "fresh.yaml").write_text((tmp_path / "fresh.yaml").read_text().replace("first: 3", "first: 1000"))
+    root = tmp_path / "runs" / "fresh" / "cells"
+    root.mkdir(parents=True)
+    from dataclasses import asdict
+
+    from ppo_lightning.studies.records import Cell
+
+    for arm, env, seed in [("ppo_ewma", "minatar:breakout", 1000), ("ppo_hi", "minatar:breakout", 1000), ("ppo_hi", "minatar:asterix", 1001)]:
+        c = Cell(arm, env, seed, 256, 1.0, 1.0, "CPU: AMD EPYC, avx512", "32-true", 1.0, 1.0, "g", "", "run", [(256.0, 1.0)])
+        (root / f"{arm}__{env.replace(':', '-')}__{seed}.json").write_text(json.dumps(asdict(c)))
+    assert len(cell_files(tmp_path / "runs" / "fresh")) == 3
+    sel = _study_with_cells(tmp_path, "sel", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2},
+                            extra={"confirm": {"study": "fresh.yaml"}})
+    text = report(load_study(sel), tmp_path / "out", plots=False, runs=tmp_path / "runs")
+    assert "3 of 24 cells recorded" in text and "| pending |" in text
+
+
+def test_a_report_that_drops_a_comparison_fails(tmp_path, monkeypatch):
+    from ppo_lightning.studies import report as R
+
+    path = _study_with_cells(tmp_path, "s", {"count": 5, "first": 0}, {"minatar:breakout": 0.1, "minatar:asterix": 0.1},
+                             missing={("ppo_hi", "minatar:asterix", s) for s in range(5)})
+    text = R.report(load_study(path), tmp_path / "out", plots=False)  # no seed of b has both envs: a pending row, not none
+    assert "| PPO-EWMA vs PPO, lr 1e-3 | AUC |" in text and "pending: 5 and 0 seeds" in text
+    full = _study_with_cells(tmp_path, "t", {"count": 5, "first": 0}, {"minatar:breakout": 0.1, "minatar:asterix": 0.1})
+    original = R.analyse
+    monkeypatch.setattr(R, "analyse", lambda *a, **k: original(*a, **k)[:-1])
+    with pytest.raises(ValueError, match="drops comparisons of the study file: EWMA beats PPO"):
+        R.report(load_study(full), tmp_path / "out", plots=False)
+
+
+def test_every_committed_study_report_has_every_comparison():
+    from ppo_lightning.studies.report import covered
+
+    for f in sorted((ROOT / "experiments" / "studies").glob("*.yaml")):
+        study = load_study(f)
+        md = ROOT / "experiments" / "results" / "studies" / f"{f.stem}.md"
+        if study.comparisons and md.exists():
+            assert covered(study, md.read_text()) == [], f.name
+
+
+def test_table1_scores_as_the_paper_random_zero_best_one_with_known_answers():
+    """Synthetic records of the Table 1 study: per task, setting k's last-100-episode return is
+    R_random + paper_k x 100 on every seed (the paper's best, clip 0.2 at 0.82, the best here too),
+    so each setting's score is paper_k / 0.82 exactly; the report puts it beside the paper's, and
+    every ordering claim of the file is a row."""
+    from ppo_lightning.studies.records import Cell, normalizer
+    from ppo_lightning.studies.report import analyse, covered, markdown
+
+    study = load_study(ROOT / "experiments" / "studies" / "mujoco_ppo_table1.yaml")
+    assert len(study.envs) == 7 and all(e.endswith("-v5") for e in study.envs) and len(study.seeds) >= 3
+    assert sum(a.paper is not None for a in study.arms.values()) == 11
+    rng = np.random.default_rng(0)
+    cells = {}
+    for arm, a in study.arms.items():
+        k = a.paper if a.paper is not None else 0.82
+        for env in study.envs:
+            for s in study.seeds:
+                v = study.score_ref.random[env] + 100 * k + (rng.normal(0, 1e-3) if arm != "clip_0.2" else 0.0)
+                cells[(arm, env, s)] = Cell(arm, env, s, 1_000_000, v, v, "CPU: AMD EPYC, avx2", "32-true", 1.0, 1.0,
+                                            last100_return=v)
+    norm = normalizer(study, cells)
+    env = "Hopper-v5"
+    assert norm(env, study.score_ref.random[env]) == 0.0 and norm(env, study.score_ref.random[env] + 82) == pytest.approx(1.0)
+    results = analyse(study, cells)
+    text = markdown(study, results, cells, {})
+    assert covered(study, text) == []
+    row = next(line for line in text.splitlines() if line.startswith("| No clipping or penalty | -0.39 |"))
+    assert f"{-0.39 / 0.82:.2f} [" in row, row
+    assert next(line for line in text.splitlines() if line.startswith("| Clipping, eps = 0.2 | 0.82 |")).split(" | ")[2].startswith("1.00")
+    best = [r for r in results if r.a == "clip_0.2"]
+    assert len(best) == 10 and all(r.verdict.startswith("a > b") for r in best)
+    # records without the last-100 score (none recorded yet): every claim a pending row, no crash
+    empty = {k: Cell(*k, 1_000_000, 1.0, 1.0) for k in list(cells)[:5]}
+    text = markdown(study, analyse(study, empty), empty, {})
+    assert covered(study, text) == [] and "pending" in text

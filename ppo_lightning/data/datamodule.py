@@ -232,6 +232,7 @@ class RolloutDataModule(pl.LightningDataModule):
             prefix = "" if len(states) == 1 else f"seed{k}/"
             out.update({f"{prefix}episodes": float(st.episodes.count),
                         f"{prefix}episode/return_mean20": st.episodes.mean_return(20),
+                        f"{prefix}episode/return_mean100": st.episodes.mean_return(100),  # the PPO paper's score
                         f"{prefix}episode/length_mean20": st.episodes.mean_length(20),
                         f"{prefix}advantage/std_estimate": st.advantage_moments.std})
             if is_procgen(self.env_id):  # Procgen's per-game normalized return next to the raw one

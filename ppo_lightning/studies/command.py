@@ -36,6 +36,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trust-code", action="store_true",
                    help="run: allow the class paths, objective paths and module:EnvId env ids the study file (and "
                         "the config files it names) would import; only for files you trust")
+    p.add_argument("--runs", type=Path, default=None,
+                   help="report: a folder of run roots (e.g. runs/studies): also read the cell files of runs in progress "
+                        "there (<runs>/<study name>/cells), for the study and its confirming study")
     a = p.parse_args(argv)
     if a.workers is not None and a.workers < 1:
         print(f"error: --workers must be >= 1, got {a.workers}")
@@ -56,7 +59,7 @@ def main(argv: list[str]) -> int:
 
         try:
             for study in studies:
-                report(study, a.out, a.into, plots=not a.no_plots)
+                report(study, a.out, a.into, plots=not a.no_plots, runs=a.runs)
         except (ValueError, OSError) as err:  # a page without the study's block, an unreadable page: one line
             print(f"error: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
             return 2

@@ -30,7 +30,7 @@ from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space,
 from ppo_lightning.studies.spec import Study
 
 CELL_FIELDS = ["study", "arm", "env", "seed", "frames", "auc_return", "final_return", "cpu", "precision",
-               "wall_s", "train_s", "group", "mlflow_run_id", "source", "attempts"]
+               "wall_s", "train_s", "group", "mlflow_run_id", "source", "attempts", "last100_return"]
 CURVE_FIELDS = ["arm", "env", "seed", "frames", "return"]
 
 
@@ -51,6 +51,7 @@ class Cell:
     source: str = ""
     curve: list[tuple[float, float]] = field(default_factory=list, repr=False)
     attempts: int = 1   # processes the cell's group took (a preempted group resumes in another); times sum them
+    last100_return: float = float("nan")  # mean raw return of the run's last 100 episodes (NaN: not recorded)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -137,7 +138,7 @@ def export_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int
     for r in _read(study.cells_csv):
         c = Cell(r["arm"], r["env"], int(r["seed"]), int(r["frames"]), float(r["auc_return"]), float(r["final_return"]),
                  r["cpu"], r["precision"], _float(r["wall_s"]), _float(r["train_s"]), r["group"], r["mlflow_run_id"], "run",
-                 attempts=int(r.get("attempts") or 1))
+                 attempts=int(r.get("attempts") or 1), last100_return=_float(r.get("last100_return")))
         if c.arm in study.arms and c.env in study.envs:
             out[c.key] = c
     if curves:
@@ -148,11 +149,37 @@ def export_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int
     return out
 
 
-def load_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int], Cell]:
-    """Every recorded cell of the study: its own export first, then committed records."""
+def cell_files(run_root: Path, study: Study | None = None) -> dict[tuple[str, str, int], Cell]:
+    """The cells ``study run`` has recorded so far in ``run_root`` (``cells/<arm>__<env>__<seed>.json``,
+    one per finished cell, written atomically), of the study's arms, envs and seeds where one is given."""
+    out = {}
+    for p in sorted((Path(run_root) / "cells").glob("*.json")):
+        d = json.loads(p.read_text())
+        d["curve"] = [tuple(x) for x in d.get("curve", [])]
+        c = Cell(**{k: v for k, v in d.items() if k in Cell.__dataclass_fields__})
+        if study is None or (c.arm in study.arms and c.env in study.envs and c.seed in study.seeds):
+            out[c.key] = c
+    return out
+
+
+def load_cells(study: Study, curves: bool = False, run_root: Path | None = None) -> dict[tuple[str, str, int], Cell]:
+    """Every recorded cell of the study: committed records, then its own export over them, then (with
+    ``run_root``: a run in progress) the cell files there over both."""
     cells = legacy_cells(study, curves)
     cells.update(export_cells(study, curves))
+    if run_root is not None:
+        files = cell_files(run_root, study)
+        if not curves:
+            for c in files.values():
+                c.curve = []
+        cells.update(files)
     return cells
+
+
+def cell_value(c: Cell, metric: str) -> float:
+    """A cell's raw statistic: ``auc`` (mean return over the run's frames), ``final`` (over its last
+    10%), ``last100`` (mean return of its last 100 episodes; NaN where not recorded)."""
+    return {"auc": c.auc_return, "final": c.final_return, "last100": c.last100_return}[metric]
 
 
 def atomic_write(path: Path, data: str | bytes, what: str = "study record") -> None:
@@ -231,12 +258,40 @@ def reference_returns(root: Path) -> dict[str, float]:
     return out
 
 
-def normalizer(study: Study):
+def best_returns(study: Study, cells) -> dict[str, tuple[float, str]]:
+    """``score: random-best``'s 1 per env: ``(the best mean raw score_ref.metric among
+    score_ref.best_of's arms, that arm)``, means over each arm's recorded seeds; envs without a
+    recorded cell of those arms are left out."""
+    ref = study.score_ref
+    means: dict[str, dict[str, list[float]]] = {}
+    for c in cells:
+        v = cell_value(c, ref.metric)
+        if c.arm in ref.best_of and math.isfinite(v):
+            means.setdefault(c.env, {}).setdefault(c.arm, []).append(v)
+    out = {}
+    for env, by_arm in means.items():
+        arm = max(by_arm, key=lambda a: (sum(by_arm[a]) / len(by_arm[a]), -ref.best_of.index(a)))
+        out[env] = (sum(by_arm[arm]) / len(by_arm[arm]), arm)
+    return out
+
+
+def normalizer(study: Study, cells=None):
     """``(env, raw return) -> score`` by the study's ``score``: raw; minatar (the R_random and R_ref
     constants of `ppo_lightning.envs.minatar_scores`); minatar-500k (R_random the same, R_ref the 500k
-    base run 2-4x as long: `REFERENCE_500K`, which `reference_returns` recomputes from the records)."""
+    base run 2-4x as long: `REFERENCE_500K`, which `reference_returns` recomputes from the records);
+    random-best (the PPO paper's Table 1: per env ``(R - R_random) / (R_best - R_random)``, R_best
+    from ``cells``, `best_returns`)."""
     if study.score == "raw":
         return lambda env, r: r
+    if study.score == "random-best":
+        best = best_returns(study, list(cells.values()) if isinstance(cells, dict) else list(cells or []))
+        lo = study.score_ref.random
+
+        def norm_rb(env: str, r: float) -> float:
+            if env not in best or best[env][0] == lo[env]:
+                return float("nan")  # no best recorded yet: pending
+            return (r - lo[env]) / (best[env][0] - lo[env])
+        return norm_rb
     from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, normalized_return
 
     if study.score == "minatar":

@@ -16,22 +16,28 @@ import math
 import re
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ppo_lightning.studies import analysis
-from ppo_lightning.studies.records import Cell, atomic_write, cpu_short, env_game, load_cells, normalizer
+from ppo_lightning.studies.records import (Cell, atomic_write, best_returns, cell_value, cpu_short, env_game, load_cells,
+                                           normalizer)
 from ppo_lightning.studies.spec import Study
 
-METRIC_NAME = {"auc": "AUC", "final": "final return"}
+METRIC_NAME = {"auc": "AUC", "final": "final return", "last100": "last 100 episodes"}
+PLOT_REPS = 2000  # bootstrap replicates of the plots' bands (the tables: analysis.REPS)
 
 
 def _matrix(cells: list[Cell], envs: tuple[str, ...], metric: str, norm) -> tuple[np.ndarray, list[int]]:
-    """Seeds x envs of the normalized metric, for the seeds that have every env."""
+    """Seeds x envs of the normalized metric, for the seeds that have every env (a value not recorded,
+    NaN, counts as absent)."""
     by: dict[int, dict[str, float]] = {}
     for c in cells:
-        by.setdefault(c.seed, {})[c.env] = norm(c.env, c.auc_return if metric == "auc" else c.final_return)
+        v = norm(c.env, cell_value(c, metric))
+        if math.isfinite(v):
+            by.setdefault(c.seed, {})[c.env] = v
     seeds = sorted(s for s, e in by.items() if all(x in e for x in envs))
     return np.array([[by[s][e] for e in envs] for s in seeds], dtype=float).reshape(len(seeds), len(envs)), seeds
 
@@ -53,39 +59,76 @@ def committed_rows(study: Study) -> dict[tuple[str, str], dict]:
         return {(r["row"], r["stat"]): r for r in csv.DictReader(f) if " - " in r["row"]}
 
 
-def analyse(study: Study, cells: dict | None = None) -> list[analysis.Result]:
-    """Every comparison of the study, per metric and per stratum of the factors it does not pool."""
+def _pending(comp, metric: str, envs, n_a: int, n_b: int, used: list[Cell], planned: int, stratum: str = "") -> analysis.Result:
+    """A comparison without 2 seeds an arm on every env of it: in the report as pending, never dropped."""
+    nan = float("nan")
+    r = analysis.Result(comp.claim, comp.a, comp.b, metric, comp.test, tuple(envs), n_a, n_b, nan, nan, nan, "", None,
+                        f"pending: {n_a} and {n_b} seeds with every env of the comparison ({len(used)} of {planned} cells recorded)",
+                        False, 0, None, comp.margin, stratum)
+    r.cells = holds_under(used)  # type: ignore[attr-defined]
+    r.pending = True  # type: ignore[attr-defined]
+    return r
+
+
+def per_env_effects(x: np.ndarray, y: np.ndarray, envs, target: float, reps: int = analysis.REPS) -> dict[str, tuple]:
+    """Per env of a comparison: ``(effect, low, high, Holm-adjusted p)``, the 95% CI as the pooled one's
+    (stratified bootstrap, Welch's t below 5 seeds), the p-value Welch's two-sided t test adjusted by
+    Holm over the family of the comparison's envs on this metric (`analysis.holm`)."""
+    raw, out = [], {}
+    for j, e in enumerate(envs):
+        d = analysis.compare(x[:, [j]], y[:, [j]], test="difference", margin=None, target=target, reps=reps, improvement=False)
+        out[e] = (d["effect"], d["low"], d["high"])
+        raw.append(analysis.welch_p(x[:, j], y[:, j]))
+    return {e: (*out[e], p) for e, p in zip(envs, analysis.holm(raw))}
+
+
+def analyse(study: Study, cells: dict | None = None, pool_all: bool = False) -> list[analysis.Result]:
+    """Every comparison of the study, per metric and per stratum of the factors it does not pool
+    (``pool_all``: one stratum, every factor pooled); a comparison without the cells for a verdict is
+    a pending row, never left out (`covered`)."""
     cells = load_cells(study) if cells is None else cells
-    norm = normalizer(study)
+    norm = normalizer(study, cells)
     results = []
     for comp in study.comparisons:
         envs = comp.envs or study.envs
+        planned = 2 * len(envs) * len(study.seeds)
         ca = [c for c in cells.values() if c.arm == comp.a and c.env in envs]
         cb = [c for c in cells.values() if c.arm == comp.b and c.env in envs]
         strata: dict[tuple, tuple[list, list]] = {}
         for side, group in ((0, ca), (1, cb)):
             for c in group:
-                strata.setdefault(_factor(c, comp.pool), ([], []))[side].append(c)
+                strata.setdefault(() if pool_all else _factor(c, comp.pool), ([], []))[side].append(c)
+        made = set()
         for key, (sa, sb) in sorted(strata.items()):
             for metric in comp.metrics:
                 x, _ = _matrix(sa, envs, metric, norm)
                 y, _ = _matrix(sb, envs, metric, norm)
+                used = [c for c in sa + sb if c.env in envs]
                 if len(x) < 2 or len(y) < 2:
+                    if len(strata) == 1:
+                        results.append(_pending(comp, metric, envs, len(x), len(y), used, planned, ", ".join(key)))
+                        made.add(metric)
                     continue
                 out = analysis.compare(x, y, test=comp.test, margin=comp.margin, target=study.target_half_width)
-                per_env = {}
-                if len(envs) > 1:
-                    for j, e in enumerate(envs):
-                        per_env[e] = analysis.compare(x[:, [j]], y[:, [j]], test="difference", margin=None,
-                                                      target=study.target_half_width, reps=300, improvement=False)
-                        per_env[e] = (per_env[e]["effect"], per_env[e]["low"], per_env[e]["high"])
-                used = [c for c in sa + sb if c.env in envs]
+                per_env = per_env_effects(x, y, envs, study.target_half_width) if len(envs) > 1 else {}
                 results.append(analysis.Result(
                     comp.claim, comp.a, comp.b, metric, comp.test, tuple(envs), len(x), len(y), out["effect"], out["low"],
                     out["high"], out["method"], out["p_improve"], out["verdict"], out["resolved"], out["seeds_for_target"],
                     out["tost_p"], comp.margin, ", ".join(key) if key else holds_under(used), per_env))
                 results[-1].cells = holds_under(used)  # type: ignore[attr-defined]
+                made.add(metric)
+        for metric in comp.metrics:  # no stratum with the cells for a verdict: one pending row over all of them
+            if metric not in made:
+                results.append(_pending(comp, metric, envs, 0, 0, ca + cb, planned))
     return results
+
+
+def covered(study: Study, text: str) -> list[str]:
+    """The comparisons (claim, metric) of the study file that have no row in the report ``text``:
+    none may be missing (`report` refuses to write a report that drops one)."""
+    labels = {a: arm.label for a, arm in study.arms.items()}
+    return [f"{c.claim} ({METRIC_NAME[m]})" for c in study.comparisons for m in c.metrics
+            if f"| {labels[c.a]} vs {labels[c.b]} | {METRIC_NAME[m]} |" not in text]
 
 
 def _ci(v: float, lo: float, hi: float, bold: bool = False) -> str:
@@ -97,19 +140,262 @@ def _envs(envs) -> str:
     return " + ".join(env_game(e) for e in envs)
 
 
-def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: dict[str, str]) -> str:
-    """The report's tables (links to plots relative to the docs page of experiments/)."""
+def rules(study: Study) -> str:
+    """The rules every row of the report uses, stated once in its header."""
+    tests = {c.test for c in study.comparisons}
+    parts = [f"Effects: difference of means (a - b) of the normalized score, 95% CIs: rliable's stratified bootstrap "
+             f"({analysis.REPS:,} replicates) at 5 or more seeds an arm, else Welch's t."]
+    if "difference" in tests:
+        parts.append("Difference: `a > b` / `a < b` where the 95% CI excludes 0 (bold), else `no difference resolved`.")
+    if "equivalence" in tests:
+        parts.append("Equivalence: `equal within ±m` where both one-sided Welch tests (TOST) reject a difference of the "
+                     "margin m the study file states at p < 0.05; no other row says equal.")
+    if "noninferiority" in tests:
+        parts.append("Non-inferiority: `a not worse than b by m` where the one-sided Welch test at the file's margin m gives p < 0.05.")
+    parts.append(f"A row whose CI half-width exceeds the study's target {study.target_half_width:g} says so; the last "
+                 "column is the seeds per arm that target would need.")
+    return " ".join(parts)
+
+
+def holds_on_fresh(sel: analysis.Result, fresh: analysis.Result | None) -> str:
+    """Whether a claim made on the selection seeds holds on the fresh ones: ``holds``, ``does not
+    hold (...)``, ``pending (...)``, or that the selection seeds resolved nothing to confirm."""
+    if fresh is None:
+        return "not run on fresh seeds"
+    if getattr(fresh, "pending", False):
+        return "pending"
+    if getattr(sel, "pending", False):
+        return "pending (selection seeds)"
+    if sel.test == "difference":
+        was, now = analysis.direction(sel.low, sel.high), analysis.direction(fresh.low, fresh.high)
+        if was == "no difference resolved":
+            return "nothing to confirm (no difference resolved on the selection seeds)"
+        return "holds" if now == was else f"does not hold ({now} on fresh seeds)"
+    ok = lambda r: r.tost_p is not None and math.isfinite(r.tost_p) and r.tost_p < analysis.ALPHA  # noqa: E731
+    if not ok(sel):
+        return f"nothing to confirm (not shown {'equal' if sel.test == 'equivalence' else 'non-inferior'} on the selection seeds)"
+    return "holds" if ok(fresh) else "does not hold (test not passed on fresh seeds)"
+
+
+def _effect_cell(r: analysis.Result) -> str:
+    if getattr(r, "pending", False):
+        return f"pending ({r.n_a} vs {r.n_b} seeds)"
+    return f"{_ci(r.effect, r.low, r.high, r.low > 0 or r.high < 0)} ({r.n_a} vs {r.n_b} seeds)"
+
+
+def _seed_set(conf: Study, cells: dict) -> str:
+    """A confirming study's seeds and precision, as the tables name it: '2000-2007, 32-true'."""
+    precisions = sorted({c.precision for c in cells.values()}) or [str(conf.fit.get("trainer.precision", "auto"))]
+    return f"{conf.seed_range}, {' + '.join(precisions)}"
+
+
+def fit_diff(study: Study, conf: Study, arms: set[str]) -> str:
+    """The fit options of ``conf`` (study-wide and its compared arms') that differ from ``study``'s,
+    as '`trainer.precision` 32-true (here: not set)'; empty where none does."""
+    out = []
+    def show(v):
+        return "not set" if v is _UNSET else str(v)
+    for where, mine, theirs in [("", study.fit, conf.fit)] + [
+            (f"{a}: ", study.arms[a].fit, conf.arms[a].fit) for a in sorted(arms) if a in study.arms and a in conf.arms]:
+        for k in sorted(set(mine) | set(theirs)):
+            a, b = mine.get(k, _UNSET), theirs.get(k, _UNSET)
+            if a != b:
+                out.append(f"{where}`{k}` {show(b)} (here: {show(a)})")
+    if conf.base != study.base:
+        out.append(f"base {', '.join(conf.base)} (here: {', '.join(study.base)})")
+    return ", ".join(out)
+
+
+_UNSET = object()
+
+
+def overall(verdicts: list[str]) -> str:
+    """A claim on every confirming study: ``holds`` where it holds on each, ``does not hold`` where it
+    fails on one, ``pending`` while one has no verdict (and none fails)."""
+    if any(v.startswith("does not hold") for v in verdicts):
+        return "does not hold"
+    if any(v.startswith("pending") for v in verdicts):
+        return "pending"
+    if verdicts and all(v == "holds" for v in verdicts):
+        return "holds"
+    return verdicts[0] if verdicts else "not run on fresh seeds"
+
+
+def confirmation_table(study: Study, sel: list[analysis.Result],
+                       confirms: list[tuple[Study, list[analysis.Result], dict]]) -> list[str]:
+    """Per claim and metric: the effect on the selection seeds and on each confirming study's fresh
+    seeds, and whether it holds there; then per environment; then, for confirming studies on the same
+    seeds in different precisions, the precision's effect."""
+    labels = {a: arm.label for a, arm in study.arms.items()}
+    compared = {x for comp in study.comparisons for x in (comp.a, comp.b)}
+    diffs = [f"`{_rel(conf)}` sets {d}" for conf, _, _ in confirms if (d := fit_diff(study, conf, compared))]
+    lines = [f"**Confirmation on fresh seeds.** " + (f"Selection: {study.selection} " if study.selection else "")
+             + "Fresh seeds: " + "; ".join(
+                 f"{conf.seed_range} (`{_rel(conf)}`: {len(cc)} of {len([c for c in conf.cells() if c[0] in compared])} "
+                 f"cells recorded; {holds_under(list(cc.values())) or 'none yet'})" for conf, _, cc in confirms)
+             + ". A claim is a headline only where it holds on the fresh seeds: the same resolved sign (difference), "
+               "the test passed (equivalence, non-inferiority). Every factor is pooled in these tables (the cells "
+               "column names them: where seed sets differ in precision or CPU, a gap between them mixes selection "
+               "with those)." + (" Settings besides the seeds that differ from this study's: " + "; ".join(diffs) + "."
+                                  if diffs else ""), "",
+             "| claim | metric | seeds | effect (a - b) [95% CI] | verdict | cells | on fresh seeds |",
+             "|---|---|---|---|---|---|---|"]
+    by = [{(r.claim, r.a, r.b, r.metric): r for r in fresh} for _, fresh, _ in confirms]
+    for r in sel:
+        key = (r.claim, r.a, r.b, r.metric)
+        each = [holds_on_fresh(r, b.get(key)) for b in by]
+        h = overall([v for v in each if v != "not run on fresh seeds"] or each)
+        name = f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} |"
+        lines.append(f"{name} selection ({study.seed_range}) | {_effect_cell(r)} | {r.verdict} | {getattr(r, 'cells', '')} | "
+                     f"{'**holds**' if h == 'holds' else h} |")
+        for (conf, _, cc), b, v in zip(confirms, by, each):
+            f = b.get(key)
+            lines.append(f"{name} fresh ({_seed_set(conf, cc)}) | {_effect_cell(f) if f else '-'} | {f.verdict if f else '-'} | "
+                         f"{getattr(f, 'cells', '') if f else '-'} | {'**holds**' if v == 'holds' else v} |")
+    envs = list(dict.fromkeys(e for r in sel for e in r.per_env))
+    if envs:
+        lines += ["", "Per environment on every seed set (effect a - b [95% CI], Holm-adjusted Welch p over the family of "
+                  "one comparison's environments on one metric; a per-game claim holds where the adjusted p < 0.05 on the "
+                  "selection seeds and on the fresh ones, with the same sign):", "",
+                  "| comparison | metric | env | selection (" + study.seed_range + ") | "
+                  + " | ".join(f"fresh ({_seed_set(conf, cc)})" for conf, _, cc in confirms) + " | on fresh seeds |",
+                  "|---|---|---|---|" + "---|" * len(confirms) + "---|"]
+        fmt = lambda v: f"{_ci(*v[:3], v[3] < analysis.ALPHA)} (p {v[3]:.3f})" if math.isfinite(v[3]) else _ci(*v[:3])  # noqa: E731
+        sig = lambda x: math.isfinite(x[3]) and x[3] < analysis.ALPHA  # noqa: E731
+        for r in sel:
+            key = (r.claim, r.a, r.b, r.metric)
+            for e in envs:
+                if e not in r.per_env:
+                    continue
+                v, cols, each = r.per_env[e], [], []
+                for b in by:
+                    f = b.get(key)
+                    w = f.per_env.get(e) if f is not None else None
+                    cols.append(fmt(w) if w is not None else "-")
+                    if w is None:
+                        each.append("pending" if f is not None else "not run on fresh seeds")
+                    elif not sig(v):
+                        each.append("nothing to confirm (not resolved on the selection seeds)")
+                    else:
+                        each.append("holds" if sig(w) and np.sign(w[0]) == np.sign(v[0]) else "does not hold")
+                h = overall([x for x in each if x != "not run on fresh seeds"] or each)
+                lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | {env_game(e)} | {fmt(v)} | "
+                             + " | ".join(cols) + f" | {'**holds**' if h == 'holds' else h} |")
+    lines += precision_factor(study, confirms)
+    return lines
+
+
+def precision_factor(study: Study, confirms: list[tuple[Study, list[analysis.Result], dict]]) -> list[str]:
+    """For two confirming studies on the same seeds whose cells differ in precision only: each compared
+    arm's score in one minus the other, and each claim's effect in one minus the other (`analysis.interaction`),
+    with 95% CIs: precision's effect, measured apart from the seeds' selection."""
+    labels = {a: arm.label for a, arm in study.arms.items()}
+    rows = []
+    for i in range(len(confirms)):
+        for j in range(i + 1, len(confirms)):
+            (c1, _, k1), (c2, _, k2) = confirms[i], confirms[j]
+            p1 = {c.precision for c in k1.values()} or {str(c1.fit.get("trainer.precision", "auto"))}
+            p2 = {c.precision for c in k2.values()} or {str(c2.fit.get("trainer.precision", "auto"))}
+            if c1.seeds != c2.seeds or c1.envs != c2.envs or len(p1) != 1 or len(p2) != 1 or p1 == p2:
+                continue
+            n1, n2 = next(iter(p1)), next(iter(p2))
+            norm = normalizer(study, {**k1, **k2})
+            m = lambda cells, arm, envs, metric: _matrix([c for c in cells.values() if c.arm == arm], envs, metric, norm)[0]  # noqa: E731
+            for comp in study.comparisons:
+                if comp.a not in c1.arms or comp.b not in c1.arms or comp.a not in c2.arms or comp.b not in c2.arms:
+                    continue
+                envs = comp.envs or study.envs
+                for metric in comp.metrics:
+                    arrays = [m(k1, comp.a, envs, metric), m(k1, comp.b, envs, metric), m(k2, comp.a, envs, metric),
+                              m(k2, comp.b, envs, metric)]
+                    name = f"| {labels[comp.a]} vs {labels[comp.b]} | {METRIC_NAME[metric]} |"
+                    if min(len(a) for a in arrays) < 2:
+                        rows.append(f"{name} pending | pending | pending |")
+                        continue
+                    arm_a = analysis.compare(arrays[2], arrays[0], test="difference", margin=None, target=study.target_half_width)
+                    arm_b = analysis.compare(arrays[3], arrays[1], test="difference", margin=None, target=study.target_half_width)
+                    d, lo, hi = analysis.interaction(*arrays)
+                    rows.append(f"{name} {_ci(arm_a['effect'], arm_a['low'], arm_a['high'], arm_a['low'] > 0 or arm_a['high'] < 0)} | "
+                                f"{_ci(arm_b['effect'], arm_b['low'], arm_b['high'], arm_b['low'] > 0 or arm_b['high'] < 0)} | "
+                                f"{_ci(d, lo, hi, lo > 0 or hi < 0)} |")
+            if rows:
+                rows = ["", f"Precision on the fresh seeds ({c1.seed_range}): {n2} minus {n1}, the same seeds and arms "
+                        f"(`{_rel(c2)}` against `{_rel(c1)}`; 95% CIs, bold where they exclude 0; a difference, not an "
+                        "equivalence test):", "",
+                        "| claim | metric | arm a: " + n2 + " - " + n1 + " | arm b: " + n2 + " - " + n1 + " | the claim's effect (a - b): "
+                        + n2 + " - " + n1 + " |", "|---|---|---|---|---|"] + rows
+    return rows
+
+
+def _rel(study: Study) -> str:
+    return str(study.path.relative_to(study.root)) if study.path.is_absolute() and study.path.is_relative_to(study.root) else str(study.path)
+
+
+def paper_table(study: Study, cells: dict, reps: int = analysis.REPS) -> list[str]:
+    """Arms with a published value (``paper:``) beside the measured one on the study's score: mean over
+    every env and seed with its 95% stratified-bootstrap CI (rliable), as the paper averages its runs."""
+    if not any(a.paper is not None for a in study.arms.values()):
+        return []
+    metric = study.score_ref.metric if study.score_ref else "final"
+    norm = normalizer(study, cells)
+    scores = {}
+    for arm in study.arms:
+        m, _ = _matrix([c for c in cells.values() if c.arm == arm], study.envs, metric, norm)
+        if len(m):
+            scores[arm] = m
+    est = analysis.interval_estimates({a: m for a, m in scores.items() if len(m) >= 2}, reps=reps) if scores else {}
+    rows = ["", f"Beside the paper ({METRIC_NAME[metric]}, normalized per env; the mean over the {len(study.envs)} envs and "
+            f"the seeds with every env, 95% stratified bootstrap, {reps:,} replicates):", "",
+            "| arm | paper | here: mean [95% CI] | IQM [95% CI] | seeds | cells |", "|---|---|---|---|---|---|"]
+    for arm, a in study.arms.items():
+        paper = "" if a.paper is None else f"{a.paper:.2f}"
+        used = [c for c in cells.values() if c.arm == arm]
+        if arm in est:
+            (v, lo, hi), (q, qlo, qhi) = est[arm]["mean"], est[arm]["iqm"]
+            here, iqm = f"{v:.2f} [{lo:.2f}, {hi:.2f}]", f"{q:.2f} [{qlo:.2f}, {qhi:.2f}]"
+        elif arm in scores:
+            here, iqm = f"{scores[arm].mean():.2f}", ""
+        else:
+            here, iqm = "pending", ""
+        rows.append(f"| {a.label} | {paper} | {here} | {iqm} | {len(scores.get(arm, []))} | {holds_under(used) or 'none yet'} |")
+    if study.score == "random-best":
+        best = best_returns(study, list(cells.values()))
+        rows += ["", f"Per env: 0 is the random policy's return (`{study.score_ref.random_source.relative_to(study.root) if study.score_ref.random_source.is_relative_to(study.root) else study.score_ref.random_source}`), "
+                 f"1 the best of the paper's settings here (mean raw {METRIC_NAME[study.score_ref.metric]} over its seeds):", "",
+                 "| env | random policy | best setting | its mean |", "|---|---|---|---|"]
+        for e in study.envs:
+            b = best.get(e)
+            rows.append(f"| {e} | {study.score_ref.random[e]:.2f} | {study.arms[b[1]].label if b else 'pending'} | "
+                        f"{f'{b[0]:.2f}' if b else ''} |")
+    return rows
+
+
+def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: dict[str, str],
+             confirmation: tuple[list[analysis.Result], list[tuple[Study, list[analysis.Result], dict]]] | None = None) -> str:
+    """The report's tables (links to plots relative to the docs page of experiments/); with
+    ``confirmation`` (the selection results with every factor pooled, and per confirming study its
+    results and cells) the claims on every seed set first."""
     labels = {a: arm.label for a, arm in study.arms.items()}
     committed = committed_rows(study)
     planned = len(study.cells())
     own = [c for c in cells.values()]
     hours = sum(c.wall_s for c in own if math.isfinite(c.wall_s)) / 3600
-    lines = [f"**{study.title}** (`{study.path.relative_to(study.root) if study.path.is_absolute() else study.path}`): "
-             f"{len(own)} of {planned} planned cells recorded, {study.frames:,} frames per run, "
-             f"{hours:.1f} h of one core summed over runs; cells: {holds_under(own)}. Scores: {study.score}; "
-             f"95% CIs; a verdict is resolved at a CI half-width <= {study.target_half_width:g}.", ""]
+    lines = [f"**{study.title}** (`{_rel(study)}`): "
+             f"{len(own)} of {planned} planned cells recorded (seeds {study.seed_range}), {study.frames:,} frames per run, "
+             f"{hours:.1f} h of one core summed over runs; cells: {holds_under(own) or 'none yet'}. Scores: {study.score}. "
+             + rules(study), ""]
+    confirmed: dict[tuple, str] = {}
+    if confirmation is not None:
+        sel_pooled, confirms = confirmation
+        lines += confirmation_table(study, sel_pooled, confirms) + [""]
+        by = [{(r.claim, r.a, r.b, r.metric): r for r in fresh} for _, fresh, _ in confirms]
+        for r in sel_pooled:
+            key = (r.claim, r.a, r.b, r.metric)
+            each = [holds_on_fresh(r, b.get(key)) for b in by]
+            confirmed[key] = overall([v for v in each if v != "not run on fresh seeds"] or each)
+        lines += [f"On the selection seeds ({study.seed_range}), per stratum:", ""]
     lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed (old driver) | cells | seeds/arm for ±{study.target_half_width:g} |",
-              "|---|---|---|---|---|---|---|---|---|"]
+                                     "|---|---|---|---|---|---|---|---|---|"]
     changed = []
     for r in results:
         c = committed.get((f"{r.a} - {r.b}", r.metric))
@@ -117,14 +403,19 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
         if c is not None:
             lo, hi = float(c["ci_low"]), float(c["ci_high"])
             old = f"{_ci(float(c['mean']), lo, hi)}: {analysis.direction(lo, hi)}"
-            if analysis.direction(lo, hi) != analysis.direction(r.low, r.high):
+            if not getattr(r, "pending", False) and analysis.direction(lo, hi) != analysis.direction(r.low, r.high):
                 old += " (**changed**)"
                 changed.append((r, c))
-        bold = r.low > 0 or r.high < 0
         pi = "" if r.p_improve is None else f"{r.p_improve:.2f}"
+        verdict = r.verdict
+        key = (r.claim, r.a, r.b, r.metric)
+        if key in confirmed and confirmed[key] != "holds" and not getattr(r, "pending", False):
+            verdict += f"; fresh seeds: {confirmed[key]}"
+        effect = (f"pending" if getattr(r, "pending", False) else
+                  f"{_ci(r.effect, r.low, r.high, (r.low > 0 or r.high < 0) and confirmed.get(key, 'holds') in ('holds', 'not run on fresh seeds'))} "
+                  f"({r.n_a} vs {r.n_b} seeds; {r.method})")
         lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | {_envs(r.envs)} | "
-                     f"{_ci(r.effect, r.low, r.high, bold)} ({r.n_a} vs {r.n_b} seeds; {r.method}) | {pi} | {r.verdict} | "
-                     f"{old} | {getattr(r, 'cells', '')} | {r.seeds_for_target} |")
+                     f"{effect} | {pi} | {verdict} | {old} | {getattr(r, 'cells', '')} | {r.seeds_for_target or ''} |")
     if changed:
         lines += ["", "Where these intervals change a committed verdict: " + "; ".join(
             f"{labels[r.a]} vs {labels[r.b]} ({METRIC_NAME[r.metric]}): committed [{float(c['ci_low']):+.3f}, "
@@ -134,6 +425,7 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
               "resampled a seed's games together, so chance correlations between games across the few seeds entered "
               "them, while rliable's stratified bootstrap resamples each game's runs independently (runs of one seed "
               "on two games share only the seed number)."]
+    lines += paper_table(study, cells)
     lines += arm_table(study, cells)
     missing = missing_envs(study, cells)
     if missing:
@@ -142,29 +434,37 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
                       f"{labels[a]} (no {', '.join(env_game(e) for e in m)})" for a, m in missing.items()) + "."]
     if len(study.seeds) == 1:  # one run per env (a reference): its numbers per env
         lines += ["", f"Per run (score: {study.score}):", "", "| arm | env | seed | frames | AUC | final | cell |", "|---|---|---|---|---|---|---|"]
-        norm = normalizer(study)
+        norm = normalizer(study, cells)
         for c in sorted(cells.values(), key=lambda c: (c.arm, c.env)):
             lines.append(f"| {labels[c.arm]} | {env_game(c.env)} | {c.seed} | {c.frames:,} | {norm(c.env, c.auc_return):.3f} | "
                          f"{norm(c.env, c.final_return):.3f} | {c.precision} on {cpu_short(c.cpu)} |")
     multi = [r for r in results if r.per_env]
     if multi:
-        lines += ["", "Per environment (effect a - b [95% CI]; 300 bootstrap replicates):", "",
+        lines += ["", f"Per environment (effect a - b [95% CI], {analysis.REPS:,} bootstrap replicates; p: Welch's two-sided "
+                  "t test, Holm-adjusted over the family of one comparison's environments on one metric; bold where "
+                  "the adjusted p < 0.05):", "",
                   "| comparison | metric | " + " | ".join(env_game(e) for e in study.envs) + " |",
                   "|---|---|" + "---|" * len(study.envs)]
         for r in multi:
-            row = [(_ci(*r.per_env[e], bold=r.per_env[e][1] > 0 or r.per_env[e][2] < 0) if e in r.per_env else "-") for e in study.envs]
+            row = []
+            for e in study.envs:
+                if e not in r.per_env:
+                    row.append("-")
+                    continue
+                d, lo, hi, p = r.per_env[e]
+                row.append(f"{_ci(d, lo, hi, p < analysis.ALPHA)} (p {p:.3f})" if math.isfinite(p) else _ci(d, lo, hi))
             lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | " + " | ".join(row) + " |")
     for name, path in plots.items():
         lines += ["", f"![{study.name} {name}]({path})"]
     return "\n".join(lines) + "\n"
 
 
-def arm_table(study: Study, cells: dict, reps: int = 500) -> list[str]:
+def arm_table(study: Study, cells: dict, reps: int = analysis.REPS) -> list[str]:
     """Per arm, over the seeds with every env of the study: mean and IQM of the normalized AUC and final
     return with 95% stratified-bootstrap CIs (rliable); with one seed, its score."""
-    norm = normalizer(study)
+    norm = normalizer(study, cells)
     rows = ["", f"Arms (all {len(study.envs)} envs; mean and interquartile mean over runs, 95% stratified bootstrap, "
-            f"{reps} replicates):", "", "| arm | seeds | AUC mean | AUC IQM | final mean | final IQM | cells |", "|---|---|---|---|---|---|---|"]
+            f"{reps:,} replicates):", "", "| arm | seeds | AUC mean | AUC IQM | final mean | final IQM | cells |", "|---|---|---|---|---|---|---|"]
     scores: dict[str, dict[str, np.ndarray]] = {"auc": {}, "final": {}}
     for arm in study.arms:
         mine = [c for c in cells.values() if c.arm == arm]
@@ -202,7 +502,7 @@ def curve_panels(study: Study, cells: dict, arms: list[str], grid: np.ndarray) -
     (per arm, seeds x envs x points over the seeds that have every env: arms missing an env are not in
     it; left out when no arm is) and, with more than one env, one panel per env (seeds x 1 x points:
     every arm with a run there). A run shorter than the budget is NaN past its end."""
-    norm = normalizer(study)
+    norm = normalizer(study, cells)
     by: dict[str, dict[str, dict[int, np.ndarray]]] = {}
     for c in cells.values():
         if c.arm in arms and c.env in study.envs and c.curve:
@@ -237,7 +537,7 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    norm = normalizer(study)
+    norm = normalizer(study, cells)
     labels = {a: arm.label for a, arm in study.arms.items()}
     made = {}
     arms = (list(dict.fromkeys(x for comp in study.comparisons for x in (comp.a, comp.b))) or list(study.arms))[:10]
@@ -256,7 +556,7 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         missing = {a: m for a, m in missing_envs(study, cells).items() if a in arms}
         handles = {}
         for ax, (name, curves) in zip(axes.flat, panels.items()):
-            bands = analysis.sample_efficiency(curves, reps=200) if curves else {}
+            bands = analysis.sample_efficiency(curves, reps=PLOT_REPS) if curves else {}
             for arm, (m, lo, hi) in bands.items():
                 handles.setdefault(arm, ax.plot(grid, m, color=color[arm], label=f"{labels[arm]} (n={len(curves[arm])})")[0])
                 ax.fill_between(grid, lo, hi, color=color[arm], alpha=0.2)
@@ -297,7 +597,7 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
     if scores:
         allv = np.concatenate([m.ravel() for m in scores.values()])
         taus = np.linspace(allv.min(), allv.max(), 60)
-        prof, bands = analysis.performance_profiles(scores, taus, reps=200)
+        prof, bands = analysis.performance_profiles(scores, taus, reps=PLOT_REPS)
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
         for arm in scores:
             line, = ax.plot(taus, prof[arm], label=f"{labels[arm]} (n={len(scores[arm])})")
@@ -308,6 +608,7 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         made["performance profiles"] = out.with_name(out.stem + "_profiles.png")
         fig.savefig(made["performance profiles"], dpi=110, bbox_inches="tight")
         plt.close(fig)
+    results = [r for r in results if not getattr(r, "pending", False)]
     if results:
         fig, ax = plt.subplots(figsize=(8, 0.3 * len(results) + 1.2))
         for i, r in enumerate(results):
@@ -325,18 +626,37 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
     return made
 
 
-def report(study: Study, out_dir: Path | None = None, into: Path | None = None, plots: bool = True) -> str:
-    """Write the study's report (markdown and plots); returns the markdown."""
+def report(study: Study, out_dir: Path | None = None, into: Path | None = None, plots: bool = True,
+           runs: Path | None = None) -> str:
+    """Write the study's report (markdown and plots); returns the markdown. ``runs``: a folder of run
+    roots (``runs/studies``): the cell files of runs in progress there, ``<runs>/<study name>/cells``,
+    count too, for this study and its confirming one (pending cells are reported as pending)."""
     t0 = time.perf_counter()
     out_dir = out_dir or study.root / "experiments" / "results" / "studies"
     out_dir.mkdir(parents=True, exist_ok=True)
-    cells = load_cells(study, curves=plots)
+    root_of = lambda s: None if runs is None else Path(runs) / s.name  # noqa: E731
+    cells = load_cells(study, curves=plots, run_root=root_of(study))
     results = analyse(study, cells)
+    confirmation = None
+    confirms = []
+    for conf in study.confirmation():
+        conf_cells = load_cells(conf, run_root=root_of(conf))
+        compared = {x for comp in study.comparisons for x in (comp.a, comp.b)}
+        conf_cells = {k: c for k, c in conf_cells.items() if c.arm in compared}
+        confirmable = tuple(c for c in study.comparisons if c.a in conf.arms and c.b in conf.arms)
+        # the claims as the selecting study states them (its envs, margins, target), on the fresh cells
+        conf_view = replace(conf, comparisons=confirmable, target_half_width=study.target_half_width)
+        confirms.append((conf, analyse(conf_view, conf_cells, pool_all=True), conf_cells))
+    if confirms:
+        confirmation = (analyse(study, cells, pool_all=True), confirms)
     out = out_dir / f"{study.path.stem}.md"
     made = plot(study, cells, results, out) if plots else {}
     # beside the report, the figures by name; a docs page of experiments/ links them as results/studies/...
     rel = {k: (f"results/studies/{v.name}" if into is not None else v.name) for k, v in made.items()}
-    text = markdown(study, results, cells, rel)
+    text = markdown(study, results, cells, rel, confirmation)
+    dropped = covered(study, text)
+    if dropped:
+        raise ValueError(f"{study.path.name}: the report drops comparisons of the study file: {'; '.join(dropped)}")
     atomic_write(out, text, "the study report")
     if into is not None:
         page = into.read_text()

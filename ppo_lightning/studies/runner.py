@@ -599,9 +599,10 @@ def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, 
         hist = lambda key: {m.step: m.value for m in client.get_metric_history(run_id, key)}  # noqa: E731
         fr, rets = hist("frames"), hist("episode/return_mean20")
         curve = sorted((fr[k], r) for k, r in rets.items() if k in fr)
+        last100 = [v for _, v in sorted(hist("episode/return_mean100").items())]  # the PPO paper's score
         cell = Cell(arm, group.env, seed, int(dm.frames), curve_auc(curve, dm.frames), final_value(curve, dm.frames), cpu,
                     precision, wall / len(group.members), train_s / len(group.members), group.name, run_id, "run", curve,
-                    attempts)
+                    attempts, last100[-1] if last100 else float("nan"))
         for k, v in {"study": study.name, "arm": arm, "env": group.env, "seed": seed, "cpu": cpu, "precision": precision,
                      "label": study.arms[arm].label}.items():
             client.set_tag(run_id, k, str(v))

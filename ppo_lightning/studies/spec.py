@@ -18,12 +18,26 @@ comparisons:
   - {claim: "PPO-EWMA learns faster than PPO", a: ppo_ewma, b: ppo, test: difference, metric: auc}
   - {claim: "PPG-EWMA equals PPG", a: ppg_ewma, b: ppg, test: equivalence, margin: 0.02, metric: [auc, final]}
   - {claim: "tuned is as good as hand-picked", a: tuned, b: hand, test: noninferiority, margin: 0.05, metric: auc}
+selection: "lr 4e-3 was chosen for PPO-EWMA on seeds 0-7 (minatar_lr_500k.yaml)"  # optional: what these seeds chose
+confirm:                              # optional: the same claims on seeds no selection used
+  study: minatar_fig4_500k_fresh.yaml # a study file (or a list) with arms of the same names and other seeds
 records:                              # optional: committed records of the old driver, read as cells
   dir: experiments/results/minatar
   figure: ewma500k                    # <figure>_runs.csv / _curves.csv; an arm's rows are its name's
   arms: {ppo_ewma: [lr500k/c1_lr8x, ewma500k/ppo_ewma_lr8x]}  # or other figures' arms, in order
   committed: ewma500k_summary.csv     # its committed verdicts, compared in the report
 ```
+
+A study whose ``seeds`` chose a setting (an lr, a COM: picked where it did best) states so in
+``selection``, and names in ``confirm.study`` the study (or studies: e.g. the same fresh seeds in
+32-true and in bf16-mixed) that runs the same arms on seeds no selection used: its own file, run by
+``study run`` like any other, its seeds disjoint from these. The report gives every claim on every
+seed set; a claim is a headline only where it holds on the fresh seeds.
+
+``score: random-best`` normalizes per environment as the PPO paper's Table 1: 0 the random policy's
+return (``score_ref.random``: a CSV of ``env,return``), 1 the best of ``score_ref.best_of``'s arms
+(the mean over its seeds of ``score_ref.metric``). An arm may carry ``paper:`` (its published value
+on that score), shown beside its measured one.
 
 An arm may add config files after the base (``configs: [minatar/ppg]``). A
 comparison may restrict the environments it pools (``envs``) and name its figure (``figure``).
@@ -43,10 +57,10 @@ from typing import Any
 from ppo_lightning.core.configs import resolve_config
 from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
 
-SCORES = ("raw", "minatar", "minatar-500k")
+SCORES = ("raw", "minatar", "minatar-500k", "random-best")
 POOLABLE = ("cpu", "precision")
 TESTS = ("difference", "equivalence", "noninferiority")
-METRICS = ("auc", "final")
+METRICS = ("auc", "final", "last100")  # last100: mean return of the run's last 100 episodes (the PPO paper's score)
 # fit options outside the model / data / trainer / mlflow sections that an arm may set
 TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "seed_everything", "log_every_frames",
                  "checkpoint_every", "video_every", "trainer.callbacks+")
@@ -66,12 +80,16 @@ STUDY_FIELDS = (
     ("envs", True, "environment ids: any gymnasium id, `minatar:<game>`, `procgen:<game>`"),
     ("seeds", True, "`{count: N, first: S}`: seeds S .. S + N - 1 of every arm on every env"),
     ("frames", True, "the budget of every run, in environment frames"),
-    ("score", False, "how returns are normalized: `raw` (default), `minatar`, `minatar-500k`"),
+    ("score", False, "how returns are normalized: `raw` (default), `minatar`, `minatar-500k`, `random-best` (the PPO "
+              "paper's Table 1: per env, the random policy 0 and the best of `score_ref.best_of` 1)"),
+    ("score_ref", False, "`score: random-best`'s references (below)"),
     ("pool", False, "factors a verdict may pool cells across: `cpu`, `precision` (default: none)"),
-    ("target_half_width", False, "the CI half-width at which a verdict counts as resolved (default 0.05)"),
+    ("target_half_width", False, "the CI half-width the rows are checked against: a wider CI says so in its row (default 0.05)"),
     ("arms", True, "the settings compared: a list of arms (below)"),
     ("comparisons", False, "the claims tested: a list of comparisons (below)"),
     ("records", False, "committed records of earlier runs read as cells (below)"),
+    ("selection", False, "what these seeds chose, in words (an lr picked where it did best on them): the report says it"),
+    ("confirm", False, "the studies that run the same claims on seeds no selection used (below)"),
 )
 SEEDS_FIELDS = (
     ("count", True, "how many seeds (>= 1)"),
@@ -82,6 +100,7 @@ ARM_FIELDS = (
     ("label", True, "what plots and tables show"),
     ("fit", False, "the arm's own fit options (dotted keys), over the study's `fit`"),
     ("configs", False, "config files (or shipped names) applied after the base, e.g. `[minatar/ppg]`"),
+    ("paper", False, "the arm's published value on the study's score, shown beside the measured one"),
 )
 COMPARISON_FIELDS = (
     ("claim", True, "the hypothesis in words"),
@@ -90,7 +109,8 @@ COMPARISON_FIELDS = (
     ("test", False, "`difference` (default; the sign the 95% CI resolves), `equivalence` (TOST: abs(a - b) < margin), "
                     "`noninferiority` (a - b > -margin)"),
     ("margin", False, "equivalence and noninferiority: the difference that counts as equal (equivalence) or how much worse a may be"),
-    ("metric", False, "`auc` (default; normalized return averaged over the run), `final`, or both as a list"),
+    ("metric", False, "`auc` (default; normalized return averaged over the run), `final` (its last 10%), `last100` "
+               "(the mean return of its last 100 episodes), or a list"),
     ("envs", False, "the study's envs this comparison pools (default: all)"),
     ("figure", False, "the paper's figure the claim comes from, for the report"),
     ("pool", False, "factors this comparison pools across besides the study's (`precision` where that is its point)"),
@@ -101,8 +121,18 @@ RECORDS_FIELDS = (
     ("arms", False, "an arm's records under other names: `{arm: [FIGURE/ARM, ...]}`, in order"),
     ("committed", False, "a CSV of committed verdicts the report compares with"),
 )
+CONFIRM_FIELDS = (
+    ("study", True, "a study file, or a list: the same arm names on other seeds (disjoint from these), the same score; "
+                    "each its own study, run by `study run`. The report gives every claim on every seed set"),
+)
+SCORE_REF_FIELDS = (
+    ("random", True, "a CSV of `env,return`: the random policy's return per env (the score's 0)"),
+    ("best_of", True, "the arms whose best mean (over their seeds) sets each env's 1"),
+    ("metric", False, "the statistic normalized and compared: `last100` (default), `final` or `auc`"),
+)
 SCHEMA = (("study file", STUDY_FIELDS), ("seeds", SEEDS_FIELDS), ("arms[i]", ARM_FIELDS),
-          ("comparisons[i]", COMPARISON_FIELDS), ("records", RECORDS_FIELDS))
+          ("comparisons[i]", COMPARISON_FIELDS), ("records", RECORDS_FIELDS), ("confirm", CONFIRM_FIELDS),
+          ("score_ref", SCORE_REF_FIELDS))
 
 
 def _names(fields) -> tuple[str, ...]:
@@ -128,6 +158,7 @@ class Arm:
     label: str
     fit: dict[str, Any] = field(default_factory=dict)
     configs: tuple[str, ...] = ()
+    paper: float | None = None  # the published value of this arm on the study's score (Table 1's)
 
 
 @dataclass(frozen=True)
@@ -152,6 +183,21 @@ class Records:
 
 
 @dataclass(frozen=True)
+class Confirm:
+    """The studies that run the same claims on seeds no selection used (``confirm.study``)."""
+    paths: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class ScoreRef:
+    """``score: random-best``: per env, 0 is ``random[env]``, 1 the best mean ``metric`` of ``best_of``."""
+    random: dict[str, float]
+    random_source: Path
+    best_of: tuple[str, ...]
+    metric: str
+
+
+@dataclass(frozen=True)
 class Study:
     path: Path
     name: str
@@ -168,6 +214,19 @@ class Study:
     comparisons: tuple[Comparison, ...]
     records: Records | None
     root: Path
+    selection: str = ""
+    confirm: Confirm | None = None
+    score_ref: ScoreRef | None = None
+
+    def confirmation(self) -> "list[Study]":
+        """The confirming studies (`load_study` of each ``confirm.study``), in the file's order."""
+        return [] if self.confirm is None else [load_study(p) for p in self.confirm.paths]
+
+    @property
+    def seed_range(self) -> str:
+        """The seeds as a reader writes them: '0-7', or '0, 3, 5'."""
+        s = list(self.seeds)
+        return f"{s[0]}-{s[-1]}" if s == list(range(s[0], s[0] + len(s))) and len(s) > 1 else ", ".join(map(str, s))
 
     def arm(self, name: str) -> Arm:
         return self.arms[name]
@@ -317,7 +376,10 @@ def parse_study(data: Any, path: Path) -> Study:
         configs = _str_list(a["configs"], where, f"{at}.configs") if "configs" in a else ()
         for c in configs:
             _need(ref_exists(root, path, c), where, f"{at}.configs: {c} is neither a file nor a shipped config name")
-        arms[n] = Arm(n, label, _fit(a.get("fit"), where, f"{at}.fit ({n})"), configs)
+        paper = a.get("paper")
+        _need(paper is None or (isinstance(paper, (int, float)) and not isinstance(paper, bool)), where,
+              f"{at}.paper ({n}): the published value, a number, got {paper!r}")
+        arms[n] = Arm(n, label, _fit(a.get("fit"), where, f"{at}.fit ({n})"), configs, None if paper is None else float(paper))
 
     comparisons = []
     for i, c in enumerate(data.get("comparisons") or []):
@@ -375,9 +437,60 @@ def parse_study(data: Any, path: Path) -> Study:
         _need((rdir / f"{r['figure']}_runs.csv").exists(), where, f"records.figure: no {r['figure']}_runs.csv in {r['dir']}")
         records = Records(rdir, r["figure"], mapping, committed)
 
+    seed_tuple = tuple(range(first, first + count))
+    selection = data.get("selection") or ""
+    _need(isinstance(selection, str), where, f"selection: what these seeds chose, in words, got {selection!r}")
+    confirm = None
+    if data.get("confirm") is not None:
+        cf = data["confirm"]
+        _need(isinstance(cf, dict), where, "confirm: a mapping {study: FILE or [FILE, ...]} (the studies on seeds no selection used)")
+        _keys(cf, _names(CONFIRM_FIELDS), where, "confirm.")
+        refs = _str_list(cf.get("study"), where, "confirm.study")
+        paths = []
+        for ref in refs:
+            cpath = resolve_ref(root, path, ref)
+            _need(cpath.is_file(), where, f"confirm.study: {ref} is not a file")
+            _need(cpath.resolve() != path.resolve(), where, "confirm.study: a study cannot confirm itself")
+            try:
+                other = load_study(cpath)
+            except StudyError as err:
+                raise StudyError(f"{where}: confirm.study: {err}") from None
+            _need(other.score == score, where, f"confirm.study: {ref} scores {other.score}, this study {score}: the same claims need the same score")
+            overlap = sorted(set(other.seeds) & set(seed_tuple))
+            _need(not overlap, where, f"confirm.study: seeds {overlap} are also this study's (selection) seeds; fresh seeds must be others")
+            confirmable = [c for c in comparisons if c.a in other.arms and c.b in other.arms]
+            _need(bool(confirmable), where, f"confirm.study: {ref} has the arms of none of the comparisons (same names)")
+            paths.append(cpath)
+        _need(len(set(paths)) == len(paths), where, "confirm.study: listed twice")
+        confirm = Confirm(tuple(paths))
+    score_ref = None
+    if score == "random-best":
+        sr = data.get("score_ref")
+        _need(isinstance(sr, dict), where, "score_ref: score random-best needs {random: CSV, best_of: [arms], metric}")
+        _keys(sr, _names(SCORE_REF_FIELDS), where, "score_ref.")
+        _need(isinstance(sr.get("random"), str), where, "score_ref.random: a CSV of env,return (the random policy's), missing")
+        rpath = resolve_ref(root, path, sr["random"])
+        _need(rpath.is_file(), where, f"score_ref.random: {sr['random']} is not a file")
+        import csv
+
+        with open(rpath, newline="") as f:
+            rows = list(csv.DictReader(f))
+        _need(rows and {"env", "return"} <= set(rows[0]), where, f"score_ref.random: {sr['random']} needs columns env, return")
+        random = {r["env"]: float(r["return"]) for r in rows}
+        for e in envs:
+            _need(e in random, where, f"score_ref.random: no random-policy return for {e} in {sr['random']}")
+        best_of = _str_list(sr.get("best_of"), where, "score_ref.best_of")
+        for b in best_of:
+            _need(b in arms, where, f"score_ref.best_of: {b!r} is not an arm")
+        metric = sr.get("metric", "last100")
+        _need(metric in METRICS, where, f"score_ref.metric: one of {', '.join(METRICS)}, got {metric!r}")
+        score_ref = ScoreRef(random, rpath, best_of, metric)
+    else:
+        _need("score_ref" not in data, where, "score_ref: only score random-best has one")
     return Study(path=path, name=name, title=str(data.get("title") or name), base=base, fit=shared, envs=envs,
-                 seeds=tuple(range(first, first + count)), frames=frames, score=score, pool=pool,
-                 target_half_width=float(target), arms=arms, comparisons=tuple(comparisons), records=records, root=root)
+                 seeds=seed_tuple, frames=frames, score=score, pool=pool,
+                 target_half_width=float(target), arms=arms, comparisons=tuple(comparisons), records=records, root=root,
+                 selection=selection.strip(), confirm=confirm, score_ref=score_ref)
 
 
 def load_study(path: str | Path) -> Study:
