@@ -107,11 +107,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds (each arm once per round)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (data.num_threads)")
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    p.add_argument("--probe-s", type=float, default=None,
+                   help="the probe's time bound (PPO_LIGHTNING_PRECISION_PROBE_S; default: the library's, 2 s)")
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     cache = Path(tempfile.mkdtemp(prefix="precision_cache_")) / "precision.json"
     os.environ["PPO_LIGHTNING_PRECISION_CACHE"] = str(cache)  # auto measures here, once per workload
     os.environ.pop("PPO_LIGHTNING_PRECISION_PROBE_S", None)
+    if a.probe_s is not None:
+        os.environ["PPO_LIGHTNING_PRECISION_PROBE_S"] = str(a.probe_s)
     clock = time.process_time if a.clock == "cpu" else time.perf_counter
 
     import torch
@@ -124,10 +128,12 @@ def main() -> None:
     machine = machine_info()
     label = cpu_short(cpu_label())
     print(f"CPU label: {label}; {machine_line(machine)}; load average {os.getloadavg()[0]:.1f}", flush=True)
-    print(f"clock {a.clock}, {a.threads} torch thread(s), {a.rounds} round(s); Procgen {a.procgen_envs} envs x "
+    print(f"clock {a.clock}, {a.threads} torch thread(s), {a.rounds} round(s), probe bound "
+          f"{a.probe_s if a.probe_s is not None else 'default'} s; Procgen {a.procgen_envs} envs x "
           f"{a.procgen_steps} steps, {a.procgen_minibatches} minibatches (chunks of 128), "
           f"{a.procgen_iterations} timed iteration(s); MinAtar c = {a.minatar_scales}", flush=True)
-    result: dict = {"cpu": label, "clock": a.clock, "threads": a.threads, "machine": machine, "workloads": {}}
+    result: dict = {"cpu": label, "clock": a.clock, "threads": a.threads, "probe_s_bound": a.probe_s, "machine": machine,
+                    "workloads": {}}
     for name, args in workloads(a):
         fps: dict[str, list[float]] = {arm: [] for arm in ARMS}
         auto_ran, probe, reason = None, None, ""

@@ -401,8 +401,8 @@ def test_the_probe_gives_no_answer_when_32_true_alone_exceeds_its_budget(monkeyp
 
     monkeypatch.setattr(probe_lib._Side, "chunk", chunk)
     r = probe_lib.probe(_mlp(), MLP_OBS, 64, None, False, budget_s=2.0, clock=clock)
-    assert r.choice is None and r.rows == probe_lib.MIN_ROWS  # cut down to MIN_ROWS before giving up
-    assert r.probe_s <= 2.0 + 5.0
+    assert r.choice is None and "exceed" in r.note and r.fp32_step_s is None
+    assert r.probe_s <= 2.0 + 5.0  # a fake chunk cannot be cut short (the real test below checks that)
 
 
 def test_a_real_probe_on_a_tiny_network_is_bounded_by_its_time(tmp_path):

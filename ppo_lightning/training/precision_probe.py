@@ -54,7 +54,7 @@ MIN_SPEEDUP = 1.03  # bf16-mixed is picked only when 32-true's step takes >= 1.0
 WARMUP_SLOWER = 3.0  # bf16's first chunk (oneDNN primitives are created then) may take this x 32-true's
 SLOWER = 2.5  # a timed bf16 sample stopped at this x 32-true's: clearly slower
 MAX_ROWS = 512  # samples per timed chunk at most (a larger minibatch is timed in chunks of this)
-MIN_ROWS = 8  # a chunk whose 32-true warm-up takes over a quarter of the budget is cut by 4, down to this
+MIN_ROWS = 8  # a chunk whose timed 32-true run takes over an eighth of the budget is cut by 4, down to this
 MIN_SAMPLE_S = 0.05  # a timed sample repeats a short chunk to last about this long (timer and load noise)
 HOOKS_FROM_S = 0.01  # per-layer deadline checks only for chunks at least this long (their cost is per call)
 MAX_PAIRS = 8  # timed (bf16, 32-true) samples at most
@@ -215,14 +215,14 @@ def probe(network: nn.Module, observation_space: dict, minibatch: int, micro_bat
     try:
         with torch.random.fork_rng(devices=[]):  # the run's seeded RNG is left as it was
             fp32 = _Side("32-true", network, proximal, deadline)
-            while True:  # 32-true warm-up; a chunk over a quarter of the budget: a smaller chunk, timed per sample
+            while True:  # 32-true: a warm-up chunk (a new shape: oneDNN primitives), then a timed one; a
+                # chunk over an eighth of the budget is cut by 4 (the probe times per sample: same ratio)
                 state["obs"] = _random_observations(observation_space, rows, seeds)
-                t0 = clock()
-                warm32 = run(fp32, 1, t0 + budget_s / 4)
-                if warm32 is not None or rows <= MIN_ROWS:
+                warm32 = run(fp32, 1, clock() + budget_s / 3)
+                first = None if warm32 is None else run(fp32, 1, clock() + budget_s / 8)
+                if first is not None or rows <= MIN_ROWS or clock() > end:
                     break
                 rows = max(MIN_ROWS, rows // 4)
-            first = None if warm32 is None else run(fp32, 1, end)
             if first is None:
                 return result(None, None, None, None, False, f"32-true chunks of {rows} samples alone exceed the budget")
             if sum(first) < HOOKS_FROM_S:  # tiny chunks: an overrun is short without per-layer checks
