@@ -114,13 +114,16 @@ def _scalar(out: Any) -> torch.Tensor:
 
 class _Deadline:
     """Hooks on a network's modules (forward) and parameters (gradient) that raise `_Overrun` once
-    the clock passes ``at`` (None: no deadline)."""
+    ``clock`` passes ``at`` or ``wall`` passes ``end`` (None: no limit)."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock, self.at, self.handles = clock, None, []
+    def __init__(self, clock: Callable[[], float], wall: Callable[[], float]) -> None:
+        self.clock, self.wall, self.at, self.end, self.handles = clock, wall, None, None, []
+
+    def passed(self) -> bool:
+        return (self.at is not None and self.clock() > self.at) or (self.end is not None and self.wall() > self.end)
 
     def check(self) -> None:
-        if self.at is not None and self.clock() > self.at:
+        if self.passed():
             raise _Overrun
 
     def watch(self, net: nn.Module) -> None:
@@ -174,43 +177,53 @@ class _Side:
 
 
 def probe(network: nn.Module, observation_space: dict, minibatch: int, micro_batch: int | None = None,
-          proximal: bool = False, budget_s: float = BUDGET_S, clock: Callable[[], float] = time.perf_counter,
-          ) -> ProbeResult:
+          proximal: bool = False, budget_s: float = BUDGET_S, clock: Callable[[], float] = time.process_time,
+          wall: Callable[[], float] | None = None) -> ProbeResult:
     """Time the run's training step (see the module) in 32-true and bf16-mixed on the CPU, within
-    ``budget_s`` wall seconds (overrun: at most one layer), and pick by `MIN_SPEEDUP`."""
+    ``budget_s`` seconds of ``wall`` (default the wall clock; overrun: at most one layer), and pick by
+    `MIN_SPEEDUP`. Chunks are timed by ``clock`` (default this process's CPU seconds: other jobs on
+    a shared machine slow the wall clock of both sides unevenly, not the work each side does)."""
     import lightning.pytorch.plugins.precision  # noqa: F401 - imports before the clock starts
     import ppo_lightning.algos.proximal  # noqa: F401
 
-    start = clock()
+    wall = wall or (clock if clock is not time.process_time else time.perf_counter)
+    start = wall()
     end = start + budget_s
     seeds = getattr(network, "num_seeds", None)  # a seed group's stacked network: [S, rows, ...]
     rows = max(1, min(minibatch, micro_batch or minibatch, MAX_ROWS))
-    deadline = _Deadline(clock)
+    deadline = _Deadline(clock, wall)
     fp32 = bf16 = None
     state = {"obs": None, "hooked": True}
 
-    def run(side: _Side, reps: int, limit: float) -> tuple[float, float] | None:
-        """Mean (chunk, Adam) seconds of ``reps`` chunks, or None past ``limit`` (or the budget)."""
-        limit = min(limit, end)
-        deadline.at = limit if state["hooked"] else None
+    def run(side: _Side, reps: int, cpu_limit: float | None = None, wall_limit: float | None = None):
+        """Mean (chunk, Adam) ``clock`` seconds of ``reps`` chunks, or None past ``cpu_limit`` (by
+        ``clock``) or ``wall_limit`` (by ``wall``; never past the budget's end)."""
+        deadline.at, deadline.end = cpu_limit, min(end, wall_limit or end)
+        hooks_at = (deadline.at, deadline.end)
+        if not state["hooked"]:  # tiny chunks: checked between them only
+            deadline.at = deadline.end = None
         fb = adam = 0.0
         try:
             for _ in range(reps):
-                if clock() > limit:
+                deadline.at, deadline.end = hooks_at
+                if deadline.passed():
                     return None
+                if not state["hooked"]:
+                    deadline.at = deadline.end = None
                 a, b = side.chunk(state["obs"], clock)
                 fb, adam = fb + a, adam + b
-            return None if clock() > limit else (fb / reps, adam / reps)
+            deadline.at, deadline.end = hooks_at
+            return None if deadline.passed() else (fb / reps, adam / reps)
         except _Overrun:
             side.optimizer.zero_grad(set_to_none=True)
             return None
         finally:
-            deadline.at = None
+            deadline.at = deadline.end = None
 
     def result(choice, ratio, t32, tb, stopped, note=""):
         chunks = minibatch / rows
         step = lambda t: None if t is None else chunks * t[0] + t[1]  # noqa: E731
-        return ProbeResult(choice, ratio, step(t32), step(tb), clock() - start, rows, chunks, stopped, note)
+        return ProbeResult(choice, ratio, step(t32), step(tb), wall() - start, rows, chunks, stopped, note)
 
     try:
         with torch.random.fork_rng(devices=[]):  # the run's seeded RNG is left as it was
@@ -218,9 +231,9 @@ def probe(network: nn.Module, observation_space: dict, minibatch: int, micro_bat
             while True:  # 32-true: a warm-up chunk (a new shape: oneDNN primitives), then a timed one; a
                 # chunk over an eighth of the budget is cut by 4 (the probe times per sample: same ratio)
                 state["obs"] = _random_observations(observation_space, rows, seeds)
-                warm32 = run(fp32, 1, clock() + budget_s / 3)
-                first = None if warm32 is None else run(fp32, 1, clock() + budget_s / 8)
-                if first is not None or rows <= MIN_ROWS or clock() > end:
+                warm32 = run(fp32, 1, wall_limit=wall() + budget_s / 3)
+                first = None if warm32 is None else run(fp32, 1, wall_limit=wall() + budget_s / 8)
+                if first is not None or rows <= MIN_ROWS or wall() > end:
                     break
                 rows = max(MIN_ROWS, rows // 4)
             if first is None:
@@ -230,33 +243,35 @@ def probe(network: nn.Module, observation_space: dict, minibatch: int, micro_bat
                 state["hooked"] = False
             reps = max(1, min(1000, math.ceil(MIN_SAMPLE_S / max(sum(first), 1e-6))))
             if reps > 1:
-                first = run(fp32, reps, end) or first
+                first = run(fp32, reps) or first
             t32 = [first]
             bf16 = _Side("bf16-mixed", network, proximal, deadline)
             if not state["hooked"]:
                 deadline.remove()
             t0 = clock()
-            warm = run(bf16, 1, t0 + WARMUP_SLOWER * max(sum(first), sum(warm32)))
+            warm = run(bf16, 1, cpu_limit=t0 + WARMUP_SLOWER * max(sum(first), sum(warm32)))
             if warm is None:  # stopped: by its limit (clearly slower), or by the budget's end
                 took = clock() - t0
                 if took < SLOWER * sum(first):
                     return result(None, None, first, None, False, "bf16's first chunk did not fit the budget")
                 return result("32-true", sum(first) / took, first, None, True)
             tb: list[tuple[float, float]] = []
-            while len(tb) < MAX_PAIRS and clock() + reps * (sum(min(t32, key=sum)) + sum(min(tb or [warm], key=sum))) < end:
+            pair_s = 0.0  # wall seconds of the last timed pair
+            while len(tb) < MAX_PAIRS and wall() + pair_s < end:
                 fastest = min(t32, key=sum)
-                t0 = clock()
-                timed = run(bf16, reps, t0 + SLOWER * reps * sum(fastest))
+                w0, t0 = wall(), clock()
+                timed = run(bf16, reps, cpu_limit=t0 + SLOWER * reps * sum(fastest))
                 if timed is None:  # clearly slower, or the budget's end
                     took = clock() - t0
                     if took >= SLOWER * reps * sum(fastest):
                         return result("32-true", reps * sum(fastest) / took, fastest, None, True)
                     break
                 tb.append(timed)
-                again = run(fp32, reps, end)
+                again = run(fp32, reps)
                 if again is None:
                     break
                 t32.append(again)
+                pair_s = wall() - w0
                 if len(tb) >= 2 and abs(math.log(sum(min(t32, key=sum)) / sum(min(tb, key=sum)))) > math.log(CLEAR):
                     break  # two pairs far from the margin: the answer is clear
             best32, bestb = min(t32, key=sum), min(tb or [warm], key=sum)  # no timed bf16 sample: its warm-up (slower)
