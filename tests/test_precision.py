@@ -409,18 +409,22 @@ def test_a_real_probe_on_a_tiny_network_is_bounded_by_its_time(tmp_path):
     """A real measurement (this machine's CPU): an answer within the budget and one layer."""
     import time
 
+    import lightning.pytorch.plugins.precision  # noqa: F401 - a run has imported it before its probe
+    import ppo_lightning.algos.proximal  # noqa: F401
+
     t0 = time.perf_counter()
     r = probe_lib.probe(_mlp(), MLP_OBS, 64, None, True, budget_s=1.0)
     wall = time.perf_counter() - t0
     assert r.choice in ("32-true", "bf16-mixed", None) and r.probe_s <= wall
-    assert wall < 1.0 + 0.5  # the budget, the imports before the clock and one chunk at most
+    assert wall < 1.0 + 0.5, r  # the budget and one chunk at most (a loaded machine's scheduling included)
     if r.choice is not None:
         assert r.ratio > 0 and r.fp32_step_s > 0 and ("bf16-mixed" if r.ratio >= probe_lib.MIN_SPEEDUP else "32-true") == r.choice
-    big = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)])  # ~0.2 s a chunk here
-    big.num_seeds = None
+    # a chunk of 512 through 16 layers of 1024: ~50 GFLOP forward + backward, over a second on any CPU
+    # here; the per-layer checks stop it after a layer (~1 GFLOP)
+    big = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)])
     t0 = time.perf_counter()
-    r = probe_lib.probe(big, {"shape": [2048]}, 512, None, False, budget_s=0.05)  # per-layer checks stop it
-    assert r.choice is None and time.perf_counter() - t0 < 0.05 + 0.5
+    r = probe_lib.probe(big, {"shape": [1024]}, 512, None, False, budget_s=0.05)
+    assert r.choice is None and time.perf_counter() - t0 < 1.0, r
 
 
 def test_the_cli_records_the_measured_choice_and_its_reason(tmp_path, cache, fake_probe, monkeypatch):
