@@ -446,3 +446,19 @@ def test_the_cli_records_the_measured_choice_and_its_reason(tmp_path, cache, fak
     cli = fit_main(["fit", "--config", str(cfg), *tiny, "--run_dir", str(tmp_path / "c"), "--trainer.precision", "32-true"])
     assert cli.trainer.precision == "32-true" and len(calls) == 1
     assert cli.precision_params == {"precision": "32-true", "precision_reason": "set in the config"}
+
+
+def test_a_python_built_ppo_trainer_measures_auto_at_fit(cache, fake_probe):
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
+
+    calls, _ = fake_probe
+    dm = RolloutDataModule(env_id="CartPole-v1", num_envs=2, rollout_steps=16, num_minibatches=2, update_epochs=1,
+                           total_frames=32, num_threads=1)
+    model = PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp"}, lr=1e-3)
+    trainer = prec.PPOTrainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False, precision="auto", accelerator="cpu")
+    assert trainer.precision == "32-true"  # the ISA-flag rule (AVX2) until fit measures
+    trainer.fit(model, datamodule=dm)
+    assert trainer.precision == "bf16-mixed" and "measured" in trainer.precision_reason and len(calls) == 1
+    assert prec.PPOTrainer(precision="32-true", logger=False).precision == "32-true"

@@ -13,7 +13,8 @@ float32); they are never overridden. ``auto`` is ours, resolved before the Train
   nodes: each rank would measure its own answer, under the others' load; a cached measurement of
   this machine and workload is used when there is one, the same file for every rank of a node);
   where the probe is off (``PPO_LIGHTNING_PRECISION_PROBE_S=0``) or gives no answer within its
-  time bound; and for a `PPOTrainer` built in Python with ``precision="auto"`` (no network yet).
+  time bound. A `PPOTrainer` built in Python with ``precision="auto"`` measures at ``fit(model,
+  datamodule=...)`` (without a datamodule: the rule).
 
 The choice is logged once with its reason, and a CLI run records both (MLflow params
 ``precision`` and ``precision_reason``; the saved ``config.yaml`` has the resolved value).
@@ -146,11 +147,30 @@ class PPOTrainer(pl.Trainer):
     whose ranks agree on a failed checkpoint write before they wait for each other
     (`ppo_lightning.training.checkpointing.save_checkpoint_on_all_ranks`: a full disk under DDP ends
     every rank, instead of leaving rank 1 at the save's barrier); everything else is Lightning's. The
-    CLI resolves ``auto`` in its config before building it."""
+    CLI resolves ``auto`` before building it (`resolve_auto`, once the network and data exist); built
+    in Python with ``precision="auto"`` on a CPU, it measures at ``fit(model, datamodule=...)``
+    (``precision_reason`` says how the precision was chosen)."""
 
     def __init__(self, *args: Any, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = None,
                  **kwargs: Any) -> None:
-        super().__init__(*args, precision=resolve(precision, kwargs.get("accelerator", "auto")), **kwargs)
+        accelerator = kwargs.get("accelerator", "auto")
+        # "auto" on a CPU in one process: measured at fit(), when the network and data exist (the
+        # ISA-flag rule's value until then)
+        self._measure_at_fit = (precision == "auto" and accelerator_device(accelerator).type == "cpu"
+                                and planned_processes(kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1)) == 1)
+        flags = resolve_trainer_precision(precision, accelerator)[0] if self._measure_at_fit else resolve(precision, accelerator)
+        super().__init__(*args, precision=flags, **kwargs)
+        self.precision_reason = "set in the config" if precision != "auto" else "ISA-flag rule"
+
+    def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None, **kwargs):
+        if self._measure_at_fit and datamodule is not None:
+            from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+            self._measure_at_fit = False
+            choice, self.precision_reason = resolve_auto("auto", "cpu", model, datamodule)
+            if choice != self.precision:
+                self.strategy.precision_plugin = MixedPrecision("bf16-mixed", "cpu") if choice == "bf16-mixed" else Precision()
+        return super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, **kwargs)
 
     def save_checkpoint(self, filepath, weights_only: Optional[bool] = None, storage_options: Any = None) -> None:
         save_checkpoint_on_all_ranks(self, filepath, weights_only, storage_options)
