@@ -459,6 +459,6 @@ def test_a_python_built_ppo_trainer_measures_auto_at_fit(cache, fake_probe):
     trainer = prec.PPOTrainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                               enable_model_summary=False, precision="auto", accelerator="cpu")
     assert trainer.precision == "32-true"  # the ISA-flag rule (AVX2) until fit measures
-    trainer.fit(model, datamodule=dm)
+    trainer.fit(model, dm)  # the datamodule as Lightning takes it in either place
     assert trainer.precision == "bf16-mixed" and "measured" in trainer.precision_reason and len(calls) == 1
     assert prec.PPOTrainer(precision="32-true", logger=False).precision == "32-true"

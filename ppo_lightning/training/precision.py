@@ -163,11 +163,12 @@ class PPOTrainer(pl.Trainer):
         self.precision_reason = "set in the config" if precision != "auto" else "ISA-flag rule"
 
     def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None, **kwargs):
-        if self._measure_at_fit and datamodule is not None:
+        data = datamodule if datamodule is not None else train_dataloaders  # fit(model, dm) passes it there
+        if self._measure_at_fit and isinstance(data, pl.LightningDataModule):
             from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
             self._measure_at_fit = False
-            choice, self.precision_reason = resolve_auto("auto", "cpu", model, datamodule)
+            choice, self.precision_reason = resolve_auto("auto", "cpu", model, data)
             if choice != self.precision:
                 self.strategy.precision_plugin = MixedPrecision("bf16-mixed", "cpu") if choice == "bf16-mixed" else Precision()
         return super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, **kwargs)
