@@ -11,8 +11,10 @@ with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (a
 ``ewma_overhead_within_run`` = proximal-forward seconds / the rest of the EWMA iteration, which a
 shared machine's load changes between the two runs do not distort).
 Precision: ``--precision`` is the Trainer's (``--trainer.precision``), default ``auto`` as the shipped
-configs have it (bf16-mixed on AMX CPUs and CUDA sm_80+, 32-true elsewhere; the resolved value is
-printed and goes into the JSON line as ``"precision"``). A comma list (``--precision
+configs have it; here ``auto`` is the ISA-flag rule (bf16-mixed on AMX CPUs and CUDA sm_80+, 32-true
+elsewhere), not the per-run measurement a ``fit`` makes (``benchmarks/precision_auto.py`` runs that
+one against both precisions); the resolved value is printed and goes into the JSON line as
+``"precision"``. A comma list (``--precision
 32-true,bf16-mixed``) runs every algorithm once per precision, interleaved (algorithm by algorithm),
 and suffixes the keys of all but the first with the precision (``ppo_bf16-mixed_fps``, ...).
 The machine (CPU model, cores, ISA flags, torch threads) is printed first and goes into the JSON
@@ -287,7 +289,7 @@ def main() -> None:
     for x in precisions:
         choice, reason = resolve_trainer_precision(x, "cpu")
         if x == "auto":
-            print(f"precision auto: {choice} ({reason})", flush=True)
+            print(f"precision auto (ISA-flag rule, unmeasured): {choice} ({reason})", flush=True)
         if choice not in resolved:
             resolved.append(choice)
     precisions = resolved

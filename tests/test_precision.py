@@ -46,18 +46,18 @@ def test_auto_resolves_per_cpu(cpu, flags, capability, expected, why):
     assert hardware.resolve_trainer_precision(None, "cpu")[0] is None  # Lightning's default (32-true)
 
 
-def test_a_pinned_bf16_mixed_on_a_cpu_without_fast_bf16_is_kept_and_said_once(cpu, monkeypatch):
+def test_a_pinned_bf16_mixed_on_a_cpu_with_emulated_bf16_is_kept_and_said_once(cpu, monkeypatch):
     lines = []
     monkeypatch.setattr(hardware, "_emit", lines.append)
     monkeypatch.setattr(hardware, "_logged", set())
-    for flags, said in ((AMX, False), (AVX512_NO_AMX, True), (AVX2, True)):
-        cpu(flags)
+    for flags, said in ((AMX, False), (AVX512_NO_AMX, False), (AVX2, True)):  # only where bf16 is emulated
+        cpu(flags, "AVX512" if flags != AVX2 else "AVX2")
         lines.clear()
         for _ in range(2):
             assert prec.resolve("bf16-mixed", "cpu") == "bf16-mixed"
         assert len(lines) == int(said), flags
         if said:
-            assert "kept as set" in lines[0] and "32-true" in lines[0] and "\n" not in lines[0]
+            assert "kept as set" in lines[0] and "emulated" in lines[0] and "\n" not in lines[0]
     assert prec.resolve("32-true", "cpu") == "32-true" and not lines[1:]
 
 
@@ -77,7 +77,8 @@ def test_auto_on_an_amx_cpu_is_32_true_for_small_minibatches(cpu, monkeypatch):
 
 
 def test_fit_resolves_auto_from_the_scaled_minibatch(cpu, tmp_path):
-    """``--scale 16`` on MinAtar: minibatches of 32, so auto is 32-true on an AMX CPU; c = 1 (512) bf16."""
+    """Without a measurement (the ISA-flag rule): ``--scale 16`` on MinAtar gives minibatches of 32,
+    so auto is 32-true on an AMX CPU; c = 1 (512) bf16."""
     from ppo_lightning.cli.fit import fit_main
 
     cpu(AMX)
@@ -218,3 +219,246 @@ def test_cli_resolves_auto_before_the_trainer_and_maps_the_deprecated_aliases(tm
     assert cli.trainer.precision == "32-true"
     saved = (tmp_path / "b" / "config.yaml").read_text()
     assert "precision: bf16-mixed" in saved  # what ran is what the run folder records
+
+
+# ------------------------------------------------------------------------------------ measured auto
+from ppo_lightning.training import precision_probe as probe_lib  # noqa: E402
+
+MLP_OBS = {"shape": [4], "dtype": "float32"}
+
+
+def _mlp():
+    from ppo_lightning.nets.models import ActorCritic
+
+    return ActorCritic(MLP_OBS, {"type": "discrete", "n": 2})
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """The probe on (default budget), its cache in a temporary file, a fixed machine."""
+    path = tmp_path / "cache" / "precision.json"
+    monkeypatch.setenv(probe_lib.CACHE_ENV, str(path))
+    monkeypatch.delenv(prec.PROBE_ENV, raising=False)
+    monkeypatch.setattr(hardware, "cpu_model", lambda: "Test CPU")
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: AVX2)
+    monkeypatch.setattr(hardware, "_logged", set())
+    return path
+
+
+@pytest.fixture
+def fake_probe(monkeypatch):
+    """`precision_probe.probe` replaced by a recorder answering ``answer["choice"]``."""
+    calls, answer = [], {"choice": "bf16-mixed", "ratio": 1.5}
+
+    def fake(network, observation_space, minibatch, micro_batch=None, proximal=False, budget_s=2.0, clock=None):
+        calls.append((type(network).__name__, minibatch, micro_batch, proximal))
+        r = answer["ratio"]
+        return probe_lib.ProbeResult(answer["choice"], r, 1.0, 1.0 / r, 0.5, minibatch, 1.0, False)
+
+    monkeypatch.setattr(probe_lib, "probe", fake)
+    return calls, answer
+
+
+def test_the_probe_choice_is_cached_and_reused(cache, fake_probe):
+    calls, _ = fake_probe
+    choice, reason, entry = probe_lib.measured_choice(_mlp(), MLP_OBS, 64, None, True)
+    assert choice == "bf16-mixed" and len(calls) == 1 and "measured" in reason and "1.50" in reason
+    assert cache.exists() and entry["machine"]["cpu_model"] == "Test CPU"
+    choice, reason, _ = probe_lib.measured_choice(_mlp(), MLP_OBS, 64, None, True)
+    assert choice == "bf16-mixed" and len(calls) == 1 and "cached" in reason  # no second measurement
+    # another workload (minibatch, proximal forward) is measured on its own
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 8, None, True)
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 64, None, False)
+    assert len(calls) == 3
+
+
+def test_a_changed_cpu_model_isa_or_library_version_invalidates_the_cache(cache, fake_probe, monkeypatch):
+    import lightning
+
+    calls, _ = fake_probe
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 64)
+    assert len(calls) == 1
+    monkeypatch.setattr(hardware, "cpu_model", lambda: "Another CPU")
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 64)
+    assert len(calls) == 2
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: AVX512_NO_AMX)
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 64)
+    assert len(calls) == 3
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 64)
+    monkeypatch.setattr(lightning, "__version__", "9.9.9")
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 64)
+    assert len(calls) == 5
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 64)  # nothing changed since: cached
+    assert len(calls) == 5
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"format": 1, "entries": {"k": 3}}', "\x00\xff"])
+def test_a_corrupt_cache_file_is_ignored_and_replaced(cache, fake_probe, content):
+    calls, _ = fake_probe
+    cache.parent.mkdir(parents=True)
+    cache.write_text(content, errors="surrogateescape")
+    choice, _, _ = probe_lib.measured_choice(_mlp(), MLP_OBS, 64)
+    assert choice == "bf16-mixed" and len(calls) == 1
+    import json
+
+    assert json.loads(cache.read_text())["format"] == probe_lib.CACHE_FORMAT
+    probe_lib.measured_choice(_mlp(), MLP_OBS, 64)
+    assert len(calls) == 1
+
+
+def test_an_unwritable_cache_folder_still_gives_the_measured_choice(cache, fake_probe, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(probe_lib.CACHE_ENV, str(blocker / "precision.json"))  # a folder that cannot be made
+    choice, reason, _ = probe_lib.measured_choice(_mlp(), MLP_OBS, 64)
+    assert choice == "bf16-mixed" and "not cached" in reason
+
+
+class _Data:
+    minibatch_size, num_threads, env_id, observation_space = 64, 1, "CartPole-v1", MLP_OBS
+
+
+class _Model:
+    def __init__(self, proximal=True):
+        self.network, self.hparams = _mlp(), {"micro_batch_size": None}
+        self.proximal_source = object() if proximal else None
+
+
+def test_a_forced_precision_is_never_overridden(cache, fake_probe):
+    calls, answer = fake_probe
+    for forced in ("32-true", "bf16-mixed"):
+        for answer["choice"] in ("32-true", "bf16-mixed"):
+            assert prec.resolve_auto(forced, "cpu", _Model(), _Data()) == (forced, "set in the config")
+    assert not calls
+    assert prec.resolve_auto("auto", "cpu", _Model(), _Data())[0] == "bf16-mixed" and calls == [("ActorCritic", 64, None, True)]
+
+
+def test_several_processes_use_the_cache_or_the_flag_rule_never_a_new_measurement(cache, fake_probe):
+    calls, _ = fake_probe
+    choice, reason = prec.resolve_auto("auto", "cpu", _Model(), _Data(), processes=2)
+    assert (choice, calls) == ("32-true", []) and "ISA-flag rule: 2 processes" in reason  # AVX2: the rule's 32-true
+    prec.resolve_auto("auto", "cpu", _Model(), _Data())  # a single-process run measures and caches
+    choice, reason = prec.resolve_auto("auto", "cpu", _Model(), _Data(), processes=2)
+    assert choice == "bf16-mixed" and "cached" in reason and len(calls) == 1
+    assert prec.planned_processes("auto", 1) == 1 and prec.planned_processes(2, 1) == 2
+    assert prec.planned_processes([0, 1]) == 2 and prec.planned_processes("1", 2) == 2 and prec.planned_processes(-1) > 1
+
+
+def test_no_measurement_where_it_is_turned_off_or_on_a_gpu(cache, fake_probe, monkeypatch):
+    calls, _ = fake_probe
+    monkeypatch.setenv(prec.PROBE_ENV, "0")
+    choice, reason = prec.resolve_auto("auto", "cpu", _Model(), _Data())
+    assert choice == "32-true" and f"{prec.PROBE_ENV}=0" in reason
+    monkeypatch.delenv(prec.PROBE_ENV)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    choice, reason = prec.resolve_auto("auto", "gpu", _Model(), _Data())
+    assert choice == "bf16-mixed" and "known, not measured" in reason and not calls
+
+
+class _FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.mark.parametrize("bf16_x,expected,stopped", [(0.5, "bf16-mixed", False), (0.99, "32-true", False),
+                                                     (1.3, "32-true", False), (12.0, "32-true", True)])
+def test_the_probe_picks_by_its_margin_and_stops_a_slow_bf16_early(monkeypatch, bf16_x, expected, stopped):
+    """Chunk times by precision on a fake clock: 32-true 0.1 s; bf16 2x faster, 1% faster (within the
+    3% margin: 32-true), 1.3x slower (timed to the end: 32-true), 12x slower (emulated: stopped after
+    its first chunk)."""
+    clock = _FakeClock()
+    times = {"32-true": 0.1, "bf16-mixed": bf16_x * 0.1}
+
+    def chunk(self, obs, clk):
+        clock.t += times[self.precision]
+        return times[self.precision], 0.0
+
+    monkeypatch.setattr(probe_lib._Side, "chunk", chunk)
+    r = probe_lib.probe(_mlp(), MLP_OBS, 64, None, True, budget_s=2.0, clock=clock)
+    assert (r.choice, r.bf16_stopped) == (expected, stopped)
+    assert r.probe_s <= 2.0  # bounded by time (a fake chunk cannot be cut: the real test checks that)
+    if stopped:  # two 32-true chunks and one bf16 chunk, then the answer
+        assert r.probe_s == pytest.approx(0.2 + times["bf16-mixed"]) and r.ratio <= 1 / probe_lib.SLOWER
+    else:
+        assert r.ratio == pytest.approx(1 / bf16_x)
+        pairs = 2 if abs(bf16_x - 1) > 0.15 else probe_lib.MAX_PAIRS  # a clear answer after two timed pairs
+        assert r.probe_s == pytest.approx(0.2 + times["bf16-mixed"] + pairs * (0.1 + times["bf16-mixed"]))
+
+
+def test_the_probe_gives_no_answer_when_32_true_alone_exceeds_its_budget(monkeypatch):
+    clock = _FakeClock()
+
+    def chunk(self, obs, clk):
+        clock.t += 5.0 * obs.shape[0] / 64  # a chunk of the minibatch (64 rows) takes 5 s
+        return 5.0, 0.0
+
+    monkeypatch.setattr(probe_lib._Side, "chunk", chunk)
+    r = probe_lib.probe(_mlp(), MLP_OBS, 64, None, False, budget_s=2.0, clock=clock)
+    assert r.choice is None and "exceed" in r.note and r.fp32_step_s is None
+    assert r.probe_s <= 2.0 + 5.0  # a fake chunk cannot be cut short (the real test below checks that)
+
+
+def test_a_real_probe_on_a_tiny_network_is_bounded_by_its_time(tmp_path):
+    """A real measurement (this machine's CPU): an answer within the budget and one layer."""
+    import time
+
+    import lightning.pytorch.plugins.precision  # noqa: F401 - a run has imported it before its probe
+    import ppo_lightning.algos.proximal  # noqa: F401
+
+    t0 = time.perf_counter()
+    r = probe_lib.probe(_mlp(), MLP_OBS, 64, None, True, budget_s=1.0)
+    wall = time.perf_counter() - t0
+    assert r.choice in ("32-true", "bf16-mixed", None) and r.probe_s <= wall
+    assert wall < 1.0 + 0.5, r  # the budget and one chunk at most (a loaded machine's scheduling included)
+    if r.choice is not None:
+        assert r.ratio > 0 and r.fp32_step_s > 0 and ("bf16-mixed" if r.ratio >= probe_lib.MIN_SPEEDUP else "32-true") == r.choice
+    # a chunk of 512 through 16 layers of 1024: ~50 GFLOP forward + backward, over a second on any CPU
+    # here; the per-layer checks stop it after a layer (~1 GFLOP)
+    big = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)])
+    t0 = time.perf_counter()
+    r = probe_lib.probe(big, {"shape": [1024]}, 512, None, False, budget_s=0.05)
+    assert r.choice is None and time.perf_counter() - t0 < 1.0, r
+
+
+def test_the_cli_records_the_measured_choice_and_its_reason(tmp_path, cache, fake_probe, monkeypatch):
+    from pathlib import Path
+
+    from ppo_lightning.cli.fit import fit_main
+
+    calls, answer = fake_probe
+    cfg = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"
+    tiny = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--data.total_frames", "256",
+            "--data.num_threads", "1", "--trainer.enable_checkpointing", "false", "--video_every", "null"]
+    cli = fit_main(["fit", "--config", str(cfg), *tiny, "--run_dir", str(tmp_path / "a"), "--trainer.precision", "auto"])
+    assert cli.trainer.precision == "bf16-mixed" and len(calls) == 1 and calls[0][3]  # PPO-EWMA: proximal forward timed
+    assert cli.precision_params["precision"] == "bf16-mixed" and "measured" in cli.precision_params["precision_reason"]
+    assert "precision: bf16-mixed" in (tmp_path / "a" / "config.yaml").read_text()  # what ran
+    answer["choice"] = "32-true"  # a second run of the same workload: the cached answer, no new measurement
+    cli = fit_main(["fit", "--config", str(cfg), *tiny, "--run_dir", str(tmp_path / "b"), "--trainer.precision", "auto"])
+    assert cli.trainer.precision == "bf16-mixed" and len(calls) == 1 and "cached" in cli.precision_params["precision_reason"]
+    cli = fit_main(["fit", "--config", str(cfg), *tiny, "--run_dir", str(tmp_path / "c"), "--trainer.precision", "32-true"])
+    assert cli.trainer.precision == "32-true" and len(calls) == 1
+    assert cli.precision_params == {"precision": "32-true", "precision_reason": "set in the config"}
+
+
+def test_a_python_built_ppo_trainer_measures_auto_at_fit(cache, fake_probe):
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
+
+    calls, _ = fake_probe
+    dm = RolloutDataModule(env_id="CartPole-v1", num_envs=2, rollout_steps=16, num_minibatches=2, update_epochs=1,
+                           total_frames=32, num_threads=1)
+    model = PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp"}, lr=1e-3)
+    trainer = prec.PPOTrainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False, precision="auto", accelerator="cpu")
+    assert trainer.precision == "32-true"  # the ISA-flag rule (AVX2) until fit measures
+    trainer.fit(model, dm)  # the datamodule as Lightning takes it in either place
+    assert trainer.precision == "bf16-mixed" and "measured" in trainer.precision_reason and len(calls) == 1
+    assert prec.PPOTrainer(precision="32-true", logger=False).precision == "32-true"

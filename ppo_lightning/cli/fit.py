@@ -243,7 +243,21 @@ class PPOCLI(LightningCLI):
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
         final_logger = kwargs.get("logger", logger)
         record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
+        kwargs["precision"] = self.resolve_run_precision(cfg)
         return super().instantiate_trainer(**kwargs)
+
+    def resolve_run_precision(self, cfg) -> str:
+        """``trainer.precision`` for this run's network and data (``auto``: measured on a CPU,
+        `ppo_lightning.training.precision.resolve_auto`), written into the config (config.yaml) and
+        kept with its reason for the run's params (`before_fit`)."""
+        from ppo_lightning.training.precision import planned_processes, resolve_auto
+
+        processes = planned_processes(cfg.trainer.get("devices", "auto"), cfg.trainer.get("num_nodes", 1))
+        choice, reason = resolve_auto(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"),
+                                      self.model, self.datamodule, processes)
+        cfg.trainer.precision = choice
+        self.precision_params = {"precision": str(choice if choice is not None else "32-true"), "precision_reason": reason}
+        return choice
 
     @staticmethod
     def managed_checkpoint(cfg, run_dir: Path) -> IterationCheckpoint:
@@ -451,6 +465,8 @@ class PPOCLI(LightningCLI):
         wait_for_episodes(self.trainer.callbacks)  # episode/... monitors wait for the first episode
         if getattr(self, "scale_params", None) and self.trainer.logger is not None:
             self.trainer.logger.log_hyperparams(self.scale_params)
+        if getattr(self, "precision_params", None) and self.trainer.logger is not None:  # what ran, and why
+            self.trainer.logger.log_hyperparams(self.precision_params)
 
     def after_fit(self) -> None:
         trainer, dm = self.trainer, self.datamodule
@@ -486,19 +502,13 @@ class PPOCLI(LightningCLI):
 
 def resolve_config_precision(cfg) -> None:
     """``trainer.precision`` before the Trainer is built: the deprecated ``model.network.precision``
-    / ``model.proximal_precision`` set it where it is not given (and leave the model config), then
-    ``auto`` resolves for this machine, logged once (`ppo_lightning.training.precision`)."""
-    from ppo_lightning.training.precision import resolve, take_precision_aliases
+    / ``model.proximal_precision`` set it where it is not given (and leave the model config)."""
+    from ppo_lightning.training.precision import take_precision_aliases
 
     alias = take_precision_aliases(model_config(cfg), trainer_precision=cfg.trainer.get("precision"))
     if alias is not None and cfg.trainer.get("precision") is None:
         cfg.trainer.precision = alias
-    data = cfg.data
-    try:  # samples per optimizer step (an invalid data config is reported by the datamodule itself)
-        minibatch = int(data.num_envs) * int(data.rollout_steps) // int(data.num_minibatches)
-    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
-        minibatch = None
-    cfg.trainer.precision = resolve(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"), minibatch)
+    # ``auto`` stays until the network and data are built (`PPOCLI.resolve_run_precision` measures it)
 
 
 def fit_main(args: list[str] | None = None, extra_callbacks=(), cli_class: type[PPOCLI] | None = None) -> PPOCLI:

@@ -4,10 +4,14 @@ A speed-up measured on one CPU can be a slow-down on another. For the IMPALA CNN
 (16-32 channels) bf16 is:
 - emulated and 8-12x *slower* than fp32 on AVX2-only CPUs (AMD EPYC of issue 14; AVX2-emulated Xeon),
 - 1.3x *slower* than fp32 on this project's Xeon with AVX512_BF16 but no AMX (oneDNN's
-  avx512_core_bf16 kernels: 83 vs 121 GFLOP/s per core for a 16->16 conv),
+  avx512_core_bf16 kernels: 83 vs 121 GFLOP/s per core for a 16->16 conv), yet 1.55x *faster* for
+  the whole PPO step on an AMD EPYC with the same flags (issue 50),
 - much faster with AMX tiles (amx_bf16), which oneDNN uses for bf16 convolutions,
-(docs/benchmarks/procgen.md, "Per CPU type"). So ``"auto"`` precisions pick bf16 only with AMX on the CPU
-or bf16 tensor cores on a GPU (sm_80+), and the benchmarks record the machine (`machine_info`).
+(docs/benchmarks/procgen.md, "Per CPU type"). Flags alone cannot choose, so ``--trainer.precision
+auto`` on a CPU is measured per run (`ppo_lightning.training.precision_probe`); the rule here
+(`resolve_trainer_precision`: bf16 only with AMX on the CPU or bf16 tensor cores on a GPU, sm_80+)
+is what ``auto`` falls back to where no measurement runs (`ppo_lightning.training.precision`), and the
+benchmarks record the machine (`machine_info`).
 
 The effective instruction set is what the CPU reports *and* what torch is allowed to use. An
 AVX2-only CPU is emulated for measurement with ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels),
@@ -27,7 +31,7 @@ PRECISION_CHOICES = ("fp32", "bf16", "auto")
 # ISA flags (as /proc/cpuinfo spells them) that decide which CPU kernels run fast.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 BF16_NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 instructions (not emulated)
-BF16_FAST_FLAGS = ("amx_bf16",)  # bf16 measured/known faster than fp32 for the IMPALA CNN
+BF16_FAST_FLAGS = ("amx_bf16",)  # bf16 faster than fp32 for the IMPALA CNN on every CPU measured with them
 # ONEDNN_MAX_CPU_ISA values (oneDNN's names, lower case) that keep bf16 instructions / AMX usable.
 _ONEDNN_BF16_ISAS = ("avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx", "avx512_core_amx_fp16",
                      "avx10_1_512", "avx10_1_512_amx", "avx10_1_512_amx_fp16", "all")
@@ -90,13 +94,14 @@ def bf16_native_cpu() -> tuple[bool, str]:
 
 
 def bf16_faster_cpu() -> tuple[bool, str]:
-    """Whether bf16 is known faster than fp32 for the IMPALA CNN on this CPU (AMX), and why."""
+    """Whether bf16 is faster than fp32 for the IMPALA CNN on this CPU by its flags alone (AMX), and why."""
     native, why = bf16_native_cpu()
     if not native:
         return False, why
     have = [f for f in BF16_FAST_FLAGS if f in cpu_flags()]
     if not have:
-        return False, "CPU has avx512_bf16 but no AMX: bf16 convolutions measured 1.3x slower than fp32 there"
+        return False, ("CPU has avx512_bf16 but no AMX: bf16 measured 1.3x slower (a Xeon) and 1.55x faster (an EPYC) "
+                       "there, 32-true unless measured")
     hidden = _hidden(_ONEDNN_AMX_ISAS, have)
     return (False, hidden) if hidden else (True, f"CPU has {'/'.join(have)}")
 
@@ -203,7 +208,8 @@ def machine_info() -> dict:
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
         "bf16_native_cpu": native,
-        "precision_auto_cpu": "bf16-mixed" if faster else "32-true",  # --trainer.precision auto here
+        # --trainer.precision auto here where no measurement runs (the ISA-flag rule); a run measures
+        "precision_auto_cpu": "bf16-mixed" if faster else "32-true",
         "bf16_reason": why,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -224,5 +230,5 @@ def machine_line(info: dict | None = None) -> str:
                f"{info['onednn_max_cpu_isa']}, MKL_ENABLE_INSTRUCTIONS={info.get('mkl_enable_instructions')}")
     gpus = f", GPUs: {', '.join(info['cuda_devices'])}" if info["cuda_devices"] else ""
     return (f"machine: {info['cpu_model']}, {info['cores']} cores, ISA {isa}, bf16 native: "
-            f"{info['bf16_native_cpu']}, trainer.precision auto: {info['precision_auto_cpu']}{emu}, torch threads "
+            f"{info['bf16_native_cpu']}, precision auto by ISA flags (unmeasured): {info['precision_auto_cpu']}{emu}, torch threads "
             f"{info['torch_threads']}{gpus}")

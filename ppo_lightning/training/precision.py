@@ -2,10 +2,22 @@
 
 ``32-true`` and ``bf16-mixed`` are Lightning's own values, applied by its precision plugin (on CPU
 and GPU: ``torch.autocast`` to bf16 around every training step; weights, gradients, Adam state stay
-float32). ``auto`` is ours: it resolves once per machine, before the Trainer is built, to
-``bf16-mixed`` where bf16 is native and faster (AMX CPUs, CUDA sm_80+; on a CPU only for minibatches
-of at least 128 samples) and ``32-true`` elsewhere (`ppo_lightning.core.hardware.resolve_trainer_precision`),
-and the choice is logged once with its reason.
+float32); they are never overridden. ``auto`` is ours, resolved before the Trainer is built:
+
+- on a CPU, by measurement (`resolve_auto`): the run's own training step timed in both precisions
+  on its network and minibatch, bf16-mixed only when at least 3% faster, cached per machine and
+  workload (`ppo_lightning.training.precision_probe`);
+- by the ISA-flag rule (`ppo_lightning.core.hardware.resolve_trainer_precision`: bf16-mixed on AMX
+  CPUs from minibatches of 128 samples and on CUDA sm_80+, 32-true elsewhere) where no measurement
+  runs: on a GPU (bf16 support is known there); in a run of several processes (DDP, FSDP2, several
+  nodes: each rank would measure its own answer, under the others' load; a cached measurement of
+  this machine and workload is used when there is one, the same file for every rank of a node);
+  where the probe is off (``PPO_LIGHTNING_PRECISION_PROBE_S=0``) or gives no answer within its
+  time bound. A `PPOTrainer` built in Python with ``precision="auto"`` measures at ``fit(model,
+  datamodule=...)`` (without a datamodule: the rule).
+
+The choice is logged once with its reason, and a CLI run records both (MLflow params
+``precision`` and ``precision_reason``; the saved ``config.yaml`` has the resolved value).
 
 Besides the training step, the rollout forward (the data side, `RolloutSource.collect`) and the
 EWMA proximal forward (inside the training step) run under the same plugin's precision; the
@@ -19,13 +31,14 @@ are deprecated aliases now (`take_precision_aliases`).
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Literal, Optional, Union
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 
-from ppo_lightning.core.hardware import (TRAINER_PRECISIONS, accelerator_device, bf16_faster_cpu, log_choice,
+from ppo_lightning.core.hardware import (TRAINER_PRECISIONS, accelerator_device, bf16_native_cpu, log_choice,
                                          resolve_trainer_precision)
 from ppo_lightning.training.checkpointing import save_checkpoint_on_all_ranks
 
@@ -35,18 +48,98 @@ DEPRECATION = ("{name} is deprecated: the precision is Lightning's --trainer.pre
 
 
 def resolve(precision: Any, accelerator: Any = "auto", minibatch_size: Optional[int] = None) -> Any:
-    """``precision`` with ``"auto"`` resolved for the device ``accelerator`` trains on and, on a CPU,
-    the minibatch size (logged once)."""
+    """``precision`` with ``"auto"`` resolved by the ISA-flag rule for the device ``accelerator``
+    trains on and, on a CPU, the minibatch size (logged once); see `resolve_auto` for the measured
+    choice of a run whose network is built."""
     choice, reason = resolve_trainer_precision(precision, accelerator, minibatch_size)
     if precision == "auto":
-        log_choice("trainer.precision auto", choice, reason)
-    elif precision == "bf16-mixed" and accelerator_device(accelerator).type == "cpu":
-        # kept as set, but said once: on a CPU without fast bf16 a pinned bf16-mixed run is the slow
-        # one (a c = 64 MinAtar group on AVX2: 1.9-2.6x slower, docs/benchmarks/small-batch.md)
-        fast, why = bf16_faster_cpu()
-        if not fast:
-            log_choice("trainer.precision bf16-mixed", "kept as set", f"but {why}: 32-true (what auto picks) is faster here")
+        log_choice("trainer.precision auto", choice, f"{reason}; ISA-flag rule, no network to measure")
+    else:
+        _say_emulated(precision, accelerator)
     return choice
+
+
+def _say_emulated(precision: Any, accelerator: Any) -> None:
+    if precision == "bf16-mixed" and accelerator_device(accelerator).type == "cpu":
+        # kept as set, but said once: where bf16 is emulated a pinned bf16-mixed run is the slow one
+        # (a c = 64 MinAtar group on AVX2: 1.9-2.6x slower, docs/benchmarks/small-batch.md)
+        native, why = bf16_native_cpu()
+        if not native:
+            log_choice("trainer.precision bf16-mixed", "kept as set", f"but {why}: 32-true is faster here")
+
+
+PROBE_ENV = "PPO_LIGHTNING_PRECISION_PROBE_S"
+
+
+def probe_budget() -> float:
+    """The probe's time bound in seconds: ``$PPO_LIGHTNING_PRECISION_PROBE_S`` (0: no measurement,
+    the ISA-flag rule), else `precision_probe.BUDGET_S`."""
+    from ppo_lightning.training.precision_probe import BUDGET_S
+
+    value = os.environ.get(PROBE_ENV, "")
+    try:
+        return max(0.0, float(value)) if value.strip() else BUDGET_S
+    except ValueError:
+        raise ValueError(f"{PROBE_ENV} must be a number of seconds (0: no measurement), got {value!r}") from None
+
+
+def planned_processes(devices: Any = "auto", num_nodes: Any = 1) -> int:
+    """How many training processes a run will have, known before the Trainer is built (``devices`` x
+    ``num_nodes``, or the launcher's ``WORLD_SIZE``); ``-1`` / ``"-1"`` (all devices) counts as several."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        world = 1
+    if isinstance(devices, (list, tuple)):
+        n = len(devices)
+    elif isinstance(devices, int) or (isinstance(devices, str) and devices.lstrip("-").isdigit()):
+        n = int(devices) if int(devices) != -1 else 2
+    else:  # "auto": one process on a CPU
+        n = 1
+    try:
+        nodes = int(num_nodes or 1)
+    except (TypeError, ValueError):
+        nodes = 1
+    return max(world, n * nodes)
+
+
+def resolve_auto(precision: Any, accelerator: Any, model: Any, datamodule: Any, processes: int = 1) -> tuple[Any, str]:
+    """``(precision, reason)`` for a run whose ``model`` (a `PPOLightningModule`) and ``datamodule``
+    are built: a value other than ``"auto"`` is kept as set; ``"auto"`` on a CPU is measured (see the
+    module; cached per machine and workload), elsewhere and where no measurement runs it follows
+    the ISA-flag rule. Logged once."""
+    if precision != "auto":
+        _say_emulated(precision, accelerator)
+        return precision, "set in the config" if precision is not None else "not set: Lightning's default, 32-true"
+    minibatch = getattr(datamodule, "minibatch_size", None)
+    flags, flags_why = resolve_trainer_precision("auto", accelerator, minibatch)
+    choice, reason = flags, None
+    if accelerator_device(accelerator).type != "cpu":
+        reason = f"{flags_why}; ISA-flag rule: bf16 support on this device is known, not measured"
+    elif probe_budget() == 0:
+        reason = f"{flags_why}; ISA-flag rule: {PROBE_ENV}=0"
+    elif minibatch is None or getattr(model, "network", None) is None:
+        reason = f"{flags_why}; ISA-flag rule: no network and minibatch to measure"
+    else:
+        from ppo_lightning.core.threads import configure_threads
+        from ppo_lightning.training.precision_probe import measured_choice
+
+        configure_threads(datamodule.num_threads, datamodule.env_id)  # the run's threads (its setup sets them too)
+        try:
+            measured, why, _ = measured_choice(model.network, datamodule.observation_space, minibatch,
+                                               model.hparams.get("micro_batch_size"),
+                                               getattr(model, "proximal_source", None) is not None,
+                                               measure=processes <= 1, budget_s=probe_budget())
+        except Exception as err:  # noqa: BLE001 - a network the probe cannot drive: the rule, said why
+            measured, why = None, f"probe failed: {type(err).__name__}: {str(err)[:80]}"
+        if measured is not None:
+            choice, reason = measured, why
+        elif processes > 1:
+            reason = f"{flags_why}; ISA-flag rule: {processes} processes ({why})"
+        else:
+            reason = f"{flags_why}; ISA-flag rule: {why}"
+    log_choice("trainer.precision auto", choice, reason)
+    return choice, reason
 
 
 class PPOTrainer(pl.Trainer):
@@ -54,11 +147,31 @@ class PPOTrainer(pl.Trainer):
     whose ranks agree on a failed checkpoint write before they wait for each other
     (`ppo_lightning.training.checkpointing.save_checkpoint_on_all_ranks`: a full disk under DDP ends
     every rank, instead of leaving rank 1 at the save's barrier); everything else is Lightning's. The
-    CLI resolves ``auto`` in its config before building it."""
+    CLI resolves ``auto`` before building it (`resolve_auto`, once the network and data exist); built
+    in Python with ``precision="auto"`` on a CPU, it measures at ``fit(model, datamodule=...)``
+    (``precision_reason`` says how the precision was chosen)."""
 
     def __init__(self, *args: Any, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = None,
                  **kwargs: Any) -> None:
-        super().__init__(*args, precision=resolve(precision, kwargs.get("accelerator", "auto")), **kwargs)
+        accelerator = kwargs.get("accelerator", "auto")
+        # "auto" on a CPU in one process: measured at fit(), when the network and data exist (the
+        # ISA-flag rule's value until then)
+        self._measure_at_fit = (precision == "auto" and accelerator_device(accelerator).type == "cpu"
+                                and planned_processes(kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1)) == 1)
+        flags = resolve_trainer_precision(precision, accelerator)[0] if self._measure_at_fit else resolve(precision, accelerator)
+        super().__init__(*args, precision=flags, **kwargs)
+        self.precision_reason = "set in the config" if precision != "auto" else "ISA-flag rule"
+
+    def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None, **kwargs):
+        data = datamodule if datamodule is not None else train_dataloaders  # fit(model, dm) passes it there
+        if self._measure_at_fit and isinstance(data, pl.LightningDataModule):
+            from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+            self._measure_at_fit = False
+            choice, self.precision_reason = resolve_auto("auto", "cpu", model, data)
+            if choice != self.precision:
+                self.strategy.precision_plugin = MixedPrecision("bf16-mixed", "cpu") if choice == "bf16-mixed" else Precision()
+        return super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, **kwargs)
 
     def save_checkpoint(self, filepath, weights_only: Optional[bool] = None, storage_options: Any = None) -> None:
         save_checkpoint_on_all_ranks(self, filepath, weights_only, storage_options)
