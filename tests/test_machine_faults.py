@@ -524,3 +524,32 @@ def test_disk_full_at_an_fsdp2_sharded_checkpoint_ends_every_rank_in_one_line(tm
     check_checkpoint_file(ckpts / "last.ckpt")
     assert last_good_checkpoint(ckpts) == ckpts / "last.ckpt"
     assert torch.load(ckpts / "last.ckpt/meta.pt", weights_only=True)["RolloutDataModule"]["iteration"] == 1
+
+
+def test_a_busy_local_store_delays_metrics_and_loses_none(tmp_path, capfd):
+    """SQLAlchemy's pool exhausted (a 16-member group's runs writing one SQLite file on a loaded machine):
+    the sender waits and retries, as for a server that is away; every iteration reaches the store."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from ppo_lightning.training.mlflow_sender import MlflowSender
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    run = client.create_run(client.create_experiment("busy"))
+    log_batch, refusals = client.log_batch, [2]
+
+    def busy(run_id, metrics=(), **kw):
+        if refusals[0] > 0:
+            refusals[0] -= 1
+            raise MlflowException("QueuePool limit of size 5 overflow 10 reached, connection timed out, timeout 30.00")
+        return log_batch(run_id, metrics=metrics, **kw)
+
+    client.log_batch = busy
+    sender = MlflowSender(client, uri, run.info.run_id, tmp_path / "spool.jsonl", local=True)
+    for i in range(1, 6):
+        sender.submit({"kind": "metrics", "step": i, "timestamp": 1000 + i, "metrics": {"frames": float(i)}})
+    assert sender.flush(60)
+    sender.stop()
+    assert refusals == [0] and "not logged" not in capfd.readouterr().err
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "frames")) == [1, 2, 3, 4, 5]

@@ -76,6 +76,14 @@ def is_unreachable(err: BaseException) -> bool:
                                    "Max retries exceeded", "Temporary failure", "database is locked"))
 
 
+def local_store_busy(err: BaseException) -> bool:
+    """A local (SQLite) store that is busy, not broken: locked by another writer, or SQLAlchemy's connection
+    pool exhausted while many runs of a group write at once on a loaded machine (``QueuePool limit ...
+    connection timed out``). The record is retried, as for a server that is away, never dropped."""
+    text = str(err)
+    return "database is locked" in text or "QueuePool limit" in text
+
+
 def short_reason(err: BaseException | str) -> str:
     """A few words for an outage: ``connection refused``, ``timed out``, or the error's first line."""
     text = str(err)
@@ -277,7 +285,7 @@ class MlflowSender:
                               f"run, the files stay in the run folder; training goes on")
                     self._drop_first()
                     continue
-                if not self.local and is_unreachable(err) or self.local and "database is locked" in str(err):
+                if not self.local and is_unreachable(err) or self.local and local_store_busy(err):
                     if not self.down:
                         self.down = True
                         _warn(f"MLflow tracking server {self.tracking_uri} is unreachable ({short_reason(err)}); training goes on, "
