@@ -93,6 +93,17 @@ class BatchedRollout:
         self._carrier = carriers[0] if generators is None else torch.stack(carriers)  # a group's: [S, n]
         self.stacked: dict[str, torch.Tensor] = {}  # the last rollouts' entries GAE reads, [S, n, time, 1]
 
+    def reset_member(self, k: int, env, generator: torch.Generator) -> None:
+        """Member k of a group starts again with ``env`` (fresh, seeded) and its action ``generator``:
+        the carried step of a fresh run (every game reset, as when a single run's collector is built)."""
+        self.envs[k], self.bases[k], self.generators[k] = env, env.base_env, generator
+        self.env, self.base = self.envs[0], self.bases[0]
+        first = env.reset()
+        self._carrier[k] = TensorDict({OBS_KEY: first.get(OBS_KEY).clone(),
+                                       "episode_reward": torch.zeros((self.num_envs, 1)),
+                                       "step_count": torch.zeros((self.num_envs, 1), dtype=torch.int64)},
+                                      batch_size=[self.num_envs])
+
     def __iter__(self):
         return self
 

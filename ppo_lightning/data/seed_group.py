@@ -17,7 +17,11 @@ normalizers' moments). What is elementwise over envs runs once on the seed-major
 each seed's values those of its own call: the sampling's division and argmax (`sample_per_seed`),
 the reward normalizers' running returns (`RewardNormalizer.normalize_stacked`) and GAE.
 
-Envs: those that step as one batch (MinAtar; `ppo_lightning.data.batched_rollout`).
+Envs: every family. MinAtar's games step as one batch (`ppo_lightning.data.batched_rollout`); any
+other env (a gymnasium id, MuJoCo, ``procgen:<game>``) is one TorchRL env per member, built and
+seeded as that member's single run builds its own, stepped in lockstep by one forward of the stacked
+network per time step (`ppo_lightning.data.lockstep`). Observation normalization (inside the
+network) is per member: member k's normalizer merges its own rollouts' observations, as alone.
 
 Members with their own hyperparameters (``data.member_seeds``, ``data.member_hparams``): member k
 is the single run with seed ``seeds[k]`` and the values ``member_hparams[name][k]``; a seed may
@@ -39,11 +43,13 @@ from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, m
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
+from ppo_lightning.data.lockstep import LockstepRollout
 from ppo_lightning.data.source import RolloutSource
-from ppo_lightning.data.devices import rollout_precision
+from ppo_lightning.data.devices import device_env_kwargs, rollout_precision
 from ppo_lightning.data.episodes import EpisodeStats
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys
+from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_member_observation_norms
 
 
 # Per-member hyperparameters a group can carry: the scalars in which Table 5's ablations of Hilton et
@@ -153,9 +159,7 @@ class SeedGroupSource(RolloutSource):
         self.data, self.network, self.seeds = data, network, list(seeds)
         self.rank, self.world_size = 0, 1
         self.device = torch.device("cpu")
-        self.envs = [make_env(data.env_id, data.num_envs, s, data.env_kwargs) for s in self.seeds]
-        if not supports_batched_rollout(self.envs[0], self.device):
-            raise ValueError(f"data.num_seeds > 1 needs envs that step as one batch (minatar:<game>), got {data.env_id!r}")
+        self.envs = [self.make_member_env(s) for s in self.seeds]
         self.env = self.envs[0]
         self.states = [SeedState(data, s, span, g) for s, span, g in
                        zip(self.seeds, member_values(data, "advantage_norm_span"), member_values(data, "gamma"))]
@@ -163,12 +167,23 @@ class SeedGroupSource(RolloutSource):
             st.action_generator.set_state(rng)
         self.param_keys = dist_param_keys(data.action_space)
         self.gae = self.make_gae()
-        # One batched rollout of all seeds' envs, each seed's actions on its own generator.
-        self.collector = BatchedRollout(self.envs, network, data.action_space, data.frames_per_iteration,
-                                        [st.action_generator for st in self.states])
+        # One rollout of all members' envs, each member's actions on its own generator: MinAtar's games
+        # stepped as one batch, any other env (gymnasium, MuJoCo, Procgen) as one TorchRL env per member.
+        generators = [st.action_generator for st in self.states]
+        rollout = (BatchedRollout if data.batched_rollout and supports_batched_rollout(self.env, self.device)
+                   else LockstepRollout)
+        self.collector = rollout(self.envs, network, data.action_space, data.frames_per_iteration, generators)
+        self._normalizes_observations = any(isinstance(m, RunningObservationNorm) for m in network.modules())
+        self._pending_observations: list[torch.Tensor] | None = None
         self.last_timing: dict[str, float] = {}
         self.stale = None
         self.phases = None
+
+    def make_member_env(self, seed: int):
+        """A member's envs, built and seeded as its single run's (`ppo_lightning.data.source.RolloutSource`)."""
+        data = self.data
+        return make_env(data.env_id, data.num_envs, seed, device_env_kwargs(data.env_id, data.env_kwargs, self.device),
+                        timeout_s=data.env_timeout_s)
 
     def refill(self, k: int, seed: int, action_rng_state: torch.Tensor) -> None:
         """Member k starts again as the single run with ``seed`` and its settings in
@@ -182,18 +197,14 @@ class SeedGroupSource(RolloutSource):
             self.envs[k].close()
         except Exception:  # noqa: BLE001 - an env that cannot close is dropped all the same
             pass
-        self.envs[k] = make_env(data.env_id, data.num_envs, seed, data.env_kwargs)
+        self.envs[k] = self.make_member_env(seed)
         self.env = self.envs[0]
         st = SeedState(data, seed, member_values(data, "advantage_norm_span")[k], member_values(data, "gamma")[k])
         st.action_generator.set_state(action_rng_state)
         self.states[k] = st  # in place: the data module's group_states is this list
-        first = self.envs[k].reset()  # the carried step of a fresh run, as BatchedRollout starts one
-        rollout.envs[k], rollout.bases[k], rollout.generators[k] = self.envs[k], self.envs[k].base_env, st.action_generator
-        rollout.env, rollout.base = rollout.envs[0], rollout.bases[0]
-        rollout._carrier[k] = TensorDict({OBS_KEY: first.get(OBS_KEY).clone(),
-                                          "episode_reward": torch.zeros((data.num_envs, 1)),
-                                          "step_count": torch.zeros((data.num_envs, 1), dtype=torch.int64)},
-                                         batch_size=[data.num_envs])
+        rollout.reset_member(k, self.envs[k], st.action_generator)  # the carried step of a fresh run
+        if self._pending_observations is not None:  # a fresh run's normalizer has seen nothing yet
+            self._pending_observations[k] = self._pending_observations[k][:0]
         self.gae = self.make_gae()
 
     def make_gae(self):
@@ -213,8 +224,15 @@ class SeedGroupSource(RolloutSource):
         was_training = self.network.training
         self.network.eval()
         trainer = getattr(data, "trainer", None)  # the Trainer's precision (bf16-mixed: autocast), as a single run's
+        if self._pending_observations is not None:  # each member's normalizer: its previous rollout's observations
+            update_member_observation_norms(self.network, self._pending_observations)
         with rollout_precision(trainer):
-            rollouts = self.collector.rollouts()
+            try:
+                rollouts = self.collector.rollouts()
+            except faults.EnvFault as err:  # name the iteration too, as a single run does
+                err.iteration = data.iteration
+                raise
+        self._pending_observations = ([r.get(OBS_KEY) for r in rollouts] if self._normalizes_observations else None)
         self.network.train(was_training)
         data.frames += rollouts[0].numel()  # per seed: each seed counts its own frames, as alone
         t1 = time.perf_counter()
