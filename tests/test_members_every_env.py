@@ -74,3 +74,16 @@ def test_hopper_member_k_trains_as_seed_k_alone():
         trainer_kwargs={"gradient_clip_val": 0.5}, network=net, lr=3e-4, lr_schedule="linear", value_clip_eps=0.2,
         entropy_coef=0.0)
     assert worst < 1e-4
+
+
+def test_procgen_member_k_trains_as_seed_k_alone():
+    """Procgen coinrun (easy, one procgen vector env per member with its own seed), a small IMPALA
+    CNN, group of 2, 4 iterations: each member's episodes are its single run's and its weights within
+    1e-4 (vmap runs the convolutions as one grouped convolution: another float order than oneDNN's)."""
+    pytest.importorskip("procgen")
+    net = {"name": "impala_cnn", "channels": [4, 8], "dense": 16}
+    worst = assert_member_is_alone(
+        "procgen:coinrun", 4, rtol=1e-4, atol=1e-4,
+        data_kwargs={"env_kwargs": {"distribution_mode": "easy"}, "num_envs": 2, "rollout_steps": 16}, network=net,
+        lr=5e-4)
+    assert worst < 1e-4

@@ -41,6 +41,10 @@ class RunningObservationNorm(nn.Module):
         merge member ``k``'s observations into its own moments: its single run's `update`, on its slices."""
         merge_moments_(self.mean[k], self.var[k], self.count[k], x)
 
+    def forward(self, x: Tensor) -> Tensor:
+        mean, std = self.mean.to(x.dtype), (self.var + self.eps).sqrt().to(x.dtype)
+        return ((x - mean) / std).clamp(-self.clip, self.clip)
+
 
 def merge_moments_(mean: Tensor, var: Tensor, count: Tensor, x: Tensor) -> None:
     """Merge ``x [..., dim]`` into the running ``mean``, ``var`` and ``count`` in place (see module doc)."""
@@ -56,10 +60,6 @@ def merge_moments_(mean: Tensor, var: Tensor, count: Tensor, x: Tensor) -> None:
     mean.add_(delta * n_b / total)
     var.copy_(m2 / total)
     count.fill_(total)
-
-    def forward(self, x: Tensor) -> Tensor:
-        mean, std = self.mean.to(x.dtype), (self.var + self.eps).sqrt().to(x.dtype)
-        return ((x - mean) / std).clamp(-self.clip, self.clip)
 
 
 def update_observation_norm(network: nn.Module, observations: Tensor) -> bool:
