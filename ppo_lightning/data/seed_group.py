@@ -32,7 +32,6 @@ data side keeps each member's own advantage-normalization span; the model takes 
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -41,6 +40,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.core import faults
+from ppo_lightning.core.members import DATA_MEMBER_SETTINGS, MEMBER_NAMES, validate_member_values
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
 from ppo_lightning.data.lockstep import LockstepRollout
@@ -52,49 +52,18 @@ from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys
 from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_member_observation_norms
 
 
-# Per-member hyperparameters a group can carry: the scalars in which Table 5's ablations of Hilton et
-# al. (2021) differ at one batch size (the lr, the EWMA's center of mass - None: the behavior policy
-# is the anchor, i.e. PPO - and the advantage-normalization span), Adam's betas (their optional
-# scaling rule), and the loss's and the returns' scalars a search usually tunes (clip range, entropy
-# and value coefficients, the KL beta's start, gamma and GAE lambda). Everything else is shared.
-MEMBER_HPARAMS = ("lr", "proximal_com", "advantage_norm_span", "adam_betas",
-                  "clip_eps", "entropy_coef", "value_coef", "kl_beta", "gamma", "gae_lambda")
-# the data side's (the rest are the model's): each member's returns and advantages
-DATA_MEMBER_HPARAMS = ("advantage_norm_span", "gamma", "gae_lambda")
-# a scalar member setting's valid range: (test, what it must be)
-_MEMBER_RANGES = {
-    "lr": (lambda v: v > 0, "> 0"),
-    "proximal_com": (lambda v: v >= 0, ">= 0 or null (the behavior policy as anchor: PPO)"),
-    "advantage_norm_span": (lambda v: v >= 1, ">= 1"),
-    "clip_eps": (lambda v: v > 0, "> 0"),
-    "entropy_coef": (lambda v: v >= 0, ">= 0"),
-    "value_coef": (lambda v: v >= 0, ">= 0"),
-    "kl_beta": (lambda v: v >= 0, ">= 0"),
-    "gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "gae_lambda": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-}
+# Per-member hyperparameters a group can carry (`ppo_lightning.core.members.MEMBER_SETTINGS`: the lr, the
+# EWMA's center of mass, the advantage-normalization span, Adam's betas, the loss's and the returns'
+# scalars); everything else is shared. The data side applies its own (``DATA_MEMBER_HPARAMS``).
+MEMBER_HPARAMS = MEMBER_NAMES
+DATA_MEMBER_HPARAMS = DATA_MEMBER_SETTINGS
 
 
 def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> None:
     """One-line errors for ``member_hparams`` (``{name: [one value per member]}``)."""
     if num_seeds < 2:
         raise ValueError("member_hparams needs a seed group (data.num_seeds > 1, --seeds, or data.member_seeds)")
-    for name, values in member_hparams.items():
-        if name not in MEMBER_HPARAMS:
-            raise ValueError(f"member_hparams: {name!r} cannot differ between members; choose from {list(MEMBER_HPARAMS)}")
-        if not isinstance(values, (list, tuple)) or len(values) != num_seeds:
-            raise ValueError(f"member_hparams.{name} needs one value per member ({num_seeds}), got {values!r}")
-        for v in values:
-            if name == "adam_betas":
-                if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(
-                        isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in v)):
-                    raise ValueError(f"member_hparams.adam_betas values must be two numbers in [0, 1), got {v!r}")
-                continue
-            ok = v is None if name == "proximal_com" and v is None else (
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-            test, need = _MEMBER_RANGES[name]
-            if not ok or (v is not None and not test(v)):
-                raise ValueError(f"member_hparams.{name} values must be {need}, got {v!r}")
+    validate_member_values(member_hparams, num_seeds)
 
 
 def member_values(data, name: str) -> list[float]:
