@@ -240,7 +240,7 @@ def parse_space(data: Any, path: Path) -> Space:
     for b in base:
         _need(ref_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
     env = data["env"]
-    _need(isinstance(env, str) and env != "", where, f"env: an environment id (minatar:<game>), got {env!r}")
+    _need(isinstance(env, str) and env != "", where, f"env: an environment id (a gymnasium id, procgen:<game> or minatar:<game>), got {env!r}")
     for key in ("frames", "trials", "members"):
         _need(_int(data[key], 1), where, f"{key}: a positive integer, got {data[key]!r}")
     seeds = data.get("seeds") or {"count": 1}
