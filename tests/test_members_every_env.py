@@ -39,8 +39,10 @@ def run(env_id, seed, num_seeds, iterations, data_kwargs=None, trainer_kwargs=No
 
 
 def assert_member_is_alone(env_id, iterations, num_seeds=2, rtol=1e-5, atol=1e-5, same_episodes=True,
-                           data_kwargs=None, trainer_kwargs=None, **model_kwargs):
+                           data_kwargs=None, trainer_kwargs=None, collector=None, **model_kwargs):
     group, gdm, gtr = run(env_id, 0, num_seeds, iterations, data_kwargs, trainer_kwargs, **model_kwargs)
+    if collector is not None:
+        assert type(gdm.kept.collector).__name__ == collector
     worst = 0.0
     for k in range(num_seeds):
         alone, dm, atr = run(env_id, k, 1, iterations, data_kwargs, trainer_kwargs, **model_kwargs)
@@ -55,10 +57,13 @@ def assert_member_is_alone(env_id, iterations, num_seeds=2, rtol=1e-5, atol=1e-5
     return worst
 
 
-def test_cartpole_member_k_trains_as_seed_k_alone():
+@pytest.mark.parametrize("batched, collector", [(True, "BatchedRollout"), (False, "LockstepRollout")])
+def test_cartpole_member_k_trains_as_seed_k_alone(batched, collector):
     """PPO-EWMA on CartPole-v1, 12 iterations of 4 gradient steps: each member of a group of 2 has its
-    single run's episodes exactly and its weights within 1e-5 (matmul float order, module doc)."""
-    worst = assert_member_is_alone("CartPole-v1", 12, lr=3e-3, decoupled=True, proximal_com=4.0)
+    single run's episodes exactly and its weights within 1e-5 (matmul float order, module doc), whether
+    the members' gymnasium vector envs are stepped directly (`VectorGames`) or through TorchRL's env."""
+    worst = assert_member_is_alone("CartPole-v1", 12, lr=3e-3, decoupled=True, proximal_com=4.0,
+                                   data_kwargs={"batched_rollout": batched}, collector=collector)
     assert worst < 1e-5
 
 
@@ -71,6 +76,7 @@ def test_hopper_member_k_trains_as_seed_k_alone():
     net = {**MLP, "normalize_observation": True}
     worst = assert_member_is_alone(
         "Hopper-v5", 6, rtol=1e-4, atol=1e-4, same_episodes=False, data_kwargs={"normalize_reward": True},
+        collector="BatchedRollout",
         trainer_kwargs={"gradient_clip_val": 0.5}, network=net, lr=3e-4, lr_schedule="linear", value_clip_eps=0.2,
         entropy_coef=0.0)
     assert worst < 1e-4
@@ -83,7 +89,7 @@ def test_procgen_member_k_trains_as_seed_k_alone():
     pytest.importorskip("procgen")
     net = {"name": "impala_cnn", "channels": [4, 8], "dense": 16}
     worst = assert_member_is_alone(
-        "procgen:coinrun", 4, rtol=1e-4, atol=1e-4,
+        "procgen:coinrun", 4, rtol=1e-4, atol=1e-4, collector="LockstepRollout",
         data_kwargs={"env_kwargs": {"distribution_mode": "easy"}, "num_envs": 2, "rollout_steps": 16}, network=net,
         lr=5e-4)
     assert worst < 1e-4

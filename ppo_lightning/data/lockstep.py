@@ -10,13 +10,9 @@ single run's collector draws them from torch's global generator, then each membe
 ``env.step_and_maybe_reset`` - the call TorchRL's `Collector` makes for a single run - so the
 transitions, partial resets and episode statistics are the single run's.
 
-The draws, per member k (the single run's `ProbabilisticActor` samples with ``rsample`` where the
-distribution has it, else ``sample``):
-
-- discrete (``Categorical.sample``, i.e. ``multinomial(probs, 1, True)``): `sample_per_seed`;
-- continuous (``Normal.rsample``: ``loc + eps * scale`` with ``eps = empty(shape).normal_()``):
-  ``eps[k].normal_(generator=g_k)`` on a contiguous slice of the same size, then the same
-  elementwise arithmetic for all members at once.
+The draws: `ppo_lightning.data.batched_rollout.sample_members`. A gymnasium vector env skips TorchRL's
+per-step wrapper altogether: `VectorGames` lets `ppo_lightning.data.batched_rollout.BatchedRollout`
+(MinAtar's loop) step it directly, the same transitions at a fraction of the per-step cost.
 
 The rollouts carry the collector's keys and shapes (``("collector", "traj_ids")``, which nothing
 downstream reads, is left out), ``[envs, time]`` per member.
@@ -24,23 +20,55 @@ downstream reads, is left out), ``[envs, time]`` per member.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from ppo_lightning.data.batched_rollout import sample_per_seed
+from ppo_lightning.data.batched_rollout import sample_members
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
 
 
-def sample_members(action_space: dict, params: list[torch.Tensor], generators: list[torch.Generator],
-                   noise: torch.Tensor) -> torch.Tensor:
-    """Every member's actions ``[S, n, ...]`` from its distribution parameters ``[S, n, ...]``, member k's
-    on ``generators[k]``, as its single run's actor draws them from the global generator."""
-    if action_space["type"] == "discrete":
-        return sample_per_seed(make_distribution(action_space, *params).probs, generators, noise)
-    loc, scale = params
-    for eps, g in zip(noise, generators):
-        eps.normal_(generator=g)  # Normal.rsample's _standard_normal, on the member's generator
-    return loc + noise * scale
+class VectorGames:
+    """A gymnasium ``SyncVectorEnv`` (autoreset DISABLED; `ppo_lightning.envs.gymnasium_env`) inside a TorchRL
+    env, driven directly with `ppo_lightning.data.batched_rollout.BatchedRollout`'s interface
+    (``step_games``, ``reset_games``, ``_obs``, ``num_envs``) instead of through TorchRL's wrapper and
+    transforms on every step (~1-2 ms per vector step, most of a small env's collection). It converts
+    as TorchRL's ``GymWrapper`` does: observations to the TorchRL spec's dtype, rewards to float32, done =
+    terminated | truncated; partial resets as ``reset(options={"reset_mask": ...})``, the call TorchRL
+    makes for a DISABLED-autoreset vector env. The first reset stays TorchRL's (``env.reset()``, which
+    seeds); a member's rollouts are then its single run's (tests/test_members_every_env.py)."""
+
+    array_actions = True  # step_games takes the actions as one array (MinAtar's: a list)
+
+    def __init__(self, env) -> None:
+        self.vec = env.base_env._env
+        self.num_envs = int(self.vec.num_envs)
+        spec = env.observation_spec[OBS_KEY]
+        self.obs_dtype = torch.empty((), dtype=spec.dtype).numpy().dtype
+        self._obs = np.zeros((self.num_envs, *spec.shape[1:]), dtype=self.obs_dtype)
+
+    def step_games(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        obs, reward, terminated, truncated, _ = self.vec.step(actions)
+        self._obs = np.asarray(obs).astype(self.obs_dtype, copy=False)
+        return (np.asarray(reward).astype(np.float32), np.asarray(terminated, dtype=bool),
+                np.asarray(truncated, dtype=bool))
+
+    def reset_games(self, asked: np.ndarray) -> None:
+        obs, _ = self.vec.reset(options={"reset_mask": np.asarray(asked, dtype=bool)})
+        self._obs = np.asarray(obs).astype(self.obs_dtype, copy=False)
+
+
+def vector_games(env) -> VectorGames | None:
+    """`VectorGames` over ``env`` (from `ppo_lightning.envs.make_env`) if it is a gymnasium vector env with
+    autoreset DISABLED (any gymnasium id, MuJoCo included), else None (Procgen: `LockstepRollout`)."""
+    try:
+        import gymnasium as gym
+    except ImportError:
+        return None
+    vec = getattr(getattr(env, "base_env", None), "_env", None)
+    if not isinstance(vec, gym.vector.SyncVectorEnv) or vec.autoreset_mode != gym.vector.AutoresetMode.DISABLED:
+        return None
+    return VectorGames(env)
 
 
 class LockstepRollout:
@@ -84,8 +112,7 @@ class LockstepRollout:
             obs = torch.stack([c.get(OBS_KEY) for c in carriers])
             *params, value = self.network(obs)
             if noise is None:
-                like = params[0] if self.action_space["type"] != "discrete" else params[0]
-                noise = torch.empty_like(like)
+                noise = torch.empty_like(params[0])  # logits [S, n, A] or loc [S, n, A]
             action = sample_members(self.action_space, params, self.generators, noise)
             log_prob = make_distribution(self.action_space, *params).log_prob(action)
             for k, env in enumerate(self.envs):

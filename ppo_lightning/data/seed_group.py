@@ -43,7 +43,7 @@ from ppo_lightning.core import faults
 from ppo_lightning.core.members import DATA_MEMBER_SETTINGS, MEMBER_NAMES, validate_member_values
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
-from ppo_lightning.data.lockstep import LockstepRollout
+from ppo_lightning.data.lockstep import LockstepRollout, vector_games
 from ppo_lightning.data.source import RolloutSource
 from ppo_lightning.data.devices import device_env_kwargs, rollout_precision
 from ppo_lightning.data.episodes import EpisodeStats
@@ -139,9 +139,13 @@ class SeedGroupSource(RolloutSource):
         # One rollout of all members' envs, each member's actions on its own generator: MinAtar's games
         # stepped as one batch, any other env (gymnasium, MuJoCo, Procgen) as one TorchRL env per member.
         generators = [st.action_generator for st in self.states]
-        rollout = (BatchedRollout if data.batched_rollout and supports_batched_rollout(self.env, self.device)
-                   else LockstepRollout)
-        self.collector = rollout(self.envs, network, data.action_space, data.frames_per_iteration, generators)
+        args = (self.envs, network, data.action_space, data.frames_per_iteration, generators)
+        if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar
+            self.collector = BatchedRollout(*args)
+        elif data.batched_rollout and vector_games(self.env) is not None:  # gymnasium, stepped without TorchRL's wrapper
+            self.collector = BatchedRollout(*args, games=vector_games)
+        else:  # Procgen (or data.batched_rollout false): TorchRL's env step per member
+            self.collector = LockstepRollout(*args)
         self._normalizes_observations = any(isinstance(m, RunningObservationNorm) for m in network.modules())
         self._pending_observations: list[torch.Tensor] | None = None
         self.last_timing: dict[str, float] = {}
