@@ -64,8 +64,8 @@ TINY = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "
         "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "1", "--checkpoint_every", "1"]
 
 
-GROUP = ["--config", str(ROOT / "ppo_lightning/configs/minatar/ppo_ewma.yaml"), *TINY, "--seeds", "2", "--model.network.hidden", "16",
-         "--data.num_threads", "1", "--video_every", "null"]
+GROUP = ["--config", str(ROOT / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"), *TINY, "--seeds", "2",
+         "--data.num_threads", "1", "--video_every", "null"]  # the guide's example: CartPole, a group of 2 seeds
 
 
 def test_guide_objective_trains_as_ewma_seed_group_and_resumes(user_module):
