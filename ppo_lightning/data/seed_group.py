@@ -246,7 +246,9 @@ class SeedGroupSource(RolloutSource):
         envs = [resume_state.env_state(env) for env in self.envs]
         carrier = self.collector._carrier  # [S, n]: each seed's carried step (its observation saved as "obs")
         carriers = [{CARRIER_NAMES.get(k, k): v[s].clone() for k, v in carrier.items()} for s in range(len(self.envs))]
-        return {"seed_group": {"seeds": [st.state_dict() for st in self.states], "envs": envs, "carriers": carriers}}
+        return {"seed_group": {"seeds": [st.state_dict() for st in self.states], "envs": envs, "carriers": carriers,
+                               # each member's observations its normalizer merges before the next rollout
+                               "pending_observations": self._pending_observations}}
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
         state = state.get("seed_group")
@@ -257,6 +259,8 @@ class SeedGroupSource(RolloutSource):
                                          f"data.num_seeds={len(self.states)}")
         for st, s in zip(self.states, state["seeds"]):
             st.load_state_dict(s)
+        if state.get("pending_observations") is not None:
+            self._pending_observations = list(state["pending_observations"])
         if all(e["restorable"] for e in state["envs"]):
             for env, e in zip(self.envs, state["envs"]):
                 resume_state.set_env_state(env, e)
