@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# this folder's minatar.py must not shadow the minatar package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 CONFIGS = {"hopper": ("mujoco/ppo_hopper", []), "cartpole": ("cartpole/ppo", []),
            "minatar": ("minatar/ppo", ["--scale", "16"])}
@@ -76,8 +77,13 @@ def project_run(env: str, members: int, iterations: int, seed: int = 0) -> float
 
 
 def plain_run(iterations: int, seed: int = 0) -> float:
-    import small_batch
+    """The CleanRL-style loop of benchmarks/small_batch.py at c = 16 (loaded by path: ``benchmarks/minatar.py``
+    must not shadow the ``minatar`` package)."""
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("small_batch", ROOT / "benchmarks" / "small_batch.py")
+    small_batch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(small_batch)
     out = small_batch.plain_run(16, iterations, seed)
     return out["fps"]
 

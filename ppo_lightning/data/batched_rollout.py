@@ -172,7 +172,12 @@ class BatchedRollout:
             value_buf[t] = value
             dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
             # torch's global generator (as the collector samples), or each seed's own (the same draws)
-            action = dist.sample() if single else sample_members(space, params, self.generators, noise)
+            if single:  # torch's global generator (as the collector samples)
+                action = dist.sample()
+            elif space["type"] == "discrete":  # each member's own generator (the same draws)
+                action = sample_per_seed(dist.probs, self.generators, noise)
+            else:
+                action = sample_members(space, params, self.generators, noise)
             if action_buf is None:
                 action_buf = torch.empty((T, *action.shape), dtype=action.dtype)
             action_buf[t] = action
