@@ -17,11 +17,14 @@ normalizers' moments). What is elementwise over envs runs once on the seed-major
 each seed's values those of its own call: the sampling's division and argmax (`sample_per_seed`),
 the reward normalizers' running returns (`RewardNormalizer.normalize_stacked`) and GAE.
 
-Envs: every family. MinAtar's games step as one batch (`ppo_lightning.data.batched_rollout`); any
-other env (a gymnasium id, MuJoCo, ``procgen:<game>``) is one TorchRL env per member, built and
-seeded as that member's single run builds its own, stepped in lockstep by one forward of the stacked
-network per time step (`ppo_lightning.data.lockstep`). Observation normalization (inside the
-network) is per member: member k's normalizer merges its own rollouts' observations, as alone.
+Envs: every family, each member's built and seeded as its single run builds its own, all members
+stepped in lockstep by one forward of the stacked network per time step. MinAtar's games step as one
+batch (`ppo_lightning.data.batched_rollout`); a gymnasium id (classic control, MuJoCo) is one
+gymnasium vector env per member, stepped directly by the same loop
+(`ppo_lightning.data.lockstep.VectorGames`); ``procgen:<game>`` (or any env with
+``data.batched_rollout: false``) is one TorchRL env per member (`ppo_lightning.data.lockstep.LockstepRollout`).
+Observation normalization (inside the network) is per member: member k's normalizer merges its own
+rollouts' observations, as alone.
 
 Members with their own hyperparameters (``data.member_seeds``, ``data.member_hparams``): member k
 is the single run with seed ``seeds[k]`` and the values ``member_hparams[name][k]``; a seed may
