@@ -110,3 +110,51 @@ def test_a_cartpole_group_resumes_exactly(tmp_path):
     assert_same_training_state(a, b)
     group = a["RolloutDataModule"]["per_rank"][0]["resume"]["seed_group"]
     assert all(e["restorable"] for e in group["envs"])
+
+
+class PerMember(torch.nn.Module):
+    """A network for ``[S, n, ...]`` inputs that runs ``net`` on each member's slice: the single run's own
+    kernels, so that a rollout loop's env stepping and draws compare bitwise (no matmul float order)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, obs):
+        return tuple(torch.stack(x) for x in zip(*(self.net(o) for o in obs)))
+
+
+@pytest.mark.parametrize("env_id, loop", [("CartPole-v1", "BatchedRollout"), ("CartPole-v1", "LockstepRollout"),
+                                          ("Hopper-v5", "BatchedRollout"), ("procgen:coinrun", "LockstepRollout")])
+def test_a_members_rollouts_are_its_single_runs_collector_rollouts_bitwise(env_id, loop):
+    """Three rollouts of one member (its envs seeded as the single run's, its actions on a generator at the
+    single run's state) equal the single run's TorchRL collector rollouts bitwise, key by key: the
+    gymnasium vector env stepped directly (`VectorGames`, discrete and continuous draws) or TorchRL's env
+    stepped per member (`LockstepRollout`)."""
+    pytest.importorskip("mujoco" if "Hopper" in env_id else "procgen" if "procgen" in env_id else "gymnasium")
+    from ppo_lightning.data.batched_rollout import BatchedRollout
+    from ppo_lightning.data.lockstep import LockstepRollout, vector_games
+    from ppo_lightning.data.source import RolloutSource
+    from ppo_lightning.envs import make_env
+    from ppo_lightning.nets.models import build_network
+
+    torch.set_num_threads(1)
+    kwargs = {"distribution_mode": "easy"} if "procgen" in env_id else {}
+    dm = RolloutDataModule(env_id=env_id, env_kwargs=kwargs, num_envs=3, rollout_steps=40, seed=5, num_minibatches=1)
+    net_cfg = ({"name": "impala_cnn", "channels": [4, 8], "dense": 16} if "procgen" in env_id
+               else {**MLP, "normalize_observation": True})
+    torch.manual_seed(5)
+    net = build_network(dm.observation_space, dm.action_space, net_cfg)
+    state = torch.get_rng_state()
+    source = RolloutSource(dm, net)
+    ref = [next(source._iterator) for _ in range(3)]
+    generator = torch.Generator()
+    generator.set_state(state)
+    env = make_env(env_id, 3, 5, kwargs)
+    args = ([env], PerMember(net), dm.action_space, 120, [generator])
+    rollout = BatchedRollout(*args, games=vector_games) if loop == "BatchedRollout" else LockstepRollout(*args)
+    got = [rollout.rollouts()[0] for _ in range(3)]
+    assert sum(int(r.get(("next", "done")).sum()) for r in ref) > 0 or "CartPole" not in env_id  # resets compared
+    for a, b in zip(ref, got):
+        for key in b.keys(True, True):
+            assert torch.equal(a.get(key), b.get(key)), key
