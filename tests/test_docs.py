@@ -238,3 +238,25 @@ def test_the_study_file_schema_in_the_studies_guide_is_the_declared_one():
     page = (ROOT / "docs" / "guides" / "studies.md").read_text()
     found = re.search(r"<!-- schema:begin -->\n(.*?)\n<!-- schema:end -->", page, re.S)
     assert found and found.group(1) == schema_table(), f"regenerate the tables:\n{schema_table()}"
+
+
+def test_the_member_settings_table_is_the_declaration():
+    """docs/guides/configs.md's table of member settings is `members_table` (from `MEMBER_SETTINGS`), and
+    the declaration's defaults are the module's and the data module's."""
+    sys.path.insert(0, str(ROOT))
+    import inspect
+
+    from ppo_lightning.algos.loss import LOSS_SETTINGS
+    from ppo_lightning.core.members import MEMBER_SETTINGS, members_table
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
+
+    page = (ROOT / "docs/guides/configs.md").read_text()
+    found = re.search(r"<!-- member-settings: [^\n]*-->\n(.*?)<!-- /member-settings -->", page, re.S)
+    assert found and found.group(1) == members_table(), f"regenerate the table:\n{members_table()}"
+    defaults = {**{f"data.{k}": p.default for k, p in inspect.signature(RolloutDataModule).parameters.items()},
+                **{f"model.{k}": p.default for k, p in inspect.signature(PPOLightningModule).parameters.items()},
+                **{f"model.{k}": v for k, v in LOSS_SETTINGS.items()}}
+    for s in MEMBER_SETTINGS:
+        want = defaults[s.option]
+        assert (list(want) if isinstance(want, tuple) else want) == s.default, s.option

@@ -317,7 +317,7 @@ def test_ppg_ewma_group_resumes_mid_phase_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("data_kwargs, model_kwargs, match", [
-    ({"env_id": "CartPole-v1"}, {}, "steps as one batch"),
+    ({"staleness": 1}, {}, "does not support data.staleness"),
     ({"num_seeds": 0}, {}, "num_seeds must be a positive integer"),
 ])
 def test_unsupported_group_settings_are_one_line_errors(data_kwargs, model_kwargs, match):

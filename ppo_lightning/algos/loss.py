@@ -32,11 +32,13 @@ from torchrl.objectives import LossModule
 from ppo_lightning.algos import objectives as F
 from ppo_lightning.algos.hooks import VALUE_LOSSES, TermInputs, ValueInputs, check_aux_terms
 from ppo_lightning.algos.registry import SurrogateInputs, get_objective, objective_names
+from ppo_lightning.core.members import LOSS_MEMBER_SETTINGS
 from ppo_lightning.nets.models import dist_param_keys, make_distribution
 
 KL_FORMS = ("analytic", "sq_logratio")
-# Loss settings a seed group's members may each have their own of (`PPOFamilyLoss.set_member_settings`).
-MEMBER_LOSS_SETTINGS = ("clip_eps", "entropy_coef", "value_coef", "kl_beta")
+# Loss settings a seed group's members may each have their own of (`PPOFamilyLoss.set_member_settings`;
+# declared with the other member settings in `ppo_lightning.core.members`).
+MEMBER_LOSS_SETTINGS = LOSS_MEMBER_SETTINGS
 # The terms the module sums into the loss it minimizes (PPO's joint step).
 LOSS_TERMS = ("loss_objective", "loss_critic", "loss_entropy")
 # Entries the module reads besides the loss terms.

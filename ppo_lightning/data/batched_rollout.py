@@ -60,6 +60,26 @@ def sample_per_seed(probs: torch.Tensor, generators: list[torch.Generator], nois
     return torch.div(probs, noise, out=noise).argmax(-1)
 
 
+def sample_members(action_space: dict, params: list[torch.Tensor], generators: list[torch.Generator],
+                   noise: torch.Tensor) -> torch.Tensor:
+    """Every member's actions ``[S, n, ...]`` from its distribution parameters ``[S, n, ...]``, member k's
+    on ``generators[k]``, as its single run's actor draws them from the global generator (TorchRL's
+    `ProbabilisticActor` calls ``rsample`` where the distribution has it, else ``sample``):
+
+    - discrete (``Categorical.sample``, i.e. ``multinomial(probs, 1, True)``): `sample_per_seed`;
+    - continuous (``Normal.rsample``: ``loc + eps * scale`` with ``eps = empty(shape).normal_()``):
+      ``eps[k].normal_(generator=g_k)`` on a contiguous slice of the same size, then the same
+      elementwise arithmetic for all members at once.
+
+    ``noise``: a buffer shaped like ``params[0]`` (overwritten)."""
+    if action_space["type"] == "discrete":
+        return sample_per_seed(make_distribution(action_space, *params).probs, generators, noise)
+    loc, scale = params
+    for eps, g in zip(noise, generators):
+        eps.normal_(generator=g)  # Normal.rsample's _standard_normal, on the member's generator
+    return loc + noise * scale
+
+
 class BatchedRollout:
     """An iterator of rollouts ``[num_envs, frames_per_batch / num_envs]`` by ``network``'s policy.
 
@@ -71,9 +91,10 @@ class BatchedRollout:
     """
 
     def __init__(self, env, network: torch.nn.Module, action_space: dict, frames_per_batch: int,
-                 generators: list[torch.Generator] | None = None) -> None:
+                 generators: list[torch.Generator] | None = None, games=None) -> None:
         self.envs = [env] if generators is None else list(env)
-        self.bases = [e.base_env for e in self.envs]
+        self.games = games  # env -> what steps its games (default: its base env; gymnasium: `lockstep.VectorGames`)
+        self.bases = [self._games_of(e) for e in self.envs]
         self.env, self.base, self.network, self.action_space = self.envs[0], self.bases[0], network, action_space
         self.generators = generators
         n = self.base.num_envs
@@ -92,6 +113,20 @@ class BatchedRollout:
             ))
         self._carrier = carriers[0] if generators is None else torch.stack(carriers)  # a group's: [S, n]
         self.stacked: dict[str, torch.Tensor] = {}  # the last rollouts' entries GAE reads, [S, n, time, 1]
+
+    def reset_member(self, k: int, env, generator: torch.Generator) -> None:
+        """Member k of a group starts again with ``env`` (fresh, seeded) and its action ``generator``:
+        the carried step of a fresh run (every game reset, as when a single run's collector is built)."""
+        self.envs[k], self.bases[k], self.generators[k] = env, self._games_of(env), generator
+        self.env, self.base = self.envs[0], self.bases[0]
+        first = env.reset()
+        self._carrier[k] = TensorDict({OBS_KEY: first.get(OBS_KEY).clone(),
+                                       "episode_reward": torch.zeros((self.num_envs, 1)),
+                                       "step_count": torch.zeros((self.num_envs, 1), dtype=torch.int64)},
+                                      batch_size=[self.num_envs])
+
+    def _games_of(self, env):
+        return env.base_env if self.games is None else self.games(env)
 
     def __iter__(self):
         return self
@@ -119,26 +154,35 @@ class BatchedRollout:
         ep_np[0] = carrier.get("episode_reward").numpy()[..., 0]
         sc_np[0] = carrier.get("step_count").numpy()[..., 0]
         obs_t = torch.from_numpy(obs_np)
-        action_buf = torch.empty((T, S, n), dtype=torch.int64)
+        action_buf = None
         logp_buf, value_buf = torch.empty((T, S, n)), torch.empty((T, S, n, 1))
         param_bufs = None
         space = self.action_space
-        noise = None if single else torch.empty((S, n, space["n"]))
+        noise = None
+        arrays = getattr(bases[0], "array_actions", False)
         for t in range(T):
             *params, value = self.network(obs_t[t, 0] if single else obs_t[t])
             if single:
                 params, value = [p.unsqueeze(0) for p in params], value.unsqueeze(0)
             if param_bufs is None:
                 param_bufs = [torch.empty((T, S, n, *p.shape[2:]), dtype=p.dtype) for p in params]
+                noise = None if single else torch.empty_like(params[0])
             for buf, p in zip(param_bufs, params):
                 buf[t] = p
             value_buf[t] = value
             dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
             # torch's global generator (as the collector samples), or each seed's own (the same draws)
-            action = dist.sample() if single else sample_per_seed(dist.probs, self.generators, noise)
+            if single:  # torch's global generator (as the collector samples)
+                action = dist.sample()
+            elif space["type"] == "discrete":  # each member's own generator (the same draws)
+                action = sample_per_seed(dist.probs, self.generators, noise)
+            else:
+                action = sample_members(space, params, self.generators, noise)
+            if action_buf is None:
+                action_buf = torch.empty((T, *action.shape), dtype=action.dtype)
             action_buf[t] = action
             logp_buf[t] = dist.log_prob(action)
-            for k, (actions, base) in enumerate(zip(action.tolist(), bases)):
+            for k, (actions, base) in enumerate(zip(action.numpy() if arrays else action.tolist(), bases)):
                 reward_np[t, k], term_np[t, k], trunc_np[t, k] = base.step_games(actions)
                 next_np[t, k] = base._obs
             done = term_np[t] | trunc_np[t]

@@ -26,7 +26,7 @@ from ppo_lightning.data import resume_state
 from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats  # noqa: F401  (BATCH_KEYS: also read from here)
 from ppo_lightning.data.seed_group import SeedGroupSource, check_group_trainer, validate_member_hparams
 from ppo_lightning.data.source import RANK_SEED_STRIDE, RolloutSource, rank_seed  # noqa: F401  (read from here too)
-from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_minatar, is_procgen
+from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen
 
 
 class RolloutDataModule(pl.LightningDataModule):
@@ -181,9 +181,6 @@ class RolloutDataModule(pl.LightningDataModule):
         if not isinstance(self.num_seeds, int) or isinstance(self.num_seeds, bool) or self.num_seeds < 1:
             raise ValueError(f"data.num_seeds must be a positive integer, got {self.num_seeds!r}")
         if self.num_seeds > 1:
-            if not is_minatar(self.env_id):
-                raise ValueError(f"data.num_seeds > 1 (vectorized seeds) needs an env that steps as one batch "
-                                 f"(minatar:<game>), got {self.env_id!r}")
             if self.staleness:
                 raise ValueError("data.num_seeds > 1 does not support data.staleness yet")
         if self.member_seeds is not None and len(self.member_seeds) != self.num_seeds:

@@ -17,7 +17,14 @@ normalizers' moments). What is elementwise over envs runs once on the seed-major
 each seed's values those of its own call: the sampling's division and argmax (`sample_per_seed`),
 the reward normalizers' running returns (`RewardNormalizer.normalize_stacked`) and GAE.
 
-Envs: those that step as one batch (MinAtar; `ppo_lightning.data.batched_rollout`).
+Envs: every family, each member's built and seeded as its single run builds its own, all members
+stepped in lockstep by one forward of the stacked network per time step. MinAtar's games step as one
+batch (`ppo_lightning.data.batched_rollout`); a gymnasium id (classic control, MuJoCo) is one
+gymnasium vector env per member, stepped directly by the same loop
+(`ppo_lightning.data.lockstep.VectorGames`); ``procgen:<game>`` (or any env with
+``data.batched_rollout: false``) is one TorchRL env per member (`ppo_lightning.data.lockstep.LockstepRollout`).
+Observation normalization (inside the network) is per member: member k's normalizer merges its own
+rollouts' observations, as alone.
 
 Members with their own hyperparameters (``data.member_seeds``, ``data.member_hparams``): member k
 is the single run with seed ``seeds[k]`` and the values ``member_hparams[name][k]``; a seed may
@@ -28,7 +35,6 @@ data side keeps each member's own advantage-normalization span; the model takes 
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -37,58 +43,30 @@ from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
 from ppo_lightning.core import faults
+from ppo_lightning.core.members import DATA_MEMBER_SETTINGS, MEMBER_NAMES, validate_member_values
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
+from ppo_lightning.data.lockstep import LockstepRollout, vector_games
 from ppo_lightning.data.source import RolloutSource
-from ppo_lightning.data.devices import rollout_precision
+from ppo_lightning.data.devices import device_env_kwargs, rollout_precision
 from ppo_lightning.data.episodes import EpisodeStats
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys
+from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_member_observation_norms
 
 
-# Per-member hyperparameters a group can carry: the scalars in which Table 5's ablations of Hilton et
-# al. (2021) differ at one batch size (the lr, the EWMA's center of mass - None: the behavior policy
-# is the anchor, i.e. PPO - and the advantage-normalization span), Adam's betas (their optional
-# scaling rule), and the loss's and the returns' scalars a search usually tunes (clip range, entropy
-# and value coefficients, the KL beta's start, gamma and GAE lambda). Everything else is shared.
-MEMBER_HPARAMS = ("lr", "proximal_com", "advantage_norm_span", "adam_betas",
-                  "clip_eps", "entropy_coef", "value_coef", "kl_beta", "gamma", "gae_lambda")
-# the data side's (the rest are the model's): each member's returns and advantages
-DATA_MEMBER_HPARAMS = ("advantage_norm_span", "gamma", "gae_lambda")
-# a scalar member setting's valid range: (test, what it must be)
-_MEMBER_RANGES = {
-    "lr": (lambda v: v > 0, "> 0"),
-    "proximal_com": (lambda v: v >= 0, ">= 0 or null (the behavior policy as anchor: PPO)"),
-    "advantage_norm_span": (lambda v: v >= 1, ">= 1"),
-    "clip_eps": (lambda v: v > 0, "> 0"),
-    "entropy_coef": (lambda v: v >= 0, ">= 0"),
-    "value_coef": (lambda v: v >= 0, ">= 0"),
-    "kl_beta": (lambda v: v >= 0, ">= 0"),
-    "gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "gae_lambda": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-}
+# Per-member hyperparameters a group can carry (`ppo_lightning.core.members.MEMBER_SETTINGS`: the lr, the
+# EWMA's center of mass, the advantage-normalization span, Adam's betas, the loss's and the returns'
+# scalars); everything else is shared. The data side applies its own (``DATA_MEMBER_HPARAMS``).
+MEMBER_HPARAMS = MEMBER_NAMES
+DATA_MEMBER_HPARAMS = DATA_MEMBER_SETTINGS
 
 
 def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> None:
     """One-line errors for ``member_hparams`` (``{name: [one value per member]}``)."""
     if num_seeds < 2:
         raise ValueError("member_hparams needs a seed group (data.num_seeds > 1, --seeds, or data.member_seeds)")
-    for name, values in member_hparams.items():
-        if name not in MEMBER_HPARAMS:
-            raise ValueError(f"member_hparams: {name!r} cannot differ between members; choose from {list(MEMBER_HPARAMS)}")
-        if not isinstance(values, (list, tuple)) or len(values) != num_seeds:
-            raise ValueError(f"member_hparams.{name} needs one value per member ({num_seeds}), got {values!r}")
-        for v in values:
-            if name == "adam_betas":
-                if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(
-                        isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in v)):
-                    raise ValueError(f"member_hparams.adam_betas values must be two numbers in [0, 1), got {v!r}")
-                continue
-            ok = v is None if name == "proximal_com" and v is None else (
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-            test, need = _MEMBER_RANGES[name]
-            if not ok or (v is not None and not test(v)):
-                raise ValueError(f"member_hparams.{name} values must be {need}, got {v!r}")
+    validate_member_values(member_hparams, num_seeds)
 
 
 def member_values(data, name: str) -> list[float]:
@@ -153,9 +131,7 @@ class SeedGroupSource(RolloutSource):
         self.data, self.network, self.seeds = data, network, list(seeds)
         self.rank, self.world_size = 0, 1
         self.device = torch.device("cpu")
-        self.envs = [make_env(data.env_id, data.num_envs, s, data.env_kwargs) for s in self.seeds]
-        if not supports_batched_rollout(self.envs[0], self.device):
-            raise ValueError(f"data.num_seeds > 1 needs envs that step as one batch (minatar:<game>), got {data.env_id!r}")
+        self.envs = [self.make_member_env(s) for s in self.seeds]
         self.env = self.envs[0]
         self.states = [SeedState(data, s, span, g) for s, span, g in
                        zip(self.seeds, member_values(data, "advantage_norm_span"), member_values(data, "gamma"))]
@@ -163,12 +139,27 @@ class SeedGroupSource(RolloutSource):
             st.action_generator.set_state(rng)
         self.param_keys = dist_param_keys(data.action_space)
         self.gae = self.make_gae()
-        # One batched rollout of all seeds' envs, each seed's actions on its own generator.
-        self.collector = BatchedRollout(self.envs, network, data.action_space, data.frames_per_iteration,
-                                        [st.action_generator for st in self.states])
+        # One rollout of all members' envs, each member's actions on its own generator: MinAtar's games
+        # stepped as one batch, any other env (gymnasium, MuJoCo, Procgen) as one TorchRL env per member.
+        generators = [st.action_generator for st in self.states]
+        args = (self.envs, network, data.action_space, data.frames_per_iteration, generators)
+        if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar
+            self.collector = BatchedRollout(*args)
+        elif data.batched_rollout and vector_games(self.env) is not None:  # gymnasium, stepped without TorchRL's wrapper
+            self.collector = BatchedRollout(*args, games=vector_games)
+        else:  # Procgen (or data.batched_rollout false): TorchRL's env step per member
+            self.collector = LockstepRollout(*args)
+        self._normalizes_observations = any(isinstance(m, RunningObservationNorm) for m in network.modules())
+        self._pending_observations: list[torch.Tensor] | None = None
         self.last_timing: dict[str, float] = {}
         self.stale = None
         self.phases = None
+
+    def make_member_env(self, seed: int):
+        """A member's envs, built and seeded as its single run's (`ppo_lightning.data.source.RolloutSource`)."""
+        data = self.data
+        return make_env(data.env_id, data.num_envs, seed, device_env_kwargs(data.env_id, data.env_kwargs, self.device),
+                        timeout_s=data.env_timeout_s)
 
     def refill(self, k: int, seed: int, action_rng_state: torch.Tensor) -> None:
         """Member k starts again as the single run with ``seed`` and its settings in
@@ -182,18 +173,14 @@ class SeedGroupSource(RolloutSource):
             self.envs[k].close()
         except Exception:  # noqa: BLE001 - an env that cannot close is dropped all the same
             pass
-        self.envs[k] = make_env(data.env_id, data.num_envs, seed, data.env_kwargs)
+        self.envs[k] = self.make_member_env(seed)
         self.env = self.envs[0]
         st = SeedState(data, seed, member_values(data, "advantage_norm_span")[k], member_values(data, "gamma")[k])
         st.action_generator.set_state(action_rng_state)
         self.states[k] = st  # in place: the data module's group_states is this list
-        first = self.envs[k].reset()  # the carried step of a fresh run, as BatchedRollout starts one
-        rollout.envs[k], rollout.bases[k], rollout.generators[k] = self.envs[k], self.envs[k].base_env, st.action_generator
-        rollout.env, rollout.base = rollout.envs[0], rollout.bases[0]
-        rollout._carrier[k] = TensorDict({OBS_KEY: first.get(OBS_KEY).clone(),
-                                          "episode_reward": torch.zeros((data.num_envs, 1)),
-                                          "step_count": torch.zeros((data.num_envs, 1), dtype=torch.int64)},
-                                         batch_size=[data.num_envs])
+        rollout.reset_member(k, self.envs[k], st.action_generator)  # the carried step of a fresh run
+        if self._pending_observations is not None:  # a fresh run's normalizer has seen nothing yet
+            self._pending_observations[k] = self._pending_observations[k][:0]
         self.gae = self.make_gae()
 
     def make_gae(self):
@@ -213,8 +200,15 @@ class SeedGroupSource(RolloutSource):
         was_training = self.network.training
         self.network.eval()
         trainer = getattr(data, "trainer", None)  # the Trainer's precision (bf16-mixed: autocast), as a single run's
+        if self._pending_observations is not None:  # each member's normalizer: its previous rollout's observations
+            update_member_observation_norms(self.network, self._pending_observations)
         with rollout_precision(trainer):
-            rollouts = self.collector.rollouts()
+            try:
+                rollouts = self.collector.rollouts()
+            except faults.EnvFault as err:  # name the iteration too, as a single run does
+                err.iteration = data.iteration
+                raise
+        self._pending_observations = ([r.get(OBS_KEY) for r in rollouts] if self._normalizes_observations else None)
         self.network.train(was_training)
         data.frames += rollouts[0].numel()  # per seed: each seed counts its own frames, as alone
         t1 = time.perf_counter()
@@ -255,7 +249,9 @@ class SeedGroupSource(RolloutSource):
         envs = [resume_state.env_state(env) for env in self.envs]
         carrier = self.collector._carrier  # [S, n]: each seed's carried step (its observation saved as "obs")
         carriers = [{CARRIER_NAMES.get(k, k): v[s].clone() for k, v in carrier.items()} for s in range(len(self.envs))]
-        return {"seed_group": {"seeds": [st.state_dict() for st in self.states], "envs": envs, "carriers": carriers}}
+        return {"seed_group": {"seeds": [st.state_dict() for st in self.states], "envs": envs, "carriers": carriers,
+                               # each member's observations its normalizer merges before the next rollout
+                               "pending_observations": self._pending_observations}}
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
         state = state.get("seed_group")
@@ -266,6 +262,8 @@ class SeedGroupSource(RolloutSource):
                                          f"data.num_seeds={len(self.states)}")
         for st, s in zip(self.states, state["seeds"]):
             st.load_state_dict(s)
+        if state.get("pending_observations") is not None:
+            self._pending_observations = list(state["pending_observations"])
         if all(e["restorable"] for e in state["envs"]):
             for env, e in zip(self.envs, state["envs"]):
                 resume_state.set_env_state(env, e)

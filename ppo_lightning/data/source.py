@@ -199,7 +199,11 @@ class RolloutSource:
 
     def resume_state(self) -> dict[str, Any]:
         """What exact resume needs of the source (`ppo_lightning.data.resume_state`): env and carried step."""
-        return {"env": resume_state.env_state(self.env), "collector": resume_state.collector_state(self.collector)}
+        return {"env": resume_state.env_state(self.env), "collector": resume_state.collector_state(self.collector),
+                # the observations the network's normalizer merges before the next rollout (network.normalize_observation)
+                "pending_observations": self._pending_observations}
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
         resume_state.set_source_env_state(self, state)
+        if state.get("pending_observations") is not None:
+            self._pending_observations = state["pending_observations"]

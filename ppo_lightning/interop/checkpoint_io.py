@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ppo_lightning.core.members import DATA_MEMBER_SETTINGS
+
 WEIGHTS_PREFIX = "network."
 DATA_STATE_KEY = "RolloutDataModule"
 SHARDED_META = "meta.pt"  # Lightning's file for the non-tensor parts of a sharded checkpoint
@@ -227,7 +229,7 @@ def select_seed(checkpoint: dict[str, Any], seed_index: int | None, where: str =
     members = hparams.get("member_hparams")
     if members:  # a member with its own settings: the single run's hyperparameters (model card, evaluation)
         own = {name: values[seed_index] for name, values in members.items()}
-        data_names = ("advantage_norm_span", "gamma", "gae_lambda")  # the data side's (data.seed_group.DATA_MEMBER_HPARAMS)
+        data_names = DATA_MEMBER_SETTINGS  # the data side's
         model_own = {k: v for k, v in own.items() if k not in data_names}
         if "proximal_com" in own and own["proximal_com"] is None:
             model_own["decoupled"] = False  # the behavior policy as anchor: PPO

@@ -33,22 +33,33 @@ class RunningObservationNorm(nn.Module):
     @torch.no_grad()
     def update(self, x: Tensor) -> None:
         """Merge a batch of (flat) observations ``[..., dim]`` into the running moments."""
-        x = x.reshape(-1, self.mean.shape[0]).to(torch.float64)
-        n_b = x.shape[0]
-        if n_b == 0:
-            return
-        mu_b, var_b = x.mean(0), x.var(0, unbiased=False)
-        n = self.count
-        total = n + n_b
-        delta = mu_b - self.mean
-        m2 = self.var * n + var_b * n_b + delta.square() * n * n_b / total
-        self.mean.add_(delta * n_b / total)
-        self.var.copy_(m2 / total)
-        self.count.fill_(total)
+        merge_moments_(self.mean, self.var, self.count, x)
+
+    @torch.no_grad()
+    def update_member(self, k: int, x: Tensor) -> None:
+        """In a members' stacked network (`ppo_lightning.nets.seed_stack.SeedStack`: buffers ``[S, dim]``),
+        merge member ``k``'s observations into its own moments: its single run's `update`, on its slices."""
+        merge_moments_(self.mean[k], self.var[k], self.count[k], x)
 
     def forward(self, x: Tensor) -> Tensor:
         mean, std = self.mean.to(x.dtype), (self.var + self.eps).sqrt().to(x.dtype)
         return ((x - mean) / std).clamp(-self.clip, self.clip)
+
+
+def merge_moments_(mean: Tensor, var: Tensor, count: Tensor, x: Tensor) -> None:
+    """Merge ``x [..., dim]`` into the running ``mean``, ``var`` and ``count`` in place (see module doc)."""
+    x = x.reshape(-1, mean.shape[0]).to(torch.float64)
+    n_b = x.shape[0]
+    if n_b == 0:
+        return
+    mu_b, var_b = x.mean(0), x.var(0, unbiased=False)
+    n = count
+    total = n + n_b
+    delta = mu_b - mean
+    m2 = var * n + var_b * n_b + delta.square() * n * n_b / total
+    mean.add_(delta * n_b / total)
+    var.copy_(m2 / total)
+    count.fill_(total)
 
 
 def update_observation_norm(network: nn.Module, observations: Tensor) -> bool:
@@ -59,3 +70,13 @@ def update_observation_norm(network: nn.Module, observations: Tensor) -> bool:
             module.update(observations)  # [..., *obs_shape] -> [-1, dim] inside
             found = True
     return found
+
+
+def update_member_observation_norms(stack: nn.Module, observations: list[Tensor]) -> bool:
+    """`update_observation_norm` for each member of a stacked network: member k's normalizers (its
+    slices of the stacked buffers) with ``observations[k]``."""
+    norms = [m for m in stack.modules() if isinstance(m, RunningObservationNorm)]
+    for m in norms:
+        for k, obs in enumerate(observations):
+            m.update_member(k, obs)
+    return bool(norms)

@@ -46,16 +46,15 @@ from pathlib import Path
 import yaml
 
 from ppo_lightning.core.safety import open_nofollow
+from ppo_lightning.core.members import ALWAYS_MEMBER_SETTINGS, MEMBER_OPTIONS, OPTIONAL_MEMBER_OPTIONS
 from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
 CHECKPOINT_FRAMES = 65_536
 # fit options a member carries besides these, with the module's and data module's defaults
-LOSS_AND_RETURN_KEYS = {"model.clip_eps": 0.2, "model.entropy_coef": 0.01, "model.value_coef": 0.5, "model.kl_beta": 1.0,
-                        "data.gamma": 0.99, "data.gae_lambda": 0.95}
+LOSS_AND_RETURN_KEYS = OPTIONAL_MEMBER_OPTIONS
 FAULT_PREFIX = re.compile(r"^ppo_lightning\.[\w.]+\.(\w+): ")  # a worker's traceback ends "module.Class: message"
-MEMBER_KEYS = ("model.lr", "model.proximal_com", "model.decoupled", "model.adam_betas", "data.advantage_norm_span",
-               "scale_rules", "scale_adam_betas", *LOSS_AND_RETURN_KEYS)
+MEMBER_KEYS = (*MEMBER_OPTIONS, "model.decoupled", "scale_rules", "scale_adam_betas")
 ADAM_BETAS = [0.9, 0.999]
 
 
@@ -256,7 +255,7 @@ def group_args(study: Study, env: str, members: list[tuple[str, int]]) -> list[s
         return cell_args(study, arms[0], env, seeds[0]) + ["--data.member_seeds", json.dumps(seeds)]
     specs = {a: member_values(study, a)[1] for a in arms}
     own = [k.split(".")[1] for k in LOSS_AND_RETURN_KEYS if any(k in study.arms[a].fit for a in arms)]  # set by an arm
-    values = {n: [specs[a][n] for a, _ in members] for n in ("lr", "proximal_com", "advantage_norm_span", "adam_betas", *own)}
+    values = {n: [specs[a][n] for a, _ in members] for n in (*ALWAYS_MEMBER_SETTINGS, *own)}
     if all(v is None for v in values["proximal_com"]):
         del values["proximal_com"]
     if all(list(v) == ADAM_BETAS for v in values["adam_betas"]):

@@ -49,13 +49,13 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from ppo_lightning.core.members import BY_NAME, OPTIONAL_MEMBER_OPTIONS
 from ppo_lightning.studies.records import curve_auc, final_value
 from ppo_lightning.studies.runner import fit_flags
 from ppo_lightning.tuning.space import MEMBER_PARAMS, Space
 
 # searched fit options a member carries besides the lr, the EWMA age, the advantage span and Adam's betas
-LOSS_AND_RETURN_PARAMS = ("model.clip_eps", "model.entropy_coef", "model.value_coef", "model.kl_beta", "data.gamma",
-                          "data.gae_lambda")
+LOSS_AND_RETURN_PARAMS = tuple(OPTIONAL_MEMBER_OPTIONS)
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 120.0
 
@@ -96,8 +96,8 @@ def member_values(space: Space, params: dict[str, Any]) -> dict[str, Any]:
     """A trial's member settings (``MEMBER_HPARAMS`` names), from its values, the fit and the base,
     before the ``--scale`` rules: lr, the advantage span, the EWMA's center of mass where decoupled
     (None: PPO), Adam's betas where given, and the loss's and returns' settings the space searches."""
-    out = {"lr": float(space.setting("model.lr", params, 1e-3)),
-           "advantage_norm_span": float(space.setting("data.advantage_norm_span", params, 1.0))}
+    out = {name: float(space.setting(BY_NAME[name].option, params, BY_NAME[name].default))  # the module's defaults
+           for name in ("lr", "advantage_norm_span")}
     if space.setting("model.decoupled", params, False):
         com = space.setting("model.proximal_com", params)
         out["proximal_com"] = None if com is None else float(com)

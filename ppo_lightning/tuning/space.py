@@ -43,13 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
+
+from ppo_lightning.core.members import BY_NAME, MEMBER_OPTIONS
 from ppo_lightning.studies.spec import find_root, merge_configs, ref_exists, resolve_ref
 
-# a fit option's name -> the member setting it is (ppo_lightning.data.seed_group.MEMBER_HPARAMS)
-MEMBER_PARAMS = {"model.lr": "lr", "model.proximal_com": "proximal_com", "data.advantage_norm_span": "advantage_norm_span",
-                 "model.adam_betas": "adam_betas", "model.clip_eps": "clip_eps", "model.entropy_coef": "entropy_coef",
-                 "model.value_coef": "value_coef", "model.kl_beta": "kl_beta", "data.gamma": "gamma",
-                 "data.gae_lambda": "gae_lambda"}
+# a fit option's name -> the member setting it is (declared in ppo_lightning.core.members.MEMBER_SETTINGS)
+MEMBER_PARAMS = MEMBER_OPTIONS
 KINDS = ("float", "int", "categorical")
 METRICS = ("auc", "final")
 SCORES = ("raw", "minatar")
@@ -194,17 +193,7 @@ def _fit_key(key: Any, where: str, at: str) -> None:
 
 
 def _member_value_ok(setting: str, v: Any) -> bool:
-    if setting == "adam_betas":
-        return isinstance(v, list) and len(v) == 2 and all(_num(b) and 0 <= b < 1 for b in v)
-    if setting == "proximal_com":
-        return v is None or _num(v) and v >= 0
-    if setting in ("lr", "clip_eps"):
-        return _num(v) and v > 0
-    if setting in ("gamma", "gae_lambda"):
-        return _num(v) and 0 <= v <= 1
-    if setting in ("entropy_coef", "value_coef", "kl_beta"):
-        return _num(v) and v >= 0
-    return _num(v) and v >= 1  # advantage_norm_span
+    return BY_NAME[setting].valid(v)
 
 
 def _param(name: Any, spec: Any, where: str) -> Param:
@@ -260,7 +249,7 @@ def parse_space(data: Any, path: Path) -> Space:
     for b in base:
         _need(ref_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
     env = data["env"]
-    _need(isinstance(env, str) and env != "", where, f"env: an environment id (minatar:<game>), got {env!r}")
+    _need(isinstance(env, str) and env != "", where, f"env: an environment id (a gymnasium id, procgen:<game> or minatar:<game>), got {env!r}")
     _safe(lambda: env_dirname(env, "env"), where)
     for key in ("frames", "trials", "members"):
         _need(_int(data[key], 1), where, f"{key}: a positive integer, got {data[key]!r}")

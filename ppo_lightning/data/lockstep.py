@@ -1,0 +1,133 @@
+"""Rollouts of S members' TorchRL envs (any family: gymnasium, MuJoCo, Procgen) stepped in lockstep.
+
+A vectorized seed group (`ppo_lightning.data.seed_group`) of an env that does not step all its games
+in one batch (MinAtar's does: `ppo_lightning.data.batched_rollout`) holds one TorchRL env per member,
+each built and seeded as that member's single run builds its own (`ppo_lightning.envs.make_env`:
+a gymnasium ``SyncVectorEnv`` with autoreset DISABLED, TorchRL resetting the ended sub-envs; one
+Procgen vector env). Per time step: one forward of the stacked network on the members'
+observations ``[S, envs, ...]``, each member's actions drawn on its own generator exactly as the
+single run's collector draws them from torch's global generator, then each member's
+``env.step_and_maybe_reset`` - the call TorchRL's `Collector` makes for a single run - so the
+transitions, partial resets and episode statistics are the single run's.
+
+The draws: `ppo_lightning.data.batched_rollout.sample_members`. A gymnasium vector env skips TorchRL's
+per-step wrapper altogether: `VectorGames` lets `ppo_lightning.data.batched_rollout.BatchedRollout`
+(MinAtar's loop) step it directly, the same transitions at a fraction of the per-step cost.
+
+The rollouts carry the collector's keys and shapes (``("collector", "traj_ids")``, which nothing
+downstream reads, is left out), ``[envs, time]`` per member.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from ppo_lightning.data.batched_rollout import sample_members
+from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
+
+
+class VectorGames:
+    """A gymnasium ``SyncVectorEnv`` (autoreset DISABLED; `ppo_lightning.envs.gymnasium_env`) inside a TorchRL
+    env, driven directly with `ppo_lightning.data.batched_rollout.BatchedRollout`'s interface
+    (``step_games``, ``reset_games``, ``_obs``, ``num_envs``) instead of through TorchRL's wrapper and
+    transforms on every step (~1-2 ms per vector step, most of a small env's collection). It converts
+    as TorchRL's ``GymWrapper`` does: observations to the TorchRL spec's dtype, rewards to float32, done =
+    terminated | truncated; partial resets as ``reset(options={"reset_mask": ...})``, the call TorchRL
+    makes for a DISABLED-autoreset vector env. The first reset stays TorchRL's (``env.reset()``, which
+    seeds); a member's rollouts are then its single run's (tests/test_members_every_env.py)."""
+
+    array_actions = True  # step_games takes the actions as one array (MinAtar's: a list)
+
+    def __init__(self, env) -> None:
+        self.vec = env.base_env._env
+        self.num_envs = int(self.vec.num_envs)
+        spec = env.observation_spec[OBS_KEY]
+        self.obs_dtype = torch.empty((), dtype=spec.dtype).numpy().dtype
+        self._obs = np.zeros((self.num_envs, *spec.shape[1:]), dtype=self.obs_dtype)
+
+    def step_games(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        obs, reward, terminated, truncated, _ = self.vec.step(actions)
+        self._obs = np.asarray(obs).astype(self.obs_dtype, copy=False)
+        return (np.asarray(reward).astype(np.float32), np.asarray(terminated, dtype=bool),
+                np.asarray(truncated, dtype=bool))
+
+    def reset_games(self, asked: np.ndarray) -> None:
+        obs, _ = self.vec.reset(options={"reset_mask": np.asarray(asked, dtype=bool)})
+        self._obs = np.asarray(obs).astype(self.obs_dtype, copy=False)
+
+
+def vector_games(env) -> VectorGames | None:
+    """`VectorGames` over ``env`` (from `ppo_lightning.envs.make_env`) if it is a gymnasium vector env with
+    autoreset DISABLED (any gymnasium id, MuJoCo included), else None (Procgen: `LockstepRollout`)."""
+    try:
+        import gymnasium as gym
+    except ImportError:
+        return None
+    vec = getattr(getattr(env, "base_env", None), "_env", None)
+    if not isinstance(vec, gym.vector.SyncVectorEnv) or vec.autoreset_mode != gym.vector.AutoresetMode.DISABLED:
+        return None
+    return VectorGames(env)
+
+
+class LockstepRollout:
+    """An iterator of every member's rollout ``[num_envs, frames_per_batch / num_envs]``.
+
+    ``envs``: one TorchRL env per member (`ppo_lightning.envs.make_env`), ``network``: the members'
+    stacked network (`ppo_lightning.nets.seed_stack.SeedStack`), ``generators``: one action generator
+    per member. Like the collector, every env is reset once when this is built."""
+
+    def __init__(self, envs: list, network: torch.nn.Module, action_space: dict, frames_per_batch: int,
+                 generators: list[torch.Generator]) -> None:
+        self.envs, self.network, self.action_space = list(envs), network, action_space
+        self.generators = list(generators)
+        n = int(self.envs[0].batch_size[0])
+        if frames_per_batch % n:
+            raise ValueError(f"frames per iteration ({frames_per_batch}) must be a multiple of data.num_envs ({n})")
+        self.num_envs, self.steps = n, frames_per_batch // n
+        self.param_keys = dist_param_keys(action_space)
+        self._carrier = torch.stack([env.reset() for env in self.envs])  # [S, n]: each member's carried step
+        self.stacked: dict[str, torch.Tensor] = {}  # the last rollouts' entries GAE reads, [S, n, time, 1]
+
+    def reset_member(self, k: int, env, generator: torch.Generator) -> None:
+        """Member k starts again with ``env`` (fresh, seeded) and its action ``generator``: the carried
+        step is the env's first reset, as when a single run's collector is built."""
+        self.envs[k], self.generators[k] = env, generator
+        self._carrier[k] = env.reset()
+
+    def __iter__(self):
+        return self
+
+    def shutdown(self) -> None:
+        """Nothing to stop (the envs are the source's)."""
+
+    @torch.no_grad()
+    def rollouts(self) -> list[TensorDictBase]:
+        S, T = len(self.envs), self.steps
+        carriers = list(self._carrier.unbind(0))
+        records: list[list[TensorDictBase]] = [[] for _ in range(S)]
+        noise = None
+        for _ in range(T):
+            obs = torch.stack([c.get(OBS_KEY) for c in carriers])
+            *params, value = self.network(obs)
+            if noise is None:
+                noise = torch.empty_like(params[0])  # logits [S, n, A] or loc [S, n, A]
+            action = sample_members(self.action_space, params, self.generators, noise)
+            log_prob = make_distribution(self.action_space, *params).log_prob(action)
+            for k, env in enumerate(self.envs):
+                td = carriers[k]
+                for key, p in zip(self.param_keys, params):
+                    td.set(key, p[k])
+                td.set(VALUE_KEY, value[k])
+                td.set("action", action[k])
+                td.set("action_log_prob", log_prob[k])
+                out, carriers[k] = env.step_and_maybe_reset(td)
+                records[k].append(out)
+        self._carrier = torch.stack(carriers)
+        rollouts = [torch.stack(r, dim=-1).contiguous() for r in records]  # [n, T], as the collector's
+        self.stacked = {"reward": torch.stack([r.get(("next", "reward")) for r in rollouts]),
+                        "done": torch.stack([r.get(("next", "done")) for r in rollouts]),
+                        "terminated": torch.stack([r.get(("next", "terminated")) for r in rollouts]),
+                        VALUE_KEY: torch.stack([r.get(VALUE_KEY) for r in rollouts])}
+        return rollouts
