@@ -21,6 +21,7 @@ from dataclasses import dataclass as _dataclass
 
 import torch
 
+from ppo_lightning.algos.hooks import HookRegistry
 from ppo_lightning.algos.settings import setting
 
 LR_SCHEDULES = ("constant", "linear")
@@ -83,13 +84,7 @@ class Progress:
         return min(1.0, max(0.0, self.frames / self.total_frames))
 
 
-def _hooks():
-    from ppo_lightning.algos.hooks import HookRegistry
-
-    return HookRegistry("schedule", "model.schedules", "(p: Progress, **settings) -> float")
-
-
-SCHEDULES = _hooks()
+SCHEDULES = HookRegistry("schedule", "model.schedules", "(p: Progress, **settings) -> float")
 register_schedule = SCHEDULES.register
 
 

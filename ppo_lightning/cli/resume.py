@@ -174,6 +174,7 @@ def accepted_settings(cls) -> set[str]:
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
         if klass.__module__ == "ppo_lightning.training.module" and klass.__name__ == "PPOLightningModule":
+            # start-up cost: the loss module (torch, TorchRL) only when a checkpoint's module class is read
             from ppo_lightning.algos.loss import LOSS_SETTINGS
 
             names |= set(LOSS_SETTINGS)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ppo_lightning.core.faults import CheckpointError
+from ppo_lightning.interop.checkpoint_io import unsafe_pickle_text
 from ppo_lightning.core.safety import UnsafeInput, check_code, code_references, refuse_symlink
 
 TRUST_ARG = "--trust_code"
@@ -44,7 +45,6 @@ def read_checkpoint_hparams(ckpt_path: str | os.PathLike) -> dict:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        from ppo_lightning.interop.checkpoint_io import unsafe_pickle_text
 
         refused = unsafe_pickle_text(err, "checkpoint", path)
         raise CheckpointError(refused or f"checkpoint {path} does not load (UnpicklingError)") from None

@@ -75,9 +75,10 @@ def main(argv: list[str]) -> int:
             print(f"error: {study.path}: {err}")
             return 2
         return 0
-    # pre-flight (issue 48): code the file would import, every cell's settings through fit's parser, the
+    # pre-flight: code the file would import, every cell's settings through fit's parser, the
     # envs built once, the run root writable and free of links: before any worker starts
-    from ppo_lightning.cli.preflight import check_groups, check_run_root, check_study
+    from ppo_lightning.cli.preflight import check_run_root
+    from ppo_lightning.studies.preflight import check_groups, check_study
     from ppo_lightning.core.faults import UnwritablePath
     from ppo_lightning.core.safety import UnsafeInput
 

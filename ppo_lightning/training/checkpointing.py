@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ppo_lightning.core.faults import CheckpointError, StorageFull, TrainingFault
+from ppo_lightning.interop.checkpoint_io import unsafe_pickle_text
 from ppo_lightning.core.storage import atomic_replace, counted_bytes, free_bytes, out_of_space, space_error_text
 
 TMP_SUFFIX = ".tmp"
@@ -186,7 +187,6 @@ def _atomic_checkpoint_io_class():
             try:
                 return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
             except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, FileNotFoundError) as err:
-                from ppo_lightning.interop.checkpoint_io import unsafe_pickle_text
 
                 refused = unsafe_pickle_text(err, "checkpoint", path)  # a payload: say so (it never ran)
                 if refused is not None:

@@ -121,6 +121,7 @@ def resolve_auto(precision: Any, accelerator: Any, model: Any, datamodule: Any, 
     elif minibatch is None or getattr(model, "network", None) is None:
         reason = f"{flags_why}; ISA-flag rule: no network and minibatch to measure"
     else:
+        # start-up cost: the probe (and torch's thread settings) only where auto measures
         from ppo_lightning.core.threads import configure_threads
         from ppo_lightning.training.precision_probe import measured_choice
 

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 from ppo_lightning.core import hardware
 
 BUDGET_S = 2.0  # wall seconds for the whole probe (both precisions)
@@ -153,7 +154,6 @@ class _Side:
         self.optimizer = torch.optim.Adam(params, lr=1e-5, fused=True)
         self.proximal = None
         if proximal:
-            from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
             self.proximal = ProximalPolicyEWMA(com=8.0, bf16=precision == "bf16-mixed")
             self.proximal.start(self.net)

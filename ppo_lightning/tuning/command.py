@@ -65,9 +65,10 @@ def main(argv: list[str]) -> int:
     run_root = (a.run_root or space.root / "runs" / "tuning" / space.name).resolve()
     stale = a.stale_after if a.stale_after is not None else runner.STALE_AFTER_S
     if not a.summary_only:
-        # pre-flight (issue 48): code the file would import, a trial's settings through fit's parser, the env
+        # pre-flight: code the file would import, a trial's settings through fit's parser, the env
         # built once, the run root writable and free of links: before any worker starts
-        from ppo_lightning.cli.preflight import check_run_root, check_space
+        from ppo_lightning.cli.preflight import check_run_root
+        from ppo_lightning.tuning.preflight import check_space
         from ppo_lightning.core.faults import UnwritablePath
         from ppo_lightning.core.safety import UnsafeInput
 
