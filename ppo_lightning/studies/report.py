@@ -154,6 +154,9 @@ def rules(study: Study) -> str:
         parts.append("Non-inferiority: `a not worse than b by m` where the one-sided Welch test at the file's margin m gives p < 0.05.")
     parts.append(f"A row whose CI half-width exceeds the study's target {study.target_half_width:g} says so; the last "
                  "column is the seeds per arm that target would need.")
+    if study.records is not None and study.records.committed is not None:
+        parts.append("The committed verdict is the one the records' own summary CSV "
+                     f"(`{study.records.committed.name}`, written by the scripts that ran them) states, beside this report's.")
     return " ".join(parts)
 
 
@@ -380,8 +383,14 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
     planned = len(study.cells())
     own = [c for c in cells.values()]
     hours = sum(c.wall_s for c in own if math.isfinite(c.wall_s)) / 3600
+    plan = set(study.cells())
+    extra = [k for k in cells if k not in plan]  # records beyond the plan (more seeds of some arms): the tables use them
+    beyond = "" if not extra else (f", and {len(extra)} more cells of the records beyond the plan (seeds "
+                                   f"{', '.join(map(str, sorted({k[2] for k in extra})))} of {len({k[0] for k in extra})} "
+                                   f"arm(s)), which the tables use")
     lines = [f"**{study.title}** (`{_rel(study)}`): "
-             f"{len(own)} of {planned} planned cells recorded (seeds {study.seed_range}), {study.frames:,} frames per run, "
+             f"{len(own) - len(extra)} of {planned} planned cells recorded (seeds {study.seed_range}){beyond}, "
+             f"{study.frames:,} frames per run, "
              f"{hours:.1f} h of one core summed over runs; cells: {holds_under(own) or 'none yet'}. Scores: {study.score}. "
              + rules(study), ""]
     confirmed: dict[tuple, str] = {}
@@ -394,7 +403,7 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
             each = [holds_on_fresh(r, b.get(key)) for b in by]
             confirmed[key] = overall([v for v in each if v != "not run on fresh seeds"] or each)
         lines += [f"On the selection seeds ({study.seed_range}), per stratum:", ""]
-    lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed (old driver) | cells | seeds/arm for ±{study.target_half_width:g} |",
+    lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed verdict (records' summary) | cells | seeds/arm for ±{study.target_half_width:g} |",
                                      "|---|---|---|---|---|---|---|---|---|"]
     changed = []
     for r in results:
