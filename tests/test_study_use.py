@@ -122,3 +122,35 @@ def test_a_study_run_shows_progress_and_ends_its_parent_run_finished(tmp_path, m
     assert parent.info.status == "FINISHED" and "missing_cells" not in parent.data.tags
     [group] = list((root / "groups").glob("*/progress.json"))
     assert json.loads(group.read_text())["frames"] == 256
+
+
+def test_the_effects_plot_keeps_every_label_whole_and_splits_long_files(tmp_path):
+    """64 comparisons: three images of at most 24 rows, each label the arms' full labels (wrapped, never cut)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from ppo_lightning.studies import report as rep
+    from ppo_lightning.studies.analysis import Result
+
+    study = load_study(study_file(tmp_path))
+    results = [Result(claim="c", a="ppo_ewma", b="ppo", metric=m, test="difference", envs=("minatar:breakout",), n_a=8, n_b=8,
+                      effect=0.005 * i, low=-0.1, high=0.2, method="stratified bootstrap", p_improve=None, verdict="",
+                      resolved=False, seeds_for_target=8, stratum=f"s{i}")
+               for i in range(32) for m in ("auc", "final")]
+    seen = []
+    real = plt.Figure.savefig
+
+    def spy(fig, path, **kw):
+        seen.append([t.get_text() for t in fig.axes[0].get_yticklabels()])
+        return real(fig, path, **kw)
+
+    plt.Figure.savefig = spy
+    try:
+        paths = rep.effects_plot(study, results, tmp_path / "x_effects.png", "32-true")
+    finally:
+        plt.Figure.savefig = real
+    assert [p.name for p in paths] == ["x_effects.png", "x_effects_2.png"] and all(p.exists() for p in paths)
+    assert [len(labels) for labels in seen] == [24, 8]
+    assert all(t.replace("\n", " ").startswith("PPO-EWMA vs PPO [s") for labels in seen for t in labels)

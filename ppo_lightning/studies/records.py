@@ -2,7 +2,7 @@
 
 Two sources, read into the same `Cell`: the study's own CSV export next to the study file
 (``<study>.cells.csv``, ``<study>.curves.csv``; written by the runner from its MLflow runs) and the
-committed CSVs of the old driver (``records:`` in the study file; ``<figure>_runs.csv``,
+committed CSVs of the experiment scripts that ran before studies existed (``records:`` in the study file; ``<figure>_runs.csv``,
 ``<figure>_curves.csv``, read as they are, bytes untouched). A cell the export has wins over a
 committed one; among committed sources of an arm, the first that has an (env, seed) gives it.
 
@@ -92,7 +92,7 @@ def env_game(env: str) -> str:
 
 
 def legacy_cells(study: Study, curves: bool = False) -> dict[tuple[str, str, int], Cell]:
-    """The committed cells of the old driver's CSVs that the study file maps to its arms."""
+    """The committed cells of the experiment scripts' CSVs that the study file maps to its arms."""
     rec = study.records
     if rec is None:
         return {}

@@ -154,6 +154,9 @@ def rules(study: Study) -> str:
         parts.append("Non-inferiority: `a not worse than b by m` where the one-sided Welch test at the file's margin m gives p < 0.05.")
     parts.append(f"A row whose CI half-width exceeds the study's target {study.target_half_width:g} says so; the last "
                  "column is the seeds per arm that target would need.")
+    if study.records is not None and study.records.committed is not None:
+        parts.append("The committed verdict is the one the records' own summary CSV "
+                     f"(`{study.records.committed.name}`, written by the scripts that ran them) states, beside this report's.")
     return " ".join(parts)
 
 
@@ -380,8 +383,14 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
     planned = len(study.cells())
     own = [c for c in cells.values()]
     hours = sum(c.wall_s for c in own if math.isfinite(c.wall_s)) / 3600
+    plan = set(study.cells())
+    extra = [k for k in cells if k not in plan]  # records beyond the plan (more seeds of some arms): the tables use them
+    beyond = "" if not extra else (f", and {len(extra)} more cells of the records beyond the plan (seeds "
+                                   f"{', '.join(map(str, sorted({k[2] for k in extra})))} of {len({k[0] for k in extra})} "
+                                   f"arm(s)), which the tables use")
     lines = [f"**{study.title}** (`{_rel(study)}`): "
-             f"{len(own)} of {planned} planned cells recorded (seeds {study.seed_range}), {study.frames:,} frames per run, "
+             f"{len(own) - len(extra)} of {planned} planned cells recorded (seeds {study.seed_range}){beyond}, "
+             f"{study.frames:,} frames per run, "
              f"{hours:.1f} h of one core summed over runs; cells: {holds_under(own) or 'none yet'}. Scores: {study.score}. "
              + rules(study), ""]
     confirmed: dict[tuple, str] = {}
@@ -394,7 +403,7 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
             each = [holds_on_fresh(r, b.get(key)) for b in by]
             confirmed[key] = overall([v for v in each if v != "not run on fresh seeds"] or each)
         lines += [f"On the selection seeds ({study.seed_range}), per stratum:", ""]
-    lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed (old driver) | cells | seeds/arm for ±{study.target_half_width:g} |",
+    lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed verdict (records' summary) | cells | seeds/arm for ±{study.target_half_width:g} |",
                                      "|---|---|---|---|---|---|---|---|---|"]
     changed = []
     for r in results:
@@ -610,19 +619,56 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         plt.close(fig)
     results = [r for r in results if not getattr(r, "pending", False)]
     if results:
-        fig, ax = plt.subplots(figsize=(8, 0.3 * len(results) + 1.2))
-        for i, r in enumerate(results):
-            ax.errorbar(r.effect, i, xerr=[[r.effect - r.low], [r.high - r.effect]], fmt="o", capsize=3,
-                        color="C0" if r.metric == "auc" else "C1")
-        ax.axvline(0, color="grey", lw=0.8)
-        ax.set_yticks(range(len(results)))
-        ax.set_yticklabels([f"{labels[r.a]} - {labels[r.b]} ({METRIC_NAME[r.metric]})"[:80] for r in results], fontsize=6)
-        ax.invert_yaxis()
-        ax.set_xlabel("effect, normalized (95% CI): AUC blue, final return orange")
-        fig.text(0.01, 0.001, f"cells: {cpus}", fontsize=5)
-        made["effects"] = out.with_name(out.stem + "_effects.png")
-        fig.savefig(made["effects"], dpi=110, bbox_inches="tight")
+        for i, path in enumerate(effects_plot(study, results, out.with_name(out.stem + "_effects.png"), cpus)):
+            made["effects" if i == 0 else f"effects ({i + 1})"] = path
+    return made
+
+
+def effects_plot(study: Study, results: list[analysis.Result], path: Path, cpus: str) -> list[Path]:
+    """A forest plot of the effects: a panel per metric side by side, a row per comparison (its claim's arms,
+    and its environments where they differ from the study's), labels wrapped to stay readable at a page's
+    width; the rows of a long study file are split over several images (``_effects.png``,
+    ``_effects_2.png``, ...) rather than shrunk."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    labels = {a: arm.label for a, arm in study.arms.items()}
+    metrics = list(dict.fromkeys(r.metric for r in results))
+    rows = list(dict.fromkeys((r.a, r.b, tuple(r.envs), r.stratum) for r in results))
+    strata = len({r.stratum for r in results}) > 1  # named only where the rows differ in it
+    name = lambda a, b, envs, stratum: textwrap.fill(  # noqa: E731
+        f"{labels[a]} vs {labels[b]}" + (f" ({', '.join(env_game(e) for e in envs)})" if set(envs) != set(study.envs) else "")
+        + (f" [{stratum}]" if strata and stratum else ""), 46)
+    per_image = 24
+    made = []
+    for part in range(math.ceil(len(rows) / per_image)):
+        mine = rows[part * per_image:(part + 1) * per_image]
+        heights = [0.22 + 0.14 * name(*k).count("\n") for k in mine]
+        fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 + 3.2 * len(metrics), 1.4 + sum(heights) * 1.6), sharey=True,
+                                 squeeze=False, layout="constrained")
+        for ax, metric in zip(axes[0], metrics):
+            for i, k in enumerate(mine):
+                r = next((r for r in results if (r.a, r.b, tuple(r.envs), r.stratum) == k and r.metric == metric), None)
+                if r is None:
+                    continue
+                resolved = r.low > 0 or r.high < 0
+                ax.errorbar(r.effect, i, xerr=[[r.effect - r.low], [r.high - r.effect]], fmt="o", capsize=3,
+                            color="C3" if resolved else "C0", ms=4)
+            ax.axvline(0, color="grey", lw=0.8)
+            ax.set_title(f"{METRIC_NAME[metric]}: effect a - b (95% CI)", fontsize=9)
+            ax.set_xlabel("normalized" if study.score != "raw" else "return", fontsize=8)
+            ax.tick_params(labelsize=8)
+        axes[0][0].set_yticks(range(len(mine)))
+        axes[0][0].set_yticklabels([name(*k) for k in mine], fontsize=8)
+        axes[0][0].invert_yaxis()
+        more = f" (part {part + 1} of {math.ceil(len(rows) / per_image)})" if len(rows) > per_image else ""
+        fig.suptitle(textwrap.fill(f"{study.title}{more}", 110), fontsize=9)
+        fig.text(0.0, 0.0, f"red: CI excludes 0; cells: {cpus}", fontsize=6, va="top")
+        target = path if part == 0 else path.with_name(f"{path.stem}_{part + 1}{path.suffix}")
+        fig.savefig(target, dpi=110, bbox_inches="tight")
         plt.close(fig)
+        made.append(target)
     return made
 
 

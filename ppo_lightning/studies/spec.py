@@ -21,7 +21,7 @@ comparisons:
 selection: "lr 4e-3 was chosen for PPO-EWMA on seeds 0-7 (minatar_lr_500k.yaml)"  # optional: what these seeds chose
 confirm:                              # optional: the same claims on seeds no selection used
   study: minatar_fig4_500k_fresh.yaml # a study file (or a list) with arms of the same names and other seeds
-records:                              # optional: committed records of the old driver, read as cells
+records:                              # optional: committed records of the experiment scripts, read as cells
   dir: experiments/results/minatar
   figure: ewma500k                    # <figure>_runs.csv / _curves.csv; an arm's rows are its name's
   arms: {ppo_ewma: [lr500k/c1_lr8x, ewma500k/ppo_ewma_lr8x]}  # or other figures' arms, in order
@@ -419,7 +419,7 @@ def parse_study(data: Any, path: Path) -> Study:
         r = data["records"]
         _need(isinstance(r, dict), where, "records: a mapping {dir, arms, committed}")
         _keys(r, _names(RECORDS_FIELDS), where, "records.")
-        _need(isinstance(r.get("figure"), str), where, "records.figure: the old driver's figure whose CSVs hold the cells, missing")
+        _need(isinstance(r.get("figure"), str), where, "records.figure: the records' figure whose CSVs hold the cells, missing")
         _need(isinstance(r.get("dir"), str), where, "records.dir: the folder of the committed CSVs, missing")
         rdir = (root / r["dir"]) if (root / r["dir"]).exists() else path.parent / r["dir"]
         _need(rdir.is_dir(), where, f"records.dir: {r['dir']} is not a folder")
