@@ -70,6 +70,7 @@ def main(argv: list[str]) -> int:
         from ppo_lightning.cli.preflight import check_run_root
         from ppo_lightning.tuning.preflight import check_space
         from ppo_lightning.core.faults import UnwritablePath
+        # start-up cost, as above: the pre-flight's errors with it
         from ppo_lightning.core.safety import UnsafeInput
 
         try:
