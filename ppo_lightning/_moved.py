@@ -92,6 +92,10 @@ def forward_attribute(package: str, name: str):
         # a submodule of the package (`from ppo_lightning.data import parallel`): the import system
         # loads it once this says no; never forward it to the old module's namesake
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    if sys._getframe(1).f_back is not None and sys._getframe(2).f_globals.get("__name__", "").startswith("jsonargparse"):
+        # jsonargparse probes each parent package for the shortest path of a class (`fit --help`):
+        # the old path is not an answer to give it (nor a warning to print)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
     target = PACKAGE_FORWARDS[package]
     module = importlib.import_module(target)
     if not hasattr(module, name):

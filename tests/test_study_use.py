@@ -102,6 +102,26 @@ def test_a_failed_job_names_its_arms_and_its_first_error_line(tmp_path):
     assert line == f"job 123 (arms ppo, ppo_ewma on CartPole-v1): ValueError: observation shape (3,) vs (4,) [log: {err}]"
 
 
+def test_a_scheduler_that_refuses_the_jobs_is_one_line_with_the_way_out():
+    """sbatch with SLURM's controller down: submitit raises its whole stderr; the runner says one line."""
+    import submitit
+
+    from ppo_lightning.studies.runner import SubmissionFailed, submit_jobs
+
+    class Refused:
+        cluster = "slurm"
+
+        def submit(self, payload):
+            raise submitit.core.utils.FailedJobError(
+                "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)")
+
+    with pytest.raises(SubmissionFailed) as err:
+        submit_jobs(Refused(), [object()])
+    assert str(err.value) == ("slurm refused the jobs: sbatch: error: Batch job submission failed: Unable to contact "
+                              "slurm controller (connect failure); `--executor local` runs the jobs as processes on "
+                              "this machine")
+
+
 def test_a_study_run_shows_progress_and_ends_its_parent_run_finished(tmp_path, monkeypatch, capsys):
     from mlflow.tracking import MlflowClient
 

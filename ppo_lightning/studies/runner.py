@@ -105,6 +105,24 @@ def job_failures(jobs, what=None) -> list[str]:
     return failed
 
 
+class SubmissionFailed(RuntimeError):
+    """A scheduler refused the jobs (SLURM's controller unreachable, a bad partition): one line."""
+
+
+def submit_jobs(ex, payloads: list) -> list:
+    """Submits one job per payload; a refusal from the scheduler becomes `SubmissionFailed` with its
+    first line (submitit raises a `FailedJobError` carrying sbatch's whole stderr and a traceback)."""
+    import submitit
+
+    try:
+        return [ex.submit(p) for p in payloads]
+    except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as err:
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else repr(err))
+        hint = "; `--executor local` runs the jobs as processes on this machine" if ex.cluster == "slurm" else ""
+        raise SubmissionFailed(f"{ex.cluster} refused the jobs: {first}{hint}") from None
+
+
 class _Stopped(BaseException):
     def __init__(self, signum: int) -> None:
         self.signum = signum
@@ -796,7 +814,12 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         if ex.cluster == "slurm":
             ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
         planning_s = time.perf_counter() - t0
-        jobs = [ex.submit(Worker(str(study.path), b, str(run_root), tracking_uri, None, checkpoint_frames)) for b in bins]
+        try:
+            jobs = submit_jobs(ex, [Worker(str(study.path), b, str(run_root), tracking_uri, None, checkpoint_frames)
+                                    for b in bins])
+        except SubmissionFailed as err:
+            print(f"[study] error: {err}", flush=True)
+            return 2
         start, last, shown = time.perf_counter(), -1, -float("inf")
         stopped = _EndParentOnStop(study, run_root, tracking_uri)
         with stopped, jobs_stop_with_the_launcher(jobs, "study", f"`ppo-lightning study run {study.path}`"):

@@ -122,8 +122,14 @@ def run_workers(space, run_root: Path, workers: int, executor: str, tracking_uri
     ex.update_parameters(timeout_min=60 * 24 * 3, cpus_per_task=1, name=space.name)
     if ex.cluster == "slurm":
         ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
-    jobs = [ex.submit(_Job(str(space.path), overrides, str(run_root), tracking_uri, stale)) for _ in range(workers)]
-    from ppo_lightning.studies.runner import job_failures, jobs_stop_with_the_launcher  # start-up cost: only with workers
+    from ppo_lightning.studies.runner import (SubmissionFailed, job_failures, jobs_stop_with_the_launcher,  # start-up cost:
+                                              submit_jobs)  # only with workers
+
+    try:
+        jobs = submit_jobs(ex, [_Job(str(space.path), overrides, str(run_root), tracking_uri, stale) for _ in range(workers)])
+    except SubmissionFailed as err:
+        print(f"[tune] error: {err}", flush=True)
+        return 2
 
     with jobs_stop_with_the_launcher(jobs, "tune", "rerunning the command"):
         while not all(j.done() for j in jobs):
