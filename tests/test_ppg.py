@@ -282,7 +282,7 @@ def test_procgen_ppg_configs_train_a_policy_and_an_auxiliary_phase(config, tmp_p
 
     import yaml
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     path = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/procgen" / config
     ppg = {**yaml.safe_load(path.read_text())["model"]["ppg"], "n_pi": 1, "n_aux_epochs": 1}

@@ -198,7 +198,7 @@ def test_arms_that_differ_only_in_member_settings_pack_into_one_group(tmp_path):
     study = load_study(tiny(tmp_path, seeds={"count": 2, "first": 0}))
     groups = runner.plan(study, set(), workers=1)
     assert len(groups) == 1 and len(groups[0].members) == 4
-    assert "--data.member_hparams" in groups[0].args
+    assert groups[0].spec.members.settings and "--data.member_hparams" in groups[0].spec.argv()
     assert len(runner.plan(study, set(), workers=2)) == 2  # split to fill the workers
     assert len(runner.plan(study, {("ppo_ewma", "minatar:breakout", 0), ("ppo_ewma", "minatar:breakout", 1)}, 1)[0].members) == 2
 
@@ -278,7 +278,7 @@ def test_a_group_trains_the_same_in_a_fresh_process_and_after_another_group(tmp_
     process's (torch's default threads, here 2). Their final weights are bitwise the same."""
     import torch
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run import train
     from ppo_lightning.studies import runner
 
     monkeypatch.chdir(tmp_path)
@@ -287,7 +287,7 @@ def test_a_group_trains_the_same_in_a_fresh_process_and_after_another_group(tmp_
     torch.set_num_threads(2)  # a fresh process on 2 cores
     fits = []
     for k in range(2):
-        fits.append(fit_main(["fit", *group.args, "--mlflow.enabled", "false", "--run_dir", str(tmp_path / str(k))]))
+        fits.append(train(group.spec.with_settings({"mlflow.enabled": False, "run_dir": str(tmp_path / str(k))})))
         assert torch.get_num_threads() == 1  # left by the group's data.num_threads
     a, b = (f.model.state_dict() for f in fits)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -303,7 +303,7 @@ def test_packed_rows_equal_single_runs_and_a_rerun_redoes_nothing(tmp_path, monk
     packed = runner.plan(study, set(), workers=1)[0]
     cells = runner.run_group(study, packed, tmp_path / "packed", uri)
     for cell in cells:  # each member against its single run
-        single = runner.Group(cell.env, [(cell.arm, cell.seed)], runner.cell_args(study, cell.arm, cell.env, cell.seed))
+        single = runner.Group(cell.env, [(cell.arm, cell.seed)], runner.cell_spec(study, cell.arm, cell.env, cell.seed))
         alone = runner.run_group(study, single, tmp_path / f"single-{cell.arm}", uri)[0]
         assert [v for _, v in cell.curve] == pytest.approx([v for _, v in alone.curve], abs=1e-6)
         assert cell.auc_return == pytest.approx(alone.auc_return, abs=1e-6)
