@@ -371,10 +371,10 @@ def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted
     assert (ckpt / "last.ckpt").exists()
     assert "0 done, 2 running" in runner.status_text(stopped, tmp_path / "a" / "runs")
     resumes = []
-    original = runner.resume_args
-    monkeypatch.setattr(runner, "resume_args", lambda *a, **k: resumes.append(original(*a, **k)) or resumes[-1])
+    original = runner.resume_spec
+    monkeypatch.setattr(runner, "resume_spec", lambda *a, **k: resumes.append(original(*a, **k)) or resumes[-1])
     resumed = runner.run_group(stopped, group, tmp_path / "a" / "runs", uri)
-    assert "--ckpt_path" in resumes[-1] and not ckpt.exists()
+    assert resumes[-1][1] == ckpt / "last.ckpt" and not ckpt.exists()
     whole = runner.run_group(plain, runner.plan(plain, set(), 1)[0], tmp_path / "b" / "runs", uri)
     assert [(c.arm, c.curve, c.auc_return, c.final_return) for c in resumed] == [
         (c.arm, c.curve, c.auc_return, c.final_return) for c in whole]
