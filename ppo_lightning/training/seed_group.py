@@ -84,8 +84,6 @@ def validate_seed_group(h) -> None:
             raise ValueError(f"data.num_seeds={num_seeds} (vectorized seeds) does not support {name} yet; run the seeds one by one")
     if members is not None:
         validate_member_hparams(members, num_seeds)
-        if h.get("ppg") is not None:
-            raise ValueError("member_hparams: PPG groups do not support per-member hyperparameters yet; one group per setting")
         if "proximal_com" in members and not h.get("decoupled"):
             raise ValueError("member_hparams.proximal_com needs model.decoupled=true (the EWMA is the decoupled anchor; "
                              "null: the behavior policy)")

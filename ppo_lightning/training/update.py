@@ -141,9 +141,12 @@ class PPGUpdate:
         self.changed_policy = True  # the last step changed the policy (the EWMA moves after it)
 
     @staticmethod
-    def _adam(params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
-        fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
-        return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas), fused=fused)
+    def _fusable(params: list) -> bool | None:
+        return all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
+
+    @classmethod
+    def _adam(cls, params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
+        return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas), fused=cls._fusable(params))
 
     @staticmethod
     def optimizer_names(module) -> list[str]:
@@ -168,8 +171,7 @@ class PPGUpdate:
             if name == "aux":  # the auxiliary phase keeps ppg.aux_lr: the lr schedule is the policy's and value's
                 opts.append(self._adam(params, cfg["aux_lr"], cfg["aux_betas"], h.adam_eps))
                 continue
-            opts.append(torch.optim.SGD(params, lr=h.lr) if h.optimizer == "sgd"
-                        else self._adam(params, h.lr, h.adam_betas, h.adam_eps))
+            opts.append(module.seed_axis.make_optimizer(h, params, self._fusable(params)))  # a group's members' own lrs
             scheduler = module.lr_scheduler_for(opts[-1])
             if scheduler is not None:
                 schedulers.append(scheduler)
