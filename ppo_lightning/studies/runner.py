@@ -6,7 +6,7 @@ Adam's betas, the EWMA's center of mass or none, the advantage span, the clip ra
 value coefficients, the KL beta, gamma and GAE lambda:
 `ppo_lightning.data.seed_group.MEMBER_HPARAMS`) train as one group of all their pending (arm, seed)
 cells (``data.member_seeds``, ``data.member_hparams``; member k is tested equal to its single run);
-an arm that cannot be a member (PPG, another config) trains its seeds as a group of its own;
+an arm that cannot be a member (configs of its own, e.g. ``[minatar/ppg]``) trains its seeds as a group of its own;
 artificial staleness runs seed by seed. Each group's time is estimated (`group_cost`: members plus a
 group's own overhead, x frames, x a rate per member and frame measured from the study's recorded
 cells, else a default per game), groups are split by members where that shortens the makespan on the
