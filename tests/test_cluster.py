@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 import cluster_helpers  # noqa: F401  (registers RankFaultyCartPole-v0)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ppo_lightning.studies.spec import StudyError, load_study, parse_study
+from ppo_lightning.studies.spec import StudyError, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "minatar/ppo"  # a shipped config name

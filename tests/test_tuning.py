@@ -399,7 +399,6 @@ def test_refill_is_on_by_default_off_with_the_switch_and_never_for_ppg(tmp_path)
 def test_with_refill_off_a_pruned_trials_slots_idle_and_the_next_trial_trains_in_a_new_group(tmp_path, monkeypatch, capsys):
     from optuna.trial import TrialState
 
-    from ppo_lightning.tuning import runner
     from ppo_lightning.tuning.command import main
 
     monkeypatch.chdir(tmp_path)

@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from ppo_lightning.core.faults import StorageFull, human_bytes
 from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text, tree_bytes
