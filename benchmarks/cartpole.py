@@ -57,7 +57,7 @@ class Crossing(pl.Callback):
 
 def run(algo: str, seed: int, tmp: Path, extra: list[str] = ()) -> dict:
     """One training run of the algorithm's config (plus CLI overrides ``extra``) until 475."""
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     crossing = Crossing()
     args = [

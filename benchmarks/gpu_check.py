@@ -51,7 +51,7 @@ def run_phase(name: str, iterations: int, num_envs: int, rollout_steps: int) -> 
     import lightning.pytorch as pl
     import torch
 
-    import ppo_lightning.cli.fit as cli_mod
+    import ppo_lightning.run.builder as cli_mod
 
     config, kind = PHASES[name]
     world = torch.cuda.device_count() if kind != "single" else 1

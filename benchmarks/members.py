@@ -50,7 +50,7 @@ def project_run(env: str, members: int, iterations: int, seed: int = 0) -> float
     """Member-frames per core-second of ``fit`` with ``members`` seeds, iterations after the first."""
     import lightning.pytorch as pl
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     class Clock(pl.Callback):
         def __init__(self):

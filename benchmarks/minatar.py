@@ -54,7 +54,7 @@ def train_fps(game: str, iterations: int, ewma: bool, threads: int, num_envs: in
     """Frames/s of the training loop after its first iteration, and the mean time split."""
     import lightning.pytorch as pl
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     class Timer(pl.Callback):
         def __init__(self):
@@ -71,7 +71,7 @@ def train_fps(game: str, iterations: int, ewma: bool, threads: int, num_envs: in
             "--data.env_id", f"minatar:{game}", "--data.total_frames", str(frames), "--data.num_threads", str(threads),
             "--data.num_envs", str(num_envs), "--data.rollout_steps", str(rollout_steps),
             "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--run_dir", "/tmp/minatar_bench"]
-    import ppo_lightning.cli.fit as cli_mod
+    import ppo_lightning.run.builder as cli_mod
 
     orig = cli_mod.PPOCLI.before_fit
 

@@ -4,7 +4,7 @@
     python benchmarks/precision_auto.py --procgen-envs 8 --procgen-steps 32 --procgen-minibatches 2 \\
         --minatar-iterations 1,8,16                               # a few minutes on a 2-core AVX2 EPYC
 
-Every workload runs ``ppo-lightning fit`` in this process (`ppo_lightning.cli.fit.fit_main`, no MLflow,
+Every workload runs ``ppo-lightning fit`` in this process (`ppo_lightning.run.builder.fit_main`, no MLflow,
 no checkpoints) three times, interleaved (the arms' order turns each round): ``--trainer.precision
 auto``, ``32-true`` and ``bf16-mixed``. Workloads: Procgen coinrun PPO and PPO-EWMA
 (`ppo_lightning/configs/procgen/ppo_hard.yaml` / ``ppo_ewma_hard.yaml``: IMPALA CNN, micro-batches of
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ def run_fit(args: list[str], clock) -> tuple[float, str, dict, object]:
     """One fit: (frames/s over the iterations after the first, the precision that ran, its params, the CLI)."""
     import lightning.pytorch as pl
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     class Timer(pl.Callback):
         def __init__(self) -> None:

@@ -89,7 +89,7 @@ def matmul_peak_gflops(n: int = 1024, reps: int = 6) -> float:
 def project_run(c: int, iterations: int, seed: int, seeds: int = 1, precision: str = "32-true") -> dict:
     import lightning.pytorch as pl
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     class Clock(pl.Callback):
         def __init__(self):

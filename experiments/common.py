@@ -85,7 +85,7 @@ def run(args: list[str], *, experiment: str, run_name: str, tracking_uri: str, e
     ``normalize``: return -> normalized return (default: `normalized` for ``env_id``).
     ``last_metrics``: MLflow metric keys whose last logged value is returned under ``"last"``."""
     normalize = normalize or (lambda r: normalized(env_id, r))
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -43,7 +43,7 @@ PROBE_STEPS, PROBE_MINIBATCH = 256, 32  # x the config's 64 envs: 16,384 frames 
 
 
 def _fit(args: list[str]):
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -159,7 +159,7 @@ def along(a, sizes: dict) -> list[dict]:
     a rerun skips the (game, seed, lr) already there (resumable)."""
     import csv
 
-    from ppo_lightning.cli import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -1,6 +1,7 @@
 """ppo-lightning: PPO, decoupled PPO and PPO-EWMA on PyTorch Lightning and TorchRL.
 
 Python API (see the README):
+    from ppo_lightning import RunSpec, Members, train  # a run from Python (ppo_lightning.run)
     from ppo_lightning import RolloutDataModule, PPOLightningModule, load_pretrained, evaluate_policy
 """
 
@@ -20,6 +21,10 @@ _moved.install()  # 0.1's flat module paths still resolve until 0.2, with a Futu
 def __getattr__(name):
     # Lazy: `import ppo_lightning` stays light (export-hf needs no TorchRL collector; a study report
     # or `study status` needs no torch).
+    if name in ("RunSpec", "Members", "train", "Run"):
+        from ppo_lightning.run import spec  # no torch: a spec is plain data; train loads Lightning
+
+        return getattr(spec, name)
     if name == "ExportError":
         from ppo_lightning.interop.checkpoint_io import ExportError
 

@@ -56,7 +56,7 @@ MOVED = {  # old dotted path -> new dotted path
     "ppo_lightning.evaluate_cmd": "ppo_lightning.cli.evaluate",
 }
 # names of the old flat modules that are packages now: old attribute -> the module that has it
-PACKAGE_FORWARDS = {"ppo_lightning.data": "ppo_lightning.data.datamodule", "ppo_lightning.cli": "ppo_lightning.cli.fit"}
+PACKAGE_FORWARDS = {"ppo_lightning.data": "ppo_lightning.data.datamodule", "ppo_lightning.cli": "ppo_lightning.run.builder"}
 
 
 def _warn(old: str, new: str) -> None:

@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 import cluster_helpers  # noqa: F401  (registers RankFaultyCartPole-v0)
@@ -210,14 +209,14 @@ def test_close_process_group_meets_the_peers_then_destroys_the_group(tmp_path):
     """fit closes its gloo group itself after a run (a group left to interpreter teardown aborted a rank
     now and then, exit -6): two ranks, one slower to finish, both end with the group destroyed and exit 0;
     without a group it does nothing."""
-    from ppo_lightning.cli.fit import close_process_group
+    from ppo_lightning.run.builder import close_process_group
 
     close_process_group()  # no group: nothing to do
     script = tmp_path / "close.py"
     script.write_text(f"""
 import os, sys, time
 import torch.distributed as dist
-from ppo_lightning.cli.fit import close_process_group
+from ppo_lightning.run.builder import close_process_group
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=rank, world_size=2)
 time.sleep(2.0 * rank)  # rank 1 is still busy when rank 0 is done

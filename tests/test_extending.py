@@ -16,8 +16,9 @@ from lightning.pytorch.callbacks import Callback
 
 from ppo_lightning.algos.loss import LOSS_SETTINGS, PPOFamilyLoss
 from ppo_lightning.algos.registry import SurrogateInputs
-from ppo_lightning.cli import fit as fit_cli
-from ppo_lightning.cli.fit import fit_main, main
+from ppo_lightning.run import builder
+from ppo_lightning.cli.fit import main
+from ppo_lightning.run.builder import fit_main
 from ppo_lightning.training.module import PPOLightningModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +235,7 @@ def test_eps_high_minus_one_is_refused_before_training(user_module, capsys):
                  "--model.objective_args", "{eps_high: -1}"])
     err = capsys.readouterr().err
     assert code == 2 and "error: model.objective_args.eps_high of objective 'my_variants.clip_higher' must be > 0, got -1" in err
-    assert "Traceback" not in err and not fit_cli._TRAINING_STARTED and not (Path("run0") / "checkpoints").exists()
+    assert "Traceback" not in err and not builder._TRAINING_STARTED and not (Path("run0") / "checkpoints").exists()
 
 
 def test_a_typo_in_a_loss_subclass_setting_is_one_line_naming_the_class(user_module, capsys):

@@ -5,7 +5,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from ppo_lightning.cli.fit import fit_main
+from ppo_lightning.run.builder import fit_main
 from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
 

@@ -169,7 +169,6 @@ def test_a_restarted_member_steps_as_a_fresh_adam_and_a_shared_step_count_would_
 def test_study_arms_that_differ_in_loss_or_return_settings_pack_into_one_group(tmp_path):
     """A study's arms that differ only in the clip range and gamma train as one group whose members
     carry them (an arm that does not set one gets the base config's)."""
-    import json
 
     from ppo_lightning.studies import runner
     from ppo_lightning.studies.spec import load_study
@@ -179,6 +178,6 @@ def test_study_arms_that_differ_in_loss_or_return_settings_pack_into_one_group(t
         {"name": "a", "label": "A", "fit": {"model.clip_eps": 0.1, "data.gamma": 0.9}},
         {"name": "b", "label": "B", "fit": {"model.lr": 0.001}}], comparisons=[]))
     (group,) = runner.plan(study, set(), workers=1)
-    hp = json.loads(group.args[group.args.index("--data.member_hparams") + 1])
+    hp = group.spec.members.settings
     assert hp["clip_eps"] == [0.1, 0.1, 0.2, 0.2] and hp["gamma"] == [0.9, 0.9, 0.99, 0.99]
-    assert "entropy_coef" not in hp and "--model.clip_eps" not in group.args
+    assert "entropy_coef" not in hp and "clip_eps" not in group.spec.model

@@ -282,7 +282,7 @@ def test_procgen_ppg_configs_train_a_policy_and_an_auxiliary_phase(config, tmp_p
 
     import yaml
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     path = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/procgen" / config
     ppg = {**yaml.safe_load(path.read_text())["model"]["ppg"], "n_pi": 1, "n_aux_epochs": 1}
@@ -305,3 +305,44 @@ def test_fit_without_the_cli_also_checks_the_phase_buffer(tmp_path, monkeypatch)
     dm, model = make(2)
     with pytest.raises(ValueError, match="model.ppg.n_pi=2 x data.num_envs=4"):
         trainer(tmp_path).fit(model, dm)
+
+
+class LrLog(pl.Callback):
+    """Each step's phase and the lr of every optimizer when it ran."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows.append((trainer.datamodule.iteration, outputs["ppg_phase"],
+                          [o.param_groups[0]["lr"] for o in trainer.optimizers]))
+
+
+@pytest.mark.parametrize("schedule", [{"lr_schedule": "linear"}, {"schedules": {"lr": "linear"}}])
+def test_ppg_anneals_the_policy_lr_per_iteration_and_keeps_the_aux_lr(schedule, tmp_path):
+    """PPG with an lr schedule (``model.lr_schedule`` or ``model.schedules.lr``): iteration k's policy steps
+    run at lr x (1 - (k - 1) / N), as PPO's; the auxiliary phase keeps ``ppg.aux_lr``; a resume continues
+    the schedule from the checkpoint's scheduler."""
+    def build(iterations):
+        dm = RolloutDataModule(env_id="CartPole-v1", num_envs=ENVS, rollout_steps=STEPS, num_minibatches=MB,
+                               update_epochs=1, seed=0, total_frames=iterations * ENVS * STEPS)
+        model = PPOLightningModule(dm.observation_space, dm.action_space, network={"name": "mlp", "hidden_sizes": [16]},
+                                   lr=1e-2, ppg={"n_pi": 2, "n_aux_epochs": 1, "aux_mbsize": 8, "aux_lr": 3e-3},
+                                   **schedule)
+        return dm, model
+
+    dm, model = build(4)
+    log = LrLog()
+    ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="it{epoch}",
+                                        auto_insert_metric_name=False)
+    trainer(tmp_path, [log, ckpt], enable_checkpointing=True).fit(model, dm)
+    for it, phase, (policy_lr, aux_lr) in log.rows:
+        if phase == "aux":
+            assert aux_lr == pytest.approx(3e-3)
+        else:
+            assert policy_lr == pytest.approx(1e-2 * (1 - (it - 1) / 4)), (it, phase)
+    assert {it for it, phase, _ in log.rows if phase == "joint"} == {1, 2, 3, 4}
+    dm2, model2 = build(4)
+    resumed = LrLog()
+    trainer(tmp_path, [resumed]).fit(model2, dm2, ckpt_path=tmp_path / "it1.ckpt")  # after iteration 2
+    assert [r for r in log.rows if r[0] > 2] == resumed.rows

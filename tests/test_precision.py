@@ -79,7 +79,7 @@ def test_auto_on_an_amx_cpu_is_32_true_for_small_minibatches(cpu, monkeypatch):
 def test_fit_resolves_auto_from_the_scaled_minibatch(cpu, tmp_path):
     """Without a measurement (the ISA-flag rule): ``--scale 16`` on MinAtar gives minibatches of 32,
     so auto is 32-true on an AMX CPU; c = 1 (512) bf16."""
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     cpu(AMX)
     for scale, expected in ((16, "32-true"), (1, "bf16-mixed")):
@@ -196,7 +196,7 @@ def test_bf16_proximal_forward_of_the_impala_net_uses_its_bf16_weight_copy():
 def test_cli_resolves_auto_before_the_trainer_and_maps_the_deprecated_aliases(tmp_path, cpu, caplog):
     from pathlib import Path
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     cfg = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"
     tiny = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--data.total_frames", "256",
@@ -430,7 +430,7 @@ def test_a_real_probe_on_a_tiny_network_is_bounded_by_its_time(tmp_path):
 def test_the_cli_records_the_measured_choice_and_its_reason(tmp_path, cache, fake_probe, monkeypatch):
     from pathlib import Path
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     calls, answer = fake_probe
     cfg = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"

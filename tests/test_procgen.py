@@ -345,7 +345,7 @@ def test_procgen_configs_parse_validate_and_train_one_small_iteration(config, tm
     EWMA, precision auto), on a small rollout: minibatches of 256 in two micro-batches."""
     from pathlib import Path
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     path = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/procgen" / config
     cli = fit_main(["fit", "--config", str(path), "--mlflow.enabled", "false", "--run_dir", str(tmp_path),

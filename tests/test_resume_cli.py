@@ -1,9 +1,9 @@
-"""ppo_lightning.cli.resume without training: what a command line gives, dotted dict entries, and how a
+"""ppo_lightning.run.resume without training: what a command line gives, dotted dict entries, and how a
 resume decides each setting."""
 
 import pytest
 
-from ppo_lightning.cli import resume as R
+from ppo_lightning.run import resume as R
 
 
 def test_explicit_settings_are_the_command_lines_own():

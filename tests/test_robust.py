@@ -306,7 +306,7 @@ def test_env_that_cannot_be_restored_warns_and_restarts_its_episodes(tmp_path):
 def test_sigkill_and_resume_gives_bitwise_the_same_parameters(tmp_path, algorithm):
     """Killed with SIGKILL during collection / an update / a checkpoint write and resumed from last.ckpt,
     the run ends with bitwise the same network, optimizer and EWMA state as the uninterrupted one."""
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run.builder import fit_main
 
     args = ["fit", *ALGORITHMS[algorithm], *TINY]
     fit_main([*args, "--run_dir", str(tmp_path / "reference")])  # in process: same code, one thread

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from ppo_lightning.cli.fit import fit_main, main
+from ppo_lightning.cli.fit import main
+from ppo_lightning.run.builder import fit_main
 from ppo_lightning.algos.scaling import apply_scale, batch_size_scaling, format_scale_table, parse_rules, scale_batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def test_apply_scale_on_a_namespace():
 
 
 def test_cli_invalid_scale_exits_2(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("ppo_lightning.cli.fit._TRAINING_STARTED", False)  # an earlier in-process fit set it
+    monkeypatch.setattr("ppo_lightning.run.builder._TRAINING_STARTED", False)  # an earlier in-process fit set it
     for bad in ("3", "0", "-4"):
         rc = main(["fit", "--config", EWMA, "--mlflow.enabled", "false", "--run_dir", str(tmp_path), "--scale", bad])
         assert rc == 2

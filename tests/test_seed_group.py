@@ -4,7 +4,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from ppo_lightning.cli.fit import fit_main
+from ppo_lightning.run.builder import fit_main
 from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
 
@@ -368,3 +368,26 @@ def test_log_every_frames_thins_what_the_loggers_get(tmp_path):
             assert [m.step for m in client.get_metric_history(run.info.run_id, "frames")] == expected
     with pytest.raises(ValueError, match="log_every_frames must be >= 0"):
         fit_main(common + ["--log_every_frames", "-1", "--run_dir", str(tmp_path / "bad")])
+
+
+def test_a_ppg_group_member_with_its_own_lr_and_clip_range_is_its_seed_alone(tmp_path):
+    """PPG-EWMA members with their own lr and clip range (one group, `MemberAdam` for the policy phase;
+    the auxiliary phase's Adam at ppg.aux_lr for all): member 1 trains as seed 1 alone with its values,
+    to the batched matmul's rounding (tests/test_members_every_env.py names the cause)."""
+    from ppo_lightning.run import Members, RunSpec, train
+
+    configs = [f"ppo_lightning/configs/minatar/{c}.yaml" for c in ("ppo", "ppg", "ppg_ewma")]
+    spec = RunSpec.from_settings(configs, {
+        "data.num_envs": 2, "data.rollout_steps": 16, "data.num_minibatches": 2, "model.ppg.n_pi": 2,
+        "model.ppg.aux_mbsize": 1, "model.network.hidden": 16, "data.num_threads": 1, "mlflow.enabled": False,
+        "video_every": None, "trainer.enable_progress_bar": False, "trainer.enable_checkpointing": False,
+        "trainer.precision": "32-true"}, seed=0, frames=96)
+    group = train(spec.with_settings({"run_dir": str(tmp_path / "g")}).replace(
+        members=Members([0, 1], {"lr": [1e-3, 3e-3], "clip_eps": [0.2, 0.1]})))
+    alone = train(spec.with_settings({"run_dir": str(tmp_path / "a"), "model.lr": 3e-3, "model.clip_eps": 0.1}).replace(seed=1))
+    assert group.model.ppg_phases.phase == alone.model.ppg_phases.phase == 1  # an auxiliary phase ran
+    ref, got = alone.model.network.state_dict(), group.model.network.seed_state_dict(1)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-5)
+    other = group.model.network.seed_state_dict(0)
+    assert any(not torch.allclose(other[k], ref[k]) for k in ref)  # member 0 learned otherwise

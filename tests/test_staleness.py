@@ -9,7 +9,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from ppo_lightning.cli.fit import fit_main, main
+from ppo_lightning.cli.fit import main
+from ppo_lightning.run.builder import fit_main
 from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
 from ppo_lightning.training.diagnostics import (SmallBatchDiagnostics, clip_fraction_problem, std_oscillation,
                                                 std_relative_error)
@@ -117,7 +118,7 @@ def test_validation_names_fields():
                                             (["--data.staleness", "-1"], "data.staleness"),
                                             (["--data.staleness", "1", "--data.staleness_mode", "x"], "staleness_mode")])
 def test_cli_staleness_errors_exit_2(tmp_path, capsys, monkeypatch, override, field):
-    monkeypatch.setattr("ppo_lightning.cli.fit._TRAINING_STARTED", False)  # an earlier in-process fit set it
+    monkeypatch.setattr("ppo_lightning.run.builder._TRAINING_STARTED", False)  # an earlier in-process fit set it
     rc = main(["fit", "--config", PPO, "--mlflow.enabled", "false", "--run_dir", str(tmp_path), *override])
     assert rc == 2
     err = capsys.readouterr().err

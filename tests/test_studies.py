@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ppo_lightning.studies.spec import StudyError, load_study, parse_study
+from ppo_lightning.studies.spec import StudyError, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "minatar/ppo"  # a shipped config name
@@ -198,7 +198,7 @@ def test_arms_that_differ_only_in_member_settings_pack_into_one_group(tmp_path):
     study = load_study(tiny(tmp_path, seeds={"count": 2, "first": 0}))
     groups = runner.plan(study, set(), workers=1)
     assert len(groups) == 1 and len(groups[0].members) == 4
-    assert "--data.member_hparams" in groups[0].args
+    assert groups[0].spec.members.settings and "--data.member_hparams" in groups[0].spec.argv()
     assert len(runner.plan(study, set(), workers=2)) == 2  # split to fill the workers
     assert len(runner.plan(study, {("ppo_ewma", "minatar:breakout", 0), ("ppo_ewma", "minatar:breakout", 1)}, 1)[0].members) == 2
 
@@ -278,7 +278,7 @@ def test_a_group_trains_the_same_in_a_fresh_process_and_after_another_group(tmp_
     process's (torch's default threads, here 2). Their final weights are bitwise the same."""
     import torch
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run import train
     from ppo_lightning.studies import runner
 
     monkeypatch.chdir(tmp_path)
@@ -287,7 +287,7 @@ def test_a_group_trains_the_same_in_a_fresh_process_and_after_another_group(tmp_
     torch.set_num_threads(2)  # a fresh process on 2 cores
     fits = []
     for k in range(2):
-        fits.append(fit_main(["fit", *group.args, "--mlflow.enabled", "false", "--run_dir", str(tmp_path / str(k))]))
+        fits.append(train(group.spec.with_settings({"mlflow.enabled": False, "run_dir": str(tmp_path / str(k))})))
         assert torch.get_num_threads() == 1  # left by the group's data.num_threads
     a, b = (f.model.state_dict() for f in fits)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -303,7 +303,7 @@ def test_packed_rows_equal_single_runs_and_a_rerun_redoes_nothing(tmp_path, monk
     packed = runner.plan(study, set(), workers=1)[0]
     cells = runner.run_group(study, packed, tmp_path / "packed", uri)
     for cell in cells:  # each member against its single run
-        single = runner.Group(cell.env, [(cell.arm, cell.seed)], runner.cell_args(study, cell.arm, cell.env, cell.seed))
+        single = runner.Group(cell.env, [(cell.arm, cell.seed)], runner.cell_spec(study, cell.arm, cell.env, cell.seed))
         alone = runner.run_group(study, single, tmp_path / f"single-{cell.arm}", uri)[0]
         assert [v for _, v in cell.curve] == pytest.approx([v for _, v in alone.curve], abs=1e-6)
         assert cell.auc_return == pytest.approx(alone.auc_return, abs=1e-6)
@@ -371,10 +371,10 @@ def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted
     assert (ckpt / "last.ckpt").exists()
     assert "0 done, 2 running" in runner.status_text(stopped, tmp_path / "a" / "runs")
     resumes = []
-    original = runner.resume_args
-    monkeypatch.setattr(runner, "resume_args", lambda *a, **k: resumes.append(original(*a, **k)) or resumes[-1])
+    original = runner.resume_spec
+    monkeypatch.setattr(runner, "resume_spec", lambda *a, **k: resumes.append(original(*a, **k)) or resumes[-1])
     resumed = runner.run_group(stopped, group, tmp_path / "a" / "runs", uri)
-    assert "--ckpt_path" in resumes[-1] and not ckpt.exists()
+    assert resumes[-1][1] == ckpt / "last.ckpt" and not ckpt.exists()
     whole = runner.run_group(plain, runner.plan(plain, set(), 1)[0], tmp_path / "b" / "runs", uri)
     assert [(c.arm, c.curve, c.auc_return, c.final_return) for c in resumed] == [
         (c.arm, c.curve, c.auc_return, c.final_return) for c in whole]

@@ -1,6 +1,6 @@
-"""Issue 46: studies and searches on every env family, not MinAtar alone. A CartPole study of two
-learning rates x 3 seeds packs its cells into groups and runs end to end on two local workers; a
-MuJoCo search of two trials x 2 seeds runs as one group."""
+"""Studies and searches on every env family, not MinAtar alone: a MuJoCo search of two trials x 2 seeds
+runs as one group, and the Extending guide's seed group trains on CartPole. (A CartPole study of two
+learning rates x 3 seeds on two workers: the Studies guide's worked example, tests/test_study_guide.py.)"""
 
 from __future__ import annotations
 
@@ -10,35 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ppo_lightning.studies.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
-CARTPOLE_FIT = {"data.num_envs": 2, "data.rollout_steps": 32, "data.num_minibatches": 2, "data.update_epochs": 1,
-                "trainer.precision": "32-true", "checkpoint_every": 1000000, "video_every": None, "log_every_frames": 64}
-
-
-@pytest.mark.timeout(600)
-def test_a_cartpole_study_of_two_lrs_by_three_seeds_runs_on_two_workers(tmp_path, monkeypatch):
-    from ppo_lightning.studies import runner
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    spec = {"study": "cartpole_lr", "base": "cartpole/ppo", "fit": CARTPOLE_FIT, "envs": ["CartPole-v1"],
-            "seeds": {"count": 3, "first": 0}, "frames": 256, "score": "raw",
-            "arms": [{"name": "lr_lo", "label": "lr 1e-3", "fit": {"model.lr": 0.001}},
-                     {"name": "lr_hi", "label": "lr 3e-3", "fit": {"model.lr": 0.003}}],
-            "comparisons": [{"claim": "lr does not matter", "a": "lr_lo", "b": "lr_hi", "test": "equivalence",
-                             "margin": 100.0}]}
-    path = tmp_path / "cartpole_lr.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    study = load_study(path)
-    groups = runner.plan(study, set(), workers=2)
-    assert sum(len(g.members) for g in groups) == 6 and any(len(g.members) > 1 for g in groups)  # packed
-    root, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert runner.run_study(study, workers=2, executor="local", run_root=root, tracking_uri=uri, poll_s=1) == 0
-    assert len(list((root / "cells").glob("*.json"))) == 6
-    rows = study.cells_csv.read_text().splitlines()
-    assert len(rows) == 7 and all("CartPole-v1" in r for r in rows[1:])
 
 
 @pytest.mark.timeout(600)

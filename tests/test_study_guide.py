@@ -57,6 +57,8 @@ def test_a_worked_example_runs_as_printed_outside_the_repository(example, tmp_pa
         out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=800)
         assert out.returncode == 0, f"{command}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         assert "Traceback" not in out.stderr, out.stderr[-3000:]
+        if " run " in command and example == "cartpole_two_lrs.yaml":  # CartPole, 2 lrs x 3 seeds, packed per lr
+            assert "6 to run in 2 groups on 2 worker(s)" in out.stdout, out.stdout[-3000:]
     study = load_study(tmp_path / name)
     assert len(study.cells_csv.read_text().splitlines()) == 1 + len(study.cells())  # every cell recorded
     page = (tmp_path / "report" / name).with_suffix(".md").read_text()

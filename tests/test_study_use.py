@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from ppo_lightning.run import RunSpec
 from ppo_lightning.studies.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,9 +60,9 @@ def test_progress_lines_count_recorded_groups_whole_and_the_running_one_from_its
 
     study = load_study(study_file(tmp_path, frames=1000))
     root = tmp_path / "runs"
-    g1 = runner.Group("minatar:breakout", [("ppo", 0), ("ppo_ewma", 0)], ["a"])
-    g2 = runner.Group("minatar:breakout", [("ppo", 1), ("ppo_ewma", 1)], ["b"])
-    g3 = runner.Group("minatar:asterix", [("ppo", 0)], ["c"])
+    g1 = runner.Group("minatar:breakout", [("ppo", 0), ("ppo_ewma", 0)], RunSpec(seed=0))
+    g2 = runner.Group("minatar:breakout", [("ppo", 1), ("ppo_ewma", 1)], RunSpec(seed=1))
+    g3 = runner.Group("minatar:asterix", [("ppo", 0)], RunSpec(seed=2))
     for a, s in g1.members:  # the first group is recorded
         runner._write_json(runner._cell_path(root, a, g1.env, s), json.loads(json.dumps(Cell(a, g1.env, s, 1000, 1.0, 1.0).__dict__)))
     (root / "groups" / g2.name).mkdir(parents=True)  # the second runs: 250 of 1000 frames, 500 member-frames in 10 s

@@ -91,30 +91,30 @@ def test_member_settings_ride_in_one_group_and_other_settings_split_it(tmp_path)
              ("t2", {"model.lr": 2e-3, "model.proximal_com": 4, "data.num_minibatches": 2})]
     groups = runner.plan_groups(space, asked)
     assert [[t for t, _ in g] for g in groups] == [["t0", "t2"], ["t1"]]
-    args = runner.group_args(space, [(p, 0) for _, p in groups[0]])
-    hp = json.loads(args[args.index("--data.member_hparams") + 1])
+    spec = runner.group_spec(space, [(p, 0) for _, p in groups[0]])
+    hp = spec.members.settings
     # --scale 2's rules applied here, as a single run applies them to its own values: lr / sqrt(2), com x 2
     assert hp["lr"] == pytest.approx([1e-3 / 2 ** 0.5, 2e-3 / 2 ** 0.5]) and hp["proximal_com"] == [None, 8.0]
-    assert args[args.index("--scale_rules") + 1] == "none" and args[args.index("--data.num_minibatches") + 1] == "2"
-    single = runner.group_args(space, [(groups[1][0][1], 3)])
-    assert "--data.member_hparams" not in single and single[single.index("--model.lr") + 1] == "0.004"
+    assert spec.options["scale_rules"] == "none" and spec.data["num_minibatches"] == 2
+    single = runner.group_spec(space, [(groups[1][0][1], 3)])
+    assert single.members is None and single.model["lr"] == 0.004 and single.seed == 3
 
 
 @pytest.mark.timeout(300)
 def test_a_tuned_member_is_the_single_run_of_its_trial(tmp_path, monkeypatch):
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run import train
     from ppo_lightning.tuning import runner
 
     monkeypatch.chdir(tmp_path)
     space = load_space(tiny(tmp_path))
     trials = [{"model.lr": 0.002, "model.proximal_com": None}, {"model.lr": 0.008, "model.proximal_com": 4}]
-    off = ["--trainer.enable_checkpointing", "false", "--video_every", "null", "--mlflow.enabled", "false",
-           "--trainer.enable_progress_bar", "false"]
+    off = {"trainer.enable_checkpointing": False, "video_every": None, "mlflow.enabled": False,
+           "trainer.enable_progress_bar": False}
     group = runner.TrialReporter(2)
-    fit_main(["fit", *runner.group_args(space, [(p, 0) for p in trials]), *off, "--run_dir", str(tmp_path / "g")],
-             extra_callbacks=[group])
+    train(runner.group_spec(space, [(p, 0) for p in trials]).with_settings({**off, "run_dir": str(tmp_path / "g")}),
+          callbacks=[group])
     alone = runner.TrialReporter(1)
-    fit_main(["fit", *runner.single_args(space, trials[1], 0), *off, "--run_dir", str(tmp_path / "s")], extra_callbacks=[alone])
+    train(runner.single_spec(space, trials[1], 0).with_settings({**off, "run_dir": str(tmp_path / "s")}), callbacks=[alone])
     assert repr(group.curves[1]) == repr(alone.curves[0]) and len(alone.curves[0]) == 4
     assert repr(group.curves[0]) != repr(group.curves[1])  # the other trial's settings learned otherwise
 
@@ -243,11 +243,11 @@ def test_loss_and_return_settings_ride_in_one_group(tmp_path):
                         "model.value_coef": [0.5, 1.0][i % 2], "data.gamma": 0.9 + 0.05 * i, "data.gae_lambda": 0.8 + 0.1 * i})
              for i in range(3)]
     (group,) = runner.plan_groups(space, asked)
-    args = runner.group_args(space, [(p, 0) for _, p in group])
-    hp = json.loads(args[args.index("--data.member_hparams") + 1])
+    spec = runner.group_spec(space, [(p, 0) for _, p in group])
+    hp = spec.members.settings
     assert hp["clip_eps"] == pytest.approx([0.1, 0.2, 0.3]) and hp["gamma"] == pytest.approx([0.9, 0.95, 1.0])
     assert hp["value_coef"] == [0.5, 1.0, 0.5] and hp["gae_lambda"] == pytest.approx([0.8, 0.9, 1.0])
-    assert not any(a.startswith("--model.clip_eps") or a == "--data.gamma" for a in args)
+    assert "clip_eps" not in spec.model and "gamma" not in spec.data
     with pytest.raises(SpaceError, match=r"params.data.gamma.high: 1.5 is not a valid gamma"):
         load_space(tiny(tmp_path, params={"data.gamma": {"type": "float", "low": 0.9, "high": 1.5}}))
 
@@ -399,7 +399,6 @@ def test_refill_is_on_by_default_off_with_the_switch_and_never_for_ppg(tmp_path)
 def test_with_refill_off_a_pruned_trials_slots_idle_and_the_next_trial_trains_in_a_new_group(tmp_path, monkeypatch, capsys):
     from optuna.trial import TrialState
 
-    from ppo_lightning.tuning import runner
     from ppo_lightning.tuning.command import main
 
     monkeypatch.chdir(tmp_path)

@@ -381,15 +381,17 @@ def test_study_run_checks_every_arm_before_any_worker_starts(tmp_path, capsys, a
 
 
 def test_study_run_checks_the_groups_it_would_launch(tmp_path, capsys):
-    """Arms that pack into one vectorized group that fit refuses (PPG's members carrying their own lr):
-    refused in one line naming the arms before any worker starts (the workers would each fail with it)."""
+    """Arms that pack into one vectorized group that fit refuses (members carrying their own lr under
+    SGD, whose step has no per-member lr): refused in one line naming the arms before any worker
+    starts (the workers would each fail with it)."""
     from ppo_lightning.cli.main import main
 
-    path = _study(tmp_path, base="cartpole/ppg", envs=["CartPole-v1"], seeds={"count": 2},
-                  fit={"data.num_envs": 4, "data.rollout_steps": 16, "data.num_minibatches": 2})
+    path = _study(tmp_path, base="cartpole/ppo", envs=["CartPole-v1"], seeds={"count": 2},
+                  fit={"data.num_envs": 4, "data.rollout_steps": 16, "data.num_minibatches": 2, "model.optimizer": "sgd"})
     assert main(["study", "run", str(path), "--run-root", str(tmp_path / "root"), "--workers", "1"]) == 2
     line = one_error_line(capsys.readouterr().out)
     assert "arms ppo, ppo_hi on CartPole-v1 as a group of 4 members: " in line, line
+    assert "need model.optimizer adam" in line, line
     assert not (tmp_path / "root/submitit").exists()
 
 

@@ -6,7 +6,7 @@
 The trials are those `ppo-lightning tune` asks for from experiments/tuning/minatar_breakout_500k.yaml
 (random sampler, one seed each), at ``--scale c`` (the shipped config minatar/ppo: 64/c envs x 64
 steps, 8 minibatches, 3 epochs). Packed: the trials as one group (the tuner's own fit arguments,
-`ppo_lightning.tuning.runner.group_args`). One per process: ``--singles`` of the same trials as
+`ppo_lightning.tuning.runner.group_spec`). One per process: ``--singles`` of the same trials as
 single runs (the arguments a trial of its own gets, `single_args`), plus the start-up of a Python
 process that imports the training stack, measured once in a child process. Clock: CPU seconds
 (one thread per run), so the figures are per core; the machine's other jobs do not count.
@@ -35,7 +35,7 @@ def child_cpu() -> float:
 def main() -> None:
     import optuna
 
-    from ppo_lightning.cli.fit import fit_main
+    from ppo_lightning.run import train
     from ppo_lightning.studies.runner import cpu_label
     from ppo_lightning.tuning import runner
     from ppo_lightning.tuning.space import load_space
@@ -55,19 +55,19 @@ def main() -> None:
     for _ in range(a.trials):
         t = study.ask()
         trials.append({n: prm.suggest(t) for n, prm in space.params.items()})
-    off = ["--trainer.enable_checkpointing", "false", "--video_every", "null", "--mlflow.enabled", "false",
-           "--trainer.enable_progress_bar", "false"]
+    off = {"trainer.enable_checkpointing": False, "video_every": None, "mlflow.enabled": False,
+           "trainer.enable_progress_bar": False}
     c0 = child_cpu()
-    subprocess.run([sys.executable, "-c", "import ppo_lightning.cli.fit, ppo_lightning.tuning.runner"], check=True,
+    subprocess.run([sys.executable, "-c", "import ppo_lightning.run.builder, ppo_lightning.tuning.runner"], check=True,
                    cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
     startup = child_cpu() - c0
     t0 = time.process_time()
-    fit_main(["fit", *runner.group_args(space, [(params, 0) for params in trials]), *off, "--run_dir", "/tmp/packing-group"])
+    train(runner.group_spec(space, [(params, 0) for params in trials]).with_settings({**off, "run_dir": "/tmp/packing-group"}))
     packed = time.process_time() - t0
     singles = []
     for params in trials[:a.singles]:
         t0 = time.process_time()
-        fit_main(["fit", *runner.single_args(space, params, 0), *off, "--run_dir", "/tmp/packing-single"])
+        train(runner.single_spec(space, params, 0).with_settings({**off, "run_dir": "/tmp/packing-single"}))
         singles.append(time.process_time() - t0)
     single = sum(singles) / len(singles)
     per_packed, per_single = packed / a.trials, single

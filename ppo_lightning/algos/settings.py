@@ -39,7 +39,7 @@ def setting(default: Any = dataclasses.MISSING, check: str | tuple | Callable[[A
     """A dataclass field with a check and a meaning: ``eps_high: float = setting(0.28, check="> 0")``.
 
     ``resume_safe``: the setting may change when a run resumes (``--ckpt_path``) without
-    ``--resume_override`` (`ppo_lightning.cli.resume`)."""
+    ``--resume_override`` (`ppo_lightning.run.resume`)."""
     metadata = {"check": check, "doc": doc, "resume_safe": resume_safe}
     if isinstance(default, (list, dict, set)):
         value = default

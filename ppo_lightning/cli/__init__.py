@@ -1,7 +1,8 @@
-"""The command line: `ppo-lightning fit` (LightningCLI, `fit`), `evaluate` (`evaluate`), `export-hf`,
-and the dispatcher (`main`).
+"""The command line: `ppo-lightning fit` (`fit`: the run builder of `ppo_lightning.run`, its errors as
+one line), `evaluate` (`evaluate`), `export-hf`, and the dispatcher (`main`), which hands ``study``
+and ``tune`` to their packages' commands.
 
-May import: everything; nothing imports it.
+May import: everything (the top layer); nothing imports it.
 """
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.core.safety import UnsafeInput, check_code, code_references
+from ppo_lightning.core.safety import check_code, code_references
 from ppo_lightning.envs import env_spaces
 from ppo_lightning.interop.checkpoint_io import ExportError, is_checkpoint, load_network
 from ppo_lightning.interop.evaluation import evaluate_policy, format_result, resolve_env

@@ -57,6 +57,16 @@ class UnwritablePath(TrainingFault):
     exit_code = 4
 
 
+def human_bytes(n: int | None) -> str:
+    """A size as the messages write it: ``1.5 GB``, ``12.0 kB``, ``512 bytes``, ``?`` when unknown."""
+    if n is None:
+        return "?"
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
 class StorageFull(TrainingFault):
     """The disk (or a quota) filled while the run wrote something it cannot go on without (a
     checkpoint, the MLflow store, an export): one line naming what, how much it needed, the last good
@@ -72,8 +82,6 @@ class StorageFull(TrainingFault):
         super().__init__()
 
     def __str__(self) -> str:
-        from ppo_lightning.core.storage import human_bytes  # storage imports this module: no cycle at load
-
         need = f"needs {human_bytes(self.needed)}" if self.needed is not None else "size unknown"
         free = f", {human_bytes(self.free)} free" if self.free is not None else ""
         text = f"{self.error} while writing {self.what} {self.path} ({need}{free}); nothing partial was left"

@@ -55,15 +55,6 @@ def space_error_text(err: BaseException) -> str:
     return "no space left on device"
 
 
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
-
-
 def existing_ancestor(path: str | os.PathLike) -> Path:
     path = Path(os.path.abspath(path))
     while not path.exists() and path != path.parent:

@@ -8,7 +8,7 @@ replaces only the collection.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
@@ -25,6 +25,9 @@ from ppo_lightning.data.parallel import raise_together
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
 from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_observation_norm
+
+if TYPE_CHECKING:  # the data module builds this source; the annotation only names it
+    from ppo_lightning.data.datamodule import RolloutDataModule
 
 RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for up to 1M envs
 

@@ -2,6 +2,6 @@
 submitit (`runner`), recorded per cell (`records`), analysed with rliable (`analysis`) and reported
 in the reader's terms (`report`); ``ppo-lightning study run|status|report FILE`` (`command`).
 
-May import: every layer (cli's ``fit`` for the runs, algos for the members' settings); only the command
-dispatcher (`ppo_lightning.cli.main`) imports it.
+May import: every layer below `cli` (`run` for the groups' runs, algos for the members' settings);
+`tuning` (records, analysis) and the command dispatcher (`ppo_lightning.cli.main`) import it.
 """

@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
         return 0
     # pre-flight: code the file would import, every cell's settings through fit's parser, the
     # envs built once, the run root writable and free of links: before any worker starts
-    from ppo_lightning.cli.preflight import check_run_root
+    from ppo_lightning.run.preflight import check_run_root
     from ppo_lightning.studies.preflight import check_groups, check_study
     from ppo_lightning.core.faults import UnwritablePath
     # start-up cost, as above: the pre-flight's errors with it

@@ -1,12 +1,12 @@
 """A study's pre-flight, before any worker starts: what its file would import (refused without
 ``--trust-code``), finite values, every (arm, env) and every group it would launch through ``fit``'s own
-parser, each env built once (the shared checks: `ppo_lightning.cli.preflight`)."""
+parser, each env built once (the shared checks: `ppo_lightning.run.preflight`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ppo_lightning.cli.preflight import PreflightError, _config_refs, check_env_once, check_fit_args
+from ppo_lightning.run.preflight import PreflightError, _config_refs, check_env_once, check_run
 from ppo_lightning.core.safety import check_code, code_references, first_nonfinite
 from ppo_lightning.studies import runner
 
@@ -30,7 +30,7 @@ def check_study(study, trust_code: bool = False) -> None:
     built: set[str] = set()
     for env in study.envs:
         for name in study.arms:
-            check_fit_args(runner.cell_args(study, name, env, study.seeds[0]), f"{study.path}: arm {name} on {env}")
+            check_run(runner.cell_spec(study, name, env, study.seeds[0]), f"{study.path}: arm {name} on {env}")
         if env not in built:
             check_env_once(env, None, f"{study.path}")
             built.add(env)
@@ -54,4 +54,4 @@ def check_groups(study, run_root: Path, workers: int) -> None:
             continue
         seen.add(key)
         what = f"arm {arms[0]}" if len(arms) == 1 else f"arms {', '.join(arms)}"
-        check_fit_args(group.args, f"{study.path}: {what} on {group.env} as a group of {len(group.members)} members")
+        check_run(group.spec, f"{study.path}: {what} on {group.env} as a group of {len(group.members)} members")

@@ -6,7 +6,7 @@ Adam's betas, the EWMA's center of mass or none, the advantage span, the clip ra
 value coefficients, the KL beta, gamma and GAE lambda:
 `ppo_lightning.data.seed_group.MEMBER_HPARAMS`) train as one group of all their pending (arm, seed)
 cells (``data.member_seeds``, ``data.member_hparams``; member k is tested equal to its single run);
-an arm that cannot be a member (PPG, another config) trains its seeds as a group of its own;
+an arm that cannot be a member (configs of its own, e.g. ``[minatar/ppg]``) trains its seeds as a group of its own;
 artificial staleness runs seed by seed. Each group's time is estimated (`group_cost`: members plus a
 group's own overhead, x frames, x a rate per member and frame measured from the study's recorded
 cells, else a default per game), groups are split by members where that shortens the makespan on the
@@ -38,7 +38,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ import yaml
 
 from ppo_lightning.core.safety import open_nofollow
 from ppo_lightning.core.members import ALWAYS_MEMBER_SETTINGS, MEMBER_OPTIONS, OPTIONAL_MEMBER_OPTIONS
+from ppo_lightning.run.spec import Members, RunSpec, train
 from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
@@ -191,32 +191,12 @@ def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120
             signal.signal(s, h)
 
 
-def fit_value(v) -> str:
-    """A fit option's value as the command line writes it (YAML's true/false/null, JSON for lists and maps)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return str(v)
-
-
-def fit_flags(fit: dict) -> list[str]:
-    """``--key value`` pairs of fit options (``--key+=value`` for the append form ``key+``)."""
-    out = []
-    for k, v in fit.items():
-        out += [f"--{k}={fit_value(v)}"] if k.endswith("+") else [f"--{k}", fit_value(v)]
-    return out
-
-
-def cell_args(study: Study, arm: str, env: str, seed: int) -> list[str]:
-    """The ``fit`` arguments of one cell as a single run."""
+def cell_spec(study: Study, arm: str, env: str, seed: int) -> RunSpec:
+    """One cell as a single run."""
     a = study.arms[arm]
     configs = [str(study.resolve(c)) for c in (*study.base, *a.configs)]
-    return ([x for c in configs for x in ("--config", c)] + fit_flags(study.fit) + fit_flags(a.fit)
-            + ["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", env,
-               "--data.total_frames", str(study.frames), "--trainer.enable_progress_bar", "false"])
+    return RunSpec.from_settings(configs, {**study.fit, **a.fit, "trainer.enable_progress_bar": False},
+                                 env=env, seed=seed, frames=study.frames)
 
 
 def _base_config(study: Study, arm: str) -> dict:
@@ -251,26 +231,25 @@ def member_values(study: Study, arm: str) -> tuple[str, dict] | None:
 
 @dataclass
 class Group:
-    """Cells that train as one process: ``members`` (arm, seed) on ``env``, with its fit arguments and
+    """Cells that train as one process: ``members`` (arm, seed) on ``env``, the run that trains them and
     its estimated training time in seconds of one core (`group_cost`)."""
     env: str
     members: list[tuple[str, int]]
-    args: list[str]
+    spec: RunSpec
     cost: float = float("nan")
 
     @property
     def name(self) -> str:
-        h = hashlib.sha1(json.dumps([self.env, self.members, self.args]).encode()).hexdigest()[:10]
+        h = hashlib.sha1(json.dumps([self.env, self.members, self.spec.argv()]).encode()).hexdigest()[:10]
         return f"{self.env.replace(':', '-')}-{len(self.members)}m-{h}"
 
 
-def group_args(study: Study, env: str, members: list[tuple[str, int]]) -> list[str]:
+def group_spec(study: Study, env: str, members: list[tuple[str, int]]) -> RunSpec:
+    """The run of a group: one arm's seeds as members, or several arms' (their settings per member)."""
     arms = list(dict.fromkeys(a for a, _ in members))
     seeds = [s for _, s in members]
-    if len(members) == 1:
-        return cell_args(study, arms[0], env, seeds[0])
     if len(arms) == 1:
-        return cell_args(study, arms[0], env, seeds[0]) + ["--data.member_seeds", json.dumps(seeds)]
+        return cell_spec(study, arms[0], env, seeds[0]).replace(members=Members(seeds))
     specs = {a: member_values(study, a)[1] for a in arms}
     own = [k.split(".")[1] for k in LOSS_AND_RETURN_KEYS if any(k in study.arms[a].fit for a in arms)]  # set by an arm
     values = {n: [specs[a][n] for a, _ in members] for n in (*ALWAYS_MEMBER_SETTINGS, *own)}
@@ -283,10 +262,10 @@ def group_args(study: Study, env: str, members: list[tuple[str, int]]) -> list[s
     shared_fit = {k: v for k, v in first.fit.items() if k not in MEMBER_KEYS}
     configs = [str(study.resolve(c)) for c in study.base]
     ewma = {"model.decoupled": True, "model.proximal_com": 8} if "proximal_com" in values else {}
-    return ([x for c in configs for x in ("--config", c)] + fit_flags(study.fit) + fit_flags(shared_fit) + fit_flags(ewma)
-            + ["--scale_rules", "none", "--seed_everything", str(seeds[0]), "--data.seed", str(seeds[0]),
-               "--data.env_id", env, "--data.total_frames", str(study.frames), "--trainer.enable_progress_bar", "false",
-               "--data.member_seeds", json.dumps(seeds), "--data.member_hparams", json.dumps(values)])
+    # the members' values are scaled already (`member_values`): the group applies no --scale rule of its own
+    return RunSpec.from_settings(configs, {**study.fit, **shared_fit, **ewma, "scale_rules": "none",
+                                           "trainer.enable_progress_bar": False},
+                                 env=env, seed=seeds[0], frames=study.frames, members=Members(seeds, values))
 
 
 # ----------------------------------------------------------------------------------- planning
@@ -453,7 +432,7 @@ def plan(study: Study, done: set, workers: int = 1, cells=None) -> list[Group]:
         for n in sizes:
             part = members[at:at + n]
             at += n
-            groups.append(Group(env, part, group_args(study, env, part), group_cost(n, study.frames, rate)))
+            groups.append(Group(env, part, group_spec(study, env, part), group_cost(n, study.frames, rate)))
     return groups
 
 
@@ -481,24 +460,23 @@ def _write_json(path: Path, data, what: str = "study record") -> None:
     atomic_write(path, json.dumps(data), what)
 
 
-def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames: int | None = None) -> list[str]:
-    """Periodic checkpoints in ``run_dir``, and ``--ckpt_path`` to its ``last.ckpt`` when an attempt with
-    the same arguments left one (other arguments: the old folder is set aside and the group starts over)."""
+def resume_spec(spec: RunSpec, run_dir: Path, checkpoint_frames: int | None = None) -> tuple[RunSpec, Path | None]:
+    """The group's run with periodic checkpoints in ``run_dir``, and the ``last.ckpt`` to resume from when
+    an attempt of the same run left one (another run's: the old folder is set aside and the group starts over)."""
     from ppo_lightning.training.checkpointing import check_checkpoint_file  # start-up cost: only in a worker
 
-    # the group's frames per iteration: its envs x steps (the last value given, else its configs'), / --scale
-    val = lambda k, d: args[len(args) - 1 - args[::-1].index(k) + 1] if k in args else d  # noqa: E731
-    cfg = {}
-    for k, c in enumerate(args):
-        if c == "--config":
-            for section, values in (yaml.safe_load(Path(args[k + 1]).read_text()) or {}).items():
-                if isinstance(values, dict):
-                    cfg.setdefault(section, {}).update(values)
-    envs = float(val("--data.num_envs", cfg.get("data", {}).get("num_envs", 64)))
-    steps = float(val("--data.rollout_steps", cfg.get("data", {}).get("rollout_steps", 64)))
-    per_iteration = envs * steps / float(val("--scale", 1.0))
+    # the group's frames per iteration: its envs x steps (its own value, else its configs' last), / --scale
+    cfg: dict = {}
+    for c in spec.configs:
+        for section, values in (yaml.safe_load(Path(c).read_text()) or {}).items():
+            if isinstance(values, dict):
+                cfg.setdefault(section, {}).update(values)
+    envs = float(spec.data.get("num_envs", cfg.get("data", {}).get("num_envs", 64)))
+    steps = float(spec.data.get("rollout_steps", cfg.get("data", {}).get("rollout_steps", 64)))
+    per_iteration = envs * steps / float(spec.options.get("scale") or 1.0)
     every = max(1, round((checkpoint_frames or CHECKPOINT_FRAMES) / per_iteration))
-    extra = ["--trainer.enable_checkpointing", "true", "--checkpoint_every", str(every)]
+    args = spec.argv()
+    checkpointed = spec.with_settings({"trainer.enable_checkpointing": True, "checkpoint_every": every})
     stamp, last = run_dir / "group_args.json", run_dir / "checkpoints" / "last.ckpt"
     if last.exists():
         try:
@@ -511,10 +489,10 @@ def resume_args(args: list[str], run_dir: Path, study: Study, checkpoint_frames:
             run_dir.rename(aside)
         else:
             print(f"[study] {run_dir.name}: continuing from {last}", flush=True)
-            return extra + ["--ckpt_path", str(last)]
+            return checkpointed, last
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_json(stamp, args, "the group's arguments")
-    return extra
+    return checkpointed, None
 
 
 def attempt_train_times(history: list[tuple[int, int, float]]) -> list[float]:
@@ -576,28 +554,27 @@ def run_group(study: Study, group: Group, run_root: Path, tracking_uri: str, par
 def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, parent_run_id: str | None,
                  checkpoint_frames: int | None) -> list[Cell]:
     """`run_group`'s training and records, under the group's lock."""
-    from ppo_lightning.cli.fit import fit_main  # start-up cost: the training stack only in a worker
-
     run_dir = run_root / "groups" / group.name
-    extra = resume_args(group.args, run_dir, study, checkpoint_frames)
+    spec, last = resume_spec(group.spec, run_dir, checkpoint_frames)
     _write_json(run_dir / "members.json", {"env": group.env, "members": group.members})  # for `study status`
     attempts_file = run_dir / "attempts.json"  # earlier attempts of this group, stopped (preempted) before the end
     earlier = json.loads(attempts_file.read_text()) if attempts_file.exists() else []
     t0 = time.perf_counter()
-    cli = fit_main(["fit", *group.args, *extra, "--mlflow.tracking_uri", tracking_uri, "--mlflow.experiment", study.name,
-                    "--mlflow.run_name", group.name, "--run_dir", str(run_dir), f"--trainer.callbacks+={PROGRESS_CALLBACK}"])
-    code = getattr(cli, "exit_code", None)
+    spec = spec.with_settings({"mlflow.tracking_uri": tracking_uri, "mlflow.experiment": study.name,
+                               "mlflow.run_name": group.name, "run_dir": str(run_dir)})
+    run = train(spec.replace(callbacks=(*spec.callbacks, PROGRESS_CALLBACK)), ckpt_path=last)
+    code = run.exit_code
     wall = time.perf_counter() - t0
     if code:  # stopped by a signal (preemption): resumable from its checkpoint; its time is kept for the cells
         try:
-            logger = cli.trainer.logger
+            logger = run.trainer.logger
             segments = attempt_train_times(_elapsed_history(logger.experiment, logger.run_id))
         except Exception:  # noqa: BLE001 - the tracking store may be away: the wall time stands for it
             segments = []
         _write_json(attempts_file, [*earlier, {"wall_s": wall, "train_s": segments[-1] if segments else wall}])
         raise SystemExit(code)
-    logger = cli.trainer.logger
-    client, dm = logger.experiment, cli.datamodule
+    logger = run.trainer.logger
+    client, dm = logger.experiment, run.datamodule
     segments = attempt_train_times(_elapsed_history(client, logger.run_id)) or [wall]
     # every attempt: the earlier ones recorded, any killed without a record (SIGKILL: only their elapsed
     # time in a run the attempts shared), and this one
@@ -605,11 +582,11 @@ def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, 
     attempts = len(earlier) + len(unrecorded) + 1
     train_s = sum(a["train_s"] for a in earlier) + sum(unrecorded) + segments[-1]
     wall = sum(a["wall_s"] for a in earlier) + sum(unrecorded) + wall
-    precision = str(cli.trainer.precision)
+    precision = str(run.trainer.precision)
     cpu = cpu_label()
     if parent_run_id:
         client.set_tag(logger.run_id, "mlflow.parentRunId", parent_run_id)
-    group_obj = getattr(cli.model, "seed_group", None)
+    group_obj = getattr(run.model, "seed_group", None)
     run_ids = group_obj.runs.run_ids if group_obj is not None else [logger.run_id]
     cells = []
     for (arm, seed), run_id in zip(group.members, run_ids):

@@ -27,8 +27,6 @@ class ScheduledCoefficients:
         if "lr" in self.specs and hparams.get("lr_schedule", "constant") != "constant":
             raise ValueError("model.schedules.lr and model.lr_schedule both schedule the lr: keep one "
                              "(model.lr_schedule linear is model.schedules.lr linear)")
-        if "lr" in self.specs and hparams.get("ppg") is not None:
-            raise ValueError("model.schedules.lr is not supported with model.ppg yet (its optimizers have no scheduler)")
         self.factors: dict[str, float] = {}
 
     def __bool__(self) -> bool:

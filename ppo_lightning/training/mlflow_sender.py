@@ -45,14 +45,29 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from ppo_lightning.core.faults import StorageFull
-from ppo_lightning.core.storage import free_bytes, human_bytes, out_of_space, space_error_text, tree_bytes
+from ppo_lightning.core.faults import StorageFull, human_bytes
+from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text, tree_bytes
 
 SPOOL_NAME = "mlflow-spool.jsonl"
+# MLflow 3.x's UI picks an experiment's view from this tag: untagged experiments open in the GenAI
+# view ("Evaluation runs"); this kind opens on the training runs and their charts.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 QUEUE_SIZE = 10_000  # records handed over without a lock; past it the loop appends to the backlog itself
 RETRY_S = (0.5, 1.0, 2.0, 5.0)  # waits between tries while the server is away
+
+
+def local_artifact_folder(location: str | None) -> Path | None:
+    """The folder of a local artifact location (``file:///...`` or a plain path); None for others."""
+    if not location:
+        return None
+    if location.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
+    return None if "://" in location else Path(location)
 
 
 def _warn(message: str) -> None:
@@ -359,7 +374,6 @@ class MlflowSender:
     def _remove_partial_artifact(self, record: dict) -> None:
         """A local artifact store copies the file: a copy cut by a full disk is removed."""
         try:
-            from ppo_lightning.training.tracking import local_artifact_folder  # tracking imports us: no cycle
 
             folder = local_artifact_folder(self.client.get_run(self.run_id).info.artifact_uri)
             if folder is not None:
@@ -475,7 +489,6 @@ class MlflowSender:
 
 def create_run(client, experiment_name: str, tags: dict[str, str]) -> str:
     """Create a run in the experiment (made, with the training-view tag, if needed); its id."""
-    from ppo_lightning.training.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG  # tracking imports us: no cycle
 
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None or experiment.lifecycle_stage == "deleted":

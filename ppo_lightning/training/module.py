@@ -245,8 +245,6 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
         if h.get("ppg") is not None:
             validate_ppg_config(h.ppg, h)
-            if h.lr_schedule != "constant":
-                raise ValueError("model.lr_schedule must be 'constant' with model.ppg (PPG steps its optimizers manually)")
 
     def loss_settings(self) -> dict[str, Any]:
         """The loss module's settings (`ppo_lightning.algos.loss.LOSS_SETTINGS`) from the hyperparameters."""
@@ -347,15 +345,20 @@ class PPOLightningModule(pl.LightningModule):
         return self.updater.configure_optimizers(self)
 
     def configure_ppo_optimizers(self):
-        """PPO's optimizer (`_make_optimizer`) and ``model.lr_schedule``'s scheduler."""
+        """PPO's optimizer (`_make_optimizer`) and its lr schedule (`lr_scheduler_for`)."""
         optimizer = self._make_optimizer()
-        dm = self.trainer.datamodule if self._trainer is not None else None
-        if self.hparams.lr_schedule == "constant" or dm is None:
-            scheduler = None if dm is None else self.coefficients.lr_scheduler(self, optimizer)  # model.schedules.lr
-            return optimizer if scheduler is None else {"optimizer": optimizer, "lr_scheduler": scheduler}
+        scheduler = self.lr_scheduler_for(optimizer)
+        return optimizer if scheduler is None else {"optimizer": optimizer, "lr_scheduler": scheduler}
 
-        scheduler = make_lr_scheduler(self.hparams.lr_schedule, optimizer, dm.total_frames, dm.frames_per_iteration)
-        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+    def lr_scheduler_for(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """``model.lr_schedule``'s or ``model.schedules.lr``'s scheduler of ``optimizer`` as a Lightning
+        config stepped once per iteration; None for a constant lr (or before the data module is known)."""
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if dm is None:
+            return None
+        if self.hparams.lr_schedule == "constant":
+            return self.coefficients.lr_scheduler(self, optimizer)  # model.schedules.lr, if any
+        return make_lr_scheduler(self.hparams.lr_schedule, optimizer, dm.total_frames, dm.frames_per_iteration)
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = list(self.network.parameters())
@@ -464,6 +467,7 @@ class PPOLightningModule(pl.LightningModule):
                 metrics["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
+        self.updater.on_iteration_end(self)
         metrics.update(self._component_metrics())
         metrics.update(self._recorded)
         self._recorded = {}

@@ -84,8 +84,8 @@ def validate_seed_group(h) -> None:
             raise ValueError(f"data.num_seeds={num_seeds} (vectorized seeds) does not support {name} yet; run the seeds one by one")
     if members is not None:
         validate_member_hparams(members, num_seeds)
-        if h.get("ppg") is not None:
-            raise ValueError("member_hparams: PPG groups do not support per-member hyperparameters yet; one group per setting")
+        if h.get("optimizer") == "sgd" and ({"lr", "adam_betas"} & set(members)):
+            raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need model.optimizer adam")
         if "proximal_com" in members and not h.get("decoupled"):
             raise ValueError("member_hparams.proximal_com needs model.decoupled=true (the EWMA is the decoupled anchor; "
                              "null: the behavior policy)")

@@ -31,13 +31,11 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from ppo_lightning.core.faults import UnwritablePath
 from ppo_lightning.core.storage import check_writable
+from ppo_lightning.training.mlflow_sender import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowSender, configure_http,
+                                                  create_run, is_unreachable, load_spool, local_artifact_folder,
+                                                  short_reason)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-# MLflow 3.x's UI picks an experiment's view from this tag: untagged experiments open in the GenAI
-# view ("Evaluation runs"); this kind opens on the training runs and their charts.
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-EXPERIMENT_KIND = "custom_model_development"
-
 
 # MLflow 3.x's UI keeps its GenAI / model-training toggle in the browser's local storage and does not
 # reconcile it with the experiment's kind (mlflow/mlflow#24498); this query in the page URL wins.
@@ -133,7 +131,6 @@ class SafeMLFlowLogger(MLFlowLogger):
     def __init__(self, experiment_name: str, tracking_uri: str, run_name: str | None = None,
                  run_id: str | None = None, spool: str | None = None, **kwargs) -> None:
         kwargs.pop("log_model", None)  # we upload the checkpoints we want at the end (finalize)
-        from ppo_lightning.training.mlflow_sender import configure_http  # imports this module: no cycle at load
 
         configure_http()  # short requests, no client-side retries: the sender retries
         super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=run_name,
@@ -184,7 +181,6 @@ class SafeMLFlowLogger(MLFlowLogger):
         if self.failed:
             return
         if self.sender is None:
-            from ppo_lightning.training.mlflow_sender import MlflowSender  # imports this module: no cycle at load
 
             self.sender = MlflowSender(self._mlflow_client, self.tracking_uri, self._run_id, self.spool,
                                        local=is_local_store(self.tracking_uri), resumed=self.resumed,
@@ -334,17 +330,6 @@ def is_local_store(tracking_uri: str) -> bool:
     return tracking_uri.startswith(("sqlite:", "file:")) or "://" not in tracking_uri
 
 
-def local_artifact_folder(location: str | None) -> Path | None:
-    """The folder of a local artifact location (``file:///...`` or a plain path); None for others."""
-    if not location:
-        return None
-    if location.startswith("file:"):
-        from urllib.parse import unquote, urlparse
-
-        return Path(unquote(urlparse(location).path))
-    return None if "://" in location else Path(location)
-
-
 def check_artifact_location(tracking_uri: str, experiment_name: str) -> None:
     """The experiment's artifact folder, if local, must be writable (`UnwritablePath`, exit code 4)."""
     if not is_local_store(tracking_uri):
@@ -381,7 +366,6 @@ def make_logger(tracking_uri: str = DEFAULT_TRACKING_URI, experiment_name: str =
     everything sent, when the server is back (`ppo_lightning.training.mlflow_sender`).
     """
     # mlflow_sender imports this module: imported here, no cycle at load
-    from ppo_lightning.training.mlflow_sender import configure_http, create_run, is_unreachable, load_spool, short_reason
 
     configure_http()  # short requests without client retries: the sender retries, the loop never waits
     error = probe_tracking_store(tracking_uri, experiment_name, limit=2000)

@@ -126,6 +126,10 @@ class PPOUpdate:
     def on_train_start(module) -> None:
         pass
 
+    @staticmethod
+    def on_iteration_end(module) -> None:
+        pass  # Lightning steps the lr scheduler after the iteration (automatic optimization)
+
 
 class PPGUpdate:
     """PPG's optimizers and its manual step (`ppo_lightning.algos.ppg`): one policy(-phase) optimizer,
@@ -137,9 +141,12 @@ class PPGUpdate:
         self.changed_policy = True  # the last step changed the policy (the EWMA moves after it)
 
     @staticmethod
-    def _adam(params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
-        fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
-        return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas), fused=fused)
+    def _fusable(params: list) -> bool | None:
+        return all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
+
+    @classmethod
+    def _adam(cls, params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
+        return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas), fused=cls._fusable(params))
 
     @staticmethod
     def optimizer_names(module) -> list[str]:
@@ -159,15 +166,16 @@ class PPGUpdate:
         names = self.optimizer_names(module)
         self.optimizer_index = {n: i for i, n in enumerate(names)}
         self.optimizer_index["joint"] = 0
-        opts = []
+        opts, schedulers = [], []
         for name in names:
-            if name == "aux":
+            if name == "aux":  # the auxiliary phase keeps ppg.aux_lr: the lr schedule is the policy's and value's
                 opts.append(self._adam(params, cfg["aux_lr"], cfg["aux_betas"], h.adam_eps))
-            elif h.optimizer == "sgd":
-                opts.append(torch.optim.SGD(params, lr=h.lr))
-            else:
-                opts.append(self._adam(params, h.lr, h.adam_betas, h.adam_eps))
-        return opts
+                continue
+            opts.append(module.seed_axis.make_optimizer(h, params, self._fusable(params)))  # a group's members' own lrs
+            scheduler = module.lr_scheduler_for(opts[-1])
+            if scheduler is not None:
+                schedulers.append(scheduler)
+        return (opts, schedulers) if schedulers else opts
 
     def training_step(self, module, batch: PhaseBatch, batch_idx: int) -> dict[str, Any]:
         """One gradient step of the minibatch's phase (``batch.phase``). A vectorized seed group steps
@@ -202,6 +210,13 @@ class PPGUpdate:
             if module.proximal_source is not None:
                 module.proximal_source.reset(module.network)
         return {"loss": loss.sum(), "ppg_phase": phase}
+
+    @staticmethod
+    def on_iteration_end(module) -> None:
+        """Manual optimization: Lightning leaves the schedulers to us; each steps once per iteration, as
+        PPO's do (their state is in the checkpoint, Lightning's ``lr_schedulers``)."""
+        for config in module.trainer.lr_scheduler_configs:
+            config.scheduler.step()
 
     @staticmethod
     def on_train_start(module) -> None:

@@ -6,6 +6,6 @@ groups (`runner`: several workers share a study through Optuna's journal file) a
 best settings, their interval over seeds, plots of the search and the command that trains them
 (`summary`).
 
-May import: every layer (cli's ``fit`` for the groups, studies' records and analysis); only the
+May import: every layer below `cli` (`run` for the groups, studies' records and analysis); only the
 command dispatcher (`ppo_lightning.cli.main`) imports it.
 """

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     if not a.summary_only:
         # pre-flight: code the file would import, a trial's settings through fit's parser, the env
         # built once, the run root writable and free of links: before any worker starts
-        from ppo_lightning.cli.preflight import check_run_root
+        from ppo_lightning.run.preflight import check_run_root
         from ppo_lightning.tuning.preflight import check_space
         from ppo_lightning.core.faults import UnwritablePath
         # start-up cost, as above: the pre-flight's errors with it

@@ -1,10 +1,10 @@
 """A search's pre-flight, before any worker starts: what its space file would import (refused without
 ``--trust-code``), finite values, a trial per parameter's low end and per categorical choice through
-``fit``'s own parser, the env built once (the shared checks: `ppo_lightning.cli.preflight`)."""
+``fit``'s own parser, the env built once (the shared checks: `ppo_lightning.run.preflight`)."""
 
 from __future__ import annotations
 
-from ppo_lightning.cli.preflight import PreflightError, _config_refs, check_env_once, check_fit_args
+from ppo_lightning.run.preflight import PreflightError, _config_refs, check_env_once, check_run
 from ppo_lightning.core.safety import check_code, code_references, first_nonfinite
 from ppo_lightning.tuning import runner
 
@@ -28,5 +28,5 @@ def check_space(space, trust_code: bool = False) -> None:
     trials = [first] + [{**first, n: c} for n, p in space.params.items() if p.kind == "categorical" for c in p.choices[1:]]
     for values in trials:
         shown = ", ".join(f"{k}={v}" for k, v in values.items())
-        check_fit_args(runner.single_args(space, values, space.seeds[0]), f"{space.path}: a trial with {shown}")
+        check_run(runner.single_spec(space, values, space.seeds[0]), f"{space.path}: a trial with {shown}")
     check_env_once(space.env, None, str(space.path))

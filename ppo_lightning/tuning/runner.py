@@ -51,7 +51,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ppo_lightning.core.members import BY_NAME, OPTIONAL_MEMBER_OPTIONS
 from ppo_lightning.studies.records import curve_auc, final_value
-from ppo_lightning.studies.runner import fit_flags
+from ppo_lightning.run.spec import Members, RunSpec, train
 from ppo_lightning.tuning.space import MEMBER_PARAMS, Space
 
 # searched fit options a member carries besides the lr, the EWMA age, the advantage span and Adam's betas
@@ -124,32 +124,29 @@ def trial_fit(space: Space, params: dict[str, Any]) -> dict[str, Any]:
     return {**space.fit, **params}
 
 
-def single_args(space: Space, params: dict[str, Any], seed: int) -> list[str]:
-    """The ``fit`` arguments of one trial with one seed as a single run."""
-    configs = [x for c in space.base for x in ("--config", str(space.resolve(c)))]
-    return (configs + fit_flags(trial_fit(space, params))
-            + ["--seed_everything", str(seed), "--data.seed", str(seed), "--data.env_id", space.env,
-               "--data.total_frames", str(space.frames)])
+def single_spec(space: Space, params: dict[str, Any], seed: int) -> RunSpec:
+    """One trial with one seed as a single run."""
+    return RunSpec.from_settings([str(space.resolve(c)) for c in space.base], trial_fit(space, params),
+                                 env=space.env, seed=seed, frames=space.frames)
 
 
-def group_args(space: Space, members: list[tuple[dict[str, Any], int]], refill: bool = False) -> list[str]:
-    """The ``fit`` arguments of a group of ``(trial values, seed)`` members that share their group settings
+def group_spec(space: Space, members: list[tuple[dict[str, Any], int]], refill: bool = False) -> RunSpec:
+    """The run of a group of ``(trial values, seed)`` members that share their group settings
     (``refill``: always with every member's settings, so that a slot can take another trial's)."""
     seeds = [s for _, s in members]
     if len(members) == 1:
-        return single_args(space, *members[0])
+        return single_spec(space, *members[0])
     if not refill and all(p == members[0][0] for p, _ in members):  # one trial's seeds: a plain seed group
-        return single_args(space, members[0][0], seeds[0]) + ["--data.member_seeds", json.dumps(seeds)]
+        return single_spec(space, members[0][0], seeds[0]).replace(members=Members(seeds))
     _, shared = split_params(space, members[0][0])
     values = [scaled(space, member_values(space, p)) for p, _ in members]
     names = list(values[0])
     hparams = {n: [v[n] for v in values] for n in names}
-    configs = [x for c in space.base for x in ("--config", str(space.resolve(c)))]
     ewma = {"model.proximal_com": 8.0} if "proximal_com" in hparams else {}  # a placeholder: the members' values rule
-    return (configs + fit_flags({**space.fit, **shared, **ewma})
-            + ["--scale_rules", "none", "--seed_everything", str(seeds[0]), "--data.seed", str(seeds[0]),
-               "--data.env_id", space.env, "--data.total_frames", str(space.frames),
-               "--data.member_seeds", json.dumps(seeds), "--data.member_hparams", json.dumps(hparams)])
+    # the members' values are scaled already (`scaled`): the group applies no --scale rule of its own
+    return RunSpec.from_settings([str(space.resolve(c)) for c in space.base],
+                                 {**space.fit, **shared, **ewma, "scale_rules": "none"},
+                                 env=space.env, seed=seeds[0], frames=space.frames, members=Members(seeds, hparams))
 
 
 def plan_groups(space: Space, asked: list[tuple[Any, dict[str, Any]]]) -> list[list[tuple[Any, dict[str, Any]]]]:
@@ -475,7 +472,7 @@ def _clocks() -> tuple[float, float]:
 
 
 def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], run_root: Path, tracking_uri: str,
-                parent: str | None, fit_extra: list[str] | None = None, next_trial=None) -> dict[int, str]:
+                parent: str | None, fit_extra: dict[str, Any] | None = None, next_trial=None) -> dict[int, str]:
     """Train one group of trials and tell each its result; returns ``{trial number: state}``.
 
     Each trial holds ``seeds.count`` consecutive slots of the group and is judged on its own frames:
@@ -487,8 +484,6 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
     when no slot holds a trial."""
     from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
     from optuna.trial import TrialState
-
-    from ppo_lightning.cli.fit import fit_main  # start-up cost: the training stack only in a worker
 
     per_trial = len(space.seeds)
     members = [(params, s) for _, params in group for s in space.seeds]
@@ -580,24 +575,25 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
     own_schedule = (schedule, space.frames) if refill and schedule != "constant" else None
     reporter = TrialReporter(len(members), on_iteration, own_schedule)
     budget = space.frames * max(1, space.trials) if refill else space.frames
-    args = group_args(space, members, refill) + (["--model.lr_schedule", "constant"] if own_schedule else []) + [
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
-        "--mlflow.enabled", "false", "--run_dir", str(run_dir), "--data.total_frames", str(budget), *(fit_extra or [])]
+    spec = group_spec(space, members, refill).with_settings({
+        **({"model.lr_schedule": "constant"} if own_schedule else {}), "trainer.enable_progress_bar": False,
+        "trainer.enable_checkpointing": False, "video_every": None, "mlflow.enabled": False, "run_dir": str(run_dir),
+        "data.total_frames": budget, **(fit_extra or {})})
     for trial, _ in group:
         trial.set_user_attr("group", name)
     try:
-        cli = fit_main(["fit", *args], extra_callbacks=[reporter])
+        run = train(spec, callbacks=[reporter])
     except BaseException as err:
         for trial, _, _, _, _ in list(active.values()):
             trial.set_user_attr("error", str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
             tell(trial, state=TrialState.FAIL)
         raise
-    if getattr(cli, "exit_code", None):  # stopped by a signal: its trials are asked again by the next worker
+    if run.exit_code:  # stopped by a signal: its trials are asked again by the next worker
         for trial, _, _, _, _ in list(active.values()):
             if tell(trial, state=TrialState.FAIL):
                 study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
-        raise SystemExit(cli.exit_code)
-    frames = float(cli.datamodule.frames)
+        raise SystemExit(run.exit_code)
+    frames = float(run.datamodule.frames)
     if frames < space.frames and not any(s == "COMPLETE" for s in states.values()):
         print(f"[tune] {name}: every trial pruned; the group stopped at {frames:.0f} of {space.frames} frames", flush=True)
     for number, (_, _, slot, _, _) in list(active.items()):  # the group's frames ran out (a single run at its budget)
@@ -607,7 +603,7 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
 
 def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracking_uri: str | None = None,
                stale_after: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S, worker_id: str | None = None,
-               fit_extra: list[str] | None = None) -> int:
+               fit_extra: dict[str, Any] | None = None) -> int:
     """Ask, train and tell until the search has its trials; returns how many trials this worker told."""
     run_root = Path(run_root).resolve()
     run_root.mkdir(parents=True, exist_ok=True)
@@ -627,7 +623,7 @@ def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracki
 
 
 def _work(space: Space, study, run_root: Path, tracking_uri: str, parent: str | None, lease: Lease, stash: list,
-          stale_after: float, fit_extra: list[str] | None) -> int:
+          stale_after: float, fit_extra: dict[str, Any] | None) -> int:
     """The worker's loop (`run_worker`): ask a group's worth of trials, train them, until none is left."""
     told = 0
     while True:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import warnings
 from pathlib import Path
 
-from ppo_lightning.studies.runner import fit_value
+from ppo_lightning.run.spec import Members, RunSpec, fit_value
 from ppo_lightning.tuning.runner import trial_fit
 from ppo_lightning.tuning.space import Space
 
@@ -55,16 +54,9 @@ def search_cost(trials) -> dict:
 
 def train_command(space: Space, params: dict, seeds: int = FRESH_SEEDS, first: int = FRESH_FIRST) -> str:
     """``ppo-lightning fit`` with the best settings, ``seeds`` seeds the search never used, as one group."""
-    parts = ["ppo-lightning", "fit"]
-    for c in space.base:
-        parts += ["--config", str(c)]
-    for k, v in trial_fit(space, params).items():
-        parts += [f"--{k}", fit_value(v)]
-    parts += ["--data.env_id", space.env, "--data.total_frames", str(space.frames), "--seed_everything", str(first),
-              "--data.seed", str(first)]
-    if seeds > 1:
-        parts += ["--seeds", str(seeds)]
-    return " ".join(shlex.quote(p) for p in parts)
+    members = Members(list(range(first, first + seeds))) if seeds > 1 else None
+    return RunSpec.from_settings(space.base, trial_fit(space, params), env=space.env, seed=first, frames=space.frames,
+                                 members=members).command()
 
 
 def summarize(space: Space, study, out_dir: Path, plots: bool = True) -> dict:

@@ -1,7 +1,7 @@
 """Pre-flight of ``study run`` and ``tune``: everything a worker would find wrong, found before any
 worker starts, each in one line naming the arm (or trial) and the field (issue 48).
 
-- `check_fit_args`: a cell's ``fit`` arguments parsed by fit's own parser (`ppo_lightning.cli.fit.PPOCLI`)
+- `check_run`: a cell's run (`ppo_lightning.run.spec.RunSpec`) parsed by fit's own parser (`ppo_lightning.run.builder.PPOCLI`)
   and its model and data module built (the env's spaces), with no Trainer, folder or MLflow run: unknown
   settings, a NaN or a word where a number goes, a bad env id fail here as they would in the worker.
 - `study_code` / `space_code`: what a study or space file (and the config files it names, other than
@@ -19,7 +19,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.core.safety import UnsafeInput, check_code, code_references, first_nonfinite, load_yaml
+from ppo_lightning.run.spec import RunSpec
+from ppo_lightning.core.safety import UnsafeInput, code_references, load_yaml
 
 
 class PreflightError(UnsafeInput):
@@ -27,7 +28,7 @@ class PreflightError(UnsafeInput):
 
 
 def _check_cli_class():
-    from ppo_lightning.cli.fit import PPOCLI  # start-up cost: Lightning's CLI, only where a study or search runs
+    from ppo_lightning.run.builder import PPOCLI  # start-up cost: Lightning's CLI, only where a study or search runs
 
     class CheckCLI(PPOCLI):
         """fit's parser and classes, without a Trainer: nothing is trained, written or tracked."""
@@ -41,22 +42,22 @@ def _check_cli_class():
     return CheckCLI
 
 
-def check_fit_args(args: list[str], where: str) -> None:
-    """Parse ``fit`` arguments as ``fit`` does and build the model and data module; `PreflightError`
+def check_run(spec: RunSpec, where: str) -> None:
+    """Parse a run's settings as ``fit`` does and build the model and data module; `PreflightError`
     (``<where>: <field>: <reason>``) on the first problem. The parser's and the classes' output is
     swallowed; nothing is written."""
     import jsonargparse
 
     # start-up cost: fit's CLI (Lightning, TorchRL) only where a study or search runs its pre-flight
-    from ppo_lightning.cli import fit as fit_cli
-    from ppo_lightning.cli.trust import parse_error_line
+    from ppo_lightning.run import builder
+    from ppo_lightning.run.trust import parse_error_line
     from ppo_lightning.core.faults import TrainingFault
 
     out = io.StringIO()
     logging.disable(logging.INFO)  # Lightning's "Seed set to ..." per cell: its handler holds the real stderr
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            fit_cli.fit_main(["fit", *args], cli_class=_check_cli_class())
+            builder.fit_main(["fit", *spec.argv()], cli_class=_check_cli_class())
     except jsonargparse.ArgumentError as err:
         raise PreflightError(f"{where}: {parse_error_line(str(err))}") from None
     except (ValueError, TypeError, TrainingFault) as err:

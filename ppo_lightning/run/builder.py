@@ -1,0 +1,562 @@
+"""The run builder: LightningCLI's parser and classes with our defaults (`PPOCLI`), and `fit_main`,
+which builds and trains one run from ``fit`` arguments. The ``fit`` command (`ppo_lightning.cli.fit`)
+and the run API (`ppo_lightning.run.spec.train`) both come here, so a command line and a `RunSpec`
+are validated and trained by the same code.
+
+The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model``
+(`PPOLightningModule`, or a subclass: ``--model my_pkg.MyModule`` / ``model.class_path``, whose
+checkpoints resume as that class), ``data`` (`RolloutDataModule`), plus ``mlflow``,
+``checkpoint_every`` and ``run_dir``. The data module supplies the observation and action spaces to
+the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import jsonargparse
+from lightning.pytorch.callbacks import Callback, ProgressBar
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+
+from ppo_lightning.training.callbacks import (
+    MANAGED_CALLBACKS,
+    FramesProgressBar,
+    IterationCheckpoint,
+    TrackingState,
+    TrainingVideo,
+    quiet_library_notices,
+    read_tracking_state,
+    record_run_setup,
+    wait_for_episodes,
+)
+from ppo_lightning.data.datamodule import RolloutDataModule
+from ppo_lightning.training.module import PPOLightningModule
+from ppo_lightning.training.precision import PPOTrainer
+from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger, view_hints
+from ppo_lightning.algos import scaling
+from ppo_lightning.training.preemption import Preemption, SignalStop
+from ppo_lightning.core.configs import resolve_config_args
+from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
+from ppo_lightning.training import preemption
+from ppo_lightning.training.checkpointing import check_checkpoint_file
+from ppo_lightning.training.storage_faults import preflight
+from ppo_lightning.training.mlflow_sender import SPOOL_NAME
+from ppo_lightning.core.safety import refuse_symlink
+from ppo_lightning.run import trust
+from ppo_lightning.run import resume as resume_cli
+
+
+class SaveRunConfig(SaveConfigCallback):
+    """Write the resolved config into the run folder (MLflow's logger has no local log_dir) and
+    attach it to the MLflow run."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        run_dir = Path(trainer.default_root_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / self.config_filename
+        refuse_symlink(path, "the run's config")  # a planted link: its target is never overwritten
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True)
+        if isinstance(trainer.logger, SafeMLFlowLogger):
+            trainer.logger.log_file(path)
+
+
+MODEL_CLASS_PATH = "ppo_lightning.training.module.PPOLightningModule"
+
+
+def model_config(cfg):
+    """The model's settings in a parsed config: ``model.init_args`` (the model is a class path and
+    its init arguments, `PPOLightningModule` or a subclass)."""
+    model = cfg.model
+    return model.init_args if "init_args" in model else model
+
+
+_TRAINING_STARTED = False  # errors after this point are not configuration errors
+
+
+class _TrainingStarted(Callback):
+    """Marks the end of configuration: the library's own checks (staleness against the objective,
+    PPG's phase buffer against memory: in the data module and the model) run before ``on_train_start``."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        global _TRAINING_STARTED
+        _TRAINING_STARTED = True
+
+
+def fill_data_seed(cfg) -> None:
+    """``seed_everything`` also seeds the environments and the shuffling, unless ``data.seed`` is set."""
+    seed = cfg.get("seed_everything")
+    if cfg.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
+        cfg.data.seed = seed
+
+
+def _is_progress_bar(class_path: str) -> bool:
+    import importlib
+
+    module, _, name = str(class_path).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ProgressBar)
+
+
+def _logger_entry(logger: SafeMLFlowLogger) -> dict:
+    return {"experiment_name": logger.experiment_name, "tracking_uri": logger.tracking_uri}
+
+
+class PPOCLI(LightningCLI):
+    """LightningCLI with our defaults: MLflow tracking, a frames progress bar, periodic checkpoints.
+
+    ``extra_callbacks``: callback objects for this run in addition to the config's (benchmarks and
+    experiments that read results from a callback they hold, e.g. a frames-to-threshold recorder)."""
+
+    def __init__(self, *args, extra_callbacks=(), **kwargs) -> None:
+        self.extra_callbacks = list(extra_callbacks)
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
+
+    def add_arguments_to_parser(self, parser) -> None:
+        # `--model my_pkg.MyModule` (or `model: {class_path: ..., init_args: ...}`) picks a subclass;
+        # without one, `model:` / `--model.X` configure PPOLightningModule as before.
+        parser.set_defaults({"model": {"class_path": MODEL_CLASS_PATH}})
+        parser.link_arguments("data.observation_space", "model.init_args.observation_space", apply_on="instantiate")
+        parser.link_arguments("data.action_space", "model.init_args.action_space", apply_on="instantiate")
+        parser.link_arguments("data.seeds", "model.init_args.seeds", apply_on="instantiate")  # vectorized seeds
+        parser.link_arguments("data.member_hparams", "model.init_args.member_hparams", apply_on="instantiate")
+        parser.add_argument("--seeds", type=int | None, default=None,
+                            help="train this many seeds in one process, vectorized (sets data.num_seeds)")
+        parser.add_argument("--mlflow.enabled", type=bool, default=True, help="track the run in MLflow")
+        parser.add_argument("--mlflow.tracking_uri", type=str, default=DEFAULT_TRACKING_URI)
+        parser.add_argument("--mlflow.experiment", type=str, default="ppo-lightning")
+        parser.add_argument("--mlflow.run_name", type=str | None, default=None)
+        parser.add_argument("--checkpoint_every", type=int, default=50, help="save a .ckpt every N iterations")
+        parser.add_argument("--log_every_frames", type=int, default=0,
+                            help="send metrics to the loggers at most once per N frames (per seed) and at the last "
+                                 "iteration; 0: every iteration. For small batches (an iteration of a few frames)")
+        parser.add_argument("--run_dir", type=str | None, default=None, help="default: runs/<experiment>/<time>")
+        parser.add_argument("--video_every", type=int | None, default=0,
+                            help="record an MP4 every N iterations and at the end, into run_dir/videos and MLflow "
+                                 "(0: one at the end of fit, when MLflow is on; null: never)")
+        # Batch-size invariance (ppo_lightning.algos.scaling): divide both batch sizes by c, scale the rest.
+        parser.add_argument("--scale", type=float | None, default=None, help="divide both batch sizes by c (<1: multiply)")
+        parser.add_argument("--scale_rules", type=str, default="all", help="comma list of lr,com,adv_span,ppg_n_pi; all; none")
+        parser.add_argument("--scale_adam_betas", type=bool, default=False, help="with --scale: betas ** (1/c)")
+        parser.add_argument("--trust_code", type=bool, default=False,
+                            help="with --ckpt_path: allow the class paths and objective paths the checkpoint names "
+                                 "to be imported (also --trust-code); only for checkpoints you trust")
+        parser.add_argument("--resume_override", type=str | None, default=None,
+                            help="with --ckpt_path: comma list of settings (model.x,data.y) whose command-line value "
+                                 "replaces the checkpoint's (ppo_lightning.run.resume)")
+        parser.add_argument("--rescale", type=bool, default=False,
+                            help="with --ckpt_path on another world size or data.num_envs: apply the batch-size "
+                                 "scaling rules (--scale_rules, --scale_adam_betas) for the batch's factor")
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand]
+        fill_data_seed(cfg)
+        if cfg.get("seeds") is not None:  # --seeds S is data.num_seeds
+            cfg.data.num_seeds = cfg.seeds
+        if cfg.checkpoint_every <= 0:
+            raise ValueError(f"checkpoint_every must be a positive integer, got {cfg.checkpoint_every}")
+        if cfg.log_every_frames < 0:
+            raise ValueError(f"log_every_frames must be >= 0 (0: every iteration), got {cfg.log_every_frames}")
+        self.scale_params = None
+        if cfg.get("scale") is not None:
+            rules = scaling.parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
+            report = scaling.apply_scale(cfg, cfg.scale, rules)
+            print(scaling.format_scale_table(cfg.scale, rules, report), flush=True)
+            self.scale_params = scaling.scale_params(cfg.scale, rules, report)
+            if cfg.get("ckpt_path"):  # the scaled settings must be the checkpoint's
+                from ppo_lightning.training.rescale import check_resumed_scaled_settings
+
+                check_resumed_scaled_settings(cfg.ckpt_path, model_config(cfg), cfg.scale)
+        strategy = cfg.trainer.get("strategy")
+        if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
+            # sharded checkpoints written to a temporary folder and swapped in (never half-written)
+            strategy.class_path = "ppo_lightning.training.sharded.AtomicModelParallelStrategy"
+        if model_config(cfg).get("ppg") is not None and strategy == "ddp":
+            # PPG's steps leave parameters unused (the auxiliary value head in policy steps)
+            cfg.trainer.strategy = "ddp_find_unused_parameters_true"
+        resolve_config_precision(cfg)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # jsonargparse wraps the model's own one-line error (class path mode)
+            root = err
+            while isinstance(root.__cause__ or root.__context__, ValueError):
+                root = root.__cause__ or root.__context__
+            if root is err:
+                raise
+            raise root from None
+
+    def instantiate_trainer(self, **kwargs):
+        cfg = self.config[self.subcommand]
+        # Resuming (--ckpt_path) continues the checkpoint's MLflow run and run folder, unless
+        # --mlflow.run_name asks for a new run.
+        resumed = read_tracking_state(cfg.ckpt_path) if cfg.get("ckpt_path") and not cfg.mlflow.run_name else {}
+        resumed = trust.own_tracking_state(cfg.ckpt_path, resumed) if resumed else resumed  # in place only
+        run_name = preemption.run_name(cfg.mlflow.run_name)
+        run_dir = preemption.run_folder(trust.run_root_dir(cfg), cfg.mlflow.experiment, run_name, resumed.get("run_dir"))
+        self.run_dir = run_dir
+        if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        # Callbacks and logger this CLI manages are rebuilt from the top-level options on every run
+        # (a saved config.yaml lists them; loading it again must not duplicate them or reuse the
+        # old run's folder and MLflow run).
+        given = self.config_init[self.subcommand].trainer
+        user_callbacks = [c for c in (given.get("callbacks") or []) if not isinstance(c, MANAGED_CALLBACKS)]
+        given["callbacks"] = user_callbacks
+        logger = given.get("logger")
+        checkpoints = run_dir / "checkpoints" if cfg.trainer.get("enable_checkpointing") is not False else None
+        mlflow_store = cfg.mlflow.tracking_uri if cfg.mlflow.enabled and logger in (None, True) else None
+        trust.check_run_folder(run_dir)  # planted symbolic links: one line, exit code 2, nothing created
+        preflight(run_dir, checkpoints, mlflow_store)  # unwritable folders: one line, exit code 4
+        if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
+            kwargs["logger"] = (
+                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"),
+                            spool=run_dir / "checkpoints" / SPOOL_NAME)
+                if cfg.mlflow.enabled
+                else False
+            )
+        kwargs.setdefault("default_root_dir", str(run_dir))
+        if not cfg.trainer.get("plugins"):  # atomic checkpoint writes, one-line errors on unreadable files
+            from ppo_lightning.training.checkpointing import AtomicCheckpointIO
+
+            kwargs["plugins"] = [AtomicCheckpointIO()]
+        has_bar = any(isinstance(c, ProgressBar) for c in user_callbacks)
+        callbacks = self.managed_callbacks(cfg, run_dir, user_has_progress_bar=has_bar)
+        self.checkpoint_callback = next((c for c in callbacks if isinstance(c, IterationCheckpoint)), None) \
+            or self.managed_checkpoint(cfg, run_dir)
+
+        # SIGTERM / SIGINT / SLURM's requeue signal: checkpoint at the iteration's end, exit 128 + signal
+        stopper = Preemption if cfg.trainer.get("enable_checkpointing") is not False else SignalStop
+        callbacks = callbacks + [stopper(str(run_dir / "checkpoints"))] + self.extra_callbacks
+        self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+        final_logger = kwargs.get("logger", logger)
+        record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
+        kwargs["precision"] = self.resolve_run_precision(cfg)
+        return super().instantiate_trainer(**kwargs)
+
+    def resolve_run_precision(self, cfg) -> str:
+        """``trainer.precision`` for this run's network and data (``auto``: measured on a CPU,
+        `ppo_lightning.training.precision.resolve_auto`), written into the config (config.yaml) and
+        kept with its reason for the run's params (`before_fit`)."""
+        from ppo_lightning.training.precision import planned_processes, resolve_auto
+
+        processes = planned_processes(cfg.trainer.get("devices", "auto"), cfg.trainer.get("num_nodes", 1))
+        choice, reason = resolve_auto(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"),
+                                      self.model, self.datamodule, processes)
+        cfg.trainer.precision = choice
+        self.precision_params = {"precision": str(choice if choice is not None else "32-true"), "precision_reason": reason}
+        return choice
+
+    @staticmethod
+    def managed_checkpoint(cfg, run_dir: Path) -> IterationCheckpoint:
+        return IterationCheckpoint(
+            dirpath=str(run_dir / "checkpoints"),
+            filename="iteration-{iteration:05d}",
+            auto_insert_metric_name=False,
+            every_n_epochs=cfg.checkpoint_every,
+            save_top_k=-1,
+            save_last=True,
+            save_on_train_epoch_end=True,
+        )
+
+    def managed_callbacks(self, cfg, run_dir: Path, user_has_progress_bar: bool) -> list:
+        """The callbacks built from this CLI's options (see `ppo_lightning.training.callbacks.MANAGED_CALLBACKS`)."""
+        callbacks: list = []
+        # a progress bar of the user's (trainer.callbacks) replaces ours; first, so that it closes
+        # before the end-of-fit video is recorded
+        if cfg.trainer.get("enable_progress_bar") is not False and not user_has_progress_bar:
+            callbacks.append(FramesProgressBar())
+        callbacks.append(TrackingState(str(run_dir)))
+        # the default (0) is the end-of-fit video for the MLflow run; none when nothing would show it
+        if cfg.get("video_every") is not None and (cfg.video_every != 0 or cfg.mlflow.enabled):
+            callbacks.append(TrainingVideo(str(run_dir), every=cfg.video_every))
+        if cfg.trainer.get("enable_checkpointing") is not False:
+            callbacks.append(self.managed_checkpoint(cfg, run_dir))
+        return callbacks
+
+    # The model settings ``--scale`` writes (ppo_lightning.algos.scaling.apply_scale).
+    SCALED_MODEL_KEYS = ("lr", "proximal_com", "adam_betas", "ppg")
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI puts a checkpoint's model hyperparameters over the config's. Those of a run
+        trained with ``--scale c`` are already scaled, and ``before_instantiate_classes`` would scale
+        them a second time (lr / c, center of mass x c^2): with ``--scale``, the scaled keys keep the
+        command line's c = 1 values here, and `ppo_lightning.training.rescale.check_resumed_scaled_settings` compares the result of
+        scaling them with the checkpoint's after the scaling."""
+        sub = self.config.get("subcommand")
+        cfg = self.config[sub] if sub else None
+        keep = None
+        if cfg is not None and cfg.get("ckpt_path") and cfg.get("scale") is not None:
+            model = model_config(cfg)
+            keep = {k: copy.deepcopy(model[k]) for k in self.SCALED_MODEL_KEYS if k in model}
+        if cfg is not None and cfg.get("ckpt_path"):  # code the checkpoint names: only what the user named
+            trust.check_checkpoint_code(cfg.ckpt_path, trust.read_checkpoint_hparams(cfg.ckpt_path), cfg.as_dict(),
+                                        bool(cfg.get("trust_code")))
+        ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
+        before = self._resume_settings(cfg) if ckpt_path and Path(ckpt_path).is_file() else None
+        super()._parse_ckpt_path()
+        if keep is not None:
+            for k, v in keep.items():
+                model_config(self.config[sub])[k] = v
+        if before is not None:
+            self._reconcile_resume(self.config[sub], before)
+
+    @staticmethod
+    def _resume_settings(cfg) -> dict:
+        """The model and data settings as the config and the command line give them (before the
+        checkpoint's are read), by ``model.<name>`` / ``data.<name>``."""
+        fill_data_seed(cfg)
+        model = model_config(cfg)
+        out = {f"model.{k}": copy.deepcopy(resume_cli._plain(v)) for k, v in dict(model).items()}
+        out["model.class_path"] = resume_cli.class_name(cfg.model.get("class_path") or MODEL_CLASS_PATH)
+        out.update({f"data.{k}": copy.deepcopy(resume_cli._plain(v)) for k, v in dict(cfg.data).items()})
+        if cfg.get("seeds") is not None:
+            out["data.num_seeds"] = cfg.seeds
+        return out
+
+    def _reconcile_resume(self, cfg, before: dict) -> None:
+        """The checkpoint's model and data settings are the run's; a command-line setting that differs is
+        an error unless safe or in ``--resume_override`` (`ppo_lightning.run.resume.reconcile`). Prints
+        the one line of what came from the checkpoint."""
+        import torch
+
+        ckpt = torch.load(cfg.ckpt_path, weights_only=True, map_location="cpu", mmap=True)
+        hparams = {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items() if k not in ("_instantiator", "_class_path")}
+        saved = {f"model.{k}": v for k, v in hparams.items()}
+        saved["model.class_path"] = resume_cli.class_name((ckpt.get("hyper_parameters") or {}).get("_class_path", MODEL_CLASS_PATH))
+        scaled = cfg.get("scale") is not None
+        if scaled:  # kept at the command line's c = 1 values and checked after scaling (rescale)
+            saved = {k: v for k, v in saved.items() if k.split(".", 1)[1] not in self.SCALED_MODEL_KEYS}
+        data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items() if k != "_instantiator"}
+        saved.update({f"data.{k}": v for k, v in data.items() if k in cfg.data})
+        given = resume_cli.explicit_settings(getattr(self, "_argv", []))
+        overrides = resume_cli.parse_overrides(cfg.get("resume_override"))
+        values, kept, changed = resume_cli.reconcile(
+            before, saved, given, overrides, resume_cli.resume_safe(before.get("model.class_path")),
+            rescale=bool(cfg.get("rescale")), scaled=scaled)
+        model = model_config(cfg)
+        dotted = {name for name, _, _ in getattr(self, "_dotted", [])}
+        for key, value in values.items():
+            section, name = key.split(".", 1)
+            if key == "model.class_path":
+                cfg.model.class_path = value
+            elif section == "model":
+                if name in dotted and key in given and f"--{key}" not in self._argv:  # only entries changed: on the checkpoint's dict
+                    model[name] = copy.deepcopy(resume_cli._plain(hparams.get(name)))
+                    resume_cli.apply_dotted(model, self._dotted, only={name})
+                else:
+                    model[name] = value
+            elif name == "num_seeds" and cfg.get("seeds") is not None:
+                cfg.seeds = value
+            else:
+                cfg.data[name] = value
+        frames = (ckpt.get("RolloutDataModule") or {}).get("frames")
+        if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+            print(resume_cli.resume_line(str(cfg.ckpt_path), frames, kept, changed), flush=True)
+
+    def parse_arguments(self, parser, args) -> None:
+        """``--print_config`` prints the config with the callbacks and logger the run would use
+        (built from the options as `instantiate_trainer` does, without creating anything). A
+        ``--ckpt_path`` is checked first: LightningCLI reads the checkpoint's hyperparameters right
+        after parsing, so an incomplete file is refused here, in one line (ppo_lightning.training.checkpointing)."""
+        argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        self._argv, self._dotted = argv or [], []
+        if argv is not None:  # --model.objective_args.eps_high 0.3: one entry of a dict setting
+            argv, self._dotted = resume_cli.split_dotted(argv)
+            argv = resume_cli.with_checkpoint_class(argv)  # a subclass's checkpoint: its settings parse
+            args = argv
+        flags = [a for a in argv or [] if a == "--print_config" or a.startswith("--print_config=")]
+        if not flags:
+            self._parse_one_line(parser, args)
+            sub = self.config.get("subcommand")
+            if sub == "fit" and not self.config[sub].get("ckpt_path"):
+                self.config[sub].ckpt_path = self._slurm_resume_checkpoint(self.config[sub])
+            ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+            if ckpt_path:
+                check_checkpoint_file(ckpt_path)
+            return
+        self._parse_one_line(parser, [a for a in argv if a not in flags])
+        sub = self.config["subcommand"]
+        cfg = self.config[sub]
+        fill_data_seed(cfg)
+        run_dir = preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or "<time>")
+        user_has_bar = any(_is_progress_bar(getattr(c, "class_path", "")) for c in cfg.trainer.get("callbacks") or [])
+        logger = cfg.trainer.get("logger")
+        entry = None
+        if cfg.mlflow.enabled and (logger in (None, True) or "SafeMLFlowLogger" in str(getattr(logger, "class_path", ""))):
+            entry = {"experiment_name": cfg.mlflow.experiment, "tracking_uri": cfg.mlflow.tracking_uri}
+        elif not cfg.mlflow.enabled and logger in (None, True):
+            cfg.trainer.logger = False
+        record_run_setup(cfg, self.managed_callbacks(cfg, run_dir, user_has_bar), entry)
+        import yaml
+
+        full = yaml.safe_load(parser.dump(self.config, skip_none=False, skip_check=True))
+        sys.stdout.write(yaml.safe_dump(full[sub], sort_keys=False))
+        sys.exit(0)
+
+    def _parse_one_line(self, parser, args) -> None:
+        """Parse; a setting its class does not take (a misspelled ``--model.X`` of a subclass, ``--data.X``)
+        is one line naming the class and the closest setting (`ppo_lightning.run.resume.unknown_setting`);
+        other parse errors print as jsonargparse prints them. Then the dotted dict entries are applied."""
+        parsers = [parser, *getattr(getattr(parser, "_subcommands_action", None), "_name_parser_map", {}).values()]
+        saved = [p.exit_on_error for p in parsers]
+        for p in parsers:
+            p.exit_on_error = False
+        try:
+            super().parse_arguments(parser, args)
+        except jsonargparse.ArgumentError as err:
+            message = resume_cli.unknown_setting(args) if isinstance(args, list) else None
+            if message:
+                raise ValueError(message) from None
+            for p, flag in zip(parsers, saved):
+                p.exit_on_error = flag
+            parser.error(str(err))
+        finally:
+            for p, flag in zip(parsers, saved):
+                p.exit_on_error = flag
+        sub = self.config.get("subcommand")
+        if self._dotted and sub:
+            resume_cli.apply_dotted(model_config(self.config[sub]), self._dotted)
+
+    @staticmethod
+    def _slurm_resume_checkpoint(cfg) -> str | None:
+        """A requeued SLURM job resumes by itself from its run folder's newest checkpoint
+        (`ppo_lightning.training.preemption.find_resume_checkpoint`)."""
+        from ppo_lightning.training.preemption import find_resume_checkpoint, slurm_run_name
+
+        name = slurm_run_name()
+        if name is None:
+            return None
+        found = find_resume_checkpoint(preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or name))
+        if found is not None:
+            restart = os.environ.get("SLURM_RESTART_COUNT")
+            print(f"SLURM job {name[len('slurm-'):]}{f' (restart {restart})' if restart else ''}: resuming from {found}",
+                  file=sys.stderr, flush=True)
+        return None if found is None else str(found)
+
+    def before_fit(self) -> None:
+        cfg = self.config[self.subcommand]
+        if cfg.get("ckpt_path"):  # another world size / num_envs: --rescale applies the scaling rules, else refused
+            from ppo_lightning.algos.scaling import parse_rules
+            from ppo_lightning.training.rescale import ElasticResume, plan
+
+            world = self.trainer.num_nodes * self.trainer.num_devices
+            rules = parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
+            self.trainer.callbacks.append(ElasticResume(plan(cfg.ckpt_path, world, self.datamodule, cfg.rescale, rules)))
+        elif cfg.get("rescale"):
+            raise ValueError("--rescale applies to a resumed run: give --ckpt_path")
+        self.trainer.callbacks.append(_TrainingStarted())  # errors before it are configuration errors
+        self.model.log_every_frames = cfg.get("log_every_frames") or 0
+
+        # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c
+        self.trainer.callbacks.append(SmallBatchDiagnostics(scale=self.config[self.subcommand].get("scale") or 1.0))
+        wait_for_episodes(self.trainer.callbacks)  # episode/... monitors wait for the first episode
+        if getattr(self, "scale_params", None) and self.trainer.logger is not None:
+            self.trainer.logger.log_hyperparams(self.scale_params)
+        if getattr(self, "precision_params", None) and self.trainer.logger is not None:  # what ran, and why
+            self.trainer.logger.log_hyperparams(self.precision_params)
+
+    def after_fit(self) -> None:
+        trainer, dm = self.trainer, self.datamodule
+
+        self.exit_code = preemption.finish(trainer, trainer.logger)  # stopped by a signal: its line, 128 + n
+        if self.exit_code is not None or not trainer.is_global_zero:
+            return
+        ckpt = self.checkpoint_callback.last_model_path or "(none)"
+        ranks = trainer.world_size > 1
+        group = getattr(dm, "group_states", None)  # vectorized seeds: every seed's return
+        returns = (", ".join(f"{st.episodes.mean_return(20):.1f}" for st in group) + (f" (members' seeds {dm.seeds})" if getattr(dm, "member_seeds", None) else f" (seeds {dm.seeds[0]}..{dm.seeds[-1]})")
+                   if group else f"{dm.episodes.mean_return(20):.1f}")
+        print(
+            f"\nfinished: {dm.frames} frames{' (all ranks)' if ranks else ''}{' per seed' if group else ''}, "
+            f"{dm.iteration} iterations, mean return of the last 20 episodes {returns}"
+            + (f" (rank 0 of {trainer.world_size})" if ranks else "")
+        )
+        print(f"checkpoint: {ckpt}")
+        videos = [p for cb in trainer.callbacks if isinstance(cb, TrainingVideo) for p in cb.paths]
+        if videos:
+            print(f"video: {videos[-1]}")
+        if self.checkpoint_callback.last_model_path:
+            pick = " --seed_index 0" if group else ""  # a group's checkpoint holds every seed: name one
+            print(f"  score it with: ppo-lightning evaluate {ckpt}{pick} --episodes 10 --video agent.mp4")
+        logger = trainer.logger
+        run_id = getattr(logger, "run_id", None)
+        if isinstance(logger, SafeMLFlowLogger) and not logger.failed:
+            continued = " (continued)" if logger.resumed else ""
+            print(f"mlflow run: {run_id}{continued} in {logger.tracking_uri} (experiment {logger.experiment_name})")
+            for line in view_hints(logger.tracking_uri, logger.experiment_id, run_id):
+                print(line)
+
+
+def resolve_config_precision(cfg) -> None:
+    """``trainer.precision`` before the Trainer is built: the deprecated ``model.network.precision``
+    / ``model.proximal_precision`` set it where it is not given (and leave the model config)."""
+    from ppo_lightning.training.precision import take_precision_aliases
+
+    alias = take_precision_aliases(model_config(cfg), trainer_precision=cfg.trainer.get("precision"))
+    if alias is not None and cfg.trainer.get("precision") is None:
+        cfg.trainer.precision = alias
+    # ``auto`` stays until the network and data are built (`PPOCLI.resolve_run_precision` measures it)
+
+
+def fit_main(args: list[str] | None = None, extra_callbacks=(), cli_class: type[PPOCLI] | None = None) -> PPOCLI:
+    # --config takes a path or a shipped name (cartpole/ppo_ewma): resolved before LightningCLI reads it
+    args = resolve_config_args(trust.trust_args(list(sys.argv[1:] if args is None else args)))
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    quiet_library_notices()
+    # --help shows each loss setting's meaning: the attribute docstrings of ppo_lightning.algos.loss.LossSettings
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    return (cli_class or PPOCLI)(  # cli_class: ppo_lightning.run.preflight's, which trains nothing
+        PPOLightningModule,
+        RolloutDataModule,
+        trainer_class=PPOTrainer,  # Lightning's Trainer; its precision also takes "auto"
+        trainer_defaults={
+            "max_epochs": -1,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "limit_val_batches": 0,
+            "log_every_n_steps": 1,
+        },
+        save_config_callback=SaveRunConfig,
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+        args=args,
+        subclass_mode_model=True,  # --model my_pkg.MyModule: a PPOLightningModule subclass
+        # a bad value: one line (main); no prefixes of option names: --data.total_frame is a misspelling
+        # (one line naming the setting), not total_frames
+        parser_kwargs={"exit_on_error": False, "allow_abbrev": False, "fit": {"exit_on_error": False, "allow_abbrev": False}},
+        auto_configure_optimizers=False,
+        extra_callbacks=extra_callbacks,
+    )
+
+
+def close_process_group() -> None:
+    """Both ranks meet, then close the process group. Lightning closes it at exit only for NCCL; a
+    gloo group left to interpreter teardown aborted a rank now and then after a complete run
+    ("terminate called without an active exception", exit -6: seen in CI after an FSDP2 fit), the
+    same race tests/test_export.py's sharded writer met. A peer that does not answer in 5 minutes
+    (it failed) leaves the group as it is."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=300))
+        else:
+            dist.barrier()
+    except RuntimeError:
+        return
+    dist.destroy_process_group()
