@@ -654,6 +654,31 @@ def test_confirmation_seeds_must_be_fresh_and_partial_records_are_pending(tmp_pa
     assert "3 of 24 cells recorded" in text and "| pending |" in text
 
 
+def test_a_game_that_finished_on_fresh_seeds_is_judged_while_the_others_run(tmp_path):
+    """Fresh seeds with Breakout done and Asterix not started: the pooled claim is pending, Breakout's
+    per-game row has its effect and verdict now, its p adjusted by Holm over both games (the missing
+    one counted at p = 1), and Asterix's row is pending."""
+    from ppo_lightning.studies.analysis import holm, welch_p
+    from ppo_lightning.studies.records import export_cells
+    from ppo_lightning.studies.report import report
+
+    missing = {(arm, "minatar:asterix", s) for arm in ("ppo_ewma", "ppo_hi") for s in range(100, 106)}
+    fresh = _study_with_cells(tmp_path, "fresh", {"count": 6, "first": 100}, {"minatar:breakout": -0.2, "minatar:asterix": 0.0},
+                              missing=missing, noise=0.05)
+    sel = _study_with_cells(tmp_path, "sel", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.2},
+                            extra={"confirm": {"study": fresh.name}})
+    text = report(load_study(sel), tmp_path / "out", plots=False)
+    assert "| AUC | fresh (100-105, 32-true) | pending (0 vs 0 seeds) |" in text
+    games = {line.split(" | ")[2]: line for line in text.splitlines() if line.count(" | ") == 5 and "| AUC | " in line}
+    breakout = games["breakout"].split(" | ")
+    assert breakout[4].startswith("**-0.2") and games["breakout"].endswith("| does not hold |"), games["breakout"]
+    cells = export_cells(load_study(fresh))
+    a = np.array([c.auc_return for k, c in sorted(cells.items()) if c.arm == "ppo_ewma"])
+    b = np.array([c.auc_return for k, c in sorted(cells.items()) if c.arm == "ppo_hi"])
+    assert f"(p {holm([welch_p(a, b), 1.0])[0]:.3f})" in breakout[4], breakout[4]
+    assert games["asterix"].split(" | ")[4] == "-" and games["asterix"].endswith("| pending |"), games["asterix"]
+
+
 def test_a_report_that_drops_a_comparison_fails(tmp_path, monkeypatch):
     from ppo_lightning.studies import report as R
 

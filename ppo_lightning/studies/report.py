@@ -74,12 +74,35 @@ def per_env_effects(x: np.ndarray, y: np.ndarray, envs, target: float, reps: int
     """Per env of a comparison: ``(effect, low, high, Holm-adjusted p)``, the 95% CI as the pooled one's
     (stratified bootstrap, Welch's t below 5 seeds), the p-value Welch's two-sided t test adjusted by
     Holm over the family of the comparison's envs on this metric (`analysis.holm`)."""
+    return _per_env({e: (x[:, j], y[:, j]) for j, e in enumerate(envs)}, envs, target, reps)
+
+
+def _per_env(columns: dict[str, tuple[np.ndarray, np.ndarray]], envs, target: float, reps: int = analysis.REPS) -> dict[str, tuple]:
+    """`per_env_effects` over the envs in ``columns`` (each: arm a's and arm b's seeds); an env of the
+    family without 2 seeds an arm gets no row and counts in Holm's family with p = 1, so the correction
+    is the whole family's while some games are still running."""
     raw, out = [], {}
-    for j, e in enumerate(envs):
-        d = analysis.compare(x[:, [j]], y[:, [j]], test="difference", margin=None, target=target, reps=reps, improvement=False)
+    for e in envs:
+        if e not in columns:
+            raw.append(1.0)
+            continue
+        xe, ye = columns[e]
+        d = analysis.compare(xe[:, None], ye[:, None], test="difference", margin=None, target=target, reps=reps, improvement=False)
         out[e] = (d["effect"], d["low"], d["high"])
-        raw.append(analysis.welch_p(x[:, j], y[:, j]))
-    return {e: (*out[e], p) for e, p in zip(envs, analysis.holm(raw))}
+        raw.append(analysis.welch_p(xe, ye))
+    return {e: (*out[e], p) for e, p in zip(envs, analysis.holm(raw)) if e in out}
+
+
+def partial_per_env(sa: list[Cell], sb: list[Cell], envs, metric: str, norm, target: float) -> dict[str, tuple]:
+    """Per-env effects of a comparison that has no pooled verdict yet: each env with 2 or more seeds an
+    arm (each arm's seeds on that env alone), Holm over the whole family (`_per_env`)."""
+    columns = {}
+    for e in envs:
+        xe, _ = _matrix([c for c in sa if c.env == e], (e,), metric, norm)
+        ye, _ = _matrix([c for c in sb if c.env == e], (e,), metric, norm)
+        if len(xe) >= 2 and len(ye) >= 2:
+            columns[e] = (xe[:, 0], ye[:, 0])
+    return _per_env(columns, envs, target) if len(envs) > 1 and columns else {}
 
 
 def analyse(study: Study, cells: dict | None = None, pool_all: bool = False) -> list[analysis.Result]:
@@ -107,6 +130,7 @@ def analyse(study: Study, cells: dict | None = None, pool_all: bool = False) -> 
                 if len(x) < 2 or len(y) < 2:
                     if len(strata) == 1:
                         results.append(_pending(comp, metric, envs, len(x), len(y), used, planned, ", ".join(key)))
+                        results[-1].per_env = partial_per_env(sa, sb, envs, metric, norm, study.target_half_width)
                         made.add(metric)
                     continue
                 out = analysis.compare(x, y, test=comp.test, margin=comp.margin, target=study.target_half_width)
