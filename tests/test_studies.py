@@ -679,6 +679,24 @@ def test_a_game_that_finished_on_fresh_seeds_is_judged_while_the_others_run(tmp_
     assert games["asterix"].split(" | ")[4] == "-" and games["asterix"].endswith("| pending |"), games["asterix"]
 
 
+def test_a_game_the_selection_seeds_did_not_resolve_has_nothing_to_confirm_while_fresh_seeds_run(tmp_path):
+    """Asterix shows no effect on the selection seeds and has not run on the fresh ones: its row says
+    there is nothing to confirm, not pending (no fresh result could make it a claim)."""
+    from ppo_lightning.studies.report import report
+
+    missing = {(arm, "minatar:asterix", s) for arm in ("ppo_ewma", "ppo_hi") for s in range(100, 106)}
+    fresh = _study_with_cells(tmp_path, "fresh", {"count": 6, "first": 100}, {"minatar:breakout": 0.2, "minatar:asterix": 0.0},
+                              missing=missing, noise=0.05)
+    sel = _study_with_cells(tmp_path, "sel", {"count": 6, "first": 0}, {"minatar:breakout": 0.2, "minatar:asterix": 0.0},
+                            extra={"confirm": {"study": fresh.name}}, noise=0.05)
+    text = report(load_study(sel), tmp_path / "out", plots=False)
+    games = {line.split(" | ")[2]: line for line in text.splitlines() if line.count(" | ") == 5 and "| AUC | " in line}
+    assert games["breakout"].endswith("| **holds** |"), games["breakout"]
+    asterix = games["asterix"].split(" | ")
+    assert "(p 0.0" not in asterix[3] and asterix[4] == "-", games["asterix"]
+    assert games["asterix"].endswith("| nothing to confirm (not resolved on the selection seeds) |"), games["asterix"]
+
+
 def test_a_report_that_drops_a_comparison_fails(tmp_path, monkeypatch):
     from ppo_lightning.studies import report as R
 

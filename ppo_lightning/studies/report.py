@@ -299,10 +299,10 @@ def confirmation_table(study: Study, sel: list[analysis.Result],
                     f = b.get(key)
                     w = f.per_env.get(e) if f is not None else None
                     cols.append(fmt(w) if w is not None else "-")
-                    if w is None:
-                        each.append("pending" if f is not None else "not run on fresh seeds")
-                    elif not sig(v):
+                    if not sig(v):  # whatever the fresh seeds show, the selection seeds claimed nothing here
                         each.append("nothing to confirm (not resolved on the selection seeds)")
+                    elif w is None:
+                        each.append("pending" if f is not None else "not run on fresh seeds")
                     else:
                         each.append("holds" if sig(w) and np.sign(w[0]) == np.sign(v[0]) else "does not hold")
                 h = overall([x for x in each if x != "not run on fresh seeds"] or each)
