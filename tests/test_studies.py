@@ -697,6 +697,25 @@ def test_a_game_the_selection_seeds_did_not_resolve_has_nothing_to_confirm_while
     assert games["asterix"].endswith("| nothing to confirm (not resolved on the selection seeds) |"), games["asterix"]
 
 
+def test_a_claim_the_selection_seeds_did_not_make_is_never_pending_or_confirmed():
+    from types import SimpleNamespace as R
+
+    from ppo_lightning.studies.report import holds_on_fresh
+
+    unresolved = R(test="difference", low=-0.01, high=0.07, tost_p=None)
+    resolved = R(test="difference", low=0.02, high=0.07, tost_p=None)
+    pending = R(test="difference", low=float("nan"), high=float("nan"), tost_p=None, pending=True)
+    ahead, behind = R(test="difference", low=0.01, high=0.05, tost_p=None), R(test="difference", low=-0.05, high=-0.01, tost_p=None)
+    assert holds_on_fresh(unresolved, pending).startswith("nothing to confirm")
+    assert holds_on_fresh(unresolved, ahead).startswith("nothing to confirm")
+    assert holds_on_fresh(resolved, pending) == "pending"
+    assert holds_on_fresh(resolved, ahead) == "holds" and holds_on_fresh(resolved, behind).startswith("does not hold")
+    not_equal, equal = R(test="equivalence", low=-0.1, high=0.1, tost_p=0.3), R(test="equivalence", low=-0.01, high=0.01, tost_p=0.001)
+    assert holds_on_fresh(not_equal, pending).startswith("nothing to confirm (not shown equal")
+    assert holds_on_fresh(equal, pending) == "pending" and holds_on_fresh(equal, equal) == "holds"
+    assert holds_on_fresh(equal, None) == "not run on fresh seeds"
+
+
 def test_a_report_that_drops_a_comparison_fails(tmp_path, monkeypatch):
     from ppo_lightning.studies import report as R
 

@@ -189,18 +189,19 @@ def holds_on_fresh(sel: analysis.Result, fresh: analysis.Result | None) -> str:
     hold (...)``, ``pending (...)``, or that the selection seeds resolved nothing to confirm."""
     if fresh is None:
         return "not run on fresh seeds"
-    if getattr(fresh, "pending", False):
-        return "pending"
     if getattr(sel, "pending", False):
         return "pending (selection seeds)"
+    ok = lambda r: r.tost_p is not None and math.isfinite(r.tost_p) and r.tost_p < analysis.ALPHA  # noqa: E731
+    # what the selection seeds claimed comes first: where they claimed nothing, no fresh result makes a claim
+    if sel.test == "difference" and analysis.direction(sel.low, sel.high) == "no difference resolved":
+        return "nothing to confirm (no difference resolved on the selection seeds)"
+    if sel.test != "difference" and not ok(sel):
+        return f"nothing to confirm (not shown {'equal' if sel.test == 'equivalence' else 'non-inferior'} on the selection seeds)"
+    if getattr(fresh, "pending", False):
+        return "pending"
     if sel.test == "difference":
         was, now = analysis.direction(sel.low, sel.high), analysis.direction(fresh.low, fresh.high)
-        if was == "no difference resolved":
-            return "nothing to confirm (no difference resolved on the selection seeds)"
         return "holds" if now == was else f"does not hold ({now} on fresh seeds)"
-    ok = lambda r: r.tost_p is not None and math.isfinite(r.tost_p) and r.tost_p < analysis.ALPHA  # noqa: E731
-    if not ok(sel):
-        return f"nothing to confirm (not shown {'equal' if sel.test == 'equivalence' else 'non-inferior'} on the selection seeds)"
     return "holds" if ok(fresh) else "does not hold (test not passed on fresh seeds)"
 
 
