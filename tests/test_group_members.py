@@ -81,8 +81,7 @@ def test_members_at_one_lr_are_a_plain_group_bitwise():
     ({"member_seeds": [0, 1, 2], "num_seeds": 2}, {}, "member_seeds has 3 seeds but data.num_seeds"),
     ({"num_seeds": 1, "member_hparams": {"lr": [1e-3]}}, {}, "needs a seed group"),
     ({}, {"member_hparams": {"proximal_com": [1.0, None]}}, "needs model.decoupled=true"),
-    ({}, {"member_hparams": {"lr": [1e-3, 2e-3]}, "decoupled": True, "proximal_com": 2.0, "ppg": {"n_pi": 2}},
-     "PPG groups do not support per-member"),
+    ({}, {"member_hparams": {"lr": [1e-3, 2e-3]}, "optimizer": "sgd"}, "need model.optimizer adam"),
 ])
 def test_bad_member_specs_are_one_line_errors(data_kwargs, model_kwargs, match):
     with pytest.raises(ValueError, match=match):

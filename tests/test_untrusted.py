@@ -155,20 +155,22 @@ def test_an_alias_bomb_is_one_line_within_a_second(tmp_path, capsys):
         took = time.perf_counter() - t0
         line = one_error_line(getattr(capsys.readouterr(), stream))
         assert "alias bomb" in line and took < 1.0, (argv, line, took)
-    # and as a command of its own: start-up included, bounded memory
-    # (the peak of this child alone, from wait4: RUSAGE_CHILDREN would be the largest child this test
-    # worker ever waited for, a training run of another test)
+    # and as a command of its own: start-up included, bounded memory. The peak is read by a small launcher:
+    # Linux carries the pre-exec peak RSS of the forking process into a child's ru_maxrss, so a child forked
+    # from this test worker (which trained other tests' runs) would report the worker's peak, not its own.
+    launcher = ("import resource, subprocess, sys\n"
+                "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+                "sys.stderr.write(r.stderr)\n"
+                "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+                "print(r.stdout, end='')\n")
     t0 = time.perf_counter()
-    with open(tmp_path / "stderr.txt", "w") as err:
-        child = subprocess.Popen([sys.executable, "-m", "ppo_lightning", "study", "status", str(bomb)], env=ENV,
-                                 stdout=subprocess.PIPE, stderr=err, text=True)
-        stdout = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
+    run = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-m", "ppo_lightning", "study", "status",
+                          str(bomb)], env=ENV, capture_output=True, text=True)
     took = time.perf_counter() - t0
-    stderr = (tmp_path / "stderr.txt").read_text()
-    assert child.returncode == 2 and "alias bomb" in one_error_line(stdout), stdout + stderr
-    peak_mb = usage.ru_maxrss / 1024
+    head, _, stdout = run.stdout.partition("\n")
+    returncode, maxrss_kb = (int(v) for v in head.split())
+    assert returncode == 2 and "alias bomb" in one_error_line(stdout), run.stdout + run.stderr
+    peak_mb = maxrss_kb / 1024
     assert took < 30 and peak_mb < 1000, (took, peak_mb)
 
 
