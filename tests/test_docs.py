@@ -51,7 +51,7 @@ def test_site_builds_strict_without_importing_the_training_stack(site):
         assert (out / "api" / page / "index.html").is_file()
     algos = (out / "api" / "algos" / "index.html").read_text()
     for name in ("PPOFamilyLoss", "clipped_surrogate", "beta_from_com", "apply_scale"):
-        assert f'id="ppo_lightning.algos.' in algos and name in algos
+        assert 'id="ppo_lightning.algos.' in algos and name in algos
     assert "ceil(warmup * c)" in _text((out / "api" / "training" / "index.html").read_text())  # a docstring's Args
     for page in ("studies", "tuning"):  # generated from the subpackage's docstrings
         assert f"ppo_lightning.{page}" in (out / "api" / page / "index.html").read_text()

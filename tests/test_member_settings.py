@@ -181,3 +181,33 @@ def test_study_arms_that_differ_in_loss_or_return_settings_pack_into_one_group(t
     hp = group.spec.members.settings
     assert hp["clip_eps"] == [0.1, 0.1, 0.2, 0.2] and hp["gamma"] == [0.9, 0.9, 0.99, 0.99]
     assert "entropy_coef" not in hp and "clip_eps" not in group.spec.model
+
+
+def test_members_metrics_are_named_in_one_place():
+    """A component's `PerMember` values: member k's under seed<k>/, the mean of the members that have
+    one unprefixed, each member's own dict with the shared values; a single run's keep their names."""
+    from ppo_lightning.core.members import PerMember, name_members
+
+    metrics = {"train/kl": PerMember([0.1, 0.3, float("nan")]), "frames": 512.0}
+    logged, own = name_members(metrics, 3)
+    assert logged == {"seed0/train/kl": 0.1, "seed1/train/kl": 0.3, "train/kl": pytest.approx(0.2), "frames": 512.0}
+    assert own == [{"train/kl": 0.1, "frames": 512.0}, {"train/kl": 0.3, "frames": 512.0}, {"frames": 512.0}]
+    assert name_members({"train/kl": PerMember([0.5]), "frames": 1.0}, 1) == ({"train/kl": 0.5, "frames": 1.0},
+                                                                              [{"train/kl": 0.5, "frames": 1.0}])
+    with pytest.raises(ValueError, match="'train/kl' has 2 member values for 3 members"):
+        name_members({"train/kl": PerMember([1.0, 2.0])}, 3)
+
+
+def test_no_module_but_the_members_one_builds_a_members_metric_name():
+    import ast
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[1] / "ppo_lightning"
+    found = []
+    for path in pkg.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
+                    and str(node.values[0].value).startswith("seed") and any(
+                        isinstance(v, ast.Constant) and "/" in str(v.value) for v in node.values[1:]):
+                found.append(f"{path.relative_to(pkg)}:{node.lineno}")
+    assert len(found) == 1 and found[0].startswith("core/members.py:"), found  # `member_metric`

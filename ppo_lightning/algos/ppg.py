@@ -49,6 +49,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.algos import objectives as F
+from ppo_lightning.core.members import PerMember
 from ppo_lightning.nets.models import OBS_KEY, dist_param_keys
 
 # The paper's / reference's defaults (openai/ppo-ewma train.py; Cobbe et al. 2021).
@@ -357,8 +358,8 @@ class PPGPhases:
             means = torch.stack([torch.stack([st[k] for k in AUX_STATS]) for st in self.aux_stats]).mean(0).tolist()
             if self.num_seeds is None:
                 out.update({f"ppg/aux_{k}": v for k, v in zip(AUX_STATS, means)})
-            else:  # each seed's own (the group's metrics take "seed<k>/" names as that seed's)
-                out.update({f"seed{j}/ppg/aux_{k}": v[j] for k, v in zip(AUX_STATS, means) for j in range(self.num_seeds)})
+            else:  # each member's own
+                out.update({f"ppg/aux_{k}": PerMember(v) for k, v in zip(AUX_STATS, means)})
             out["ppg/aux_steps"] = float(len(self.aux_stats))
             out["time/aux_phase_s"] = self._aux_seconds
         self.aux_stats = []

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor, nn
 
+from ppo_lightning.core.members import PerMember
 from ppo_lightning.nets.models import is_sharded, shard_network
 
 
@@ -209,9 +210,8 @@ class ProximalPolicyEWMA:
         return net.policy(obs)
 
     def metrics(self) -> dict[str, float]:
-        if self.per_seed:  # seed k's own, as a group's per-seed metrics are named
-            return {f"seed{k}/proximal/{name}": v[k] for k in range(len(self.com))
-                    for name, v in (("age", self.age), ("com", self.com), ("weight", self.weight))}
+        if self.per_seed:  # each member's own EWMA
+            return {f"proximal/{name}": PerMember(v) for name, v in (("age", self.age), ("com", self.com), ("weight", self.weight))}
         return {"proximal/age": self.age, "proximal/com": self.com, "proximal/weight": self.weight}
 
     def state_dict(self) -> dict[str, Any]:

@@ -100,3 +100,46 @@ def members_table() -> str:
         note = f"instead of `{s.option}`" + (f"; {s.note}" if s.note else "")
         rows.append(f"| `{s.name}` | {s.meaning} | {s.need} | {note} |")
     return "\n".join(rows) + "\n"
+
+
+# ----------------------------------------------------------------------------- members' metrics
+class PerMember(tuple):
+    """One metric's value for each member of a run, in member order (a single run's has one).
+
+    The training components (loss diagnostics, the data module's episodes, the EWMA proximal policy,
+    PPG's auxiliary phase, the numerical guard, the noise scale) return these; `name_members` is the
+    one place a member's metric gets its name."""
+
+
+def member_metric(k: int, name: str) -> str:
+    """The logged name of member ``k``'s metric ``name`` in a group: ``seed<k>/<name>``."""
+    return f"seed{k}/{name}"
+
+
+def name_members(metrics: dict[str, Any], num_members: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """The metrics to log, and each member's own (for its child run, under the single-run names).
+
+    A `PerMember` value of a group is member k's under ``seed<k>/<name>`` and the mean over the members
+    that have one under ``<name>``; a single run's is ``<name>``; a NaN member value (no episode yet) is
+    not logged. Any other value is shared by every member, under its name. A `PerMember` of the wrong
+    length is a ValueError (a component that lost a member)."""
+    logged: dict[str, float] = {}
+    own: list[dict[str, float]] = [{} for _ in range(num_members)]
+    shared: dict[str, float] = {}
+    for name, value in metrics.items():
+        if not isinstance(value, PerMember):
+            shared[name] = value
+            continue
+        if len(value) != num_members:
+            raise ValueError(f"metric {name!r} has {len(value)} member values for {num_members} members")
+        have = [(k, float(v)) for k, v in enumerate(value) if not math.isnan(v)]  # NaN: none yet (no episode)
+        if num_members == 1:
+            if have:
+                logged[name] = own[0][name] = have[0][1]
+            continue
+        for k, v in have:
+            logged[member_metric(k, name)] = own[k][name] = v
+        if have:
+            logged[name] = sum(v for _, v in have) / len(have)
+    logged.update(shared)
+    return logged, [{**shared, **m} for m in own]

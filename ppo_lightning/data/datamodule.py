@@ -21,6 +21,7 @@ import torch
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer
 from ppo_lightning.algos.staleness import validate_staleness
 from ppo_lightning.core import faults
+from ppo_lightning.core.members import PerMember
 from ppo_lightning.core.threads import configure_threads
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats  # noqa: F401  (BATCH_KEYS: also read from here)
@@ -221,23 +222,21 @@ class RolloutDataModule(pl.LightningDataModule):
         self._iteration_t0 = time.perf_counter()
 
     def iteration_metrics(self) -> dict[str, float]:
-        """Per-iteration figures for logging (called at the end of the iteration); a seed group's
-        episode and advantage figures are each seed's own, under ``seed<k>/``."""
+        """Per-iteration figures for logging (called at the end of the iteration); the episode and
+        advantage figures are each member's own (`PerMember`)."""
         out = {"frames": float(self.frames), "iteration": float(self.iteration)}
         states = [self] if self.source is None else self.source.states
-        for k, st in enumerate(states):
-            prefix = "" if len(states) == 1 else f"seed{k}/"
-            out.update({f"{prefix}episodes": float(st.episodes.count),
-                        f"{prefix}episode/return_mean20": st.episodes.mean_return(20),
-                        f"{prefix}episode/return_mean100": st.episodes.mean_return(100),  # the PPO paper's score
-                        f"{prefix}episode/length_mean20": st.episodes.mean_length(20),
-                        f"{prefix}advantage/std_estimate": st.advantage_moments.std})
-            if is_procgen(self.env_id):  # Procgen's per-game normalized return next to the raw one
-                from ppo_lightning.envs.procgen_scores import normalized_return
+        out.update({"episodes": PerMember(float(st.episodes.count) for st in states),
+                    "episode/return_mean20": PerMember(st.episodes.mean_return(20) for st in states),
+                    "episode/return_mean100": PerMember(st.episodes.mean_return(100) for st in states),  # the PPO paper's score
+                    "episode/length_mean20": PerMember(st.episodes.mean_length(20) for st in states),
+                    "advantage/std_estimate": PerMember(st.advantage_moments.std for st in states)})
+        if is_procgen(self.env_id):  # Procgen's per-game normalized return next to the raw one
+            from ppo_lightning.envs.procgen_scores import normalized_return
 
-                game, mode = self.env_id[len(PROCGEN_PREFIX):], self.env_kwargs.get("distribution_mode", "hard")
-                out[f"{prefix}episode/normalized_return_mean20"] = normalized_return(
-                    game, mode, out[f"{prefix}episode/return_mean20"])
+            game, mode = self.env_id[len(PROCGEN_PREFIX):], self.env_kwargs.get("distribution_mode", "hard")
+            out["episode/normalized_return_mean20"] = PerMember(
+                normalized_return(game, mode, r) for r in out["episode/return_mean20"])
         if self.source is not None:
             out.update(self.source.last_timing)
         if self._iteration_t0 is not None:
@@ -246,7 +245,7 @@ class RolloutDataModule(pl.LightningDataModule):
             out["time/update_s"] = out["time/iteration_s"] - sum(
                 out.get(k, 0.0) for k in ("time/rollout_s", "time/gae_s")
             )
-        return {k: v for k, v in out.items() if not math.isnan(v)}
+        return {k: v for k, v in out.items() if isinstance(v, PerMember) or not math.isnan(v)}  # NaN members: `name_members`
 
     def state_dict(self) -> dict[str, Any]:
         """Rank 0's state, plus every rank's own under ``per_rank`` (gathered: all ranks call this)."""

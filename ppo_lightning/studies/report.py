@@ -257,7 +257,7 @@ def confirmation_table(study: Study, sel: list[analysis.Result],
     labels = {a: arm.label for a, arm in study.arms.items()}
     compared = {x for comp in study.comparisons for x in (comp.a, comp.b)}
     diffs = [f"`{_rel(conf)}` sets {d}" for conf, _, _ in confirms if (d := fit_diff(study, conf, compared))]
-    lines = [f"**Confirmation on fresh seeds.** " + (f"Selection: {study.selection} " if study.selection else "")
+    lines = ["**Confirmation on fresh seeds.** " + (f"Selection: {study.selection} " if study.selection else "")
              + "Fresh seeds: " + "; ".join(
                  f"{conf.seed_range} (`{_rel(conf)}`: {len(cc)} of {len([c for c in conf.cells() if c[0] in compared])} "
                  f"cells recorded; {holds_under(list(cc.values())) or 'none yet'})" for conf, _, cc in confirms)
@@ -445,7 +445,7 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
         key = (r.claim, r.a, r.b, r.metric)
         if key in confirmed and confirmed[key] != "holds" and not getattr(r, "pending", False):
             verdict += f"; fresh seeds: {confirmed[key]}"
-        effect = (f"pending" if getattr(r, "pending", False) else
+        effect = ("pending" if getattr(r, "pending", False) else
                   f"{_ci(r.effect, r.low, r.high, (r.low > 0 or r.high < 0) and confirmed.get(key, 'holds') in ('holds', 'not run on fresh seeds'))} "
                   f"({r.n_a} vs {r.n_b} seeds; {r.method})")
         lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | {_envs(r.envs)} | "

@@ -21,6 +21,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.data import parallel
 from ppo_lightning.core.faults import finite_mean
+from ppo_lightning.core.members import PerMember, name_members
 from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, LossSettings, PPOFamilyLoss, check_loss_output
 from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
 from ppo_lightning.training.precision import take_precision_aliases
@@ -472,10 +473,12 @@ class PPOLightningModule(pl.LightningModule):
         metrics.update(self._recorded)
         self._recorded = {}
         send = self._logging_due(dm)
-        # a group's: "seed<k>/" names are seed k's, unprefixed the seeds' mean; each seed's own MLflow run
-        self.publish_metrics(self.seed_axis.iteration_metrics(metrics), send)
+        # members' values by name (`name_members`): a group's seed k under "seed<k>/", the members' mean
+        # unprefixed, and each member's own to its own MLflow run
+        logged, per_member = name_members(metrics, self.num_seeds)
+        self.publish_metrics(logged, send)
         if send:
-            self.seed_axis.publish(self)
+            self.seed_axis.publish(self, per_member)
 
     def _train_metrics(self, dm) -> dict[str, float]:
         """The iteration's means of the per-step diagnostics over the steps with finite ones (skipped
@@ -483,16 +486,15 @@ class PPOLightningModule(pl.LightningModule):
         KL of the last update epoch (all ranks'); a NaN never reaches beta. A group's are per seed."""
         if not self.step_stats:
             return {}
-        S, out = self.num_seeds, {}
+        S = self.num_seeds
         stats = {name: self.step_stat(name).reshape(len(self.step_stats), S) for name in self.step_stats[0]}
-        kl = stats["kl_anchor"][-getattr(dm, "num_minibatches", len(self.step_stats)):]
-        for k in range(S):
-            prefix = "" if S == 1 else f"seed{k}/"
-            out.update({f"{prefix}train/{name}": finite_mean(values[:, k]) for name, values in stats.items()})
-            if S == 1 or self.loss_module.objective_spec.adaptive_beta:
-                mean_kl = parallel.mean_over_ranks(self, finite_mean(kl[:, k]))
-                out[f"{prefix}train/kl_anchor_last_epoch"] = mean_kl
-                out[f"{prefix}train/kl_beta"] = self.loss_module.update_kl_beta(mean_kl, seed=None if S == 1 else k)
+        out = {f"train/{name}": PerMember(finite_mean(values[:, k]) for k in range(S)) for name, values in stats.items()}
+        if S == 1 or self.loss_module.objective_spec.adaptive_beta:
+            kl = stats["kl_anchor"][-getattr(dm, "num_minibatches", len(self.step_stats)):]
+            mean_kl = [parallel.mean_over_ranks(self, finite_mean(kl[:, k])) for k in range(S)]
+            out["train/kl_anchor_last_epoch"] = PerMember(mean_kl)
+            out["train/kl_beta"] = PerMember(self.loss_module.update_kl_beta(v, seed=None if S == 1 else k)
+                                             for k, v in enumerate(mean_kl))
         return out
 
     def _component_metrics(self) -> dict[str, float]:
@@ -506,8 +508,9 @@ class PPOLightningModule(pl.LightningModule):
         ``[steps, S]`` for a seed group."""
         return torch.stack([stats[name] for stats in self.step_stats])
 
-    def record_metrics(self, metrics: dict[str, float]) -> None:
-        """Add metrics (from callbacks) to this iteration's batch, published at the iteration's end."""
+    def record_metrics(self, metrics: dict[str, float | PerMember]) -> None:
+        """Add metrics (from callbacks) to this iteration's batch, published at the iteration's end: a
+        float is the run's (every member's), a `PerMember` each member's own (`name_members`)."""
         self._recorded.update(metrics)
 
     def _logging_due(self, dm) -> bool:

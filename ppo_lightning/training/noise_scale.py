@@ -20,9 +20,13 @@ measurements on PPO.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
+
+from ppo_lightning.core.members import PerMember
 
 
 def noise_scale_from_norms(small_sq: float, big_sq: float, k: int, b_small: int) -> tuple[float, float]:
@@ -108,15 +112,15 @@ class GradientNoiseScale(Callback):
         if not self._sum_grad_sq:
             self._sum_grad_sq, self._sum_trace = [0.0] * rows, [0.0] * rows
         self._n += 1
-        out = {}
-        for r in range(rows):
+        cols: dict[str, list[float]] = {}
+        for r in range(rows):  # one row per member of the run
             grad_sq, trace = noise_scale_from_norms(small_sq[r], big_sq[r], k, trainer.datamodule.minibatch_size)
             self._sum_grad_sq[r] += grad_sq
             self._sum_trace[r] += trace
-            prefix = f"seed{r}/" if getattr(pl_module, "num_seeds", 1) > 1 else ""
-            out.update({f"{prefix}noise/grad_sq": grad_sq, f"{prefix}noise/trace_cov": trace,
-                        f"{prefix}noise/grad_sq_mean": self._sum_grad_sq[r] / self._n,
-                        f"{prefix}noise/trace_cov_mean": self._sum_trace[r] / self._n})
-            if self._sum_grad_sq[r] > 0:  # else |G|^2 is not resolved from the noise yet: B_simple is "very large"
-                out[f"{prefix}noise/B_simple"] = self._sum_trace[r] / self._sum_grad_sq[r]
+            # B_simple is NaN (not logged) until |G|^2 is resolved from the noise: "very large"
+            b_simple = self._sum_trace[r] / self._sum_grad_sq[r] if self._sum_grad_sq[r] > 0 else math.nan
+            for name, v in (("grad_sq", grad_sq), ("trace_cov", trace), ("grad_sq_mean", self._sum_grad_sq[r] / self._n),
+                            ("trace_cov_mean", self._sum_trace[r] / self._n), ("B_simple", b_simple)):
+                cols.setdefault(f"noise/{name}", []).append(v)
+        out = {name: PerMember(values) for name, values in cols.items()}
         pl_module.record_metrics(out)

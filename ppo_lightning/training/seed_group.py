@@ -58,6 +58,7 @@ from typing import Any
 import torch
 from ppo_lightning.algos.loss import MEMBER_LOSS_SETTINGS
 from ppo_lightning.core.faults import NumericalFault, NumericalGuard
+from ppo_lightning.core.members import PerMember
 from ppo_lightning.data.seed_group import validate_member_hparams
 from ppo_lightning.nets.seed_stack import SeedStack
 from ppo_lightning.training.mlflow_sender import create_run
@@ -137,10 +138,7 @@ class SingleRun:
         """Whether the axis clipped the gradients itself (a single run: no, Lightning's clipping does)."""
         return False
 
-    def iteration_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        return metrics
-
-    def publish(self, module) -> None:
+    def publish(self, module, per_member: list[dict[str, float]]) -> None:
         pass
 
     def teardown(self, module) -> None:
@@ -178,7 +176,6 @@ class SeedGroup(SingleRun):
         torch.set_rng_state(saved)
         self.network = SeedStack(nets)
         self.runs = SeedRuns(self.seeds)
-        self.last_per_seed: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- members' own hyperparameters
     def stacked(self, network: torch.nn.Module) -> torch.nn.Module:
@@ -209,9 +206,9 @@ class SeedGroup(SingleRun):
             return True
         return False
 
-    def publish(self, module) -> None:
-        """Each seed's metrics of the iteration to its own MLflow run."""
-        self.runs.publish(module, self.last_per_seed)
+    def publish(self, module, per_member: list[dict[str, float]]) -> None:
+        """Each member's metrics of the iteration to its own MLflow run."""
+        self.runs.publish(module, per_member)
 
     def proximal_com(self, com: float | None) -> float | list[float] | None:
         """The EWMA's center of mass: the config's, or one per member (PPO members' EWMA is kept at 0,
@@ -325,27 +322,6 @@ class SeedGroup(SingleRun):
         for g in grads:
             g.mul_(coef.reshape(S, *([1] * (g.dim() - 1))))
         return total
-
-    # ---------------------------------------------------------------- per-iteration metrics
-    def iteration_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Every seed's metrics under ``seed<k>/`` (those of ``metrics`` so named), and their mean over
-        the seeds that have them unprefixed; ``last_per_seed``: each seed's own with the shared ones."""
-        per_seed: list[dict[str, float]] = [dict() for _ in self.seeds]
-        out = {}
-        for name, value in metrics.items():  # "seed<k>/x": seed k's own x
-            head, _, rest = name.partition("/")
-            if head.startswith("seed") and head[4:].isdigit() and int(head[4:]) < self.num_seeds and rest:
-                per_seed[int(head[4:])][rest] = value
-            else:
-                out[name] = value
-        shared = dict(out)
-        for k, m in enumerate(per_seed):
-            out.update({f"seed{k}/{name}": v for name, v in m.items()})
-        for name in dict.fromkeys(name for m in per_seed for name in m):
-            values = [m[name] for m in per_seed if name in m]
-            out[name] = sum(values) / len(values)
-        self.last_per_seed = [{**shared, **m} for m in per_seed]
-        return out
 
 
 class MemberAdam(torch.optim.Adam):
@@ -606,7 +582,7 @@ class SeedGroupGuard:
         self._restore = []
 
     def metrics(self) -> dict[str, float]:
-        return {f"seed{k}/train/skipped_steps": float(n) for k, n in enumerate(self.skipped)}
+        return {"train/skipped_steps": PerMember(float(n) for n in self.skipped)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"skipped": list(self.skipped), "consecutive": list(self.consecutive), "first_bad": list(self.first_bad)}

@@ -49,7 +49,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from ppo_lightning.core.members import BY_NAME, OPTIONAL_MEMBER_OPTIONS
+from ppo_lightning.core.members import BY_NAME, OPTIONAL_MEMBER_OPTIONS, member_metric
 from ppo_lightning.studies.records import curve_auc, final_value
 from ppo_lightning.run.spec import Members, RunSpec, train
 from ppo_lightning.tuning.space import MEMBER_PARAMS, Space
@@ -408,11 +408,11 @@ def record_trial(space: Space, tracking_uri: str, parent: str | None, trial, par
             metrics.append(Metric("objective", value, now, 0))
         for k, v in enumerate(per_seed):
             if math.isfinite(v):
-                metrics.append(Metric(f"seed{k}/objective", v, now, 0))
+                metrics.append(Metric(member_metric(k, "objective"), v, now, 0))
         for k, curve in enumerate(curves):
             for f, r in curve:
                 if math.isfinite(r):
-                    metrics.append(Metric(f"seed{k}/episode/return_mean20", r, now, int(f)))
+                    metrics.append(Metric(member_metric(k, "episode/return_mean20"), r, now, int(f)))
         ps = [Param(k, json.dumps(v) if isinstance(v, list) else str(v)) for k, v in params.items()]
         ps += [Param("seeds", json.dumps(list(space.seeds))), Param("frames", str(space.frames))]
         for i in range(0, max(len(metrics), 1), 1000):
