@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from ppo_lightning.envs import check_env_id, env_spaces, make_env
 from ppo_lightning.envs.procgen_env import auto_procgen_threads, check_procgen_game, make_procgen_env, procgen_spaces
@@ -343,23 +344,35 @@ def test_bf16_proximal_forward_is_close_and_keeps_float32_weights():
 
 
 @pytest.mark.parametrize("config", ["ppo_hard.yaml", "ppo_ewma_hard.yaml", "ppo_easy_short.yaml"])
-def test_procgen_configs_parse_validate_and_train_one_small_iteration(config, tmp_path):
-    """Every shipped Procgen config, its model settings intact (full-size IMPALA CNN, micro-batches,
-    EWMA, precision auto), on a small rollout: minibatches of 256 in two micro-batches."""
+def test_procgen_configs_parse_validate_and_the_ewma_one_trains_one_small_iteration(config, tmp_path):
+    """Every shipped Procgen config parses and builds its model and data module with its model settings
+    intact (full-size IMPALA CNN, micro-batches, EWMA, precision auto). PPO-EWMA, the superset of the
+    others' training path, trains one small iteration of one epoch: minibatches of 256 in two
+    micro-batches (each IMPALA update costs seconds here, so the others only build)."""
     from pathlib import Path
 
     from ppo_lightning.run.builder import fit_main
+    from ppo_lightning.run.preflight import _check_cli_class
 
     path = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/procgen" / config
+    train = config == "ppo_ewma_hard.yaml"
+    if train:  # the held-out evaluation as configured, on 2 envs x 16 steps instead of 64 x 256 (38 s here)
+        cfg = yaml.safe_load(path.read_text())
+        (held_out,) = cfg["trainer"]["callbacks"]
+        held_out["init_args"].update(num_envs=2, num_steps=16)
+        path = tmp_path / config
+        path.write_text(yaml.safe_dump(cfg))
     cli = fit_main(["fit", "--config", str(path), "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
                     "--trainer.enable_progress_bar", "false", "--data.num_envs", "2", "--data.rollout_steps", "256",
-                    "--data.num_minibatches", "2", "--data.total_frames", "512", "--data.num_threads", "1"])
+                    "--data.num_minibatches", "2", "--data.total_frames", "512", "--data.num_threads", "1",
+                    "--data.update_epochs", "1"], cli_class=None if train else _check_cli_class())
     h = cli.model.hparams
-    assert cli.datamodule.frames == 512 and cli.trainer.global_step == cli.datamodule.update_epochs * 2
     assert h.network["name"] == "impala_cnn" and h.network["channels"] == [16, 32, 32] and h.micro_batch_size == 128
-    if "ewma" in config:
+    assert h.decoupled == ("ewma" in config) and cli.datamodule.env_id.startswith("procgen:")
+    if train:
+        assert cli.datamodule.frames == 512 and cli.trainer.global_step == cli.datamodule.update_epochs * 2
         src = cli.model.proximal_source
-        assert h.decoupled and h.proximal_com == 8.0 and src.num_updates == cli.trainer.global_step
+        assert h.proximal_com == 8.0 and src.num_updates == cli.trainer.global_step
         # trainer.precision auto: bf16-mixed (and the bf16 weight copy of the anchor) only where bf16 is fast
         auto = hardware.resolve_trainer_precision("auto", "cpu")[0]
         assert cli.trainer.precision == auto and (src._forward_net is not None) == (auto == "bf16-mixed")
