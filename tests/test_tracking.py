@@ -144,6 +144,51 @@ def test_new_sqlite_store_opened_by_concurrent_runs(tmp_path):
     assert len(mlflow.MlflowClient(tracking_uri=uri).search_experiments(filter_string="name = 'concurrent'")) == 1
 
 
+def _store_dump(db: Path, folder: Path):
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        # each statement's lines as a set: MLflow's own migrations order a table's constraints differently
+        # from one new store to the next
+        schema = sorted((t, n, frozenset(line.strip().rstrip(",") for line in (sql or "").splitlines()))
+                        for t, n, sql in con.execute("SELECT type, name, sql FROM sqlite_master"))
+        experiments = [(i, name, str(Path(loc).relative_to(folder)), stage) for i, name, loc, stage in
+                       con.execute("SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments "
+                                   "ORDER BY experiment_id")]
+        return schema, experiments, con.execute("SELECT * FROM alembic_version").fetchall()
+
+
+def test_a_new_sqlite_store_is_a_copy_of_mlflows_empty_one_and_opens_as_mlflow_would_make_it(tmp_path, monkeypatch):
+    """The first new store makes the empty one in the cache folder (MLflow's schema, no Default
+    experiment); later new stores are copies in well under MLflow's 4-5 s of migrations, and equal a
+    store MLflow made itself, Default experiment included (its artifact root is the opening process's).
+    An existing store is never replaced."""
+    import mlflow
+
+    from ppo_lightning.training.tracking import new_sqlite_store, probe_tracking_store
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in ("first", "copied", "by_mlflow"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "first")
+    assert probe_tracking_store(f"sqlite:///{tmp_path / 'first' / 'mlflow.db'}", "exp") is None
+    (template,) = (tmp_path / "cache" / "ppo-lightning").glob("mlflow-*-empty.db")
+    assert template.name == f"mlflow-{mlflow.__version__}-empty.db"
+    monkeypatch.chdir(tmp_path / "copied")
+    t0 = time.perf_counter()
+    assert new_sqlite_store(Path("mlflow.db")) and time.perf_counter() - t0 < 1.0
+    assert probe_tracking_store(f"sqlite:///{tmp_path / 'copied' / 'mlflow.db'}", "exp") is None
+    monkeypatch.chdir(tmp_path / "by_mlflow")  # (MLflow keeps a store per URI: absolute ones, one per folder)
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'by_mlflow' / 'mlflow.db'}").create_experiment("exp")
+    dumps = {n: _store_dump(tmp_path / n / "mlflow.db", tmp_path / n) for n in ("first", "copied", "by_mlflow")}
+    assert dumps["first"] == dumps["copied"] == dumps["by_mlflow"]
+    assert [e[1] for e in dumps["copied"][1]] == ["Default", "exp"]
+    before = (tmp_path / "copied" / "mlflow.db").read_bytes()
+    assert not new_sqlite_store(tmp_path / "copied" / "mlflow.db")  # an existing store: untouched
+    assert (tmp_path / "copied" / "mlflow.db").read_bytes() == before
+    assert not list((tmp_path / "copied").glob(".mlflow.db.*"))  # no leftover temporary copy
+
+
 def test_view_hints_fit_the_tracking_uri():
     """A server is opened at the run's own URL; a local store is served by `mlflow ui` first. Both URLs
     carry the model-training view (MLflow's UI keeps its GenAI toggle in the browser otherwise)."""

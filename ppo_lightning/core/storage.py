@@ -135,6 +135,18 @@ def atomic_replace(path: str | os.PathLike, write: Callable[[BinaryIO], object],
     fsync_dir(path.parent)
 
 
+def user_cache_folder() -> Path:
+    """This user's cache folder for the project (what is kept per machine: the precision probe's
+    answers, an empty MLflow store): platformdirs' ``$XDG_CACHE_HOME/ppo-lightning`` or
+    ``~/.cache/ppo-lightning`` on Linux; the XDG rule where platformdirs is not installed."""
+    try:
+        from platformdirs import user_cache_dir
+
+        return Path(user_cache_dir("ppo-lightning"))
+    except ImportError:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ppo-lightning"
+
+
 def check_writable(folder: str | os.PathLike, what: str, hint: str = "") -> Path:
     """Create ``folder`` if needed and write, fsync and remove a small file in it; raise
     `UnwritablePath` (one line: what, where, the system's reason, ``hint``) if any step fails."""

@@ -49,6 +49,7 @@ from torch import nn
 
 from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 from ppo_lightning.core import hardware
+from ppo_lightning.core.storage import user_cache_folder
 
 BUDGET_S = 2.0  # wall seconds for the whole probe (both precisions)
 MIN_SPEEDUP = 1.03  # bf16-mixed is picked only when 32-true's step takes >= 1.03x bf16's
@@ -291,13 +292,7 @@ def cache_path() -> Path:
     override = os.environ.get(CACHE_ENV)
     if override:
         return Path(override)
-    try:
-        from platformdirs import user_cache_dir
-
-        folder = Path(user_cache_dir("ppo-lightning"))
-    except ImportError:  # platformdirs comes with the dependencies; the XDG rule without it
-        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ppo-lightning"
-    return folder / "precision.json"
+    return user_cache_folder() / "precision.json"
 
 
 def machine_key() -> dict[str, Any]:
