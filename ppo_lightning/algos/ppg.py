@@ -108,8 +108,10 @@ def resolve_ppg_config(ppg: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def validate_ppg_config(cfg: dict[str, Any], hparams) -> None:
-    """Fail before training, naming the field."""
+def validate_ppg_config(cfg: dict[str, Any] | None, hparams) -> None:
+    """Fail before training, naming the field (None: PPO, nothing to check)."""
+    if cfg is None:
+        return
     for name in ("n_pi", "aux_mbsize"):
         v = cfg[name]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

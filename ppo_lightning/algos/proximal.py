@@ -243,6 +243,16 @@ class ProximalPolicyEWMA:
             self._sync_forward_net()
 
 
+def validate_proximal_com(proximal_com, decoupled: bool) -> None:
+    """One-line errors for ``model.proximal_com`` (None: no EWMA)."""
+    if proximal_com is None:
+        return
+    if proximal_com < 0:
+        raise ValueError(f"model.proximal_com (center of mass, gradient steps) must be >= 0, got {proximal_com}")
+    if not decoupled:
+        raise ValueError("model.proximal_com needs model.decoupled=true (the EWMA is the decoupled anchor)")
+
+
 class ProximalEWMAStep(Callback):
     """Says *when* the module's EWMA proximal policy moves: after every optimizer step.
 

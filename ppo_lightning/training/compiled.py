@@ -23,7 +23,9 @@ BACKENDS_HINT = "true (inductor) or a torch.compile backend name such as 'aot_ea
 
 
 def validate_compile(value, ppg: bool = False) -> None:
-    """One-line errors for ``model.compile``."""
+    """One-line errors for ``model.compile`` (false: off, nothing to check)."""
+    if value is False:
+        return
     if value is True:
         backend = "inductor"
     elif isinstance(value, str) and value:

@@ -32,8 +32,9 @@ from ppo_lightning.interop.export import load_pretrained_weights
 from ppo_lightning.training.compiled import validate_compile
 from ppo_lightning.training.seed_group import seed_axis, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
-from ppo_lightning.algos.proximal import ProximalEWMAStep
-from ppo_lightning.training.update import PPGUpdate, PPOUpdate
+from ppo_lightning.algos.proximal import validate_proximal_com
+from ppo_lightning.training.update import make_updater
+from ppo_lightning.training.parts import make_anchor, make_compile_part, make_phases, make_ppg_part
 from ppo_lightning.algos.hooks import AUX_PREFIX
 from ppo_lightning.algos.settings import check_settings, schema_of
 from ppo_lightning.training.coefficients import ScheduledCoefficients
@@ -181,19 +182,15 @@ class PPOLightningModule(pl.LightningModule):
         self.loss_module = self.make_loss()
         self.coefficients.check_loss(self.loss_module)
         self.param_keys = dist_param_keys(action_space)
-        com = self.seed_axis.proximal_com(proximal_com)  # a group's members may have their own
-        self.proximal_source = None
-        # The EWMA proximal policy (PPO-EWMA, PPG-EWMA): owned here, in this module's checkpoint;
-        # the ProximalEWMAStep callback only says when to update it.
-        if settings.decoupled and com is not None:
-            from ppo_lightning.algos.proximal import ProximalPolicyEWMA
-
-            self.proximal_source = ProximalPolicyEWMA(com=com)
+        # The proximal anchor (ppo_lightning.training.parts): the EWMA of the weights (PPO-EWMA, PPG-EWMA;
+        # owned here, in this module's checkpoint; ProximalEWMAStep says when it moves) or the behavior.
+        self.anchor = make_anchor(settings.decoupled, self.seed_axis.proximal_com(proximal_com))
+        self.proximal_source = self.anchor.source
         # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
-        self.ppg_phases = None if ppg is None else ppg_lib.PPGPhases(ppg, action_space)
+        self.ppg_phases = make_phases(ppg, action_space)
         # The update of a minibatch, one per algorithm (ppo_lightning.training.update).
-        self.updater = PPOUpdate() if ppg is None else PPGUpdate()
-        self.automatic_optimization = ppg is None
+        self.updater = make_updater(ppg)
+        self.automatic_optimization = self.updater.automatic_optimization
         # This iteration's per-step diagnostics: one {entry name: tensor} per training step (the loss's
         # output entries, detached; `step_stat` reads one across the steps).
         self.step_stats: list[dict[str, torch.Tensor]] = []
@@ -209,7 +206,10 @@ class PPOLightningModule(pl.LightningModule):
         self._fit_frames0 = 0
         # Skips non-finite steps (a group: per seed), stops after max_bad_steps in a row.
         self.numerical_guard = self.seed_axis.make_guard(max_bad_steps)
-        self.compiled = None  # ppo_lightning.training.compiled.CompiledLoss when model.compile is on
+        # The optional parts' hooks run in this order (ppo_lightning.training.parts): PPG's buffer check,
+        # then the compiled loss, then the anchor, at fit start.
+        self.compile_part = make_compile_part(self.hparams.get("compile", False))
+        self.parts = [p for p in (make_ppg_part(self.ppg_phases), self.compile_part, self.anchor) if p is not None]
 
     # ------------------------------------------------------------------ configuration
     def validate_config(self) -> None:
@@ -225,11 +225,7 @@ class PPOLightningModule(pl.LightningModule):
             raise ValueError(f"model.loss must be {{class_path: ..., init_args: {{...}}}} or null, got {h.loss!r}")
         # model.schedules (ppo_lightning.algos.schedules): checked here, applied every iteration
         self.coefficients = ScheduledCoefficients(h)
-        if h.proximal_com is not None:
-            if h.proximal_com < 0:
-                raise ValueError(f"model.proximal_com (center of mass, gradient steps) must be >= 0, got {h.proximal_com}")
-            if not h.decoupled:
-                raise ValueError("model.proximal_com needs model.decoupled=true (the EWMA is the decoupled anchor)")
+        validate_proximal_com(h.proximal_com, h.decoupled)
         if h.optimizer not in ("adam", "sgd"):
             raise ValueError(f"model.optimizer must be 'adam' or 'sgd', got {h.optimizer!r}")
         if h.micro_batch_size is not None and not (isinstance(h.micro_batch_size, int) and h.micro_batch_size > 0):
@@ -237,15 +233,13 @@ class PPOLightningModule(pl.LightningModule):
 
         if h.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"model.lr_schedule must be one of {LR_SCHEDULES}, got {h.lr_schedule!r}")
-        if h.get("compile", False) is not False:
-            validate_compile(h.compile, ppg=h.get("ppg") is not None)
+        validate_compile(h.get("compile", False), ppg=h.get("ppg") is not None)
         validate_seed_group(h)
         if h.max_bad_steps is not None and not (isinstance(h.max_bad_steps, int) and h.max_bad_steps > 0):
             raise ValueError(f"model.max_bad_steps must be a positive integer or null, got {h.max_bad_steps!r}")
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
-        if h.get("ppg") is not None:
-            validate_ppg_config(h.ppg, h)
+        validate_ppg_config(h.get("ppg"), h)
 
     def loss_settings(self) -> dict[str, Any]:
         """The loss module's settings (`ppo_lightning.algos.loss.LOSS_SETTINGS`) from the hyperparameters."""
@@ -292,35 +286,27 @@ class PPOLightningModule(pl.LightningModule):
         shard_network(self.network, mesh["data_parallel"] if "data_parallel" in mesh.mesh_dim_names else mesh)
 
     def configure_callbacks(self):
-        if self.proximal_source is not None:
-            return [ProximalEWMAStep()]
-        return []
+        return [cb for part in self.parts for cb in part.callbacks()]
 
     def step_proximal(self) -> None:
-        """After an optimizer step (``ProximalEWMAStep``): move the EWMA if the step changed the policy."""
-        if self.proximal_source is not None and self.updater.changed_policy:
-            self.proximal_source.update()
+        """After an optimizer step (``ProximalEWMAStep``): move the anchor if the step changed the policy."""
+        if self.updater.changed_policy:
+            self.anchor.update()
 
     def on_fit_start(self) -> None:
-        if self.ppg_phases is not None and self.trainer.datamodule is not None:  # before the first rollout
-            from ppo_lightning.algos.ppg import check_phase_buffer_memory
-
-            t = self.trainer
-            check_phase_buffer_memory(self.hparams, t.datamodule, processes=max(1, t.world_size // max(1, t.num_nodes)))
         # After configure_model and the strategy's setup, so that (sharded) parameters are final.
-        if self.hparams.get("compile", False) is not False and self.compiled is None:
-            from ppo_lightning.training.compiled import CompiledLoss
-
-            self.compiled = CompiledLoss(self.loss_module, self.network, self.hparams.compile)
-        if self.proximal_source is not None:
-            # Under bf16-mixed the proximal forward (in the training step's autocast) may use bf16 weights.
-            self.proximal_source.bf16 = self.trainer.precision == "bf16-mixed"
-            self.proximal_source.start(self.network, self.make_network)
+        for part in self.parts:
+            part.on_fit_start(self)
 
     def teardown(self, stage: str) -> None:
-        if self.proximal_source is not None:
-            self.proximal_source.stop()
+        for part in self.parts:
+            part.teardown()
         self.seed_axis.teardown(self)
+
+    @property
+    def compiled(self):
+        """The `ppo_lightning.training.compiled.CompiledLoss` of ``model.compile`` once fit started, else None."""
+        return getattr(self.compile_part, "compiled", None)
 
     def _checkpointed_parts(self) -> dict[str, Any]:
         """This module's optional parts that keep state in its checkpoint, by checkpoint key."""
@@ -379,10 +365,7 @@ class PPOLightningModule(pl.LightningModule):
         """Write the proximal policy's distribution parameters under ``proximal``."""
         if "proximal" in batch.keys():
             return batch  # supplied by the data side (staleness experiments)
-        if self.proximal_source is not None:
-            params = self.proximal_source.proximal_policy(batch.get(OBS_KEY))
-        else:
-            params = [batch.get(k) for k in self.param_keys]  # proximal = behavior
+        params = self.anchor.proximal_params(batch, self.param_keys)
         batch.set("proximal", TensorDict(dict(zip(self.param_keys, params)), batch_size=batch.batch_size))
         return batch
 
@@ -448,12 +431,12 @@ class PPOLightningModule(pl.LightningModule):
             self.record_metrics(self.coefficients.apply(self))
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if self.compiled is not None:
-            self.compiled.step_started()
+        for part in self.parts:
+            part.step_started()
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if self.compiled is not None:
-            self.record_metrics(self.compiled.step_ended())
+        for part in self.parts:
+            self.record_metrics(part.step_ended())
 
     def on_train_epoch_end(self) -> None:
         dm = self.trainer.datamodule
@@ -498,9 +481,8 @@ class PPOLightningModule(pl.LightningModule):
         return out
 
     def _component_metrics(self) -> dict[str, float]:
-        """The iteration's metrics of the EWMA proximal policy and of PPG's phases (where they are on)."""
-        metrics = {} if self.proximal_source is None else self.proximal_source.metrics()
-        return metrics if self.ppg_phases is None else {**metrics, **self.ppg_phases.iteration_metrics()}
+        """The iteration's metrics of the module's parts (the EWMA proximal policy, PPG's phases)."""
+        return {k: v for part in self.parts for k, v in part.metrics().items()}
 
     # ------------------------------------------------------------------ per-iteration metrics
     def step_stat(self, name: str) -> torch.Tensor:

@@ -80,6 +80,7 @@ class PPOUpdate:
     the guard; Lightning clips (``configure_gradient_clipping``) and steps."""
 
     changed_policy = True  # every step changes the policy (the EWMA moves after it)
+    automatic_optimization = True  # Lightning's loop zeroes, steps and clips
 
     def __init__(self) -> None:
         self.micro_batched = False  # this step's gradients were accumulated inside training_step
@@ -135,6 +136,8 @@ class PPGUpdate:
     """PPG's optimizers and its manual step (`ppo_lightning.algos.ppg`): one policy(-phase) optimizer,
     a value optimizer when E_V != E_pi, the auxiliary Adam; every one over all parameters, as in the
     reference code. The phase of a step is its minibatch's (`ppo_lightning.algos.ppg.PhaseBatch`)."""
+
+    automatic_optimization = False  # manual optimization: a step picks one of PPG's optimizers
 
     def __init__(self) -> None:
         self.optimizer_index: dict[str, int] = {}
@@ -223,3 +226,8 @@ class PPGUpdate:
         """A resume in the middle of a policy phase starts a new one: the EWMA restarts from the weights."""
         if module.ppg_phases.take_restart() and module.proximal_source is not None:
             module.proximal_source.reset(module.network)
+
+
+def make_updater(ppg: dict | None) -> PPOUpdate | PPGUpdate:
+    """The update of a minibatch for ``model.ppg`` (None: PPO)."""
+    return PPOUpdate() if ppg is None else PPGUpdate()
