@@ -1,4 +1,5 @@
-"""The training runtime: the LightningModule (`module`) and its update (`update`), callbacks (`callbacks`), atomic checkpoint
+"""The training runtime: the LightningModule (`module`), its update (`update`) and its optional parts behind one
+interface (`parts`: the proximal anchor, PPG's phases, the compiled loss), callbacks (`callbacks`), atomic checkpoint
 writing (`checkpointing`), small-batch diagnostics (`diagnostics`), the gradient noise scale
 (`noise_scale`), MLflow tracking (`tracking`) and its background sender that outlives a tracking
 server's outage (`mlflow_sender`), the run's storage faults: pre-flight and resume hint
