@@ -775,3 +775,20 @@ def test_table1_scores_as_the_paper_random_zero_best_one_with_known_answers():
     empty = {k: Cell(*k, 1_000_000, 1.0, 1.0) for k in list(cells)[:5]}
     text = markdown(study, analyse(study, empty), empty, {})
     assert covered(study, text) == [] and "pending" in text
+
+
+def test_executor_auto_is_slurm_only_where_a_controller_answers(tmp_path, monkeypatch, capsys):
+    """submitit's auto picks SLURM wherever srun is installed; ours asks the controller (sinfo) first."""
+    from ppo_lightning.studies.runner import executor_cluster
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    monkeypatch.setenv("PATH", str(bin_))
+    assert executor_cluster("auto") == "local" and executor_cluster("slurm") == "slurm"  # no SLURM tools
+    for tool, code in (("sbatch", 0), ("srun", 0), ("sinfo", 1)):
+        (bin_ / tool).write_text(f"#!/bin/sh\nexit {code}\n")
+        (bin_ / tool).chmod(0o755)
+    assert executor_cluster("auto") == "local"  # tools, no controller
+    assert "controller does not answer; running the jobs as local processes" in capsys.readouterr().out
+    (bin_ / "sinfo").write_text("#!/bin/sh\necho up\n")
+    assert executor_cluster("auto") == "slurm" and executor_cluster("local") == "local"

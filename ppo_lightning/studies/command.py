@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("files", type=Path, nargs="+", metavar="FILE", help="study file(s): one for run and status")
     p.add_argument("--workers", type=int, default=None,
                    help="run: parallel workers; status: the workers its time left assumes (default: the CPU count, or SLURM's)")
-    p.add_argument("--executor", choices=["auto", "local", "slurm"], default="auto", help="run: submitit executor")
+    p.add_argument("--executor", choices=["auto", "local", "slurm"], default="auto", help="run: submitit executor (auto: SLURM where its controller answers, else local processes)")
     p.add_argument("--run-root", type=Path, default=None, help="run, status: the folder of the runs (default runs/studies/<study> beside the repository "
                    "holding the study file, else beside the file)")
     p.add_argument("--tracking-uri", default=None, help="run: MLflow store (default sqlite in the run root)")

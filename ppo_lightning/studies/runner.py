@@ -767,6 +767,25 @@ def end_parent_run(study: Study, tracking_uri: str, status: str, missing: list[t
         print(f"[study] MLflow parent run not ended ({str(err).splitlines()[0]})", flush=True)
 
 
+def executor_cluster(executor: str) -> str:
+    """submitit's cluster for ``--executor``: ``local`` or ``slurm`` as given; ``auto`` is ``slurm`` only
+    where a SLURM controller answers (``sinfo`` within 10 s), else ``local``. (submitit's own auto
+    picks SLURM wherever ``srun`` is installed: with the tools present and no controller running, every
+    job was refused.)"""
+    if executor != "auto":
+        return executor
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return "local"
+    try:
+        answered = subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        answered = False
+    if not answered:
+        print("[study] --executor auto: SLURM's tools are installed but its controller does not answer; "
+              "running the jobs as local processes", flush=True)
+    return "slurm" if answered else "local"
+
+
 def run_study(study: Study, workers: int | None = None, executor: str = "auto", run_root: Path | None = None,
               tracking_uri: str | None = None, poll_s: float = 5.0, checkpoint_frames: int | None = None,
               progress_s: float = 60.0) -> int:
@@ -785,8 +804,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
           f"in {len(groups)} groups on {workers} worker(s)", flush=True)
     if groups:
         bins = deal(groups, workers)
-        cluster = {"local": "local", "slurm": "slurm", "auto": None}[executor]
-        ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster=cluster)
+        ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster=executor_cluster(executor))
         ex.update_parameters(timeout_min=60 * 24 * 3, cpus_per_task=1, name=study.name)
         if ex.cluster == "slurm":
             ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})

@@ -116,14 +116,15 @@ def run_workers(space, run_root: Path, workers: int, executor: str, tracking_uri
         return 0
     import submitit
 
+    from ppo_lightning.studies.runner import (SubmissionFailed, executor_cluster, job_failures,  # start-up cost:
+                                              jobs_stop_with_the_launcher, submit_jobs)  # only with workers
+
     overrides = {k: v for k, v in {"base": list(space.base), "trials": space.trials, "members": space.members,
                                    "frames": space.frames, "refill": None if space.refill else False}.items()}
-    ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster={"local": "local", "slurm": "slurm", "auto": None}[executor])
+    ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster=executor_cluster(executor))
     ex.update_parameters(timeout_min=60 * 24 * 3, cpus_per_task=1, name=space.name)
     if ex.cluster == "slurm":
         ex.update_parameters(slurm_array_parallelism=workers, slurm_additional_parameters={"requeue": True})
-    from ppo_lightning.studies.runner import (SubmissionFailed, job_failures, jobs_stop_with_the_launcher,  # start-up cost:
-                                              submit_jobs)  # only with workers
 
     try:
         jobs = submit_jobs(ex, [_Job(str(space.path), overrides, str(run_root), tracking_uri, stale) for _ in range(workers)])
