@@ -232,6 +232,15 @@ class PPOFamilyLoss(LossModule):
             else:
                 setattr(self, name, torch.tensor(vals))
 
+    def reset_member(self, k: int, kl_beta: float, settings: dict[str, list], behavior_anchor: torch.Tensor | None) -> None:
+        """Member k of a group starts again (a refilled slot): its KL beta back to ``kl_beta`` (the
+        others' adapted betas go on), the members' loss ``settings`` (`set_member_settings`, member k's
+        values new) and which members anchor to the behavior policy."""
+        self.behavior_anchor = behavior_anchor
+        if settings:
+            self.set_member_settings(settings)
+        self.kl_beta[k] = kl_beta
+
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         pass  # GAE runs on the data side; nothing to forward.
 

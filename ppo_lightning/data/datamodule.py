@@ -141,6 +141,16 @@ class RolloutDataModule(pl.LightningDataModule):
             return list(self.member_seeds)
         return [self.seed + k for k in range(self.num_seeds)]
 
+    def reset_member(self, k: int, seed: int, member_hparams: dict[str, list], action_rng_state: torch.Tensor) -> None:
+        """Member k of a group starts again as the single run with ``seed`` and its values in
+        ``member_hparams`` (a refilled slot): the settings recorded here, then fresh envs, normalizers,
+        moments, shuffle generator and episode statistics on the source (`SeedGroupSource.refill`)."""
+        seeds = self.seeds
+        seeds[k] = seed
+        self.member_hparams = {n: list(v) for n, v in member_hparams.items()}
+        self.member_seeds = seeds
+        self.source.refill(k, seed, action_rng_state)
+
     def member_advantage_norm_spans(self) -> list[float]:
         """Each group member's advantage-normalization span (``member_hparams`` or ``advantage_norm_span``)."""
         spans = (self.member_hparams or {}).get("advantage_norm_span")

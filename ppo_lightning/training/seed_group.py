@@ -271,18 +271,11 @@ class SeedGroup(SingleRun):
         if module.proximal_source is not None:
             com = values.get("proximal_com", module.hparams.proximal_com)
             module.proximal_source.reset_member(k, 0.0 if com is None else float(com))
-        loss = module.loss_module
-        loss.behavior_anchor = self.behavior_anchor
         own = {n: v for n, v in self.member_hparams.items() if n in MEMBER_LOSS_SETTINGS and n != "kl_beta"}
-        if own:
-            loss.set_member_settings(own)
-        loss.kl_beta[k] = float(values.get("kl_beta", module.hparams.kl_beta))  # the others' adapted betas go on
-        guard = module.numerical_guard
-        guard.skipped[k], guard.consecutive[k], guard.first_bad[k] = 0, 0, None
-        dm = trainer.datamodule
-        dm.member_hparams = {n: list(v) for n, v in self.member_hparams.items()}
-        dm.member_seeds = list(self.seeds)
-        dm.source.refill(k, seed, self.action_rng_states[k])
+        module.loss_module.reset_member(k, float(values.get("kl_beta", module.hparams.kl_beta)), own,
+                                        self.behavior_anchor)
+        module.numerical_guard.reset_member(k)
+        trainer.datamodule.reset_member(k, seed, self.member_hparams, self.action_rng_states[k])
 
     def member_adam(self, trainer, what: str) -> "MemberAdam":
         """The group's optimizer as a `MemberAdam` (a plain Adam becomes one, its state carried over)."""
@@ -527,6 +520,10 @@ class SeedGroupGuard:
     @property
     def skipped_steps(self) -> int:
         return sum(self.skipped)
+
+    def reset_member(self, k: int) -> None:
+        """Member k starts again (a refilled slot): no skipped or bad steps counted."""
+        self.skipped[k], self.consecutive[k], self.first_bad[k] = 0, 0, None
 
     def check_batch(self, batch) -> None:
         pass
