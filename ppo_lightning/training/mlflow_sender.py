@@ -49,6 +49,7 @@ from typing import Callable
 
 from ppo_lightning.core.faults import StorageFull, human_bytes
 from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text, tree_bytes
+from ppo_lightning.training.storage_faults import sqlite_path
 
 SPOOL_NAME = "mlflow-spool.jsonl"
 # MLflow 3.x's UI picks an experiment's view from this tag: untagged experiments open in the GenAI
@@ -283,8 +284,7 @@ class MlflowSender:
                     self._send(record)
             except Exception as err:  # noqa: BLE001 - sorted below; the loop must go on
                 if self.local and out_of_space(err) and record["kind"] != "artifact":
-                    path = Path(self.tracking_uri[len("sqlite:///"):]) if self.tracking_uri.startswith("sqlite:///") \
-                        else Path(self.tracking_uri)
+                    path = sqlite_path(self.tracking_uri) or Path(self.tracking_uri)
                     self.fatal = StorageFull("the MLflow tracking store", path, len(json.dumps(record)),
                                              free_bytes(path.parent), space_error_text(err))
                     self._drop_first()

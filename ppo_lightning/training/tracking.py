@@ -31,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from ppo_lightning.core.faults import UnwritablePath
 from ppo_lightning.core.storage import check_writable, user_cache_folder
+from ppo_lightning.training.storage_faults import sqlite_path
 from ppo_lightning.training.mlflow_sender import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowSender, configure_http,
                                                   create_run, is_unreachable, load_spool, local_artifact_folder,
                                                   short_reason)
@@ -287,18 +288,20 @@ def _sqlite_store_lock(tracking_uri: str):
 
     Two runs started together on a new database both create its tables, and two runs of a new
     experiment both create it: the loser fails ("table runs already exists") and would train without
-    tracking. The lock serializes only this first open; logging itself is left to sqlite's locking."""
-    if not tracking_uri.startswith("sqlite:///"):
-        yield
+    tracking. The lock serializes only this first open; logging itself is left to sqlite's locking.
+    Yields the database file (None for other stores)."""
+    db = sqlite_path(tracking_uri)
+    if db is None:
+        yield None
         return
     import fcntl
 
-    folder = Path(tracking_uri[len("sqlite:///"):]).parent
+    folder = db.parent
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield db
     finally:
         os.close(fd)  # releases the lock
 
@@ -348,9 +351,9 @@ def probe_tracking_store(tracking_uri: str, experiment_name: str, limit: int = 3
     try:
         import mlflow
 
-        with _sqlite_store_lock(tracking_uri):
-            if tracking_uri.startswith("sqlite:///"):
-                new_sqlite_store(Path(tracking_uri[len("sqlite:///"):]))
+        with _sqlite_store_lock(tracking_uri) as db:
+            if db is not None:
+                new_sqlite_store(db)
             client = mlflow.MlflowClient(tracking_uri=tracking_uri)
             experiment = client.get_experiment_by_name(experiment_name)
             if experiment is None:
