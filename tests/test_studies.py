@@ -424,7 +424,7 @@ def test_a_full_disk_while_writing_study_records_is_one_line_and_keeps_every_rec
     import sys
     from dataclasses import asdict
 
-    from ppo_lightning.core.faults import StorageFull
+    from ppo_lightning.core.errors import StorageFull
     from ppo_lightning.studies import records, runner
 
     disk = tmp_path / "disk"

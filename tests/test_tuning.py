@@ -104,16 +104,17 @@ def test_member_settings_ride_in_one_group_and_other_settings_split_it(tmp_path)
 def test_a_tuned_member_is_the_single_run_of_its_trial(tmp_path, monkeypatch):
     from ppo_lightning.run import train
     from ppo_lightning.tuning import runner
+    from ppo_lightning.tuning.reporter import TrialReporter
 
     monkeypatch.chdir(tmp_path)
     space = load_space(tiny(tmp_path))
     trials = [{"model.lr": 0.002, "model.proximal_com": None}, {"model.lr": 0.008, "model.proximal_com": 4}]
     off = {"trainer.enable_checkpointing": False, "video_every": None, "mlflow.enabled": False,
            "trainer.enable_progress_bar": False}
-    group = runner.TrialReporter(2)
+    group = TrialReporter(2)
     train(runner.group_spec(space, [(p, 0) for p in trials]).with_settings({**off, "run_dir": str(tmp_path / "g")}),
           callbacks=[group])
-    alone = runner.TrialReporter(1)
+    alone = TrialReporter(1)
     train(runner.single_spec(space, trials[1], 0).with_settings({**off, "run_dir": str(tmp_path / "s")}), callbacks=[alone])
     assert repr(group.curves[1]) == repr(alone.curves[0]) and len(alone.curves[0]) == 4
     assert repr(group.curves[0]) != repr(group.curves[1])  # the other trial's settings learned otherwise
@@ -296,14 +297,16 @@ import os, signal, sys
 from ppo_lightning.tuning import runner
 from ppo_lightning.tuning.space import load_space
 
-end = runner.TrialReporter.on_train_epoch_end
+from ppo_lightning.tuning.reporter import TrialReporter
+
+end = TrialReporter.on_train_epoch_end
 
 def killed_after_refill(self, trainer, pl_module):  # SIGKILL once a refilled trial has trained an iteration
     end(self, trainer, pl_module)
     if any(start > 0 and curve for start, curve in zip(self.starts, self.curves)):
         os.kill(os.getpid(), signal.SIGKILL)
 
-runner.TrialReporter.on_train_epoch_end = killed_after_refill
+TrialReporter.on_train_epoch_end = killed_after_refill
 runner.run_worker(load_space(sys.argv[1]), sys.argv[2])
 """
 
@@ -423,7 +426,7 @@ def test_a_refilled_member_on_an_lr_schedule_anneals_from_its_own_start_as_its_s
 
     from ppo_lightning.data.datamodule import RolloutDataModule
     from ppo_lightning.training.module import PPOLightningModule
-    from ppo_lightning.tuning.runner import TrialReporter
+    from ppo_lightning.tuning.reporter import TrialReporter
     from tests.test_group_members import DATA, NET, KeepSource, fit
 
     first, new = {"lr": [3e-3, 2e-3], "gamma": [0.99, 0.9]}, {"lr": 1e-3, "gamma": 0.95}

@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ppo_lightning.core.faults import CheckpointError
+from ppo_lightning.core.errors import CheckpointError
 from ppo_lightning.nets.models import OBS_KEY, dist_param_keys, make_distribution
 
 STALENESS_MODES = ("behavior", "proximal", "decoupled")

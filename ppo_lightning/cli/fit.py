@@ -12,7 +12,7 @@ import sys
 
 import jsonargparse
 
-from ppo_lightning.core.faults import TrainingFault
+from ppo_lightning.core.errors import TrainingFault
 from ppo_lightning.run import builder
 from ppo_lightning.run.builder import close_process_group, fit_main
 from ppo_lightning.run.trust import parse_error_line

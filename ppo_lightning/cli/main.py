@@ -7,6 +7,11 @@ import os
 import signal
 import sys
 
+# light: no torch, Lightning or TorchRL (study and tune load the training stack only in their workers)
+from ppo_lightning.core.configs import configs_dir, resolve_config_args, shipped_configs
+from ppo_lightning.studies.command import main as study_main
+from ppo_lightning.tuning.command import main as tune_main
+
 USAGE = """usage: ppo-lightning {fit,export-hf,evaluate,configs,study,tune} ...
 
 commands:
@@ -36,9 +41,7 @@ def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
-    if args[0] == "configs":  # start-up cost: no torch, Lightning or TorchRL to list file names
-        from ppo_lightning.core.configs import configs_dir, shipped_configs
-
+    if args[0] == "configs":
         print("\n".join(shipped_configs()))
         print(f"(in {configs_dir()}; ppo-lightning fit --config NAME, or a path)", file=sys.stderr)
         return 0
@@ -47,21 +50,15 @@ def _dispatch(args: list[str]) -> int:
         from ppo_lightning.interop.hf.writer import export_main
 
         return export_main(args[1:])
-    if args[0] == "study":  # start-up cost, as above: reports need no training stack
-        from ppo_lightning.studies.command import main as study_main
-
+    if args[0] == "study":
         return study_main(args[1:])
-    if args[0] == "tune":  # start-up cost, as above: the search imports Optuna and, in its workers, fit
-        from ppo_lightning.tuning.command import main as tune_main
-
+    if args[0] == "tune":
         return tune_main(args[1:])
     if args[0] == "evaluate":  # start-up cost, as above
         from ppo_lightning.cli.evaluate import evaluate_main
 
         return evaluate_main(args[1:])
     # the --config files first, bounded (an alias bomb, a missing file: one line before Lightning loads)
-    from ppo_lightning.core.configs import resolve_config_args
-
     try:
         resolve_config_args(args[1:] if args[0] == "fit" else args)
     except ValueError as err:

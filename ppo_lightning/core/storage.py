@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from ppo_lightning.core.errors import UnwritablePath
+
 SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
 
@@ -150,8 +152,6 @@ def user_cache_folder() -> Path:
 def check_writable(folder: str | os.PathLike, what: str, hint: str = "") -> Path:
     """Create ``folder`` if needed and write, fsync and remove a small file in it; raise
     `UnwritablePath` (one line: what, where, the system's reason, ``hint``) if any step fails."""
-    from ppo_lightning.core.faults import UnwritablePath  # core.faults imports torch: only when probing
-
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ import torch
 
 from ppo_lightning.envs import PROCGEN_PREFIX
 from ppo_lightning.envs.procgen_scores import normalized_return
-from ppo_lightning.core.faults import TrainingFault
+from ppo_lightning.core.errors import TrainingFault
 
 
 def _dist_world() -> int:

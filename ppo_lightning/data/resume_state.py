@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ppo_lightning.core.faults import CheckpointError
+from ppo_lightning.core.errors import CheckpointError
 
 # ---------------------------------------------------------------------------- plain encoding
 

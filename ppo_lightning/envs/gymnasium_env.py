@@ -8,6 +8,7 @@ NEXT_STEP autoreset would put a fake zero-reward transition after every episode 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gymnasium as gym
@@ -120,3 +121,25 @@ def build_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float 
     env = TransformedEnv(env, Compose(RewardSum(), StepCounter()))
     env.set_seed(seed)
     return env, vec
+
+# ---------------------------------------------------------------- the family interface of `ppo_lightning.envs`
+def check(name: str) -> None:
+    check_gymnasium_id(name)
+
+
+def spaces(name: str, env_kwargs: dict) -> tuple[dict, dict]:
+    return gymnasium_spaces(name, env_kwargs)
+
+
+def make(name: str, num_envs: int, seed: int, env_kwargs: dict, timeout_s: float | None = None):
+    if timeout_s is not None:
+        env_kwargs = {**env_kwargs, "timeout_s": timeout_s}
+    return make_gymnasium_env(name, num_envs=num_envs, seed=seed, **env_kwargs)
+
+
+def recordable(name: str, num_envs: int, seed: int, env_kwargs: dict):
+    """The env and env 0's ``render()``, off-screen."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame (classic control) renders off-screen
+    os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders headless (GLFW needs a display)
+    env, vec = build_gymnasium_env(name, num_envs=num_envs, seed=seed, **{"render_mode": "rgb_array", **env_kwargs})
+    return env, lambda: vec.envs[0].render()

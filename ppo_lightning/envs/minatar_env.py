@@ -241,3 +241,20 @@ def render_state(state: np.ndarray, scale: int = 32) -> np.ndarray:
     frame = palette[index]
     return np.repeat(np.repeat(frame, scale, axis=0), scale, axis=1)
 
+# ---------------------------------------------------------------- the family interface of `ppo_lightning.envs`
+def check(name: str) -> None:
+    check_minatar_game(name)
+
+
+def spaces(name: str, env_kwargs: dict) -> tuple[dict, dict]:
+    return minatar_spaces(name)
+
+
+def make(name: str, num_envs: int, seed: int, env_kwargs: dict, timeout_s: float | None = None):
+    return make_minatar_env(name, num_envs=num_envs, seed=seed, **env_kwargs)
+
+
+def recordable(name: str, num_envs: int, seed: int, env_kwargs: dict):
+    """The env and env 0's state drawn as coloured cells (10x10xC boolean states)."""
+    env = make(name, num_envs, seed, env_kwargs)
+    return env, lambda: render_state(env.base_env._obs[0])

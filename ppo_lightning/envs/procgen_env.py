@@ -34,7 +34,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data.tensor_specs import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import Compose, EnvBase, RewardSum, StepCounter, TransformedEnv
 
-from ppo_lightning.core.faults import CheckpointError
+from ppo_lightning.core.errors import CheckpointError
 
 GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
@@ -257,3 +257,20 @@ def make_procgen_env(
         **procgen_kwargs,
     )
     return TransformedEnv(env, Compose(RewardSum(), StepCounter()))
+
+# ---------------------------------------------------------------- the family interface of `ppo_lightning.envs`
+def check(name: str) -> None:
+    check_procgen_game(name)
+
+
+def spaces(name: str, env_kwargs: dict) -> tuple[dict, dict]:
+    return procgen_spaces()
+
+
+def make(name: str, num_envs: int, seed: int, env_kwargs: dict, timeout_s: float | None = None):
+    return make_procgen_env(name, num_envs=num_envs, seed=seed, **env_kwargs)
+
+
+def recordable(name: str, num_envs: int, seed: int, env_kwargs: dict):
+    """The env and None: its observations are the frames."""
+    return make(name, num_envs, seed, env_kwargs), None

@@ -35,14 +35,15 @@ from ppo_lightning.training.callbacks import (
 )
 from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
-from ppo_lightning.training.precision import PPOTrainer
+from ppo_lightning.training.precision import PPOTrainer, planned_processes, resolve_auto, take_precision_aliases
+from ppo_lightning.training import rescale
 from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger, view_hints
 from ppo_lightning.algos import scaling
 from ppo_lightning.training.preemption import Preemption, SignalStop
 from ppo_lightning.core.configs import resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
-from ppo_lightning.training.checkpointing import check_checkpoint_file
+from ppo_lightning.training.checkpointing import AtomicCheckpointIO, check_checkpoint_file
 from ppo_lightning.training.storage_faults import preflight
 from ppo_lightning.training.mlflow_sender import SPOOL_NAME
 from ppo_lightning.core.safety import refuse_symlink
@@ -174,9 +175,7 @@ class PPOCLI(LightningCLI):
             print(scaling.format_scale_table(cfg.scale, rules, report), flush=True)
             self.scale_params = scaling.scale_params(cfg.scale, rules, report)
             if cfg.get("ckpt_path"):  # the scaled settings must be the checkpoint's
-                from ppo_lightning.training.rescale import check_resumed_scaled_settings
-
-                check_resumed_scaled_settings(cfg.ckpt_path, model_config(cfg), cfg.scale)
+                rescale.check_resumed_scaled_settings(cfg.ckpt_path, model_config(cfg), cfg.scale)
         strategy = cfg.trainer.get("strategy")
         if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
             # sharded checkpoints written to a temporary folder and swapped in (never half-written)
@@ -228,8 +227,6 @@ class PPOCLI(LightningCLI):
             )
         kwargs.setdefault("default_root_dir", str(run_dir))
         if not cfg.trainer.get("plugins"):  # atomic checkpoint writes, one-line errors on unreadable files
-            from ppo_lightning.training.checkpointing import AtomicCheckpointIO
-
             kwargs["plugins"] = [AtomicCheckpointIO()]
         has_bar = any(isinstance(c, ProgressBar) for c in user_callbacks)
         callbacks = self.managed_callbacks(cfg, run_dir, user_has_progress_bar=has_bar)
@@ -249,8 +246,6 @@ class PPOCLI(LightningCLI):
         """``trainer.precision`` for this run's network and data (``auto``: measured on a CPU,
         `ppo_lightning.training.precision.resolve_auto`), written into the config (config.yaml) and
         kept with its reason for the run's params (`before_fit`)."""
-        from ppo_lightning.training.precision import planned_processes, resolve_auto
-
         processes = planned_processes(cfg.trainer.get("devices", "auto"), cfg.trainer.get("num_nodes", 1))
         choice, reason = resolve_auto(cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto"),
                                       self.model, self.datamodule, processes)
@@ -433,12 +428,10 @@ class PPOCLI(LightningCLI):
     def _slurm_resume_checkpoint(cfg) -> str | None:
         """A requeued SLURM job resumes by itself from its run folder's newest checkpoint
         (`ppo_lightning.training.preemption.find_resume_checkpoint`)."""
-        from ppo_lightning.training.preemption import find_resume_checkpoint, slurm_run_name
-
-        name = slurm_run_name()
+        name = preemption.slurm_run_name()
         if name is None:
             return None
-        found = find_resume_checkpoint(preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or name))
+        found = preemption.find_resume_checkpoint(preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or name))
         if found is not None:
             restart = os.environ.get("SLURM_RESTART_COUNT")
             print(f"SLURM job {name[len('slurm-'):]}{f' (restart {restart})' if restart else ''}: resuming from {found}",
@@ -448,12 +441,9 @@ class PPOCLI(LightningCLI):
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]
         if cfg.get("ckpt_path"):  # another world size / num_envs: --rescale applies the scaling rules, else refused
-            from ppo_lightning.algos.scaling import parse_rules
-            from ppo_lightning.training.rescale import ElasticResume, plan
-
             world = self.trainer.num_nodes * self.trainer.num_devices
-            rules = parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
-            self.trainer.callbacks.append(ElasticResume(plan(cfg.ckpt_path, world, self.datamodule, cfg.rescale, rules)))
+            rules = scaling.parse_rules(cfg.scale_rules, cfg.scale_adam_betas)
+            self.trainer.callbacks.append(rescale.ElasticResume(rescale.plan(cfg.ckpt_path, world, self.datamodule, cfg.rescale, rules)))
         elif cfg.get("rescale"):
             raise ValueError("--rescale applies to a resumed run: give --ckpt_path")
         self.trainer.callbacks.append(_TrainingStarted())  # errors before it are configuration errors
@@ -502,8 +492,6 @@ class PPOCLI(LightningCLI):
 def resolve_config_precision(cfg) -> None:
     """``trainer.precision`` before the Trainer is built: the deprecated ``model.network.precision``
     / ``model.proximal_precision`` set it where it is not given (and leave the model config)."""
-    from ppo_lightning.training.precision import take_precision_aliases
-
     alias = take_precision_aliases(model_config(cfg), trainer_precision=cfg.trainer.get("precision"))
     if alias is not None and cfg.trainer.get("precision") is None:
         cfg.trainer.precision = alias

@@ -21,6 +21,11 @@ from typing import Any
 
 from ppo_lightning.run.spec import RunSpec
 from ppo_lightning.core.safety import UnsafeInput, code_references, load_yaml
+from ppo_lightning.core.configs import configs_dir
+from ppo_lightning.core.errors import TrainingFault
+from ppo_lightning.core.safety import refuse_symlinks_under
+from ppo_lightning.core.storage import check_writable
+from ppo_lightning.envs import make_env
 
 
 class PreflightError(UnsafeInput):
@@ -51,7 +56,6 @@ def check_run(spec: RunSpec, where: str) -> None:
     # start-up cost: fit's CLI (Lightning, TorchRL) only where a study or search runs its pre-flight
     from ppo_lightning.run import builder
     from ppo_lightning.run.trust import parse_error_line
-    from ppo_lightning.core.faults import TrainingFault
 
     out = io.StringIO()
     logging.disable(logging.INFO)  # Lightning's "Seed set to ..." per cell: its handler holds the real stderr
@@ -72,8 +76,6 @@ def check_run(spec: RunSpec, where: str) -> None:
 
 def check_env_once(env: str, kwargs: dict[str, Any] | None, where: str) -> None:
     """Build one copy of ``env`` and close it (`PreflightError` naming it if that fails)."""
-    from ppo_lightning.envs import make_env
-
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             make_env(env, 1, 0, kwargs or {}).close()
@@ -84,8 +86,6 @@ def check_env_once(env: str, kwargs: dict[str, Any] | None, where: str) -> None:
 
 
 def _shipped(path: Path) -> bool:
-    from ppo_lightning.core.configs import configs_dir  # start-up cost: with the checks that need it, as above
-
     try:
         Path(path).resolve().relative_to(configs_dir().resolve())
         return True
@@ -104,9 +104,6 @@ def _config_refs(paths: list[Path]) -> list[tuple[str, str, str]]:
 def check_run_root(run_root: Path, what: str, hint: str) -> Path:
     """The run root, created and probed writable (`ppo_lightning.core.storage.check_writable`:
     `UnwritablePath`, exit code 4), holding no symbolic link (`UnsafeInput`)."""
-    from ppo_lightning.core.safety import refuse_symlinks_under
-    from ppo_lightning.core.storage import check_writable
-
     check_writable(run_root, what, hint)
     refuse_symlinks_under(run_root, what)
     return run_root

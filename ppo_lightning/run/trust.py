@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.core.faults import CheckpointError
+from ppo_lightning.core.errors import CheckpointError
 from ppo_lightning.interop.checkpoint_io import unsafe_pickle_text
 from ppo_lightning.core.safety import UnsafeInput, check_code, code_references, refuse_symlink
 

@@ -6,6 +6,11 @@ import argparse
 import os
 from pathlib import Path
 
+from ppo_lightning.core.errors import StorageFull, UnwritablePath
+from ppo_lightning.core.safety import UnsafeInput
+from ppo_lightning.run.preflight import check_run_root
+from ppo_lightning.studies import runner
+from ppo_lightning.studies.preflight import check_groups, check_study
 from ppo_lightning.studies.spec import StudyError, load_study
 
 USAGE = """ppo-lightning study {run,status,report} FILE [FILE ...] [options]
@@ -65,9 +70,6 @@ def main(argv: list[str]) -> int:
             return 2
         return 0
     study = studies[0]
-    # start-up cost: the runner imports submitit and, in its workers, the training stack
-    from ppo_lightning.studies import runner
-
     if a.action == "status":
         try:
             print(runner.status_text(study, a.run_root, a.workers))
@@ -77,12 +79,6 @@ def main(argv: list[str]) -> int:
         return 0
     # pre-flight: code the file would import, every cell's settings through fit's parser, the
     # envs built once, the run root writable and free of links: before any worker starts
-    from ppo_lightning.run.preflight import check_run_root
-    from ppo_lightning.studies.preflight import check_groups, check_study
-    from ppo_lightning.core.faults import UnwritablePath
-    # start-up cost, as above: the pre-flight's errors with it
-    from ppo_lightning.core.safety import UnsafeInput
-
     try:
         check_study(study, a.trust_code)
         a.run_root = check_run_root((a.run_root or runner.default_run_root(study)).resolve(), "study run root",
@@ -98,8 +94,6 @@ def main(argv: list[str]) -> int:
         return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root,
                                 tracking_uri=a.tracking_uri, checkpoint_frames=a.checkpoint_frames)
     except RuntimeError as err:
-        from ppo_lightning.core.faults import StorageFull  # start-up cost: torch; only on this failure path
-
         if not isinstance(err, StorageFull):
             raise
         print(f"error: {err}; the cells recorded before it are kept: free space and rerun `ppo-lightning study run "

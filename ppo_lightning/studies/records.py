@@ -26,7 +26,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, normalized_return
 from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space, space_error_text
+from ppo_lightning.core.errors import StorageFull
 from ppo_lightning.studies.spec import Study
 
 CELL_FIELDS = ["study", "arm", "env", "seed", "frames", "auc_return", "final_return", "cpu", "precision",
@@ -192,8 +194,6 @@ def atomic_write(path: Path, data: str | bytes, what: str = "study record") -> N
         atomic_replace(path, lambda f: f.write(data))
     except OSError as err:
         if out_of_space(err):
-            from ppo_lightning.core.faults import StorageFull  # start-up cost: torch; only on this failure path
-
             raise StorageFull(what, path, len(data), free_bytes(path.parent), space_error_text(err)) from None
         raise
 
@@ -292,8 +292,6 @@ def normalizer(study: Study, cells=None):
                 return float("nan")  # no best recorded yet: pending
             return (r - lo[env]) / (best[env][0] - lo[env])
         return norm_rb
-    from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, normalized_return
-
     if study.score == "minatar":
         return lambda env, r: normalized_return(env_game(env), r)
     ref = REFERENCE_500K

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import yaml
 
+from ppo_lightning.algos import scaling
 from ppo_lightning.core.safety import open_nofollow
 from ppo_lightning.core.members import ALWAYS_MEMBER_SETTINGS, MEMBER_OPTIONS, OPTIONAL_MEMBER_OPTIONS
 from ppo_lightning.run.spec import Members, RunSpec, train
@@ -207,8 +208,6 @@ def member_values(study: Study, arm: str) -> tuple[str, dict] | None:
     """``(shared key, the member's own settings after its --scale rules)`` for an arm that can be a
     member of a mixed group, else None (another config than the base, staleness, decoupled
     without an EWMA)."""
-    from ppo_lightning.algos import scaling  # start-up cost: the member arithmetic only where a study runs
-
     a = study.arms[arm]
     if a.configs or any(k.startswith("data.staleness") for k in a.fit):
         return None

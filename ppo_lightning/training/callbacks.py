@@ -12,7 +12,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-from ppo_lightning.core.faults import TrainingFault, human_bytes
+from ppo_lightning.core.errors import TrainingFault, human_bytes
 from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space, space_error_text
 from ppo_lightning.interop.evaluation import evaluate_policy
 from ppo_lightning.nets.models import is_sharded

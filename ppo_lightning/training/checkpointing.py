@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ppo_lightning.core.faults import CheckpointError, StorageFull, TrainingFault
+from ppo_lightning.core.errors import CheckpointError, StorageFull, TrainingFault
 from ppo_lightning.interop.checkpoint_io import unsafe_pickle_text
 from ppo_lightning.core.storage import atomic_replace, counted_bytes, free_bytes, out_of_space, space_error_text
 

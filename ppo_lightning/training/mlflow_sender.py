@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ppo_lightning.core.faults import StorageFull, human_bytes
+from ppo_lightning.core.errors import StorageFull, human_bytes
 from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text, tree_bytes
 from ppo_lightning.training.storage_faults import sqlite_path
 

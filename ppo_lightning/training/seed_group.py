@@ -289,7 +289,7 @@ class SeedGroup(SingleRun):
 
     def set_member_lrs(self, module, lrs: list[float]) -> None:
         """Every member's lr from now on (a tuning group's members each on their own lr schedule,
-        counted from their own start: `ppo_lightning.tuning.runner.TrialReporter`)."""
+        counted from their own start: `ppo_lightning.tuning.reporter.TrialReporter`)."""
         if module.trainer.lr_scheduler_configs:
             raise ValueError("set_member_lrs: the group runs an lr schedule of its own; use model.lr_schedule constant")
         self.member_adam(module.trainer, "set_member_lrs").set_lrs(lrs)

@@ -26,7 +26,7 @@ from typing import Any
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ppo_lightning.core.faults import StorageFull
+from ppo_lightning.core.errors import StorageFull
 from ppo_lightning.core.storage import free_bytes, fsync_dir, out_of_space, space_error_text, tree_bytes
 from ppo_lightning.training.checkpointing import TMP_SUFFIX, last_good_checkpoint
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppo_lightning.core.faults import StorageFull
+from ppo_lightning.core.errors import StorageFull
 from ppo_lightning.core.storage import check_writable, resume_command
 from ppo_lightning.training.checkpointing import last_good_checkpoint
 

@@ -29,7 +29,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from ppo_lightning.core.faults import UnwritablePath
+from ppo_lightning.core.errors import UnwritablePath
 from ppo_lightning.core.storage import check_writable, user_cache_folder
 from ppo_lightning.training.storage_faults import sqlite_path
 from ppo_lightning.training.mlflow_sender import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowSender, configure_http,

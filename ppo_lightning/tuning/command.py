@@ -6,7 +6,17 @@ import argparse
 import time
 from pathlib import Path
 
+import submitit
+
+from ppo_lightning.core.errors import UnwritablePath
+from ppo_lightning.core.safety import UnsafeInput
+from ppo_lightning.run.preflight import check_run_root
+from ppo_lightning.studies.runner import (SubmissionFailed, executor_cluster, job_failures, jobs_stop_with_the_launcher,
+                                          submit_jobs)
+from ppo_lightning.tuning import runner
+from ppo_lightning.tuning.preflight import check_space
 from ppo_lightning.tuning.space import SpaceError, load_space
+from ppo_lightning.tuning.summary import summarize
 
 USAGE = """ppo-lightning tune --space SPACE.yaml [--config BASE] [--trials N] [--members S] [--frames F]
                          [--no-refill] [options]
@@ -58,21 +68,11 @@ def main(argv: list[str]) -> int:
     if a.workers < 1:
         print(f"error: --workers must be >= 1, got {a.workers}")
         return 2
-    # start-up cost: the runner imports Lightning and, in its workers, the training stack
-    from ppo_lightning.tuning import runner
-    from ppo_lightning.tuning.summary import summarize
-
     run_root = (a.run_root or space.root / "runs" / "tuning" / space.name).resolve()
     stale = a.stale_after if a.stale_after is not None else runner.STALE_AFTER_S
     if not a.summary_only:
         # pre-flight: code the file would import, a trial's settings through fit's parser, the env
         # built once, the run root writable and free of links: before any worker starts
-        from ppo_lightning.run.preflight import check_run_root
-        from ppo_lightning.tuning.preflight import check_space
-        from ppo_lightning.core.faults import UnwritablePath
-        # start-up cost, as above: the pre-flight's errors with it
-        from ppo_lightning.core.safety import UnsafeInput
-
         try:
             check_space(space, a.trust_code)
             check_run_root(run_root, "search run root", "choose another with --run-root")
@@ -96,29 +96,18 @@ class _Job:
         self.space_path, self.overrides, self.run_root, self.tracking_uri, self.stale = space_path, overrides, run_root, tracking_uri, stale
 
     def __call__(self) -> int:
-        from ppo_lightning.tuning import runner  # start-up cost: the training stack only in a worker
-
         space = load_space(self.space_path, self.overrides)
         return runner.run_worker(space, Path(self.run_root), tracking_uri=self.tracking_uri, stale_after=self.stale)
 
     def checkpoint(self, *args, **kwargs):
-        import submitit
-
         return submitit.helpers.DelayedSubmission(_Job(self.space_path, self.overrides, self.run_root, self.tracking_uri,
                                                        self.stale))
 
 
 def run_workers(space, run_root: Path, workers: int, executor: str, tracking_uri: str | None, stale: float) -> int:
-    from ppo_lightning.tuning import runner  # start-up cost, as above
-
     if workers == 1:
         runner.run_worker(space, run_root, tracking_uri=tracking_uri, stale_after=stale)
         return 0
-    import submitit
-
-    from ppo_lightning.studies.runner import (SubmissionFailed, executor_cluster, job_failures,  # start-up cost:
-                                              jobs_stop_with_the_launcher, submit_jobs)  # only with workers
-
     overrides = {k: v for k, v in {"base": list(space.base), "trials": space.trials, "members": space.members,
                                    "frames": space.frames, "refill": None if space.refill else False}.items()}
     ex = submitit.AutoExecutor(folder=run_root / "submitit", cluster=executor_cluster(executor))

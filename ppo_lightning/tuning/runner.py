@@ -47,8 +47,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
 
+from ppo_lightning.algos import scaling
+from ppo_lightning.envs.minatar_scores import normalized_return
 from ppo_lightning.core.members import BY_NAME, OPTIONAL_MEMBER_OPTIONS, member_metric
 from ppo_lightning.studies.records import curve_auc, final_value
 from ppo_lightning.run.spec import Members, RunSpec, train
@@ -65,7 +71,6 @@ def score_curve(space: Space, curve: list[tuple[float, float]]) -> list[tuple[fl
     """A raw learning curve in the objective's score (MinAtar: normalized return)."""
     if space.score == "raw":
         return list(curve)
-    from ppo_lightning.envs.minatar_scores import normalized_return  # the constants, only for a normalized score
 
     game = space.env.split(":", 1)[1]
     return [(f, normalized_return(game, r)) for f, r in curve]
@@ -112,7 +117,6 @@ def member_values(space: Space, params: dict[str, Any]) -> dict[str, Any]:
 
 def scaled(space: Space, values: dict[str, Any]) -> dict[str, Any]:
     """A member's settings after the search's ``--scale`` rules, as a single run with them scales its own."""
-    from ppo_lightning.algos import scaling  # start-up cost: the member arithmetic only where a search runs
 
     c = float(space.setting("scale") or 1.0)
     rules = scaling.parse_rules(str(space.setting("scale_rules") or "all"), bool(space.setting("scale_adam_betas") or False))
@@ -159,51 +163,6 @@ def plan_groups(space: Space, asked: list[tuple[Any, dict[str, Any]]]) -> list[l
     return list(groups.values())
 
 
-class TrialReporter(Callback):
-    """Every member's learning curve ``(frames of its own run, mean return of the last 20 episodes)``
-    after each iteration, and ``on_iteration(frames)`` after it (True: stop the group). Refills queued
-    with `refill` are applied before the next iteration's rollout (`SeedGroup.refill`): the slot's
-    curve starts again, counting its frames from there. With ``lr_schedule`` ``(name, frames)`` (the
-    group itself at a constant lr), each member's lr before each iteration is its own lr times the
-    schedule's factor at its own iteration of a ``frames`` run (`ppo_lightning.algos.schedules.lr_factor`):
-    a refilled member anneals from its start as its trial's single run does."""
-
-    def __init__(self, members: int, on_iteration=None, lr_schedule: tuple[str, int] | None = None) -> None:
-        self.curves: list[list[tuple[float, float]]] = [[] for _ in range(members)]
-        self.starts = [0.0] * members  # the group's frames when each slot's current run started
-        self.on_iteration = on_iteration
-        self.pending: list[tuple[int, int, dict[str, Any]]] = []
-        self.frames = 0.0
-        self.lr_schedule = lr_schedule
-
-    def refill(self, slot: int, seed: int, values: dict[str, Any]) -> None:
-        self.pending.append((slot, seed, values))
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        for slot, seed, values in self.pending:
-            pl_module.seed_group.refill(pl_module, slot, seed, values)
-            self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
-        self.pending = []
-        if self.lr_schedule is not None:
-            from ppo_lightning.algos.schedules import lr_factor  # start-up cost: only in a worker's group
-
-            name, frames = self.lr_schedule
-            dm, group = trainer.datamodule, pl_module.seed_group
-            fpi = dm.frames_per_iteration
-            own = [round((float(dm.frames) - start) / fpi) for start in self.starts]  # each member's iterations so far
-            group.set_member_lrs(pl_module, [lr * lr_factor(name, i, frames, fpi)
-                                             for lr, i in zip(group.member_hparams["lr"], own)])
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        dm = trainer.datamodule
-        states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
-        self.frames = float(dm.frames)
-        for curve, st, start in zip(self.curves, states, self.starts):
-            curve.append((self.frames - start, float(st.episodes.mean_return(20))))
-        if self.on_iteration is not None and self.on_iteration(self.frames):
-            trainer.should_stop = True
-
-
 # ----------------------------------------------------------------------------------- storage and leases
 def journal_path(run_root: Path) -> Path:
     return run_root / "journal.log"
@@ -211,9 +170,6 @@ def journal_path(run_root: Path) -> Path:
 
 def open_study(space: Space, storage: Path, seed_offset: int = 0):
     """The search's Optuna study on its journal file (created on first use, loaded after)."""
-    import optuna  # start-up cost: Optuna only where a search runs
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
 
     storage.parent.mkdir(parents=True, exist_ok=True)
     backend = JournalStorage(JournalFileBackend(str(storage)))
@@ -290,8 +246,6 @@ def worker_gone(run_root: Path, worker: str | None, started: float | None, stale
 def _fail_and_enqueue(study, t, why: str) -> bool:
     """Fail RUNNING trial ``t`` (its ``failed_because``: ``why``) and enqueue its settings again, so
     that the next ask trains them; False when another worker has already failed it (and enqueued it)."""
-    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
-    from optuna.trial import TrialState
 
     try:
         study._storage.set_trial_user_attr(t._trial_id, "failed_because", why)
@@ -306,7 +260,6 @@ def _fail_and_enqueue(study, t, why: str) -> bool:
 def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me: str | None = None) -> list[int]:
     """Fail the RUNNING trials of workers that are gone and enqueue their settings again (the next
     ask trains them); returns the numbers of the trials failed here."""
-    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
 
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -328,7 +281,6 @@ def hand_back(study, me: str) -> list[int]:
     a group's trials when it stops on an error outside its fit) and enqueue their settings again: a
     worker that stops hands them to the next ask at once, where its removed lease would leave them to
     `requeue_stale` only after ``stale_after``; returns their numbers."""
-    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
 
     back = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -344,7 +296,6 @@ def hand_back(study, me: str) -> list[int]:
 def counted(study) -> list:
     """The trials that count towards the search's size: every one not failed (a failed trial that
     was re-asked counts through its retry)."""
-    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
 
     return [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL]
 
@@ -428,7 +379,6 @@ def record_trial(space: Space, tracking_uri: str, parent: str | None, trial, par
 # ----------------------------------------------------------------------------------- the worker
 def _ask(study, space: Space, me: str) -> tuple[Any, dict[str, Any]] | None:
     """One trial within the search's size, its values sampled; None when the search is full."""
-    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
 
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     if len(counted(study)) >= space.trials and not waiting:
@@ -482,8 +432,6 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
     trial, which starts afresh there (`ppo_lightning.training.seed_group.SeedGroup.refill`: a refilled
     member is its trial's single run, `tests/test_member_settings.py`); else they idle. The group stops
     when no slot holds a trial."""
-    from optuna.exceptions import UpdateFinishedTrialError  # start-up cost: Optuna only where a search runs
-    from optuna.trial import TrialState
 
     per_trial = len(space.seeds)
     members = [(params, s) for _, params in group for s in space.seeds]
@@ -573,6 +521,8 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
     # and an lr schedule is each member's own over its trial's frames, counted from its start
     schedule = str(space.setting("model.lr_schedule", shared) or "constant")
     own_schedule = (schedule, space.frames) if refill and schedule != "constant" else None
+    from ppo_lightning.tuning.reporter import TrialReporter  # start-up cost: Lightning only where a group trains
+
     reporter = TrialReporter(len(members), on_iteration, own_schedule)
     budget = space.frames * max(1, space.trials) if refill else space.frames
     spec = group_spec(space, members, refill).with_settings({

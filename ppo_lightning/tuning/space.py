@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ppo_lightning.envs.minatar_scores import RETURN_RANGES
 from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
 
 from ppo_lightning.core.members import BY_NAME, MEMBER_OPTIONS
@@ -269,8 +270,6 @@ def parse_space(data: Any, path: Path) -> Space:
     _need(metric in METRICS, where, f"objective.metric: one of {', '.join(METRICS)}, got {metric!r}")
     _need(score in SCORES, where, f"objective.score: one of {', '.join(SCORES)}, got {score!r}")
     if score == "minatar":
-        from ppo_lightning.envs.minatar_scores import RETURN_RANGES  # plain constants: a one-line check of the game
-
         game = env.split(":", 1)[1] if env.startswith("minatar:") else None
         _need(game in RETURN_RANGES, where, f"objective.score: minatar normalizes MinAtar games, env is {env!r}")
     sampler = data.get("sampler") or {}

@@ -8,7 +8,10 @@ import math
 import warnings
 from pathlib import Path
 
+from optuna.trial import TrialState
+
 from ppo_lightning.run.spec import Members, RunSpec, fit_value
+from ppo_lightning.studies.analysis import MIN_SEEDS_FOR_BOOTSTRAP, interval_estimates
 from ppo_lightning.tuning.runner import trial_fit
 from ppo_lightning.tuning.space import Space
 
@@ -19,16 +22,12 @@ FRESH_FIRST = 1000
 def seed_interval(values: list[float]) -> tuple[float, float, float, str]:
     """(mean, low, high, method) of a 95% interval of the mean over seeds: rliable's bootstrap from
     5 seeds on (the studies' rule), a t interval below (nan with one seed)."""
-    from ppo_lightning.studies.analysis import MIN_SEEDS_FOR_BOOTSTRAP  # the studies' threshold
-
     vals = [v for v in values if math.isfinite(v)]
     if not vals:
         return float("nan"), float("nan"), float("nan"), "none"
     mean = sum(vals) / len(vals)
     if len(vals) >= MIN_SEEDS_FOR_BOOTSTRAP:
         import numpy as np
-
-        from ppo_lightning.studies.analysis import interval_estimates  # start-up cost: rliable only for 5+ seeds
 
         est = interval_estimates({"best": np.array(vals)[:, None]})["best"]["mean"]
         return est[0], est[1], est[2], "rliable stratified bootstrap"
@@ -61,8 +60,6 @@ def train_command(space: Space, params: dict, seeds: int = FRESH_SEEDS, first: i
 
 def summarize(space: Space, study, out_dir: Path, plots: bool = True) -> dict:
     """Print and write (``best.json``, ``history.png``, ``slice.png``) the search's outcome."""
-    from optuna.trial import TrialState  # start-up cost: Optuna only where a search runs
-
     trials = study.get_trials(deepcopy=False)
     by_state = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
     print(f"[tune] {space.name}: {by_state['COMPLETE']} complete, {by_state['PRUNED']} pruned, {by_state['RUNNING']} running, "

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from ppo_lightning.core.faults import StorageFull, UnwritablePath
+from ppo_lightning.core.safety import check_code, code_references
+from ppo_lightning.core.errors import StorageFull, UnwritablePath
 from ppo_lightning.core.storage import check_writable, free_bytes, out_of_space, space_error_text
 from ppo_lightning.interop.checkpoint_io import DATA_STATE_KEY, ExportError, load_network
 from ppo_lightning.interop.hf.bundle import BundleError, network_source
@@ -274,8 +275,6 @@ def _evaluate(net: torch.nn.Module, config: dict[str, Any], episodes: int, seed:
     env cannot be built or played here (the folder is still written, its card says "not measured")."""
     # start-up cost: the evaluation pulls the envs and TorchRL (seconds), needed only with --evaluate
     from ppo_lightning.interop.evaluation import evaluate_policy, resolve_env
-
-    from ppo_lightning.core.safety import check_code, code_references
 
     try:
         env = config.get("environment") or {}

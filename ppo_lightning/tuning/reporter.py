@@ -1,0 +1,55 @@
+"""`TrialReporter`: the Lightning callback through which a search's group reports each member's
+learning curve, applies queued refills and anneals each member's lr on its own clock. Its own module
+because it imports Lightning: `ppo_lightning.tuning.runner` (asking, telling, leases) stays light, and
+only a worker that trains a group loads the training stack."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from ppo_lightning.algos.schedules import lr_factor
+
+
+class TrialReporter(Callback):
+    """Every member's learning curve ``(frames of its own run, mean return of the last 20 episodes)``
+    after each iteration, and ``on_iteration(frames)`` after it (True: stop the group). Refills queued
+    with `refill` are applied before the next iteration's rollout (`SeedGroup.refill`): the slot's
+    curve starts again, counting its frames from there. With ``lr_schedule`` ``(name, frames)`` (the
+    group itself at a constant lr), each member's lr before each iteration is its own lr times the
+    schedule's factor at its own iteration of a ``frames`` run (`ppo_lightning.algos.schedules.lr_factor`):
+    a refilled member anneals from its start as its trial's single run does."""
+
+    def __init__(self, members: int, on_iteration=None, lr_schedule: tuple[str, int] | None = None) -> None:
+        self.curves: list[list[tuple[float, float]]] = [[] for _ in range(members)]
+        self.starts = [0.0] * members  # the group's frames when each slot's current run started
+        self.on_iteration = on_iteration
+        self.pending: list[tuple[int, int, dict[str, Any]]] = []
+        self.frames = 0.0
+        self.lr_schedule = lr_schedule
+
+    def refill(self, slot: int, seed: int, values: dict[str, Any]) -> None:
+        self.pending.append((slot, seed, values))
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        for slot, seed, values in self.pending:
+            pl_module.seed_group.refill(pl_module, slot, seed, values)
+            self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
+        self.pending = []
+        if self.lr_schedule is not None:
+            name, frames = self.lr_schedule
+            dm, group = trainer.datamodule, pl_module.seed_group
+            fpi = dm.frames_per_iteration
+            own = [round((float(dm.frames) - start) / fpi) for start in self.starts]  # each member's iterations so far
+            group.set_member_lrs(pl_module, [lr * lr_factor(name, i, frames, fpi)
+                                             for lr, i in zip(group.member_hparams["lr"], own)])
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
+        self.frames = float(dm.frames)
+        for curve, st, start in zip(self.curves, states, self.starts):
+            curve.append((self.frames - start, float(st.episodes.mean_return(20))))
+        if self.on_iteration is not None and self.on_iteration(self.frames):
+            trainer.should_stop = True
