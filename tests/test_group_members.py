@@ -20,7 +20,7 @@ class KeepSource(pl.Callback):
 
 
 def fit(dm, **model_kwargs):
-    model = PPOLightningModule(dm.observation_space, dm.action_space, network=NET, seeds=dm.seeds, **model_kwargs)
+    model = PPOLightningModule(dm.observation_space, dm.action_space, seeds=dm.seeds, **{"network": NET, **model_kwargs})
     trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, callbacks=[KeepSource()])
     trainer.fit(model, datamodule=dm)

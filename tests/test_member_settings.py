@@ -123,6 +123,46 @@ def test_a_refilled_member_is_a_fresh_single_run_of_its_trial():
         torch.testing.assert_close(model.network.seed_state_dict(0)[name], ref, rtol=1e-5, atol=3e-5, msg=f"member 0 {name}")
 
 
+PPG = {"n_pi": 2, "n_aux_epochs": 1, "aux_mbsize": 1, "aux_lr": 2e-3}
+PPG_NET = {**NET, "arch": "dual", "aux_value_head": True}
+
+
+def test_a_refilled_ppg_member_is_a_fresh_single_run_where_a_phase_starts():
+    """PPG-EWMA in a group of 2 (auxiliary phase every 2 iterations): a refill in the middle of a phase
+    is refused in one line; at the phase start after 2 iterations member 1's slot takes another seed,
+    lr, EWMA age and clip range and trains 4 more iterations (two phases). Member 1 ends within float
+    tolerance of that trial's fresh single run over 4 (its policy and auxiliary Adams restarted: their
+    step counts offset), member 0 as its own single run over 6."""
+    first = {"lr": [3e-3, 3e-3], "proximal_com": [2.0, 2.0], "clip_eps": [0.2, 0.2]}
+    new = {"lr": 1e-3, "proximal_com": 4.0, "clip_eps": 0.3}
+
+    class MidPhaseRefused(pl.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == 1:
+                with pytest.raises(ValueError, match="refills a member where a phase starts"):
+                    pl_module.seed_group.refill(pl_module, 1, 5, new)
+
+    pl.seed_everything(0)
+    gdm = RolloutDataModule(**DATA, total_frames=32 * 6, seed=0, member_seeds=[0, 1], member_hparams=first)
+    model = PPOLightningModule(gdm.observation_space, gdm.action_space, network=PPG_NET, seeds=gdm.seeds, decoupled=True,
+                               proximal_com=2.0, member_hparams=first, ppg=PPG)
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, callbacks=[KeepSource(), MidPhaseRefused(), RefillAt(2, 1, 5, new)])
+    trainer.fit(model, datamodule=gdm)
+    assert model.ppg_phases.phase == 3 and gdm.seeds == [0, 5]
+    assert [type(o).__name__ for o in trainer.optimizers] == ["MemberAdam", "MemberAdam"]
+    assert [o.param_groups[0]["member_step_offsets"][1] for o in trainer.optimizers] == [8, 4]  # policy, aux
+    for seed, frames, kw, k in ((5, 4, dict(lr=1e-3, proximal_com=4.0, clip_eps=0.3), 1),
+                                (0, 6, dict(lr=3e-3, proximal_com=2.0, clip_eps=0.2), 0)):
+        pl.seed_everything(seed)
+        dm = RolloutDataModule(**DATA, total_frames=32 * frames, seed=seed)
+        alone, dm, _ = fit(dm, network=PPG_NET, decoupled=True, ppg=PPG, **kw)
+        for name, ref in alone.network.state_dict().items():
+            torch.testing.assert_close(model.network.seed_state_dict(k)[name], ref, rtol=1e-5, atol=3e-5,
+                                       msg=f"member {k} {name}")
+        assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+
+
 def restarted_adam(own_step_count: bool):
     """3 members on one stacked parameter: 5 steps of a plain fused Adam, then member 1 restarts
     (`MemberAdam.from_adam`, `restart_member` at another lr) and 3 more steps; beside it, each member's

@@ -56,8 +56,6 @@ def tiny(tmp_path: Path, **over) -> Path:
     ({"fit": {**TINY_FIT, "model.decoupled": False}}, "params.model.proximal_com"),
     ({"colour": "blue"}, "colour"),
     ({"refill": "no"}, "refill"),
-    ({"base": "minatar/ppg", "refill": True, "params": {"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}},
-     "refill"),
 ])
 def test_a_bad_field_is_one_line_naming_it(tmp_path, change, field):
     with pytest.raises(SpaceError) as err:
@@ -388,14 +386,14 @@ def test_a_worker_stopped_between_groups_hands_back_the_trial_it_asked_for_the_n
     assert trials[3].params == trials[2].params and trials[3].user_attrs["retry_of"] == 2
 
 
-def test_refill_is_on_by_default_off_with_the_switch_and_never_for_ppg(tmp_path):
+def test_refill_is_on_by_default_off_with_the_switch_and_on_for_ppg(tmp_path):
     from ppo_lightning.tuning import runner
 
     on, off = load_space(tiny(tmp_path)), load_space(tiny(tmp_path), {"refill": False})
     assert on.refill and runner.refillable(on, 2) and not runner.refillable(on, 1)
     assert not off.refill and not runner.refillable(off, 2)
     ppg = load_space(tiny(tmp_path, base="minatar/ppg", params={"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}))
-    assert ppg.refill and not runner.refillable(ppg, 2)  # left out: on where a group can refill, and PPG cannot
+    assert ppg.refill and runner.refillable(ppg, 2)  # a PPG group refills where its next phase starts
 
 
 @pytest.mark.timeout(300)
@@ -446,3 +444,33 @@ def test_a_refilled_member_on_an_lr_schedule_anneals_from_its_own_start_as_its_s
             torch.testing.assert_close(model.network.seed_state_dict(k)[name], ref, rtol=1e-5, atol=3e-5,
                                        msg=f"member {k} {name}")
     assert dm.episodes.state_dict() != gdm.kept.states[0].episodes.state_dict()  # member 0 went on collecting at lr 0
+
+
+def test_a_ppg_groups_refill_waits_for_the_next_phase_and_the_slot_idles_meanwhile(tmp_path):
+    """PPG (an auxiliary phase every 2 iterations) in a group of 2: a refill queued after iteration 1
+    (mid-phase) is applied before iteration 3, where the next phase starts; in between the slot's
+    curve gets no point and its start moves with the group, so the new trial's frames count from the
+    refill. Its members' settings and the plan: one group for trials that differ in member settings."""
+    import lightning.pytorch as pl
+
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
+    from ppo_lightning.tuning import runner
+    from ppo_lightning.tuning.reporter import TrialReporter
+    from tests.test_group_members import DATA, NET
+
+    first, new = {"lr": [3e-3, 2e-3]}, {"lr": 1e-3}
+    pl.seed_everything(0)
+    gdm = RolloutDataModule(**DATA, total_frames=32 * 5, seed=0, member_seeds=[0, 1], member_hparams=first)
+    model = PPOLightningModule(gdm.observation_space, gdm.action_space, seeds=gdm.seeds, member_hparams=first,
+                               network={**NET, "arch": "dual", "aux_value_head": True},
+                               ppg={"n_pi": 2, "n_aux_epochs": 1, "aux_mbsize": 1})
+    reporter = TrialReporter(2, lambda frames: frames == 32 and reporter.refill(1, 5, new))
+    trainer = pl.Trainer(max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, callbacks=[reporter])
+    trainer.fit(model, datamodule=gdm)
+    assert gdm.seeds == [0, 5] and reporter.starts == [0.0, 64.0] and not reporter.pending
+    assert [f for f, _ in reporter.curves[0]] == [32.0, 64.0, 96.0, 128.0, 160.0]
+    assert [f for f, _ in reporter.curves[1]] == [32.0, 64.0, 96.0]  # iterations 3-5 of the group, the trial's 1-3
+    ppg = load_space(tiny(tmp_path, base="minatar/ppg", params={"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}))
+    assert len(runner.plan_groups(ppg, [("a", {"model.lr": 1e-3}), ("b", {"model.lr": 3e-3})])) == 1

@@ -226,6 +226,12 @@ class PPGPhases:
 
     # -------------------------------------------------------------- data side
     @property
+    def at_phase_start(self) -> bool:
+        """The next iteration starts a policy phase (no rollout stored yet): where a group may refill a
+        member (`ppo_lightning.training.seed_group.SeedGroup.refill`), whose phases then are its single run's."""
+        return self.phase_iteration == 0 and not self.buffer
+
+    @property
     def stores_rollouts(self) -> bool:
         return self.cfg["n_aux_epochs"] > 0
 

@@ -246,8 +246,10 @@ class SeedGroup(SingleRun):
             raise ValueError("refill: a member's lr schedule would continue the group's; use model.lr_schedule constant")
         if module.hparams.get("schedules"):
             raise ValueError("refill: model.schedules follow the group's frames; a refilled member would start mid-schedule")
-        if module.ppg_phases is not None:
-            raise ValueError("refill: PPG groups cannot refill a member")
+        phases = module.ppg_phases
+        if phases is not None and not phases.at_phase_start:
+            raise ValueError("refill: a PPG group refills a member where a phase starts (after an auxiliary phase), so "
+                             "that the new member's phases are its single run's; `PPGPhases.at_phase_start` says when")
         for name, v in values.items():
             self.member_hparams[name][k] = v
         self.seeds[k] = seed
@@ -260,10 +262,14 @@ class SeedGroup(SingleRun):
         torch.set_rng_state(saved)
         for name, t in self.network.inner.state_dict().items():
             t[k].copy_(fresh[name])
-        # Adam: a fresh one for member k (the group's step count is shared; member k counts from 0)
-        opt = self.member_adam(trainer, "refill")
+        # Adam: a fresh one for member k in each optimizer (the group's step count is shared; member k
+        # counts from 0); PPG's auxiliary Adam keeps ppg.aux_lr and ppg.aux_betas
         betas = values.get("adam_betas")
-        opt.restart_member(k, values.get("lr"), None if betas is None else tuple(betas))
+        for name, opt in self.member_adams(module, "refill").items():
+            if name == "aux":
+                opt.restart_member(k)
+            else:
+                opt.restart_member(k, values.get("lr"), None if betas is None else tuple(betas))
         # the EWMA (a PPO member's is kept at 0, unused) and the loss's member settings
         coms = self.member_hparams.get("proximal_com")
         self.behavior_anchor = (torch.tensor([c is None for c in coms]) if coms and any(c is None for c in coms)
@@ -277,22 +283,30 @@ class SeedGroup(SingleRun):
         module.numerical_guard.reset_member(k)
         trainer.datamodule.reset_member(k, seed, self.member_hparams, self.action_rng_states[k])
 
-    def member_adam(self, trainer, what: str) -> "MemberAdam":
-        """The group's optimizer as a `MemberAdam` (a plain Adam becomes one, its state carried over)."""
-        opt = trainer.optimizers[0]
-        if not isinstance(opt, MemberAdam):
-            if type(opt) is not torch.optim.Adam:
-                raise ValueError(f"{what} needs model.optimizer adam, got {type(opt).__name__}")
-            opt = MemberAdam.from_adam(opt, self.num_seeds)
-            trainer.strategy.optimizers = [opt]
-        return opt
+    def member_adams(self, module, what: str) -> dict[str, "MemberAdam"]:
+        """The group's optimizers by name (PPO: ``main``; PPG: ``policy``, ``value`` where it has one,
+        ``aux``) as `MemberAdam` s: a plain Adam becomes one, its state carried over."""
+        trainer = module.trainer
+        names = module.updater.optimizer_names(module)
+        opts = list(trainer.optimizers)
+        for i, opt in enumerate(opts):
+            if not isinstance(opt, MemberAdam):
+                if type(opt) is not torch.optim.Adam:
+                    raise ValueError(f"{what} needs model.optimizer adam, got {type(opt).__name__}")
+                opts[i] = MemberAdam.from_adam(opt, self.num_seeds)
+        if any(new is not old for new, old in zip(opts, trainer.optimizers)):
+            trainer.strategy.optimizers = opts
+        return dict(zip(names, opts, strict=True))
 
     def set_member_lrs(self, module, lrs: list[float]) -> None:
         """Every member's lr from now on (a tuning group's members each on their own lr schedule,
-        counted from their own start: `ppo_lightning.tuning.reporter.TrialReporter`)."""
+        counted from their own start: `ppo_lightning.tuning.reporter.TrialReporter`); PPG's auxiliary
+        Adam keeps ppg.aux_lr, as a single run's does under a schedule."""
         if module.trainer.lr_scheduler_configs:
             raise ValueError("set_member_lrs: the group runs an lr schedule of its own; use model.lr_schedule constant")
-        self.member_adam(module.trainer, "set_member_lrs").set_lrs(lrs)
+        for name, opt in self.member_adams(module, "set_member_lrs").items():
+            if name != "aux":
+                opt.set_lrs(lrs)
 
     def teardown(self, module) -> None:
         """End the members' MLflow runs; preempted, they are KILLED as the group's run (a resume continues them)."""

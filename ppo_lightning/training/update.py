@@ -86,6 +86,11 @@ class PPOUpdate:
         self.micro_batched = False  # this step's gradients were accumulated inside training_step
         self.losses: torch.Tensor | None = None  # the step's loss as the guard sees it
 
+    @staticmethod
+    def optimizer_names(module) -> list[str]:
+        """PPO's one optimizer (`PPGUpdate.optimizer_names`: PPG's by phase)."""
+        return ["main"]
+
     def configure_optimizers(self, module):
         return module.configure_ppo_optimizers()
 

@@ -15,8 +15,9 @@ from ppo_lightning.algos.schedules import lr_factor
 class TrialReporter(Callback):
     """Every member's learning curve ``(frames of its own run, mean return of the last 20 episodes)``
     after each iteration, and ``on_iteration(frames)`` after it (True: stop the group). Refills queued
-    with `refill` are applied before the next iteration's rollout (`SeedGroup.refill`): the slot's
-    curve starts again, counting its frames from there. With ``lr_schedule`` ``(name, frames)`` (the
+    with `refill` are applied before the next iteration's rollout (`SeedGroup.refill`; in a PPG group,
+    before the next iteration that starts a phase, the slot idling in between): the slot's curve starts
+    again, counting its frames from there. With ``lr_schedule`` ``(name, frames)`` (the
     group itself at a constant lr), each member's lr before each iteration is its own lr times the
     schedule's factor at its own iteration of a ``frames`` run (`ppo_lightning.algos.schedules.lr_factor`):
     a refilled member anneals from its start as its trial's single run does."""
@@ -33,10 +34,12 @@ class TrialReporter(Callback):
         self.pending.append((slot, seed, values))
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        for slot, seed, values in self.pending:
-            pl_module.seed_group.refill(pl_module, slot, seed, values)
-            self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
-        self.pending = []
+        phases = pl_module.ppg_phases  # a PPG group refills where a phase starts: the new member's phases are its run's
+        if phases is None or phases.at_phase_start:
+            for slot, seed, values in self.pending:
+                pl_module.seed_group.refill(pl_module, slot, seed, values)
+                self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
+            self.pending = []
         if self.lr_schedule is not None:
             name, frames = self.lr_schedule
             dm, group = trainer.datamodule, pl_module.seed_group
@@ -49,7 +52,11 @@ class TrialReporter(Callback):
         dm = trainer.datamodule
         states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
         self.frames = float(dm.frames)
-        for curve, st, start in zip(self.curves, states, self.starts):
-            curve.append((self.frames - start, float(st.episodes.mean_return(20))))
+        waiting = {slot for slot, _, _ in self.pending}  # queued for a refill: the new trial has no frames yet
+        for slot, (curve, st) in enumerate(zip(self.curves, states)):
+            if slot in waiting:
+                self.starts[slot] = self.frames
+            else:
+                curve.append((self.frames - self.starts[slot], float(st.episodes.mean_return(20))))
         if self.on_iteration is not None and self.on_iteration(self.frames):
             trainer.should_stop = True

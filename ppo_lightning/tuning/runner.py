@@ -155,10 +155,9 @@ def group_spec(space: Space, members: list[tuple[dict[str, Any], int]], refill: 
 
 def plan_groups(space: Space, asked: list[tuple[Any, dict[str, Any]]]) -> list[list[tuple[Any, dict[str, Any]]]]:
     """Trials ``(trial, values)`` asked together, in groups of equal group settings (asked order kept)."""
-    ppg = space.setting("model.ppg") is not None  # PPG groups take no per-member settings: a group per trial
     groups: dict[str, list] = {}
     for trial, params in asked:
-        key = json.dumps(params if ppg else split_params(space, params)[1], sort_keys=True)
+        key = json.dumps(split_params(space, params)[1], sort_keys=True)
         groups.setdefault(key, []).append((trial, params))
     return list(groups.values())
 
@@ -394,10 +393,9 @@ def _ask(study, space: Space, me: str) -> tuple[Any, dict[str, Any]] | None:
 
 
 def refillable(space: Space, members: int) -> bool:
-    """Whether a pruned or finished trial's slots take the next trial: the space's ``refill`` on, a
-    group (not a single run), not PPG (a PPG group holds one trial's seeds: its members carry no
-    settings of their own)."""
-    return space.refill and members > 1 and space.setting("model.ppg") is None
+    """Whether a pruned or finished trial's slots take the next trial: the space's ``refill`` on and a
+    group (not a single run). A PPG group refills a slot where its next phase starts."""
+    return space.refill and members > 1
 
 
 def _next_for(study, space: Space, me: str, shared: dict[str, Any], stash: list):
@@ -588,8 +586,7 @@ def _work(space: Space, study, run_root: Path, tracking_uri: str, parent: str | 
             break
         groups = plan_groups(space, asked)
         if len(groups) > 1:
-            split = (["the settings of a PPG trial"] if space.setting("model.ppg") is not None
-                     else sorted({k for _, p in asked for k in split_params(space, p)[1]}))
+            split = sorted({k for _, p in asked for k in split_params(space, p)[1]})
             print(f"[tune] {len(asked)} trials train as {len(groups)} groups ({', '.join(str(len(g)) for g in groups)} "
                   f"trials): {', '.join(split)} cannot differ within a group", flush=True)
         for group in groups:

@@ -27,8 +27,8 @@ or ``int`` (``low``, ``high``, optional ``log`` or ``step``) or ``categorical`` 
 list as a choice, for ``model.adam_betas``). ``--config``, ``--trials``, ``--members`` and
 ``--frames`` of ``ppo-lightning tune`` replace the file's values before it is validated, and
 ``--no-refill`` sets ``refill: false`` (each group then trains its first trials only, their freed
-slots idle). ``refill`` left out means on where a group can refill (not PPG); ``refill: true``
-with a PPG base is refused.
+slots idle). ``refill`` left out means on; a PPG group refills a slot where its next phase starts
+(after an auxiliary phase), so that the new trial's phases are its single run's.
 Paths are relative to the repository root (the folder holding ``pyproject.toml`` above the file),
 else to the file.
 """
@@ -310,9 +310,6 @@ def parse_space(data: Any, path: Path) -> Space:
                   metric=metric, score=score, sampler=sname, sampler_seed=sseed,
                   pruner=Pruner(pname, tuple(milestones), startup, float(pct)), params=params, root=root, raw=dict(data),
                   refill=refill is not False)
-    _need(refill is not True or space.setting("model.ppg") is None, where,
-          "refill: a PPG group holds one trial's seeds (its members carry no settings of their own), so its slots "
-          "cannot take another trial; set refill: false or leave it out")
     if "model.proximal_com" in params:
         _need(space.setting("model.decoupled") is True, where,
               "params.model.proximal_com: the EWMA is the decoupled objective's anchor; set model.decoupled: true "
