@@ -346,3 +346,32 @@ def test_ppg_anneals_the_policy_lr_per_iteration_and_keeps_the_aux_lr(schedule, 
     resumed = LrLog()
     trainer(tmp_path, [resumed]).fit(model2, dm2, ckpt_path=tmp_path / "it1.ckpt")  # after iteration 2
     assert [r for r in log.rows if r[0] > 2] == resumed.rows
+
+
+def test_trainer_gradient_clip_val_clips_ppg_as_ppo(tmp_path):
+    """``trainer.gradient_clip_val`` is the one clipping setting: on a PPG model it becomes the clip of
+    PPG's manual step (``model.ppg.max_grad_norm``), so a run with it ends bitwise as one with the PPG
+    setting, and apart from one without clipping; conflicting settings are one line before training."""
+    from ppo_lightning.run.builder import fit_main
+
+    base = ["fit", "--config", "ppo_lightning/configs/cartpole/ppg.yaml", "--mlflow.enabled", "false",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
+            "--data.total_frames", "1024", "--data.num_threads", "1", "--model.ppg.n_pi", "2", "--model.ppg.n_aux_epochs", "1",
+            "--trainer.gradient_clip_val", "null"]  # the config's 0.5 off: each case sets its own
+
+    def weights(*extra, name):
+        cli = fit_main([*base, "--run_dir", str(tmp_path / name), *extra])
+        assert cli.trainer.gradient_clip_val is None
+        return cli.model.hparams.ppg["max_grad_norm"], torch.nn.utils.parameters_to_vector(cli.model.network.parameters())
+
+    clip_trainer, w_trainer = weights("--trainer.gradient_clip_val", "0.05", name="t")
+    clip_ppg, w_ppg = weights("--model.ppg.max_grad_norm", "0.05", name="p")
+    none, w_none = weights("--model.ppg.max_grad_norm", "null", name="n")  # a dotted null is None, not "None"
+    assert clip_trainer == clip_ppg == 0.05 and none is None
+    assert torch.equal(w_trainer, w_ppg) and not torch.equal(w_trainer, w_none)
+    for extra, match in [(["--trainer.gradient_clip_val", "0.1", "--model.ppg.max_grad_norm", "0.05"],
+                          "differ: set trainer.gradient_clip_val alone"),
+                         (["--trainer.gradient_clip_val", "0.5", "--trainer.gradient_clip_algorithm", "value"],
+                          "PPG clips the gradient norm only")]:
+        with pytest.raises(ValueError, match=match):
+            fit_main([*base, "--run_dir", str(tmp_path / "bad"), *extra])

@@ -291,6 +291,8 @@ class PPOCLI(LightningCLI):
         scaling them with the checkpoint's after the scaling."""
         sub = self.config.get("subcommand")
         cfg = self.config[sub] if sub else None
+        if cfg is not None:  # here (LightningCLI parses the checkpoint path first, for every command): before
+            move_ppg_gradient_clip(cfg)  # a checkpoint's settings are compared with the command line's
         keep = None
         if cfg is not None and cfg.get("ckpt_path") and cfg.get("scale") is not None:
             model = model_config(cfg)
@@ -487,6 +489,26 @@ class PPOCLI(LightningCLI):
             print(f"mlflow run: {run_id}{continued} in {logger.tracking_uri} (experiment {logger.experiment_name})")
             for line in view_hints(logger.tracking_uri, logger.experiment_id, run_id):
                 print(line)
+
+
+def move_ppg_gradient_clip(cfg) -> None:
+    """``trainer.gradient_clip_val`` is the one gradient-clipping setting, for PPO and PPG alike. PPG
+    steps its optimizers itself (manual optimization, whose gradients Lightning refuses to clip), so
+    for a PPG model the value moves into ``model.ppg.max_grad_norm``, the norm its manual step clips
+    to (per member in a group, as PPO's), and the Trainer gets none. Set both and different, or with
+    ``gradient_clip_algorithm: value``: one line."""
+    ppg, clip = model_config(cfg).get("ppg"), cfg.trainer.get("gradient_clip_val")
+    if ppg is None or not clip:
+        return
+    if cfg.trainer.get("gradient_clip_algorithm") not in (None, "norm"):
+        raise ValueError(f"trainer.gradient_clip_algorithm {cfg.trainer.gradient_clip_algorithm!r}: PPG clips the "
+                         "gradient norm only; leave it out or set norm")
+    own = ppg.get("max_grad_norm")
+    if own is not None and float(own) != float(clip):
+        raise ValueError(f"trainer.gradient_clip_val {clip} and model.ppg.max_grad_norm {own} differ: set "
+                         "trainer.gradient_clip_val alone (it clips PPO and PPG alike)")
+    ppg["max_grad_norm"] = float(clip)
+    cfg.trainer.gradient_clip_val = None
 
 
 def resolve_config_precision(cfg) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 # Dict-valued model settings whose entries take dotted command-line overrides.
-DICT_SETTINGS = ("objective_args", "value_loss_args", "aux_terms", "schedules", "loss")
+DICT_SETTINGS = ("objective_args", "value_loss_args", "aux_terms", "schedules", "loss", "ppg")
 # Model settings that may change on resume without --resume_override (they do not change what is learned).
 MODEL_SAFE = ("max_bad_steps", "compile", "micro_batch_size", "init_from")
 # Model settings the optimizer's state holds (Lightning restores it): no change on resume takes effect.
