@@ -242,6 +242,26 @@ def test_procgen_env_state_resumes_exactly(tmp_path):
     assert all(torch.equal(ref[k], got[k]) for k in ref)
 
 
+def test_mujoco_env_state_resumes_exactly(tmp_path):
+    """Hopper restored from its MjData's integration state (``mj_getState``) with every wrapper's state:
+    the run resumed after one iteration, mid-episode, is bitwise the uninterrupted one; and with the
+    wrappers' state alone (the simulation where a fresh env left it) it is not."""
+    pytest.importorskip("mujoco")
+    from ppo_lightning.data import resume_state
+
+    (dm_a, ref), (dm_c, got) = fit_and_resume(tmp_path / "exact", "Hopper-v5", iterations=3)
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    saved = torch.load(tmp_path / "exact/b/last.ckpt", weights_only=True)["RolloutDataModule"]["per_rank"][0]
+    assert saved["resume"]["env"]["restorable"] is True
+    original = resume_state._mujoco_kind
+    try:  # the control: the simulation's state not saved (the wrappers' still are): the resumed run differs
+        resume_state._mujoco_kind = lambda value: "static" if original(value) else None
+        (_, ref2), (_, got2) = fit_and_resume(tmp_path / "restart", "Hopper-v5", iterations=3)
+    finally:
+        resume_state._mujoco_kind = original
+    assert all(torch.equal(ref[k], ref2[k]) for k in ref) and any(not torch.equal(ref2[k], got2[k]) for k in ref2)
+
+
 def test_procgen_state_round_trip_through_a_checkpoint_continues_exactly():
     """A game saved mid-episode, written with torch.save and loaded with weights_only into a fresh env
     (of another seed), then driven by the same actions for 500 steps: the same observations, rewards

@@ -16,9 +16,10 @@ All of it is encoded as tensors, numbers, strings, lists and dicts, so checkpoin
 ``torch.load(weights_only=True)``. Under data parallelism every rank's state is gathered into the
 checkpoint (rank 0 writes it) and each rank restores its own entry.
 
-An env whose state is not plain data (a Box2D world, a MuJoCo ``MjData``, an env in another
-process) cannot be restored: the resume then warns once and the environments restart, as the whole
-run did before (episodes in progress are lost). `env_state` reports such attributes by name.
+MuJoCo envs are restored too: their ``MjData`` as ``mj_getState``'s integration state (`_mujoco_state`),
+their model and renderer rebuilt. An env whose state is not plain data (a Box2D world, an env in
+another process) cannot be restored: the resume then warns once and the environments restart, as the
+whole run did before (episodes in progress are lost). `env_state` reports such attributes by name.
 """
 
 from __future__ import annotations
@@ -138,10 +139,50 @@ def _is_structure(value: Any) -> bool:
                                types.ModuleType, type)) or callable(value)
 
 
+def _mujoco_kind(value: Any) -> str | None:
+    """``"data"`` for MuJoCo's ``MjData`` (the simulation's state), ``"static"`` for what a MuJoCo env
+    rebuilds or only draws with (``MjModel``, from the env's XML; gymnasium's ``MujocoRenderer``), else None."""
+    kind = type(value)
+    if kind.__module__.startswith("mujoco") and kind.__name__ == "MjData":
+        return "data"
+    if (kind.__module__.startswith("mujoco") and kind.__name__ == "MjModel") or kind.__name__ == "MujocoRenderer":
+        return "static"
+    return None
+
+
+def _mujoco_state(env: Any, data: Any) -> dict[str, Any]:
+    """``mj_getState``'s integration state (time, qpos, qvel, act, the solver's warm start, controls,
+    applied forces, mocap, user data): what ``mj_step`` continues from bitwise. The derived quantities
+    (positions, contact forces) are recomputed by the next step, so none is saved."""
+    import mujoco  # optional: only for a MuJoCo env's state
+
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    buf = np.empty(mujoco.mj_stateSize(env.model, spec), dtype=np.float64)
+    mujoco.mj_getState(env.model, data, buf, spec)
+    return {"__mjdata__": encode(buf)}
+
+
+def _set_mujoco_state(env: Any, data: Any, saved: dict[str, Any]) -> None:
+    import mujoco  # optional: only for a MuJoCo env's state
+
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    buf = decode(saved["__mjdata__"])
+    if buf.shape != (mujoco.mj_stateSize(env.model, spec),):
+        raise CheckpointError(f"the checkpoint's MuJoCo state has {buf.shape[0]} numbers, this model's "
+                              f"{mujoco.mj_stateSize(env.model, spec)}: resume with the same env id")
+    mujoco.mj_setState(env.model, data, np.ascontiguousarray(buf, dtype=np.float64), spec)
+
+
 def _object_state(obj: Any) -> tuple[dict[str, Any], list[str]]:
     state, missing = {}, []
     for key, value in vars(obj).items():
         if key in _SKIP_KEYS or _is_structure(value):
+            continue
+        mj = _mujoco_kind(value)
+        if mj == "static":
+            continue
+        if mj == "data":
+            state[key] = _mujoco_state(obj, value)
             continue
         try:
             state[key] = encode(value)
@@ -178,7 +219,9 @@ def set_gym_vector_state(vec: Any, state: dict[str, Any]) -> None:
     def apply(obj, saved):
         for key, value in saved.items():
             current = getattr(obj, key, None)
-            if isinstance(current, np.random.Generator) and isinstance(value, dict) and "__generator__" in value:
+            if isinstance(value, dict) and "__mjdata__" in value:  # MuJoCo's simulation state, in place
+                _set_mujoco_state(obj, current, value)
+            elif isinstance(current, np.random.Generator) and isinstance(value, dict) and "__generator__" in value:
                 current.bit_generator.state = decode(value["__generator__"])
             else:
                 setattr(obj, key, decode(value))
