@@ -51,8 +51,8 @@ from ppo_lightning.data.source import RolloutSource
 from ppo_lightning.data.devices import device_env_kwargs, rollout_precision
 from ppo_lightning.data.episodes import EpisodeStats
 from ppo_lightning.envs import make_env
-from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys
-from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_member_observation_norms
+from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY
+from ppo_lightning.nets.obs_norm import update_member_observation_norms
 
 
 # Per-member hyperparameters a group can carry (`ppo_lightning.core.members.MEMBER_SETTINGS`: the lr, the
@@ -128,32 +128,34 @@ class SeedGroupSource(RolloutSource):
     normalization, shuffles, minibatches, PPG's phases) is `RolloutSource`'s over ``states``."""
 
     def __init__(self, data, network: torch.nn.Module, seeds: list[int], action_rng_states: list[torch.Tensor]) -> None:
-        self.data, self.network, self.seeds = data, network, list(seeds)
-        self.rank, self.world_size = 0, 1
-        self.device = torch.device("cpu")
-        self.envs = [self.make_member_env(s) for s in self.seeds]
-        self.env = self.envs[0]
-        self.states = [SeedState(data, s, span, g) for s, span, g in
-                       zip(self.seeds, member_values(data, "advantage_norm_span"), member_values(data, "gamma"))]
-        for st, rng in zip(self.states, action_rng_states):
+        self.seeds, self._action_rng_states = list(seeds), action_rng_states
+        super().__init__(data, network)
+
+    def placement(self, trainer) -> tuple[int, int]:
+        return 0, 1  # a group is one process (data parallelism is refused at configuration)
+
+    def make_states(self) -> list[SeedState]:
+        data = self.data
+        states = [SeedState(data, s, span, g) for s, span, g in
+                  zip(self.seeds, member_values(data, "advantage_norm_span"), member_values(data, "gamma"))]
+        for st, rng in zip(states, self._action_rng_states):
             st.action_generator.set_state(rng)
-        self.param_keys = dist_param_keys(data.action_space)
-        self.gae = self.make_gae()
-        # One rollout of all members' envs, each member's actions on its own generator: MinAtar's games
-        # stepped as one batch, any other env (gymnasium, MuJoCo, Procgen) as one TorchRL env per member.
+        return states
+
+    def make_envs(self) -> list:
+        return [self.make_member_env(s) for s in self.seeds]
+
+    def make_collector(self):
+        """One rollout of all members' envs, each member's actions on its own generator: MinAtar's games
+        stepped as one batch, any other env (gymnasium, MuJoCo, Procgen) as one TorchRL env per member."""
+        data = self.data
         generators = [st.action_generator for st in self.states]
-        args = (self.envs, network, data.action_space, data.frames_per_iteration, generators)
+        args = (self.envs, self.network, data.action_space, data.frames_per_iteration, generators)
         if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar
-            self.collector = BatchedRollout(*args)
-        elif data.batched_rollout and vector_games(self.env) is not None:  # gymnasium, stepped without TorchRL's wrapper
-            self.collector = BatchedRollout(*args, games=vector_games)
-        else:  # Procgen (or data.batched_rollout false): TorchRL's env step per member
-            self.collector = LockstepRollout(*args)
-        self._normalizes_observations = any(isinstance(m, RunningObservationNorm) for m in network.modules())
-        self._pending_observations: list[torch.Tensor] | None = None
-        self.last_timing: dict[str, float] = {}
-        self.stale = None
-        self.phases = None
+            return BatchedRollout(*args)
+        if data.batched_rollout and vector_games(self.env) is not None:  # gymnasium, stepped without TorchRL's wrapper
+            return BatchedRollout(*args, games=vector_games)
+        return LockstepRollout(*args)  # Procgen (or data.batched_rollout false): TorchRL's env step per member
 
     def make_member_env(self, seed: int):
         """A member's envs, built and seeded as its single run's (`ppo_lightning.data.source.RolloutSource`)."""

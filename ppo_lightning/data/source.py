@@ -2,7 +2,8 @@
 
 `RolloutSource` is the data module's iterable (`ppo_lightning.data.datamodule`) for a single run,
 and the base of a vectorized seed group's (`ppo_lightning.data.seed_group.SeedGroupSource`), which
-replaces only the collection.
+replaces what it builds (`placement`, `make_states`, `make_envs`, `make_collector`, `make_gae`) and
+the collection (`rollouts`).
 """
 
 from __future__ import annotations
@@ -50,35 +51,21 @@ class RolloutSource:
     def __init__(self, data: "RolloutDataModule", network: torch.nn.Module) -> None:
         self.data = data
         self.network = network
-        self.states = [data]  # one seed: the data module's normalizers, episodes, shuffle generator
         self.param_keys = dist_param_keys(data.action_space)
         # Data-parallel ranks (DDP, FSDP) each collect their own rollout: distinct env seeds, and
         # every rank's frames count towards data.frames / total_frames (all ranks collect alike).
         trainer = getattr(data, "trainer", None)
-        self.rank, self.world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        self.rank, self.world_size = self.placement(trainer)
         # Envs on the CPU; policy, rollout, GAE and minibatches on the network's device (ppo_lightning.data.devices).
         self.device = network_device(network)
-        env_kwargs = device_env_kwargs(data.env_id, data.env_kwargs, self.device)
-        self.env = make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank), env_kwargs,
-                            timeout_s=data.env_timeout_s)
-        self.policy = make_policy_operator(network, data.action_space, with_value=True)
-        if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar: same rollouts, no per-step collector cost
-            self.collector = BatchedRollout(self.env, network, data.action_space, data.frames_per_iteration)
-        else:
-            self.collector = Collector(
-                self.env,
-                self.policy,
-                frames_per_batch=data.frames_per_iteration,
-                total_frames=-1,
-                auto_register_policy_transforms=False,
-                trust_policy=True,
-                **collector_devices(self.device),
-            )
-        self._iterator = iter(self.collector)
-        self.gae = make_gae(data.gamma, data.gae_lambda, self.device)
+        self.states = self.make_states()  # what each seed keeps on the data side
+        self.envs = self.make_envs()
+        self.env = self.envs[0]
+        self.collector = self.make_collector()
+        self.gae = self.make_gae()
         self.last_timing: dict[str, float] = {}
         if self.world_size > 1:  # normalization statistics over all ranks' samples (ppo_lightning.data.parallel)
-            from ppo_lightning.data.parallel import all_reduce_moments
+            from ppo_lightning.data.parallel import all_reduce_moments  # start-up cost: torch.distributed, only under DDP
 
             data.advantage_moments.reduce_moments = all_reduce_moments
             if data.reward_normalizer is not None:
@@ -88,6 +75,37 @@ class RolloutSource:
         self.phases = None  # PPG: the module's ppo_lightning.algos.ppg.PPGPhases (set by train_dataloader)
         self._normalizes_observations = any(isinstance(m, RunningObservationNorm) for m in network.modules())
         self._pending_observations = None
+
+    # ---------------------------------------------------------------- what a group replaces
+    def placement(self, trainer) -> tuple[int, int]:
+        """(rank, world size): the Trainer's data-parallel place."""
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def make_states(self) -> list:
+        """One seed: the data module's own normalizers, episodes and shuffle generator."""
+        return [self.data]
+
+    def make_envs(self) -> list:
+        """The run's batched env, seeded for its rank."""
+        data = self.data
+        return [make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank),
+                         device_env_kwargs(data.env_id, data.env_kwargs, self.device), timeout_s=data.env_timeout_s)]
+
+    def make_collector(self):
+        """MinAtar: the batched loop (same rollouts, no per-step collector cost); else TorchRL's Collector."""
+        data = self.data
+        self.policy = make_policy_operator(self.network, data.action_space, with_value=True)
+        if data.batched_rollout and supports_batched_rollout(self.env, self.device):
+            collector = BatchedRollout(self.env, self.network, data.action_space, data.frames_per_iteration)
+        else:
+            collector = Collector(self.env, self.policy, frames_per_batch=data.frames_per_iteration, total_frames=-1,
+                                  auto_register_policy_transforms=False, trust_policy=True,
+                                  **collector_devices(self.device))
+        self._iterator = iter(collector)
+        return collector
+
+    def make_gae(self):
+        return make_gae(self.data.gamma, self.data.gae_lambda, self.device)
 
     def __len__(self) -> int:
         if self.phases is not None:  # an upper bound: the iteration that ends a PPG phase is longer
