@@ -474,3 +474,35 @@ def test_a_ppg_groups_refill_waits_for_the_next_phase_and_the_slot_idles_meanwhi
     assert [f for f, _ in reporter.curves[1]] == [32.0, 64.0, 96.0]  # iterations 3-5 of the group, the trial's 1-3
     ppg = load_space(tiny(tmp_path, base="minatar/ppg", params={"model.lr": {"type": "float", "low": 1e-4, "high": 0.01}}))
     assert len(runner.plan_groups(ppg, [("a", {"model.lr": 1e-3}), ("b", {"model.lr": 3e-3})])) == 1
+
+
+def test_a_ppg_search_refills_a_pruned_trials_slot_where_the_next_phase_starts(tmp_path, monkeypatch, capsys):
+    """A PPG search (an auxiliary phase every 4 iterations of 64 frames): trials 1 and 2 are pruned at
+    128 frames, mid-phase; trial 3 takes slot 0 where the next phase starts (the group's 256 frames) and
+    is judged on its own frames: pruned at its own 128, the group's 384, where the group stops."""
+    from optuna.trial import TrialState
+
+    from ppo_lightning.tuning import runner
+
+    monkeypatch.chdir(tmp_path)
+    fit = {**TINY_FIT, "model.decoupled": False, "model.ppg.n_pi": 4, "model.ppg.n_aux_epochs": 1,
+           "model.ppg.aux_mbsize": 2}
+    space = load_space(tiny(tmp_path, base="minatar/ppg", fit=fit, trials=4, frames=512,
+                            params={"model.lr": {"type": "float", "low": 0.0005, "high": 0.016, "log": True}},
+                            pruner={"name": "median", "milestones": [128, 256], "n_startup_trials": 1}))
+    root = tmp_path / "runs"
+    study = _study(space, root)
+    best = study.ask()
+    for p in space.params.values():
+        p.suggest(best)
+    best.report(100.0, step=128)
+    study.tell(best, 100.0)
+    runner.run_worker(space, root)
+    trials = _study(space, root).get_trials()
+    assert [t.state for t in trials[1:]] == [TrialState.PRUNED] * 3
+    assert [list(t.intermediate_values) for t in trials[1:]] == [[128]] * 3
+    assert trials[3].user_attrs["refilled_slot"] == 0 and trials[3].user_attrs["group"] == "trials-1-2"
+    out = capsys.readouterr().out
+    assert "trial 3 refills the slots of a finished or pruned trial at 128 frames" in out
+    assert "every trial pruned; the group stopped at 384 of 512 frames" in out
+
