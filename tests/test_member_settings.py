@@ -55,6 +55,21 @@ def test_members_with_their_own_kl_beta_adapt_it_as_their_single_runs():
         assert float(group.loss_module.kl_beta[k]) == float(alone.loss_module.kl_beta) != beta  # adapted from its own start
 
 
+def test_members_with_their_own_kl_target_adapt_their_betas_as_their_single_runs():
+    """Adaptive KL members with their own d_targ in one group (one below the KL these steps reach, one
+    above): each beta adapts on its own KL towards its own target and ends at its single run's; weights too."""
+    hp = {"kl_target": [1e-5, 0.03]}
+    model = dict(objective="adaptive_kl", kl_beta=1.0, lr=3e-3)
+    pl.seed_everything(0)
+    gdm = RolloutDataModule(**DATA, total_frames=32 * ITERATIONS, seed=0, member_seeds=[0, 0], member_hparams=hp)
+    group, _, _ = fit(gdm, member_hparams=hp, **model)
+    assert group.loss_module.kl_target.tolist() == [1e-5, 0.03]
+    for k, target in enumerate(hp["kl_target"]):
+        alone = assert_member_is_its_single_run(group, gdm, k, 0, dict(model, kl_target=target), {})
+        assert float(group.loss_module.kl_beta[k]) == float(alone.loss_module.kl_beta)
+    assert float(group.loss_module.kl_beta[0]) != float(group.loss_module.kl_beta[1])  # one seed, two targets
+
+
 def test_members_sharing_a_loss_setting_keep_it_a_number():
     from ppo_lightning.algos.loss import PPOFamilyLoss
     from ppo_lightning.nets.models import ActorCritic

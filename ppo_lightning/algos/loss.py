@@ -229,6 +229,8 @@ class PPOFamilyLoss(LossModule):
                 setattr(self, name, vals[0])
             elif name == "clip_eps":
                 self.clip_eps = torch.tensor(vals, dtype=torch.float64)[:, None]
+            elif name == "kl_target":  # read once per iteration per member, as the Python number of its run
+                self.kl_target = torch.tensor(vals, dtype=torch.float64)
             else:
                 setattr(self, name, torch.tensor(vals))
 
@@ -266,8 +268,9 @@ class PPOFamilyLoss(LossModule):
         """Adapt beta once per iteration (PPO paper rule); returns the new beta. ``seed``: that seed's
         beta of a vectorized group, on its own mean KL. A non-finite KL leaves beta as it is."""
         beta = self.kl_beta if seed is None else self.kl_beta[seed]
+        target = self.kl_target if not isinstance(self.kl_target, torch.Tensor) else float(self.kl_target[seed])
         if self.objective_spec.adaptive_beta and math.isfinite(mean_kl):
-            beta.fill_(F.adaptive_kl_beta(float(beta), mean_kl, self.kl_target))
+            beta.fill_(F.adaptive_kl_beta(float(beta), mean_kl, target))
         return float(beta)
 
     def _mean(self, x: torch.Tensor) -> torch.Tensor:

@@ -65,6 +65,8 @@ MEMBER_SETTINGS: tuple[MemberSetting, ...] = (
                   lambda v: _number(v) and v >= 0, loss=True),
     MemberSetting("kl_beta", "model.kl_beta", 1.0, "the KL beta (its start with `adaptive_kl`, adapted per member after)",
                   ">= 0", lambda v: _number(v) and v >= 0, loss=True),
+    MemberSetting("kl_target", "model.kl_target", 0.01, "the adaptive KL's target d_targ (`adaptive_kl`)", "> 0",
+                  lambda v: _number(v) and v > 0, loss=True),
     MemberSetting("gamma", "data.gamma", 0.99, "the discount (returns, reward normalization)", "in [0, 1]",
                   lambda v: _number(v) and 0 <= v <= 1),
     MemberSetting("gae_lambda", "data.gae_lambda", 0.95, "GAE's lambda", "in [0, 1]", lambda v: _number(v) and 0 <= v <= 1),
