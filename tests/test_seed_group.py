@@ -141,6 +141,61 @@ def test_stacked_minatar_cnn_matches_each_seeds_network_with_gradients(rows):
             assert p.grad.abs().max() > 0
 
 
+@pytest.mark.parametrize("discrete, arch, aux, norm", [(False, "dual", False, True), (True, "shared", True, False),
+                                                       (True, "detach", True, True), (False, "dual", True, False)])
+def test_stacked_mlp_matches_each_members_network_with_gradients(discrete, arch, aux, norm):
+    """The stacked MLP actor-critic (`nets.mlp_stacked`, which `SeedStack` runs instead of vmap) gives each
+    member the outputs of its own network for every method, lead shape (a rollout's one row per env, a
+    minibatch, none), architecture and observation normalizer (each member's own statistics), and each
+    member's parameter gradients; a subclass of the network keeps vmap."""
+    from ppo_lightning.nets.actor_critic import ActorCritic
+    from ppo_lightning.nets.seed_stack import STACKED_FORMS, SeedStack
+
+    action_space = {"type": "discrete", "n": 3} if discrete else {"type": "continuous", "shape": [2]}
+    nets = []
+    for s in range(3):
+        torch.manual_seed(s)
+        nets.append(ActorCritic({"shape": [5], "dtype": "float32"}, action_space, hidden_sizes=(16, 8), arch=arch,
+                                aux_value_head=aux, normalize_observation=norm))
+        if norm:
+            nets[-1].obs_norm.update(torch.randn(40, 5) * (s + 1) + s)  # each member's own statistics
+    stack = SeedStack(nets)
+    assert STACKED_FORMS[type(stack.inner)] is not None
+    methods = ["forward", "policy", "value"] + (["forward_aux"] if aux else [])
+    for lead in [(1,), (4, 6), ()]:
+        obs = torch.randn(3, *lead, 5) * 3
+        for method in methods:
+            with torch.no_grad():
+                got = stack._call(method, obs)
+            got = got if isinstance(got, tuple) else (got,)
+            for k, net in enumerate(nets):
+                ref = getattr(net, method)(obs[k])
+                ref = ref if isinstance(ref, tuple) else (ref,)
+                assert len(got) == len(ref)
+                for a, b in zip(got, ref):
+                    assert a[k].shape == b.shape
+                    torch.testing.assert_close(a[k], b, rtol=1e-5, atol=1e-6)
+    obs, weights = torch.randn(3, 32, 5), torch.randn(3, 32, 1)
+    sum((out * weights).sum() for out in stack(obs)).backward()
+    for k, net in enumerate(nets):
+        sum((out * weights[k]).sum() for out in net(obs[k])).backward()  # member k's terms of the summed loss
+        for name, p in net.named_parameters():
+            if p.grad is None:
+                continue
+            torch.testing.assert_close(stack.inner.get_parameter(name).grad[k], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+    class Mine(ActorCritic):  # a subclass may change a method: it runs through vmap
+        def value(self, obs):
+            return super().value(obs) * 2
+
+    torch.manual_seed(0)
+    mine = SeedStack([Mine({"shape": [5], "dtype": "float32"}, action_space) for _ in range(2)])
+    assert type(mine.inner) not in STACKED_FORMS
+    x = torch.randn(2, 4, 5)
+    for k in range(2):  # Mine.value on member k's weights (functional_call), doubled
+        torch.testing.assert_close(mine.value(x)[k], mine.call_seed(k, "value", x[k]))
+
+
 def test_stacked_minatar_cnn_under_bf16_autocast_casts_each_weight_once_per_region():
     """Under bf16 autocast (``bf16-mixed``) a rollout's forwards cast each stacked weight once (autocast's
     cache of leaf parameters), not once per env step, and give each seed's bf16 outputs."""

@@ -1,7 +1,7 @@
 """Networks: the actor-critic registry and distributions (`models`), the IMPALA CNN (`impala`) and its
 phasic (PPG) layouts (`impala_phasic`), the MinAtar CNN (`minatar_cnn`), observation normalization
-(`obs_norm`), S networks stacked for vectorized seeds (`seed_stack`; the MinAtar CNN's batched form:
-`minatar_stacked`).
+(`obs_norm`), S networks stacked for vectorized seeds (`seed_stack`; the batched forms of the MinAtar
+CNN, `minatar_stacked`, and of the MLP actor-critic, `mlp_stacked`).
 
 May import: `core`.
 """

@@ -7,9 +7,10 @@ seed k's slice of the input with ``torch.vmap`` over ``torch.func.functional_cal
 names are the single network's (``policy_body.conv.weight``), so seed k of a group's state dict is
 ``{name: tensor[k]}`` (`seed_state_dict`), a plain single-seed state dict for export and evaluation.
 
-A network class may have its own batched form for S seeds in `STACKED_FORMS`
+A network class may have its own batched form for S seeds in `STACKED_FORMS`: the MinAtar CNN
 (`ppo_lightning.nets.minatar_stacked`: batched matmuls are much faster there than vmap's grouped
-convolutions); otherwise ``torch.vmap`` runs the module.
+convolutions) and the MLP actor-critic (`ppo_lightning.nets.mlp_stacked`: vmap's per-call cost
+dominated a rollout's forwards); otherwise (a subclass, any other network) ``torch.vmap`` runs the module.
 
 Elementwise code needs no change to act per seed: Adam over stacked parameters is S independent
 Adams, and the EWMA proximal update is S independent EWMAs.
@@ -23,10 +24,16 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state
 
-from ppo_lightning.nets import minatar_cnn, minatar_stacked
+from ppo_lightning.nets import actor_critic, minatar_cnn, minatar_stacked, mlp_stacked
 
-# network class -> fn(network, stacked params, method, *inputs): its own form for S seeds at once
-STACKED_FORMS = {minatar_cnn.MinAtarActorCritic: minatar_stacked.stacked_call}
+
+def _minatar_form(net, params, buffers, method, *inputs):
+    return None if buffers else minatar_stacked.stacked_call(net, params, method, *inputs)  # no buffers of its own
+
+
+# network class (exactly: a subclass may change a method) -> fn(network, stacked params, stacked buffers,
+# method, *inputs): its own form for S seeds at once, or None where it does not apply (then vmap)
+STACKED_FORMS = {minatar_cnn.MinAtarActorCritic: _minatar_form, actor_critic.ActorCritic: mlp_stacked.stacked_call}
 
 
 class SeedStack(nn.Module):
@@ -68,8 +75,9 @@ class SeedStack(nn.Module):
         inner = self.inner
         params, buffers = self._named_tensors()
         stacked = STACKED_FORMS.get(type(inner))
-        if stacked is not None and not buffers:  # a network's own batched form (the MinAtar CNN)
-            return stacked(inner, params, method, *inputs)
+        out = None if stacked is None else stacked(inner, params, buffers, method, *inputs)
+        if out is not None:  # the network's own batched form
+            return out
 
         def one(p, b, *x):
             with _swapped(inner, method):
