@@ -346,6 +346,39 @@ def test_two_local_workers_run_a_study_and_a_killed_runner_resumes(tmp_path, mon
 
 
 @pytest.mark.timeout(300)
+def test_study_run_envs_trains_only_those_envs_and_keeps_the_whole_studys_records(tmp_path, monkeypatch, capsys):
+    """``study run --envs E``: only E's cells train (one group, one worker); the CSV export keeps the cells
+    recorded before on the other env; ``status --envs`` counts the time left of E alone; an env the file
+    does not have is one line, before anything trains."""
+    from ppo_lightning.studies import runner
+    from ppo_lightning.studies.command import main as study_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    path = tiny(tmp_path, envs=["minatar:breakout", "minatar:space_invaders"])
+    study = load_study(path)
+    root = tmp_path / "runs"
+    assert study_main(["run", str(path), "--envs", "minatar:asterix", "--run-root", str(root)]) == 2
+    assert "minatar:asterix not among the study's envs (minatar:breakout, minatar:space_invaders)" in capsys.readouterr().out
+    assert not (root / "cells").exists()
+    # one cell of breakout recorded before (as another run's), exported beside the study file
+    other = runner.Group("minatar:breakout", [("ppo_hi", 0)], runner.cell_spec(study, "ppo_hi", "minatar:breakout", 0))
+    runner.write_export(study, runner.run_group(study, other, root, f"sqlite:///{root / 'mlflow.db'}"))
+    assert "time left for minatar:space_invaders: " in runner.status_text(study, root, 1, ("minatar:space_invaders",))
+    assert study_main(["run", str(path), "--envs", "minatar:space_invaders", "--workers", "1", "--executor", "local",
+                       "--run-root", str(root)]) == 0
+    recorded = {(c.arm, c.env) for c in runner.recorded(root).values()}
+    assert recorded == {("ppo_hi", "minatar:breakout"), ("ppo_ewma", "minatar:space_invaders"),
+                        ("ppo_hi", "minatar:space_invaders")}
+    rows = study.cells_csv.read_text().splitlines()[1:]
+    assert len(rows) == 3 and sum("minatar:breakout" in r for r in rows) == 1
+    capsys.readouterr()
+    assert study_main(["status", str(path), "--envs", "minatar:breakout", "--run-root", str(root), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "3 done, 0 running" in out and "1 pending of 4 cells" in out and "time left for minatar:breakout" in out
+
+
+@pytest.mark.timeout(300)
 def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
     """Stopped by SIGTERM in iteration 2 (the project's preemption: checkpoint, exit 143, nothing
     recorded), the group's rerun continues from its last checkpoint and records the cells an

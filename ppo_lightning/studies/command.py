@@ -35,6 +35,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tracking-uri", default=None, help="run: MLflow store (default sqlite in the run root)")
     p.add_argument("--checkpoint-frames", type=int, default=None,
                    help="run: a group checkpoints every this many frames per member (default 65536)")
+    p.add_argument("--envs", default=None,
+                   help="run, status: only the cells of these envs of the file (comma-separated, as the file spells "
+                        "them), in that order, e.g. the cheap tasks first; the others stay pending, the records stay "
+                        "the whole study's")
     p.add_argument("--into", type=Path, default=None, help="report: also replace the study's block in this docs page")
     p.add_argument("--out", type=Path, default=None, help="report: folder (default experiments/results/studies)")
     p.add_argument("--no-plots", action="store_true", help="report: tables only")
@@ -70,9 +74,17 @@ def main(argv: list[str]) -> int:
             return 2
         return 0
     study = studies[0]
+    if a.envs is not None and a.action == "report":
+        print("error: --envs is for study run and status (a report reads every recorded cell)")
+        return 2
+    try:
+        envs = runner.only_envs(study, a.envs)
+    except ValueError as err:
+        print(f"error: {study.path}: {err}")
+        return 2
     if a.action == "status":
         try:
-            print(runner.status_text(study, a.run_root, a.workers))
+            print(runner.status_text(study, a.run_root, a.workers, envs))
         except (ValueError, TypeError) as err:  # an arm's settings the planner cannot read ("fast" for an lr)
             print(f"error: {study.path}: {err}")
             return 2
@@ -83,7 +95,7 @@ def main(argv: list[str]) -> int:
         check_study(study, a.trust_code)
         a.run_root = check_run_root((a.run_root or runner.default_run_root(study)).resolve(), "study run root",
                                     "choose another with --run-root")
-        check_groups(study, a.run_root, a.workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1)))
+        check_groups(study, a.run_root, a.workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1)), envs)
     except UnsafeInput as err:
         print(f"error: {err}")
         return 2
@@ -92,7 +104,7 @@ def main(argv: list[str]) -> int:
         return err.exit_code
     try:
         return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root,
-                                tracking_uri=a.tracking_uri, checkpoint_frames=a.checkpoint_frames)
+                                tracking_uri=a.tracking_uri, checkpoint_frames=a.checkpoint_frames, envs=envs)
     except RuntimeError as err:
         if not isinstance(err, StorageFull):
             raise

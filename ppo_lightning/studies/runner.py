@@ -409,15 +409,15 @@ def rate_for(env: str, kind: str, rates: dict[tuple[str, str], float]) -> float:
     return DEFAULT_RATE_S * factor(env)
 
 
-def plan(study: Study, done: set, workers: int = 1, cells=None) -> list[Group]:
-    """The groups that train the pending cells, split where that shortens the study on ``workers``
-    workers (`balance`), with their estimated costs (rates from ``cells``, the recorded `Cell` objects,
-    where there are any: `rate_for`)."""
+def plan(study: Study, done: set, workers: int = 1, cells=None, envs: tuple[str, ...] | None = None) -> list[Group]:
+    """The groups that train the pending cells (of ``envs`` only, where given: `only_envs`), split where
+    that shortens the study on ``workers`` workers (`balance`), with their estimated costs (rates from
+    ``cells``, the recorded `Cell` objects, where there are any: `rate_for`)."""
     kinds, single = _kinds(study)
     kind_of = {a: k for k, arms in kinds.items() for a in arms} | {a: f"single:{a}" for a in single}
     rates = unit_rates(cells or [], kind_of)
     natural = []  # (env, members, seconds per member-unit and frame)
-    for env in study.envs:
+    for env in envs or study.envs:
         for key, arms in kinds.items():
             members = [(a, s) for a in arms for s in study.seeds if (a, env, s) not in done]
             if members:
@@ -433,6 +433,20 @@ def plan(study: Study, done: set, workers: int = 1, cells=None) -> list[Group]:
             at += n
             groups.append(Group(env, part, group_spec(study, env, part), group_cost(n, study.frames, rate)))
     return groups
+
+
+def only_envs(study: Study, names: str | None) -> tuple[str, ...] | None:
+    """``study run --envs``: the study's envs named in ``names`` (comma-separated, spelled as the file
+    spells them), in that order; None for all. The other envs' cells stay pending, and the records
+    (the run root, the CSV export) stay the whole study's. An env the file does not have is refused."""
+    if names is None:
+        return None
+    wanted = tuple(dict.fromkeys(e.strip() for e in names.split(",") if e.strip()))
+    unknown = [e for e in wanted if e not in study.envs]
+    if unknown or not wanted:
+        raise ValueError(f"--envs {names!r}: {', '.join(unknown) or 'no env'} not among the study's envs "
+                         f"({', '.join(study.envs)})")
+    return wanted
 
 
 def deal(groups: list[Group], workers: int) -> list[list[Group]]:
@@ -787,7 +801,7 @@ def executor_cluster(executor: str) -> str:
 
 def run_study(study: Study, workers: int | None = None, executor: str = "auto", run_root: Path | None = None,
               tracking_uri: str | None = None, poll_s: float = 5.0, checkpoint_frames: int | None = None,
-              progress_s: float = 60.0) -> int:
+              progress_s: float = 60.0, envs: tuple[str, ...] | None = None) -> int:
     import submitit
 
     run_root = (run_root or default_run_root(study)).resolve()
@@ -797,7 +811,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         workers = int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
     t0 = time.perf_counter()
     done = done_cells(study, run_root)
-    groups = plan(study, set(done), workers, done.values())
+    groups = plan(study, set(done), workers, done.values(), envs)
     total = len(study.cells())
     print(f"[study] {study.name}: {len(done)} of {total} cells recorded; {sum(len(g.members) for g in groups)} to run "
           f"in {len(groups)} groups on {workers} worker(s)", flush=True)
@@ -844,7 +858,10 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         overhead += time.perf_counter() - t1
         print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
               f"(planning + records) against {compute:.0f} s of training", flush=True)
-    end_parent_run(study, tracking_uri, "FAILED", [c for c in study.cells() if c not in done_cells(study, run_root)])
+    missing = [c for c in study.cells() if c not in done_cells(study, run_root)]
+    if failed or not envs or any(c[1] in envs for c in missing):
+        end_parent_run(study, tracking_uri, "FAILED", missing)
+    # else (--envs, all of them recorded): the study's parent run stays open for its other envs' cells
     if failed:
         print("[study] failed: " + "; ".join(failed) + f"; the recorded cells are kept: rerun `ppo-lightning study run "
               f"{study.path}` to train the others", flush=True)
@@ -862,10 +879,11 @@ def status_line(study: Study, run_root: Path, since: float | None = None) -> str
     return line
 
 
-def status_text(study: Study, run_root: Path | None = None, workers: int | None = None) -> str:
+def status_text(study: Study, run_root: Path | None = None, workers: int | None = None,
+                envs: tuple[str, ...] | None = None) -> str:
     """Done / running / pending cells, and the time left: the groups `plan` makes of the cells not
-    done, at the rates of the recorded cells (else the defaults), in one core's time and on ``workers``
-    workers (default: the CPU count, or SLURM's)."""
+    done (of ``envs`` only, where given), at the rates of the recorded cells (else the defaults), in
+    one core's time and on ``workers`` workers (default: the CPU count, or SLURM's)."""
     run_root = (run_root or default_run_root(study)).resolve()
     done = done_cells(study, run_root)
     running = set()  # members of groups that have started (checkpoints) and are not recorded: running or interrupted
@@ -878,12 +896,12 @@ def status_text(study: Study, run_root: Path | None = None, workers: int | None 
              f"{len(pending)} pending of {len(study.cells())} cells"]
     if pending or running:
         workers = workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
-        core = sum(g.cost for g in plan(study, set(done), 1, done.values()))
-        span = makespan([g.cost for g in plan(study, set(done), workers, done.values())], workers)
+        core = sum(g.cost for g in plan(study, set(done), 1, done.values(), envs))
+        span = makespan([g.cost for g in plan(study, set(done), workers, done.values(), envs)], workers)
         basis = ("the recorded groups' rates" if unit_rates(done.values(), {a: a for a in study.arms})
                  else "the default rates: no group recorded by the runner")
-        lines.append(f"time left: ~{core / 3600:.2f} h of one core, ~{span / 3600:.2f} h on {workers} worker(s) "
-                     f"(at {basis}; a running group counts whole)")
+        lines.append(f"time left{' for ' + ', '.join(envs) if envs else ''}: ~{core / 3600:.2f} h of one core, "
+                     f"~{span / 3600:.2f} h on {workers} worker(s) (at {basis}; a running group counts whole)")
     for arm in study.arms:
         n = sum(1 for c in done if c[0] == arm)
         lines.append(f"  {study.arms[arm].label}: {n}/{len(study.envs) * len(study.seeds)} done")
