@@ -26,6 +26,11 @@ from typing import Any
 from ppo_lightning.core.members import validate_member_values
 
 SECTIONS = ("model", "data", "trainer")
+# The fit options a study or a search sets for each of its runs from its own fields (envs, seeds, frames,
+# members) and its run folders: its file's ``fit`` may not set them (`ppo_lightning.studies.spec`,
+# `ppo_lightning.tuning.space`).
+RUNNER_SETTINGS = ("data.env_id", "data.seed", "data.total_frames", "seed_everything", "data.member_seeds",
+                   "data.member_hparams", "data.num_seeds", "seeds", "run_dir", "ckpt_path")
 CALLBACKS_APPEND = "trainer.callbacks+"
 
 
@@ -186,7 +191,9 @@ def train(spec: RunSpec, callbacks=(), ckpt_path: str | Path | None = None) -> R
     """Builds and trains ``spec`` in this process (``ckpt_path``: resume from that checkpoint);
     ``callbacks``: callback objects for this run beside the config's. A configuration the builder
     refuses raises ``ValueError`` (or jsonargparse's ``ArgumentError``) before anything trains."""
-    from ppo_lightning.run.builder import fit_main  # start-up cost: Lightning and TorchRL load when a run trains
+    from ppo_lightning.run.builder import (
+        fit_main,  # start-up cost: Lightning and TorchRL load when a run trains
+    )
 
     extra = ["--ckpt_path", str(ckpt_path)] if ckpt_path is not None else []
     cli = fit_main(["fit", *spec.argv(), *extra], extra_callbacks=list(callbacks))

@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from ppo_lightning.core.configs import resolve_config
 from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
+from ppo_lightning.run.spec import RUNNER_SETTINGS
 
 SCORES = ("raw", "minatar", "minatar-500k", "random-best")
 POOLABLE = ("cpu", "precision")
@@ -65,8 +65,6 @@ METRICS = ("auc", "final", "last100")  # last100: mean return of the run's last 
 TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "seed_everything", "log_every_frames",
                  "checkpoint_every", "video_every", "trainer.callbacks+")
 FIT_SECTIONS = ("model", "data", "trainer")
-RESERVED_FIT = ("data.env_id", "data.seed", "data.total_frames", "seed_everything", "data.member_seeds",
-                "data.member_hparams", "data.num_seeds", "seeds", "run_dir", "ckpt_path")
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -283,7 +281,7 @@ def _fit(value: Any, where: str, field_name: str) -> dict[str, Any]:
     for key in value:
         _need(isinstance(key, str) and (key in TOP_LEVEL_FIT or key.split(".")[0] in FIT_SECTIONS + ("mlflow",)),
               where, f"{field_name}.{key}: not a fit option (model.*, data.*, trainer.*, or one of {', '.join(TOP_LEVEL_FIT)})")
-        _need(key not in RESERVED_FIT, where, f"{field_name}.{key}: set by the study itself (envs, seeds, frames), not by fit")
+        _need(key not in RUNNER_SETTINGS, where, f"{field_name}.{key}: set by the study itself (envs, seeds, frames), not by fit")
     return dict(value)
 
 

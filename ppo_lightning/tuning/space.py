@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.envs.minatar_scores import RETURN_RANGES
-from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
-
 from ppo_lightning.core.members import BY_NAME, MEMBER_OPTIONS
+from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
+from ppo_lightning.envs.minatar_scores import RETURN_RANGES
+from ppo_lightning.run.spec import RUNNER_SETTINGS
 from ppo_lightning.studies.spec import find_root, merge_configs, ref_exists, resolve_ref
 
 # a fit option's name -> the member setting it is (declared in ppo_lightning.core.members.MEMBER_SETTINGS)
@@ -57,8 +57,6 @@ SAMPLERS = ("tpe", "random")
 PRUNERS = ("none", "median", "percentile", "halving")
 TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "log_every_frames")
 FIT_SECTIONS = ("model", "data", "trainer")
-RESERVED_FIT = ("data.env_id", "data.seed", "data.total_frames", "seed_everything", "data.member_seeds",
-                "data.member_hparams", "data.num_seeds", "seeds", "run_dir", "ckpt_path")
 FIELDS = ("tuning", "title", "base", "fit", "env", "frames", "trials", "members", "seeds", "objective", "sampler",
           "pruner", "refill", "params")
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -190,7 +188,7 @@ def _keys(d: dict, allowed: tuple[str, ...], where: str, prefix: str = "") -> No
 def _fit_key(key: Any, where: str, at: str) -> None:
     _need(isinstance(key, str) and (key in TOP_LEVEL_FIT or key.split(".")[0] in FIT_SECTIONS and "." in key), where,
           f"{at}: not a fit option (model.*, data.*, trainer.*, or one of {', '.join(TOP_LEVEL_FIT)})")
-    _need(key not in RESERVED_FIT, where, f"{at}: set by the search itself (env, seeds, frames), not by the file")
+    _need(key not in RUNNER_SETTINGS, where, f"{at}: set by the search itself (env, seeds, frames), not by the file")
 
 
 def _member_value_ok(setting: str, v: Any) -> bool:
