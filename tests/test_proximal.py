@@ -108,3 +108,37 @@ def test_ewma_state_round_trip():
     mismatch.start(torch.nn.Linear(3, 2))
     with pytest.raises(ValueError, match="center of mass"):
         mismatch.load_state_dict(state)
+
+
+@pytest.mark.parametrize("members", [None, 3])
+def test_proximal_policy_reads_the_networks_current_observation_statistics(members):
+    """The EWMA averages weights, not the observation normalizer's statistics: right after a reset the
+    proximal policy is the policy, also after the statistics moved (a new rollout's observations), for a
+    single network and for a group's stacked one (each member its own statistics)."""
+    from ppo_lightning.nets.actor_critic import ActorCritic
+    from ppo_lightning.nets.obs_norm import update_member_observation_norms, update_observation_norm
+    from ppo_lightning.nets.seed_stack import SeedStack
+
+    def make(seed):
+        torch.manual_seed(seed)
+        return ActorCritic({"shape": [5], "dtype": "float32"}, {"type": "continuous", "shape": [2]},
+                           hidden_sizes=(16, 16), normalize_observation=True)
+
+    net = make(0) if members is None else SeedStack([make(s) for s in range(members)])
+    src = ProximalPolicyEWMA(com=8.0)
+    src.start(net)
+    lead = () if members is None else (members,)
+    for shift in (0.0, 5.0, 40.0):  # observations far from the initial statistics (mean 0, var 1)
+        obs = torch.randn(*lead, 64, 5) * 7 + shift
+        if members is None:
+            update_observation_norm(net, obs)
+        else:
+            update_member_observation_norms(net, [obs[k] * (k + 1) for k in range(members)])
+        with torch.no_grad():
+            want = net.policy(obs)
+        got = src.proximal_policy(obs)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    src.update()  # weights equal, so the average stays the policy
+    for a, b in zip(src.proximal_policy(obs), net.policy(obs)):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)

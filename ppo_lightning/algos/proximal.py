@@ -133,6 +133,10 @@ class ProximalPolicyEWMA:
         # forward skips autocast's weight casts (Lightning's autocast casts every weight per call).
         self._forward_net: nn.Module | None = None
         self._forward_params: list[Tensor] = []
+        # Buffers are not weights: the network's (observation statistics) and the proximal copy's,
+        # whose values the proximal forward takes from the network's (see `_sync_buffers`).
+        self._buffers: list[Tensor] = []
+        self._prox_buffers: list[Tensor] = []
         self._make_network: Callable[[], nn.Module] | None = None
 
     def _initial(self):
@@ -165,6 +169,8 @@ class ProximalPolicyEWMA:
         self.proximal = _copy_network(network, make_network or self._make_network).requires_grad_(False)
         self._prox_params = list(self.proximal.parameters())
         self._params = list(network.parameters())
+        self._buffers = list(network.buffers())
+        self._prox_buffers = list(self.proximal.buffers())
         self.weight, self.age_sum = self._initial()
         self.num_resets += 1
         self._forward_net, self._forward_params = None, []
@@ -173,6 +179,7 @@ class ProximalPolicyEWMA:
             # casts weights and conv inputs to bf16 with the same rounding.
             self._forward_net = copy.deepcopy(self.proximal).to(torch.bfloat16)
             self._forward_params = list(self._forward_net.parameters())
+            self._prox_buffers += list(self._forward_net.buffers())
 
     @torch.no_grad()
     def reset_member(self, k: int, com: float) -> None:
@@ -204,8 +211,24 @@ class ProximalPolicyEWMA:
         self.num_updates += 1
 
     @torch.no_grad()
+    def _sync_buffers(self) -> None:
+        """The proximal copy reads the observation through the network's current buffers.
+
+        The EWMA averages weights; buffers such as a `RunningObservationNorm`'s statistics belong to
+        the environment's side of the network, updated once per rollout. An anchor that normalized
+        with the statistics frozen at its copy (or averaged) would see other inputs than the policy
+        it anchors: its ratio to the policy would measure the normalizer's drift, not the update.
+        """
+        n = len(self._buffers)
+        if n:
+            for copies in (self._prox_buffers[:n], self._prox_buffers[n:]):
+                if copies:
+                    torch._foreach_copy_(copies, self._buffers)
+
+    @torch.no_grad()
     def proximal_policy(self, obs: Tensor) -> tuple[Tensor, ...]:
-        """Distribution parameters of the proximal policy."""
+        """Distribution parameters of the proximal policy (its averaged weights, the network's buffers)."""
+        self._sync_buffers()
         net = self._forward_net if self._forward_net is not None else self.proximal
         return net.policy(obs)
 
