@@ -62,7 +62,7 @@ PPG_DEFAULTS: dict[str, Any] = {
     "vf_true_weight": 1.0,
     "aux_lr": 5e-4,
     "aux_betas": (0.9, 0.999),
-    "max_grad_norm": None,  # manual optimization: Lightning's gradient_clip_val does not apply
+    "max_grad_norm": None,  # trainer.gradient_clip_val spelled PPG's way (training.update.one_clip_setting)
     "checkpoint_buffer_mib": 256,  # phase buffers up to this size (per rank) go into checkpoints
 }
 TARGET_KEY = "value_target"

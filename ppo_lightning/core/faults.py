@@ -179,7 +179,7 @@ class NumericalGuard:
         lr = optimizer.param_groups[0].get("lr")
         raise NumericalFault(
             f"parameter {name!r} became non-finite after the optimizer step (iteration {self._iteration(module)}, "
-            f"step {self._step(module)}, lr {lr:g}): the learning rate is probably too large; "
+            f"step {self._step(module, taken=True)}, lr {lr:g}): the learning rate is probably too large; "
             f"the last checkpoint is unaffected"
         )
 
@@ -189,8 +189,12 @@ class NumericalGuard:
         return getattr(dm, "iteration", "?")
 
     @staticmethod
-    def _step(module) -> Any:
-        return module._trainer.global_step if module._trainer is not None else "?"
+    def _step(module, taken: bool = False) -> Any:
+        """The step's index (0 the first); ``taken``: after the optimizer step, which the Trainer's
+        ``global_step`` already counts."""
+        if module._trainer is None:
+            return "?"
+        return module._trainer.global_step - 1 if taken else module._trainer.global_step
 
     def metrics(self) -> dict[str, float]:
         return {"train/skipped_steps": float(self.skipped_steps)}

@@ -19,8 +19,8 @@ scaled data:
   all-reduce per optimizer step. FSDP2 keeps the strategy's backward (a reduce-scatter per chunk,
   also exact).
 
-Chunks are also divided by ``accumulate_grad_batches``, as Lightning divides the loss it
-back-propagates itself.
+The same holds for the minibatches a step accumulates (``trainer.accumulate_grad_batches``): all but
+the step's last go through ``backward_chunk``, each divided by their number.
 """
 
 from __future__ import annotations
@@ -100,10 +100,11 @@ def _is_ddp(strategy) -> bool:
     return isinstance(strategy, DDPStrategy) and strategy.world_size > 1
 
 
-def backward_chunk(module, loss: torch.Tensor) -> None:
-    """Back-propagate a micro-batch chunk that is not the step's last (see the module docstring)."""
+def backward_chunk(module, loss: torch.Tensor, accumulate: int = 1) -> None:
+    """Back-propagate a micro-batch chunk (or minibatch) that is not the step's last (see the module
+    docstring), divided by the ``accumulate`` minibatches a step adds up (`ppo_lightning.training.update.Update`)."""
     trainer = module.trainer
-    loss = loss / trainer.accumulate_grad_batches  # as Lightning scales the loss it back-propagates
+    loss = loss / accumulate
     strategy = trainer.strategy
     if not _is_ddp(strategy):
         strategy.backward(loss, None)

@@ -40,6 +40,7 @@ from ppo_lightning.training import rescale
 from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger, view_hints
 from ppo_lightning.algos import scaling
 from ppo_lightning.training.preemption import Preemption, SignalStop
+from ppo_lightning.training.update import one_clip_setting
 from ppo_lightning.core.configs import resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
@@ -503,11 +504,7 @@ def move_ppg_gradient_clip(cfg) -> None:
     if cfg.trainer.get("gradient_clip_algorithm") not in (None, "norm"):
         raise ValueError(f"trainer.gradient_clip_algorithm {cfg.trainer.gradient_clip_algorithm!r}: PPG clips the "
                          "gradient norm only; leave it out or set norm")
-    own = ppg.get("max_grad_norm")
-    if own is not None and float(own) != float(clip):
-        raise ValueError(f"trainer.gradient_clip_val {clip} and model.ppg.max_grad_norm {own} differ: set "
-                         "trainer.gradient_clip_val alone (it clips PPO and PPG alike)")
-    ppg["max_grad_norm"] = float(clip)
+    ppg["max_grad_norm"] = one_clip_setting(clip, ppg.get("max_grad_norm"))
     cfg.trainer.gradient_clip_val = None
 
 

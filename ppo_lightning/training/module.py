@@ -7,6 +7,7 @@ path does no logging.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import math
@@ -52,6 +53,17 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def migrate_optimizer_steps(checkpoint: dict[str, Any]) -> None:
+    """A PPO checkpoint from Lightning's automatic optimization counts its optimizer steps (the
+    Trainer's ``global_step``) in the automatic loop's progress; the manual step (`Update`) counts them
+    in the manual loop's. Copied over before Lightning restores the loops, the step count goes on."""
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    auto = loops.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step")
+    manual = loops.get("epoch_loop.manual_optimization.optim_step_progress")
+    if auto and manual is not None and manual["total"]["completed"] == 0 and auto["total"]["completed"] > 0:
+        loops["epoch_loop.manual_optimization.optim_step_progress"] = copy.deepcopy(auto)
 
 
 class PPOLightningModule(pl.LightningModule):
@@ -286,6 +298,10 @@ class PPOLightningModule(pl.LightningModule):
         shard_network(self.network, mesh["data_parallel"] if "data_parallel" in mesh.mesh_dim_names else mesh)
 
     def configure_callbacks(self):
+        # Lightning calls this when it attaches the module, before it checks that a manual optimization's
+        # Trainer neither clips nor accumulates: the update takes those settings (`Update.take_trainer_settings`).
+        if self._trainer is not None:
+            self.updater.take_trainer_settings(self, self._trainer)
         return [cb for part in self.parts for cb in part.callbacks()]
 
     def step_proximal(self) -> None:
@@ -319,6 +335,7 @@ class PPOLightningModule(pl.LightningModule):
         checkpoint.update({key: part.state_dict() for key, part in self._checkpointed_parts().items()})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        migrate_optimizer_steps(checkpoint)
         if "numerical_guard" in checkpoint:
             self.numerical_guard.load_state_dict(checkpoint["numerical_guard"])
         # Checkpoints from before the module owned the EWMA kept it in the callback's state.
@@ -356,7 +373,7 @@ class PPOLightningModule(pl.LightningModule):
         (4x faster for the small CartPole MLP). Sharded (DTensor) parameters take the default path."""
         fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
         trainer = self._trainer
-        if fused and trainer is not None and trainer.precision != "32-true" and trainer.gradient_clip_val:
+        if fused and trainer is not None and trainer.precision != "32-true" and self.updater.clip_val:
             fused = None  # Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients
         return fused
 
@@ -384,17 +401,13 @@ class PPOLightningModule(pl.LightningModule):
     def _ppg_optimizer_index(self) -> dict[str, int]:
         return self.updater.optimizer_index
 
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        # Non-finite steps are skipped inside the closure (the guard); parameters that became
-        # non-finite stop training before the EWMA callback sees them.
-        self.updater.optimizer_step(self, optimizer, optimizer_closure)
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # after the callbacks' hooks (which read the unclipped gradients), as Lightning orders its own clip
+        self.updater.clip(self, optimizer)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         if not self.seed_axis.clip_gradients(self, gradient_clip_val, gradient_clip_algorithm):  # a group: per seed
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
-        self.updater.zero_grad(optimizer)
 
     def loss_and_stats(
         self, batch: TensorDictBase, terms: tuple[str, ...] = LOSS_TERMS

@@ -1,8 +1,8 @@
-"""The update of one minibatch: accumulate (micro-batches) -> guard -> clip -> step.
+"""The update of one minibatch: zero -> accumulate -> guard -> clip -> step, one path for PPO and PPG.
 
-One update object per algorithm, chosen when the module is built: `PPOUpdate` (Lightning's
-automatic optimization) or `PPGUpdate` (manual optimization: up to three optimizers). Both take the
-same path through a step:
+One update object per algorithm, chosen when the module is built: `PPOUpdate` (one optimizer) or
+`PPGUpdate` (up to three, one per phase); both are `Update`, whose `Update.step` every minibatch
+takes under Lightning's manual optimization:
 
 - **accumulate**: `accumulate`, the one gradient accumulation over ``model.micro_batch_size``
   chunks: each chunk's loss is a mean, weighted by the chunk's share of the minibatch, so the
@@ -12,8 +12,10 @@ same path through a step:
 - **guard**: the module's ``numerical_guard`` (`ppo_lightning.core.faults.NumericalGuard`, or
   `ppo_lightning.training.seed_group.SeedGroupGuard` per seed) gets the step's loss after the
   backward pass and drops a bad step's gradients;
-- **clip**: the module's ``configure_gradient_clipping`` (per seed for a group);
-- **step**: the optimizer's step, then the guard's parameter check.
+- **clip**: the module's ``configure_gradient_clipping`` (per seed for a group) at the Trainer's
+  ``gradient_clip_val`` (`Update.take_trainer_settings`);
+- **step**: the optimizer's step, then the guard's parameter check; the lr schedules step once per
+  iteration (`Update.on_iteration_end`).
 
 PPG's phases, buffer and auxiliary loss are `ppo_lightning.algos.ppg`'s; the phase of a step comes
 with its minibatch (`ppo_lightning.algos.ppg.PhaseBatch`).
@@ -64,27 +66,100 @@ def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward
     return loss, total_loss, combine_chunk_stats(chunk_stats)
 
 
-def guarded_step(module, optimizer, loss: torch.Tensor | None, clip: float | None) -> None:
-    """guard -> clip -> step after a manual backward pass: the guard sees ``loss`` (``[S]`` for a
-    seed group) and the gradients; a kept step's gradients are clipped to norm ``clip``."""
-    guard = module.numerical_guard
-    if guard.after_backward(module, optimizer.optimizer, loss) and clip is not None:
-        module.configure_gradient_clipping(optimizer, clip, "norm")
-    optimizer.step()
-    guard.check_parameters(module, optimizer.optimizer)
+def one_clip_setting(trainer_clip: float | None, ppg_clip: float | None) -> float | None:
+    """The gradient-norm clip of a run: ``trainer.gradient_clip_val``, or ``model.ppg.max_grad_norm``
+    (the same setting spelled PPG's way); both set and different is one line."""
+    if trainer_clip and ppg_clip is not None and float(ppg_clip) != float(trainer_clip):
+        raise ValueError(f"trainer.gradient_clip_val {trainer_clip} and model.ppg.max_grad_norm {ppg_clip} differ: set "
+                         "trainer.gradient_clip_val alone (it clips PPO and PPG alike)")
+    return float(trainer_clip) if trainer_clip else ppg_clip
 
 
-class PPOUpdate:
-    """PPO's step under Lightning's automatic optimization: `training_step` accumulates (the last
-    chunk's loss is back-propagated by Lightning), `optimizer_step` runs Lightning's closure, then
-    the guard; Lightning clips (``configure_gradient_clipping``) and steps."""
+class Update:
+    """The one step path of PPO and PPG (Lightning's manual optimization): zero, accumulate
+    (micro-batches, and ``accumulate_grad_batches`` minibatches), guard, clip, step, and the lr schedules
+    once per iteration. The optimizers are the subclass's, by name (`optimizer_names`).
 
-    changed_policy = True  # every step changes the policy (the EWMA moves after it)
-    automatic_optimization = True  # Lightning's loop zeroes, steps and clips
+    Clipping and accumulation are the Trainer's settings (``gradient_clip_val``,
+    ``gradient_clip_algorithm``, ``accumulate_grad_batches``: one setting for PPO and PPG). Lightning's
+    manual optimization refuses a Trainer that has them, so `take_trainer_settings` moves them here when
+    Lightning attaches the module (`PPOLightningModule.configure_callbacks`, which Lightning calls before
+    that check) and leaves the Trainer without them. The clip runs in the module's
+    ``on_before_optimizer_step``, after the callbacks' (`ppo_lightning.training.noise_scale` reads the
+    unclipped gradients), as Lightning's automatic optimization orders them."""
+
+    automatic_optimization = False
 
     def __init__(self) -> None:
-        self.micro_batched = False  # this step's gradients were accumulated inside training_step
-        self.losses: torch.Tensor | None = None  # the step's loss as the guard sees it
+        self.optimizer_index: dict[str, int] = {}
+        self.changed_policy = True  # the last step changed the policy (the EWMA moves after it)
+        self.clip_val: float | None = None
+        self.clip_algorithm: str | None = None
+        self.accumulate = 1
+        self._took = False
+        self._clip_pending = False
+
+    # ---------------------------------------------------------------- settings
+    def own_clip(self, module) -> float | None:
+        """The algorithm's own clip setting besides the Trainer's (PPG: ``model.ppg.max_grad_norm``)."""
+        return None
+
+    def take_trainer_settings(self, module, trainer) -> None:
+        """Move the Trainer's clipping and accumulation settings into this update (see the class doc);
+        a second attach (another ``fit`` on the same Trainer) keeps what the first took."""
+        clip, algorithm, k = trainer.gradient_clip_val, trainer.gradient_clip_algorithm, trainer.accumulate_grad_batches
+        if self._took and not clip and k == 1:
+            return
+        self.clip_val = one_clip_setting(clip, self.own_clip(module))
+        self.clip_algorithm = (algorithm.value if hasattr(algorithm, "value") else algorithm) if clip else "norm"
+        self.accumulate = int(k)
+        trainer.gradient_clip_val, trainer.accumulate_grad_batches = None, 1
+        self._took = True
+
+    # ---------------------------------------------------------------- one minibatch
+    def step(self, module, opt, data: TensorDictBase, loss_and_stats: Callable, batch_idx: int
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """zero (first minibatch of an accumulation), accumulate this minibatch's chunks, and on the last
+        minibatch of an accumulation (or of the iteration) guard -> clip -> step. Every backward pass
+        but the step's last bypasses DDP's gradient sync (`ppo_lightning.data.parallel.backward_chunk`).
+        Returns the minibatch's loss (detached; ``[S]`` for a group) and diagnostics."""
+        k = self.accumulate
+        if batch_idx % k == 0:
+            opt.zero_grad()
+        stepping = (batch_idx + 1) % k == 0 or module.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        last, loss, stats = accumulate(module, data, loss_and_stats,
+                                       lambda chunk_loss: parallel.backward_chunk(module, chunk_loss.sum(), k),
+                                       backward_last=False)
+        if stepping:
+            module.manual_backward(last.sum() / k)  # as Lightning scales the loss it back-propagates
+            guard = module.numerical_guard
+            self._clip_pending = guard.after_backward(module, opt.optimizer, loss) and self.clip_val is not None
+            opt.step()  # Lightning's hooks, then `clip` (module.on_before_optimizer_step), then the step
+            self._clip_pending = False
+            guard.check_parameters(module, opt.optimizer)
+        else:
+            parallel.backward_chunk(module, last.sum(), k)
+        return loss, stats
+
+    def clip(self, module, optimizer) -> None:
+        """The step's clip, if the guard kept it (`step`): per member in a group (`configure_gradient_clipping`)."""
+        if self._clip_pending:
+            module.configure_gradient_clipping(optimizer, self.clip_val, self.clip_algorithm)
+
+    @staticmethod
+    def on_iteration_end(module) -> None:
+        """Lightning leaves a manual step's schedulers to it: each steps once per iteration (their state
+        is in the checkpoint, Lightning's ``lr_schedulers``)."""
+        for config in module.trainer.lr_scheduler_configs:
+            config.scheduler.step()
+
+    @staticmethod
+    def on_train_start(module) -> None:
+        pass
+
+
+class PPOUpdate(Update):
+    """PPO's one optimizer (``main``) and its step (`Update.step`)."""
 
     @staticmethod
     def optimizer_names(module) -> list[str]:
@@ -92,61 +167,26 @@ class PPOUpdate:
         return ["main"]
 
     def configure_optimizers(self, module):
+        self.optimizer_index = {"main": 0}
         return module.configure_ppo_optimizers()
 
     def training_step(self, module, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
-        n, m = batch.shape[0], module.hparams.micro_batch_size
         module.numerical_guard.check_batch(batch)
-        self.micro_batched = m is not None and m < n
-        if self.micro_batched:
-            # Lightning zeroes gradients between training_step and backward, so we zero here instead
-            # (see zero_grad); `accumulate` back-propagates all chunks but the last, and Lightning the
-            # returned one.
-            if batch_idx % module.trainer.accumulate_grad_batches == 0:
-                module.optimizers(use_pl_optimizer=False).zero_grad()
-            if module.loss_module.decoupled:  # one no-grad pass for the whole minibatch, not one per chunk
-                batch = module.add_proximal(batch)
-        loss, total, stats = accumulate(module, batch, module.loss_and_stats,
-                                        lambda chunk_loss: parallel.backward_chunk(module, chunk_loss),
-                                        backward_last=False)
-        self.losses = None if total.dim() == 0 else total  # a seed group's [S]: the guard's, per seed
+        m = module.hparams.micro_batch_size
+        if m is not None and m < batch.shape[0] and module.loss_module.decoupled:
+            batch = module.add_proximal(batch)  # one no-grad pass for the whole minibatch, not one per chunk
+        loss, stats = self.step(module, module.optimizers(), batch, module.loss_and_stats, batch_idx)
         module.record_step(stats)
         return loss.sum()
 
-    def optimizer_step(self, module, optimizer, closure) -> None:
-        guard = module.numerical_guard
 
-        def guarded():  # Lightning's closure (forward + backward), then the guard; Lightning clips after it
-            loss = closure()
-            guard.after_backward(module, optimizer, loss if self.losses is None else self.losses)
-            return loss
+class PPGUpdate(Update):
+    """PPG's optimizers and their step (`Update.step`; `ppo_lightning.algos.ppg`): one policy(-phase)
+    optimizer, a value optimizer when E_V != E_pi, the auxiliary Adam; every one over all parameters,
+    as in the reference code. The phase of a step is its minibatch's (`ppo_lightning.algos.ppg.PhaseBatch`)."""
 
-        optimizer.step(closure=guarded)
-        guard.check_parameters(module, optimizer)
-
-    def zero_grad(self, optimizer) -> None:
-        if not self.micro_batched:  # else training_step has zeroed them before the first chunk
-            optimizer.zero_grad()
-
-    @staticmethod
-    def on_train_start(module) -> None:
-        pass
-
-    @staticmethod
-    def on_iteration_end(module) -> None:
-        pass  # Lightning steps the lr scheduler after the iteration (automatic optimization)
-
-
-class PPGUpdate:
-    """PPG's optimizers and its manual step (`ppo_lightning.algos.ppg`): one policy(-phase) optimizer,
-    a value optimizer when E_V != E_pi, the auxiliary Adam; every one over all parameters, as in the
-    reference code. The phase of a step is its minibatch's (`ppo_lightning.algos.ppg.PhaseBatch`)."""
-
-    automatic_optimization = False  # manual optimization: a step picks one of PPG's optimizers
-
-    def __init__(self) -> None:
-        self.optimizer_index: dict[str, int] = {}
-        self.changed_policy = True  # the last step changed the policy (the EWMA moves after it)
+    def own_clip(self, module) -> float | None:
+        return module.ppg_phases.cfg["max_grad_norm"]
 
     @staticmethod
     def _fusable(params: list) -> bool | None:
@@ -191,15 +231,13 @@ class PPGUpdate:
         loss's), the guard and gradient clipping act per seed."""
         phases, phase, data = module.ppg_phases, batch.phase, batch.data
         opt = module.optimizers()[self.optimizer_index[phase]]
-        opt.zero_grad()
-        backward = lambda chunk_loss: module.manual_backward(chunk_loss.sum())  # noqa: E731
         if phase == "aux":
             device = next(module.network.parameters()).device
             phases.start_aux_step(module.network, device)
             data = phases.gather(data, device)
             module.numerical_guard.check_batch(data)
-            _, loss, stats = accumulate(module, data, lambda c: phases.aux_loss_and_stats(module.network, module.loss_module, c),
-                                        backward)
+            loss, stats = self.step(module, opt, data,
+                                    lambda c: phases.aux_loss_and_stats(module.network, module.loss_module, c), batch_idx)
             phases.record_aux_stats(stats)
         else:
             module.numerical_guard.check_batch(data)
@@ -208,9 +246,8 @@ class PPGUpdate:
             elif module.loss_module.decoupled:  # one proximal pass per minibatch, not per chunk
                 data = module.add_proximal(data)
             terms = PHASE_TERMS[phase]
-            _, loss, stats = accumulate(module, data, lambda c: module.loss_and_stats(c, terms), backward)
+            loss, stats = self.step(module, opt, data, lambda c: module.loss_and_stats(c, terms), batch_idx)
             module.record_step(stats)
-        guarded_step(module, opt, loss, phases.cfg["max_grad_norm"])
         phases.last_step_phase = phase
         self.changed_policy = phase in ("joint", "policy")
         if batch.last:  # the auxiliary phase's last step
@@ -219,12 +256,11 @@ class PPGUpdate:
                 module.proximal_source.reset(module.network)
         return {"loss": loss.sum(), "ppg_phase": phase}
 
-    @staticmethod
-    def on_iteration_end(module) -> None:
-        """Manual optimization: Lightning leaves the schedulers to us; each steps once per iteration, as
-        PPO's do (their state is in the checkpoint, Lightning's ``lr_schedulers``)."""
-        for config in module.trainer.lr_scheduler_configs:
-            config.scheduler.step()
+    def take_trainer_settings(self, module, trainer) -> None:
+        super().take_trainer_settings(module, trainer)
+        if self.accumulate != 1:  # a step is one phase's optimizer: minibatches of two phases cannot add up
+            raise ValueError(f"model.ppg steps one phase's optimizer per minibatch: trainer.accumulate_grad_batches "
+                             f"{self.accumulate} is not supported (leave it at 1)")
 
     @staticmethod
     def on_train_start(module) -> None:
