@@ -375,3 +375,18 @@ def test_trainer_gradient_clip_val_clips_ppg_as_ppo(tmp_path):
                           "PPG clips the gradient norm only")]:
         with pytest.raises(ValueError, match=match):
             fit_main([*base, "--run_dir", str(tmp_path / "bad"), *extra])
+
+
+def test_a_library_trainers_gradient_clip_val_clips_ppg_steps(tmp_path):
+    """PPO and PPG take one step path (`ppo_lightning.training.update.Update`), which takes the Trainer's
+    ``gradient_clip_val`` when Lightning attaches the module: ``pl.Trainer(gradient_clip_val=g)`` on a PPG
+    model ends bitwise as ``model.ppg.max_grad_norm: g``, and apart from no clipping."""
+    def weights(clip=None, **ppg):
+        torch.manual_seed(0)
+        dm, model = make(3, ppg=ppg)
+        trainer(tmp_path, gradient_clip_val=clip).fit(model, dm)
+        assert model.updater.clip_val == (clip or ppg.get("max_grad_norm"))
+        return vec(model.network.parameters())
+
+    by_trainer, by_ppg, none = weights(clip=0.01), weights(max_grad_norm=0.01), weights()
+    assert torch.equal(by_trainer, by_ppg) and not torch.equal(by_trainer, none)
