@@ -16,7 +16,7 @@ def collect(env_id="CartPole-v1", num_envs=4, steps=200, seed=0):
     dm = RolloutDataModule(env_id=env_id, num_envs=num_envs, rollout_steps=steps, num_minibatches=1, seed=seed)
     net = ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,))
     source = RolloutSource(dm, net)
-    return dm, net, source, source.collect()
+    return dm, net, source, source.rollouts()[0]
 
 
 def test_no_fake_transition_reaches_a_batch():
@@ -204,7 +204,7 @@ def test_data_parallel_ranks_collect_different_data_and_count_all_frames():
         dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, precision_plugin=Precision())  # 32-true
         torch.manual_seed(0)
         source = RolloutSource(dm, ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,)))
-        firsts.append(source.collect().get("observation")[:, 0])
+        firsts.append(source.rollouts()[0].get("observation")[:, 0])
         source.collector.shutdown()
         assert dm.frames == 2 * 16  # both ranks' frames
     assert not torch.allclose(firsts[0], firsts[1])
@@ -225,7 +225,7 @@ def test_batched_minatar_rollout_equals_the_collectors_bitwise():
         net = build_network(dm.observation_space, dm.action_space, {"name": "minatar_cnn", "channels": 4, "hidden": 16})
         source = RolloutSource(dm, net)
         assert isinstance(source.collector, BatchedRollout) == batched
-        rollouts = [source._next_rollout() for _ in range(3)]
+        rollouts = [source._next_rollouts()[0] for _ in range(3)]
         out.append((rollouts, torch.get_rng_state(), dm.episodes.state_dict()))
         source.collector.shutdown()
     (ref, ref_rng, ref_eps), (got, got_rng, got_eps) = out

@@ -53,7 +53,7 @@ def test_advantage_ewma_moments_with_a_window_inside_the_pipeline():
     raws = []
     try:
         for k in range(4):
-            rollout = source.collect()
+            rollout = source.rollouts()[0]
             raws.append(rollout.get("advantage").reshape(-1).double().clone())
             got = source.prepare(rollout).get("advantage").reshape(-1).double()
             w = torch.cat([torch.full_like(a, 0.5 ** (k - i)) for i, a in enumerate(raws)])

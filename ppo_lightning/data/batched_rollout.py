@@ -112,7 +112,6 @@ class BatchedRollout:
                 batch_size=[n],
             ))
         self._carrier = carriers[0] if generators is None else torch.stack(carriers)  # a group's: [S, n]
-        self.stacked: dict[str, torch.Tensor] = {}  # the last rollouts' entries GAE reads, [S, n, time, 1]
 
     def reset_member(self, k: int, env, generator: torch.Generator) -> None:
         """Member k of a group starts again with ``env`` (fresh, seeded) and its action ``generator``:
@@ -212,7 +211,6 @@ class BatchedRollout:
         ep_b, sc_b = seed_major(ep_np[:T], True), seed_major(sc_np[:T], True)
         next_ep_b, next_sc_b = seed_major(next_ep_np, True), seed_major(next_sc_np, True)
         done_b = term_b | trunc_b
-        self.stacked = {"reward": reward_b, "done": done_b, "terminated": term_b, VALUE_KEY: value_b}
         out = []
         for k in range(S):
             zeros = torch.zeros((n, T, 1), dtype=torch.bool)

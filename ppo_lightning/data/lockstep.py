@@ -88,7 +88,6 @@ class LockstepRollout:
         self.num_envs, self.steps = n, frames_per_batch // n
         self.param_keys = dist_param_keys(action_space)
         self._carrier = torch.stack([env.reset() for env in self.envs])  # [S, n]: each member's carried step
-        self.stacked: dict[str, torch.Tensor] = {}  # the last rollouts' entries GAE reads, [S, n, time, 1]
 
     def reset_member(self, k: int, env, generator: torch.Generator) -> None:
         """Member k starts again with ``env`` (fresh, seeded) and its action ``generator``: the carried
@@ -126,8 +125,4 @@ class LockstepRollout:
                 records[k].append(out)
         self._carrier = torch.stack(carriers)
         rollouts = [torch.stack(r, dim=-1).contiguous() for r in records]  # [n, T], as the collector's
-        self.stacked = {"reward": torch.stack([r.get(("next", "reward")) for r in rollouts]),
-                        "done": torch.stack([r.get(("next", "done")) for r in rollouts]),
-                        "terminated": torch.stack([r.get(("next", "terminated")) for r in rollouts]),
-                        VALUE_KEY: torch.stack([r.get(VALUE_KEY) for r in rollouts])}
         return rollouts

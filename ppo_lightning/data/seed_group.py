@@ -10,7 +10,8 @@ per seed, stacked on a leading seed dimension: a minibatch is ``[S, minibatch_si
 
 The policy forward of the collection runs for all seeds at once (the stacked network,
 `ppo_lightning.nets.seed_stack`; the loop is `ppo_lightning.data.batched_rollout.BatchedRollout`'s,
-a single MinAtar run's too). Advantage normalization, shuffles and minibatches are
+a single MinAtar run's too). The collection's bookkeeping (episodes, reward normalization, V(next
+observation), GAE), advantage normalization, shuffles and minibatches are
 `ppo_lightning.data.source.RolloutSource`'s over the seeds' states. Random numbers are drawn per seed, on the seed's own generators;
 statistics are kept per seed with the single run's code (`next_values`, `EpisodeStats`, the
 normalizers' moments). What is elementwise over envs runs once on the seed-major tensors with
@@ -35,23 +36,22 @@ data side keeps each member's own advantage-normalization span; the model takes 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae, next_values
+from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae
 from ppo_lightning.core import faults
 from ppo_lightning.core.members import DATA_MEMBER_SETTINGS, MEMBER_NAMES, validate_member_values
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
 from ppo_lightning.data.lockstep import LockstepRollout, vector_games
 from ppo_lightning.data.source import RolloutSource
-from ppo_lightning.data.devices import device_env_kwargs, rollout_precision
+from ppo_lightning.data.devices import device_env_kwargs
 from ppo_lightning.data.episodes import EpisodeStats
 from ppo_lightning.envs import make_env
-from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY
+from ppo_lightning.nets.models import OBS_KEY
 from ppo_lightning.nets.obs_norm import update_member_observation_norms
 
 
@@ -124,9 +124,10 @@ class SeedState:
 
 
 class SeedGroupSource(RolloutSource):
-    """`RolloutSource` for S seeds: every pass is one iteration of every seed. Its own: the collection
-    of all seeds' rollouts at once (`rollouts`) and the seeds' resume state; the iteration (advantage
-    normalization, shuffles, minibatches, PPG's phases) is `RolloutSource`'s over ``states``."""
+    """`RolloutSource` for S seeds: every pass is one iteration of every seed. Its own: what it builds
+    (each member's envs, state and action generator, one collector for all), what is per member in
+    the collection (a member's value function and observation normalizers) and the seeds' resume
+    state; the collection and the iteration are `RolloutSource`'s over ``states``."""
 
     def __init__(self, data, network: torch.nn.Module, seeds: list[int], action_rng_states: list[torch.Tensor]) -> None:
         self.seeds, self._action_rng_states = list(seeds), action_rng_states
@@ -194,58 +195,15 @@ class SeedGroupSource(RolloutSource):
             return make_gae(gamma[0], lmbda[0], self.device)
         return make_gae(torch.tensor(gamma).view(-1, 1, 1, 1), torch.tensor(lmbda).view(-1, 1, 1, 1), self.device)
 
-    # ---------------------------------------------------------------- collection
-    @torch.no_grad()
-    def rollouts(self) -> list[TensorDictBase]:
-        """Every seed's rollout ``[envs, time]`` with advantages and value targets."""
-        data = self.data
-        t0 = time.perf_counter()
-        was_training = self.network.training
-        self.network.eval()
-        trainer = getattr(data, "trainer", None)  # the Trainer's precision (bf16-mixed: autocast), as a single run's
-        if self._pending_observations is not None:  # each member's normalizer: its previous rollout's observations
-            update_member_observation_norms(self.network, self._pending_observations)
-        with rollout_precision(trainer):
-            try:
-                rollouts = self.collector.rollouts()
-            except faults.EnvFault as err:  # name the iteration too, as a single run does
-                err.iteration = data.iteration
-                raise
-        self._pending_observations = ([r.get(OBS_KEY) for r in rollouts] if self._normalizes_observations else None)
-        self.network.train(was_training)
-        data.frames += rollouts[0].numel()  # per seed: each seed counts its own frames, as alone
-        t1 = time.perf_counter()
-        # Per seed as a single run does it: episodes, then reward normalization, then V(next obs), then
-        # GAE. The normalizers' time loop and GAE are elementwise over envs, so they run once for all
-        # seeds on the seed-major tensors (each seed's values are those of its own call).
-        stacked = self.collector.stacked
-        for st, rollout in zip(self.states, rollouts):
-            st.episodes.add_rollout(rollout)
-        if self.states[0].reward_normalizer is not None:
-            normalizers = [st.reward_normalizer for st in self.states]
-            stacked["reward"] = faults.normalize_rewards_finite(
-                lambda r, d: RewardNormalizer.normalize_stacked(normalizers, r, d), stacked["reward"], stacked["done"])
-            for k, rollout in enumerate(rollouts):
-                rollout.set(("next", "reward"), stacked["reward"][k])
-        nxt = []
-        for k, rollout in enumerate(rollouts):
-            with rollout_precision(trainer):
-                nxt.append(next_values(rollout, lambda x, k=k: self.network.value_of_seed(k, x)))
-            rollout.set(("next", VALUE_KEY), nxt[k])
-        n, T = rollouts[0].shape
-        group = TensorDict({VALUE_KEY: stacked[VALUE_KEY],
-                            "next": TensorDict({"reward": stacked["reward"], "done": stacked["done"],
-                                                "terminated": stacked["terminated"], VALUE_KEY: torch.stack(nxt)},
-                                               batch_size=[len(rollouts), n, T])},
-                           batch_size=[len(rollouts), n, T])
-        self.gae(group)
-        for key in (self.gae.tensor_keys.advantage, self.gae.tensor_keys.value_target):
-            values = group.get(key)
-            for k, rollout in enumerate(rollouts):
-                rollout.set(key, values[k])
-        t2 = time.perf_counter()
-        self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
-        return rollouts
+    # ---------------------------------------------------------------- per member (the collection: RolloutSource.rollouts)
+    def collect_members(self) -> list[TensorDictBase]:
+        return self.collector.rollouts()
+
+    def member_value(self, k: int):
+        return lambda x: self.network.value_of_seed(k, x)
+
+    def update_observation_norms(self, observations: list[torch.Tensor]) -> None:
+        update_member_observation_norms(self.network, observations)
 
     # ---------------------------------------------------------------- state
     def resume_state(self) -> dict[str, Any]:

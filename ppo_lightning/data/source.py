@@ -3,7 +3,8 @@
 `RolloutSource` is the data module's iterable (`ppo_lightning.data.datamodule`) for a single run,
 and the base of a vectorized seed group's (`ppo_lightning.data.seed_group.SeedGroupSource`), which
 replaces what it builds (`placement`, `make_states`, `make_envs`, `make_collector`, `make_gae`) and
-the collection (`rollouts`).
+what is per member in the collection (`collect_members`, `member_value`, `update_observation_norms`);
+the collection itself (`rollouts`) is one path for both.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
+from torch import Tensor
 from torchrl.collectors import Collector
 
-from ppo_lightning.algos.advantages import make_gae, next_values
+from ppo_lightning.algos.advantages import RewardNormalizer, make_gae, next_values
 from ppo_lightning.algos.staleness import StalenessQueue, relabel
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
@@ -112,35 +114,78 @@ class RolloutSource:
             return self.phases.max_batches_per_iteration(self.data)
         return self.data.update_epochs * self.data.num_minibatches
 
+    # ---------------------------------------------------------------- collection: one path for every S
     @torch.no_grad()
-    def _next_rollout(self, count: bool = True) -> TensorDictBase:
-        """The collector's next rollout by the current policy: counted (unless ``count`` is False:
-        a stale run's start-up rollouts, see `ppo_lightning.algos.staleness`), rewards normalized."""
+    def rollouts(self) -> list[TensorDictBase]:
+        """Every member's rollout of this iteration, ``[envs, time]`` each, with advantages and value
+        targets (a single run: one member). Per member as a single run does it: observation statistics,
+        collection, episodes, reward normalization, V(next observation), GAE; the reward normalizers'
+        time loop and GAE run once for all members on seed-major ``[S, envs, time]`` tensors (both are
+        elementwise over envs: each member's values those of its own call)."""
+        data = self.data
+        t0 = time.perf_counter()
+        with self.precision_context():  # the network's forwards; GAE below runs in float32
+            rollouts = self._next_rollouts()
+            if self.stale is not None:  # delayed rollout (one member: groups refuse data.staleness)
+                rollout = self.stale.delay(rollouts[0], data.iteration - 1, lambda: self._next_rollouts(count=False)[0])
+                relabel(rollout, self.network, data.staleness_mode, data.action_space)
+                rollouts = [rollout]
+            t1 = time.perf_counter()
+            for k, rollout in enumerate(rollouts):
+                rollout.set(("next", VALUE_KEY), next_values(rollout, self.member_value(k)))
+        self._advantages(rollouts)
+        t2 = time.perf_counter()
+        self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
+        if self.stale is not None:
+            self.last_timing["staleness/lag"] = float(self.stale.last_lag)
+        return rollouts
+
+    @torch.no_grad()
+    def _next_rollouts(self, count: bool = True) -> list[TensorDictBase]:
+        """The members' next rollouts by the current policy: counted (unless ``count`` is False: a stale
+        run's start-up rollouts, see `ppo_lightning.algos.staleness`), episodes recorded, rewards normalized."""
         data = self.data
         was_training = self.network.training
         self.network.eval()
-        if self._pending_observations is not None:  # normalizer stats from the previous rollout
-            update_observation_norm(self.network, self._pending_observations)
-        fault = None
+        if self._pending_observations is not None:  # normalizer statistics from the previous rollouts
+            self.update_observation_norms(self._pending_observations)
+        fault = rollouts = None
         try:
-            rollout = next(self._iterator)
+            rollouts = self.collect_members()
         except faults.EnvFault as err:  # name the iteration too
             err.iteration = data.iteration
             fault = err
         # before any other collective: a fault on one data-parallel rank stops all of them
         raise_together(fault, self.rank, self.world_size)
-        self._pending_observations = rollout.get(OBS_KEY) if self._normalizes_observations else None
+        self._pending_observations = [r.get(OBS_KEY) for r in rollouts] if self._normalizes_observations else None
         self.network.train(was_training)
-        data.episodes.add_rollout(rollout)
-        if count:
-            data.frames += rollout.numel() * self.world_size
-        if data.reward_normalizer is not None:
-            rollout.set(
-                ("next", "reward"),
-                faults.normalize_rewards_finite(data.reward_normalizer, rollout.get(("next", "reward")),
-                                                rollout.get(("next", "done"))),
-            )
-        return rollout
+        for st, rollout in zip(self.states, rollouts):
+            st.episodes.add_rollout(rollout)
+        if count:  # per member: each counts its own frames, as alone
+            data.frames += rollouts[0].numel() * self.world_size
+        self._normalize_rewards(rollouts)
+        return rollouts
+
+    def _normalize_rewards(self, rollouts: list[TensorDictBase]) -> None:
+        normalizers = [st.reward_normalizer for st in self.states]
+        if normalizers[0] is None:
+            return
+        reward = torch.stack([r.get(("next", "reward")) for r in rollouts])
+        done = torch.stack([r.get(("next", "done")) for r in rollouts])
+        reward = faults.normalize_rewards_finite(
+            lambda r, d: RewardNormalizer.normalize_stacked(normalizers, r, d), reward, done)
+        for k, rollout in enumerate(rollouts):
+            rollout.set(("next", "reward"), reward[k])
+
+    def _advantages(self, rollouts: list[TensorDictBase]) -> None:
+        """GAE of every member at once on the stacked ``[S, envs, time]`` entries it reads."""
+        entries = (VALUE_KEY, ("next", "reward"), ("next", "done"), ("next", "terminated"), ("next", VALUE_KEY))
+        group = torch.stack([r.select(*entries) for r in rollouts])
+        self.gae(group)
+        for key in (self.gae.tensor_keys.advantage, self.gae.tensor_keys.value_target):
+            values = group.get(key)
+            for k, rollout in enumerate(rollouts):
+                rollout.set(key, values[k])
 
     def precision_context(self):
         """The Trainer's precision for the rollout forwards, as Lightning applies it to the training
@@ -148,28 +193,18 @@ class RolloutSource:
         and the normalizers stay float32. Autocast's weight cache is on (`rollout_precision`)."""
         return rollout_precision(getattr(self.data, "trainer", None))
 
-    @torch.no_grad()
-    def collect(self) -> TensorDictBase:
-        """One rollout shaped [envs, time] with advantages and value targets."""
-        data = self.data
-        t0 = time.perf_counter()
-        with self.precision_context():  # the network's forwards; GAE below runs in float32
-            rollout = self._next_rollout()
-            if self.stale is not None:  # delayed rollout: collection-time values, policy roles by mode
-                rollout = self.stale.delay(rollout, data.iteration - 1, lambda: self._next_rollout(count=False))
-                relabel(rollout, self.network, data.staleness_mode, data.action_space)
-            t1 = time.perf_counter()
-            rollout.set(("next", VALUE_KEY), next_values(rollout, self.network.value))
-        self.gae(rollout)
-        t2 = time.perf_counter()
-        self.last_timing = {"time/rollout_s": t1 - t0, "time/gae_s": t2 - t1}
-        if self.stale is not None:
-            self.last_timing["staleness/lag"] = float(self.stale.last_lag)
-        return rollout
+    # ---------------------------------------------------------------- per member: what a group replaces
+    def collect_members(self) -> list[TensorDictBase]:
+        """The collector's next rollout, one per member."""
+        return [next(self._iterator)]
 
-    def rollouts(self) -> list[TensorDictBase]:
-        """Every seed's rollout of this iteration (`collect`)."""
-        return [self.collect()]
+    def member_value(self, k: int):
+        """Member k's value function ``obs -> [..., 1]``."""
+        return self.network.value
+
+    def update_observation_norms(self, observations: list[Tensor]) -> None:
+        """Each member's observation normalizers merge its previous rollout's observations."""
+        update_observation_norm(self.network, observations[0])
 
     def prepare(self, rollout: TensorDictBase, state=None) -> TensorDictBase:
         """Flatten to [envs*time], keep the keys the loss reads, normalize advantages (with the
@@ -222,9 +257,9 @@ class RolloutSource:
         """What exact resume needs of the source (`ppo_lightning.data.resume_state`): env and carried step."""
         return {"env": resume_state.env_state(self.env), "collector": resume_state.collector_state(self.collector),
                 # the observations the network's normalizer merges before the next rollout (network.normalize_observation)
-                "pending_observations": self._pending_observations}
+                "pending_observations": None if self._pending_observations is None else self._pending_observations[0]}
 
     def load_resume_state(self, state: dict[str, Any]) -> None:
         resume_state.set_source_env_state(self, state)
         if state.get("pending_observations") is not None:
-            self._pending_observations = state["pending_observations"]
+            self._pending_observations = [state["pending_observations"]]
