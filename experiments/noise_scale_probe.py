@@ -126,7 +126,7 @@ def probe_now(module, dm, game: str, seed: int, rollouts: int, steps: int = PROB
     sums = {g: [0.0, 0.0] for g in (*groups, "total", *(f"policy:{n}" for n in bounds))}
     module.eval()  # no dropout / batch norm here; keeps the network as the rollout saw it
     for _ in range(rollouts):
-        flat = source.prepare(source.collect())
+        flat = source.prepare(source.rollouts()[0])
         grads = {g: [] for g in groups}
         for mb in flat.split(PROBE_MINIBATCH):
             for g, terms in groups.items():
