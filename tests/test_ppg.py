@@ -28,7 +28,7 @@ class StepLog(pl.Callback):
         self.rows.append({
             "phase": outputs["ppg_phase"],
             "iteration": trainer.datamodule.iteration,
-            "rows": batch.shape[0],
+            "rows": batch.shape[-2] if outputs["ppg_phase"] == "aux" else batch.shape[0],  # aux: [S, k, 2] indices
             "prox": None if src is None else vec(src.proximal.parameters()),
             "ewma_weight": None if src is None else src.weight,
             "net": vec(pl_module.network.parameters()),
@@ -206,7 +206,7 @@ def test_small_phase_buffer_is_checkpointed_and_mid_phase_resume_is_exact(tmp_pa
     saved = torch.load(tmp_path / "b/it2.ckpt", weights_only=True)
     assert saved["ppg"]["phase_iteration"] == 1 and saved["ppg"]["buffer_in_checkpoint"]
     stored = saved["RolloutDataModule"]["per_rank"][0]["resume"]["extra"]["ppg_buffer"]
-    assert len(stored["rollouts"]) == 1 and stored["rollouts"][0]["data"]["observation"].shape[:2] == (ENVS, STEPS)
+    assert len(stored["rollouts"]) == 1 and stored["rollouts"][0]["data"]["observation"].shape[:3] == (1, ENVS, STEPS)
     a, c = runs["a"], runs["c"]
     assert torch.equal(vec(a.network.parameters()), vec(c.network.parameters()))
     assert torch.equal(vec(a.proximal_source.proximal.parameters()), vec(c.proximal_source.proximal.parameters()))

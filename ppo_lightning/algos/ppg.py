@@ -221,7 +221,7 @@ class PPGPhases:
         self._aux_seconds = 0.0
         self.restart_pending = False  # resumed mid-phase: reset the EWMA at train start
         self.buffer_in_checkpoint = False  # set by `attach`: the buffer goes into checkpoints
-        self.num_seeds: int | None = None  # a vectorized seed group's S (set by `attach`); None: one run
+        self.num_seeds = 1  # S, the members (`attach`): a single run is a group of one
         self._stacked: dict[str, torch.Tensor] | None = None  # a group's buffer stacked for gathering
 
     # -------------------------------------------------------------- data side
@@ -250,7 +250,7 @@ class PPGPhases:
         """The minibatches of one iteration: value / policy epochs, then (every ``n_pi``-th iteration)
         the auxiliary phase's trajectory indices. The rollout source passes what differs between a
         single run and a vectorized seed group (`ppo_lightning.data.seed_group`): ``stored()``, the
-        rollout to keep for the auxiliary phase (``[envs, time]``, or ``[S, envs, time]`` for a group);
+        rollout to keep for the auxiliary phase (``[S, envs, time]``; S = 1 for a single run);
         ``generators``, the shuffle generator(s) (one per seed); ``epoch_minibatches(e)``, the
         minibatches of ``e`` shuffled epochs, the source's own loop. The auxiliary permutations are
         drawn first, then the epochs' shuffles, so a group's seed k sees the minibatches of seed k
@@ -270,50 +270,46 @@ class PPGPhases:
         yield from (PhaseBatch("aux", idx, i == len(aux_batches) - 1) for i, idx in enumerate(aux_batches))
 
     def _aux_index_batches(self, generators: list[torch.Generator]) -> list[torch.Tensor]:
-        """``n_aux_epochs`` epochs of ``[k, 2]`` (rollout, env) index tensors: every stored env
-        trajectory once per epoch, ``aux_mbsize`` per minibatch, mixing rollouts (reference
-        ``make_minibatches``). For a seed group, ``[S, k, 2]``: seed k's from ``generators[k]``."""
+        """``n_aux_epochs`` epochs of ``[S, k, 2]`` (rollout, env) index tensors, member k's from
+        ``generators[k]``: every stored env trajectory once per epoch, ``aux_mbsize`` per minibatch,
+        mixing rollouts (reference ``make_minibatches``)."""
         envs = self.buffer[0].batch_size[-2]
         pairs = torch.cartesian_prod(torch.arange(len(self.buffer)), torch.arange(envs))
         out = []
         for _ in range(self.cfg["n_aux_epochs"]):
             perms = [torch.randperm(len(pairs), generator=g).split(self.cfg["aux_mbsize"]) for g in generators]
             for parts in zip(*perms):
-                out.append(pairs[parts[0]] if self.num_seeds is None else torch.stack([pairs[i] for i in parts]))
+                out.append(torch.stack([pairs[i] for i in parts]))
         return out
 
     # -------------------------------------------------------------- module side
     @torch.no_grad()
     def compute_old_outputs(self, network: torch.nn.Module, device: torch.device, chunk: int = 4096) -> None:
         """The old policy's distribution parameters on every stored frame (reference
-        ``compute_presleep_outputs``), before the first auxiliary step."""
+        ``compute_presleep_outputs``), before the first auxiliary step; the stored rollouts are
+        ``[S, envs, time]``, each chunk of frames ``[S, chunk]``."""
         was_training = network.training
         network.eval()
-        g = 0 if self.num_seeds is None else 1  # a seed group's entries lead with the seed dimension
         for seg in self.buffer:
             obs = seg.get(OBS_KEY)
-            flat_obs = obs.reshape(*obs.shape[:g], -1, *obs.shape[g + 2:])
-            outs = [network.policy(c.to(device)) for c in flat_obs.split(chunk, dim=g)]
+            flat_obs = obs.reshape(obs.shape[0], -1, *obs.shape[3:])
+            outs = [network.policy(c.to(device)) for c in flat_obs.split(chunk, dim=1)]
             for j, key in enumerate(self.param_keys):
-                p = torch.cat([o[j] for o in outs], dim=g).float().cpu()
-                seg.set(OLD_PREFIX + key, p.reshape(*obs.shape[:g + 2], *p.shape[g + 1:]))
+                p = torch.cat([o[j] for o in outs], dim=1).float().cpu()
+                seg.set(OLD_PREFIX + key, p.reshape(*obs.shape[:3], *p.shape[2:]))
         network.train(was_training)
         self._old_ready = True
 
     def gather(self, index: torch.Tensor, device: torch.device) -> TensorDictBase:
-        """The auxiliary minibatch of trajectories ``index`` ([k, 2] rollout, env), flattened; for a
-        seed group ``index`` is ``[S, k, 2]`` and the minibatch ``[S, k * time]``."""
+        """The auxiliary minibatch of trajectories ``index`` (``[S, k, 2]``: each member's (rollout, env)
+        pairs), flattened to ``[S, k * time]``."""
         keys = [OBS_KEY, TARGET_KEY, *(OLD_PREFIX + k for k in self.param_keys)]
-        if self.num_seeds is not None:
-            if self._stacked is None:  # [S, rollouts, envs, time, ...], once per auxiliary phase
-                self._stacked = {key: torch.stack([seg.get(key) for seg in self.buffer], dim=1) for key in keys}
-            seeds = torch.arange(index.shape[0]).unsqueeze(1)
-            cols = {key: v[seeds, index[..., 0], index[..., 1]] for key, v in self._stacked.items()}
-            td = TensorDict(cols, batch_size=[*index.shape[:2], self.buffer[0].batch_size[-1]])
-            return td.reshape(index.shape[0], -1).to(device)
-        cols = {key: torch.stack([self.buffer[s].get(key)[e] for s, e in index.tolist()]) for key in keys}
-        td = TensorDict(cols, batch_size=[index.shape[0], self.buffer[0].shape[1]])
-        return td.reshape(-1).to(device)
+        if self._stacked is None:  # [S, rollouts, envs, time, ...], once per auxiliary phase
+            self._stacked = {key: torch.stack([seg.get(key) for seg in self.buffer], dim=1) for key in keys}
+        seeds = torch.arange(index.shape[0]).unsqueeze(1)
+        cols = {key: v[seeds, index[..., 0], index[..., 1]] for key, v in self._stacked.items()}
+        td = TensorDict(cols, batch_size=[*index.shape[:2], self.buffer[0].batch_size[-1]])
+        return td.reshape(index.shape[0], -1).to(device)
 
     def start_aux_step(self, network, device) -> None:
         if not self._old_ready:
@@ -341,15 +337,15 @@ class PPGPhases:
 
     def aux_loss_and_stats(self, network, loss_module, batch: TensorDictBase
                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """`ppg_auxiliary_loss` on an auxiliary (micro)batch and its `AUX_STATS` by name. For a seed
-        group's ``[S, B]`` batch: the losses ``[S]`` (each seed's mean over its samples), each stat ``[S]``."""
+        """`ppg_auxiliary_loss` on an auxiliary (micro)batch ``[S, B]`` and its `AUX_STATS` by name:
+        the losses ``[S]`` (each member's mean over its samples), each stat ``[S]``."""
         cfg = self.cfg
         *params, value, aux_value = network.forward_aux(batch.get(OBS_KEY))
         old = [batch.get(OLD_PREFIX + k) for k in self.param_keys]
         kl = loss_module.kl(old, params)
         target = batch.get(TARGET_KEY).reshape(kl.shape)
         out = F.ppg_auxiliary_loss(kl, aux_value.reshape(kl.shape), value.reshape(kl.shape), target,
-                                   cfg["beta_clone"], cfg["vf_true_weight"], dim=None if self.num_seeds is None else -1)
+                                   cfg["beta_clone"], cfg["vf_true_weight"], dim=-1)
         return out["loss"], {k: out[k].detach().float() for k in AUX_STATS}
 
     def iteration_metrics(self) -> dict[str, float]:
@@ -362,12 +358,9 @@ class PPGPhases:
             "ppg/buffer_frames": float(sum(seg.numel() for seg in self.buffer)),
         }
         if self.aux_stats:
-            # the steps' means, as [stats] or, for a seed group, [stats][S]
+            # the steps' means, [stats][S]: each member's own
             means = torch.stack([torch.stack([st[k] for k in AUX_STATS]) for st in self.aux_stats]).mean(0).tolist()
-            if self.num_seeds is None:
-                out.update({f"ppg/aux_{k}": v for k, v in zip(AUX_STATS, means)})
-            else:  # each member's own
-                out.update({f"ppg/aux_{k}": PerMember(v) for k, v in zip(AUX_STATS, means)})
+            out.update({f"ppg/aux_{k}": PerMember(v) for k, v in zip(AUX_STATS, means)})
             out["ppg/aux_steps"] = float(len(self.aux_stats))
             out["time/aux_phase_s"] = self._aux_seconds
         self.aux_stats = []
@@ -377,10 +370,9 @@ class PPGPhases:
     def attach(self, data) -> None:
         """Register the phase buffer with the data module's per-rank resume state when it is small
         enough (``checkpoint_buffer_mib``); called once the data module builds its rollout source."""
-        seeds = getattr(data, "num_seeds", 1)
-        self.num_seeds = seeds if seeds > 1 else None
+        self.num_seeds = int(getattr(data, "num_seeds", 1) or 1)
         need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps,
-                                  self.cfg["n_pi"]) * (self.num_seeds or 1)
+                                  self.cfg["n_pi"]) * self.num_seeds
         self.buffer_in_checkpoint = self.stores_rollouts and need <= self.cfg["checkpoint_buffer_mib"] * 2**20
         if self.buffer_in_checkpoint:
             data.resume_providers["ppg_buffer"] = PhaseBufferState(self)
@@ -420,7 +412,9 @@ class PhaseBufferState:
                 "rollouts": [{"batch_size": list(td.batch_size), "data": td.to_dict()} for td in self.phases.buffer]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.phases.buffer = [TensorDict(r["data"], batch_size=r["batch_size"]) for r in state["rollouts"]]
+        # [S, envs, time]; a single run's checkpoints before it was a group of one stored [envs, time]
+        rollouts = [TensorDict(r["data"], batch_size=r["batch_size"]) for r in state["rollouts"]]
+        self.phases.buffer = [td if td.batch_dims == 3 else td.unsqueeze(0) for td in rollouts]
         self.phases._stacked = None
         self.phases.phase_iteration = int(state["phase_iteration"])
         self.phases.restart_pending = False

@@ -230,7 +230,7 @@ class RolloutSource:
         flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
         if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
             keys = self.phases.stored_keys
-            stored = lambda: self.stack([r.select(*keys).to("cpu") for r in rollouts]).clone()  # noqa: E731
+            stored = lambda: torch.stack([r.select(*keys).to("cpu") for r in rollouts])  # noqa: E731  [S, envs, time]
             yield from self.phases.iteration_batches(stored, [st.shuffle_generator for st in self.states],
                                                      lambda e: self._epoch_minibatches(flats, e), self.data)
             return

@@ -46,17 +46,18 @@ def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward
     samples (one chunk without it), each loss weighted by its share of the minibatch, with
     ``backward``; the last chunk's too unless ``backward_last`` is False (Lightning's automatic
     optimization back-propagates the returned loss). Returns (the last chunk's weighted loss, the
-    minibatch's loss detached, the combined diagnostics by name)."""
-    n, m = batch.shape[0], module.hparams.micro_batch_size
+    minibatch's loss detached, the combined diagnostics by name). The chunks split the samples, the
+    last batch dimension (a PPO minibatch ``[B]``, PPG's auxiliary one ``[S, B]``)."""
+    n, m = batch.shape[-1], module.hparams.micro_batch_size
     if m is None or m >= n:  # one chunk: the minibatch itself
         loss, stats = loss_and_stats(batch)
         if backward_last:
             backward(loss)
         return loss, loss.detach(), stats
-    chunks = batch.split(m)
+    chunks = batch.split(m, dim=-1)
     chunk_stats, total_loss = [], 0.0
     for i, chunk in enumerate(chunks):
-        w = chunk.shape[0] / n
+        w = chunk.shape[-1] / n
         loss, stats = loss_and_stats(chunk)
         loss = loss * w
         if backward_last or i < len(chunks) - 1:  # frees this chunk's activations
