@@ -14,8 +14,9 @@ Output contract (`check_loss_output`): ``forward`` returns a TensorDict whose ``
 the terms of the loss to minimize (the module sums `LOSS_TERMS`; PPG's phases sum subsets,
 `ppo_lightning.algos.ppg.PHASE_TERMS`) and whose other entries are detached diagnostics, logged as
 ``train/<name>``; `REQUIRED_ENTRIES` must be there (``kl_anchor``, the mean KL to the anchor, drives
-the adaptive beta). Every entry is a scalar, or ``[S]`` with ``stacked_seeds`` (one per seed; a
-scalar is taken as every seed's).
+the adaptive beta). Every reduction is over the samples, the inputs' last dimension: a single run's
+``[B]`` minibatch gives scalars, a group's ``[S, B]`` one value per member (``[S]``; a scalar entry is
+taken as every member's).
 """
 
 from __future__ import annotations
@@ -156,9 +157,10 @@ class PPOFamilyLoss(LossModule):
         settings: the loss settings, `LossSettings` (the module's ``model.<name>`` settings): the
             objective (``adaptive_kl``'s beta is adapted once per iteration by `update_kl_beta`, never
             inside ``forward``), the decoupled form, the clip range, coefficients and KL form.
-        stacked_seeds: the inputs carry a leading seed dimension, ``[S, B]`` (vectorized seeds,
-            `ppo_lightning.training.seed_group`): every reduction is over the samples of each seed,
-            so each entry of the output is ``[S]``, seed k's own loss or diagnostic.
+        stacked_seeds: the network is a group's stacked network (`ppo_lightning.training.seed_group`),
+            its inputs ``[S, B]``: the KL beta is one per member (``[S]``, each adapted on its own
+            KL) and members may have their own loss settings (`set_member_settings`). The forward
+            is the same code for both: it reduces over the samples, so a group's entries are ``[S]``.
     """
 
     @dataclass
@@ -273,13 +275,15 @@ class PPOFamilyLoss(LossModule):
             beta.fill_(F.adaptive_kl_beta(float(beta), mean_kl, target))
         return float(beta)
 
-    def _mean(self, x: torch.Tensor) -> torch.Tensor:
-        """The mean over the samples (per seed with ``stacked_seeds``)."""
-        return x.mean(-1) if self.stacked_seeds else x.mean()
-
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         keys = self.tensor_keys
-        mean, dim = self._mean, (-1 if self.stacked_seeds else None)
+        # Reductions run over the samples, the last dimension: a single run's [B] gives scalars, a
+        # group's [S, B] one value per member (the same reduction either way).
+        dim = -1
+
+        def mean(x: torch.Tensor) -> torch.Tensor:
+            return x.mean(dim)
+
         action = tensordict.get(keys.action)
         *params, value = self.network(tensordict.get(keys.observation))
         dist = make_distribution(self.action_space, *params)
@@ -305,7 +309,7 @@ class PPOFamilyLoss(LossModule):
         kl_anchor = self.kl([p.detach() for p in anchor_params], params)
         if self.kl_form == "sq_logratio":  # the reference code's penalty: 0.5 (log pi - log pi_anchor)^2
             kl_anchor = F.squared_log_ratio_kl(log_prob, anchor_log_prob.detach())
-        beta = self.kl_beta.float().unsqueeze(-1) if self.stacked_seeds else self.kl_beta.float()
+        beta = self.kl_beta.float().unsqueeze(-1)  # [S, 1] against [S, B] samples ([1] for a single run's [B])
         x = SurrogateInputs(log_prob, behavior_log_prob, advantage, proximal_log_prob, kl_anchor, beta, self.clip_eps,
                             self.max_importance_ratio)
         surrogate = self.surrogate(x)
@@ -343,7 +347,7 @@ class PPOFamilyLoss(LossModule):
                     "approx_kl_behavior": mean(F.approx_kl(lp, behavior_log_prob)),
                     "approx_kl_proximal": mean(F.approx_kl(lp, anchor_log_prob)),
                     "clip_fraction": F.clip_fraction(lp, anchor_log_prob, self.clip_eps, dim),
-                    "importance_ratio_max": ratio_behav.max() if dim is None else ratio_behav.amax(dim),
+                    "importance_ratio_max": ratio_behav.amax(dim),
                     "importance_ratio_capped_fraction": mean((capped != behavior_log_prob).float()),
                     "explained_variance": F.explained_variance(value.detach(), value_target, dim),
                     "kl_beta": self.kl_beta.float(),
