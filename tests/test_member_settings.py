@@ -104,7 +104,7 @@ class RefillAt(pl.Callback):
 
     def on_train_epoch_start(self, trainer, pl_module):
         if trainer.current_epoch == self.at:
-            pl_module.seed_group.refill(pl_module, self.k, self.seed, self.values)
+            pl_module.refill_member(self.k, self.seed, self.values)
 
 
 def test_a_refilled_member_is_a_fresh_single_run_of_its_trial():
@@ -155,7 +155,7 @@ def test_a_refilled_ppg_member_is_a_fresh_single_run_where_a_phase_starts():
         def on_train_epoch_start(self, trainer, pl_module):
             if trainer.current_epoch == 1:
                 with pytest.raises(ValueError, match="refills a member where a phase starts"):
-                    pl_module.seed_group.refill(pl_module, 1, 5, new)
+                    pl_module.refill_member(1, 5, new)
 
     pl.seed_everything(0)
     gdm = RolloutDataModule(**DATA, total_frames=32 * 6, seed=0, member_seeds=[0, 1], member_hparams=first)

@@ -55,17 +55,17 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def check_loss_output(out, num_seeds: int | None = None) -> None:
+def check_loss_output(out, members: int | None = None) -> None:
     """The output contract of a PPO-family loss (module docstring): the required entries are there
-    and every entry is a scalar (``[S]`` or a scalar with ``num_seeds``); one-line error otherwise."""
+    and every entry is a scalar (``[S]`` or a scalar for a group of ``members``); one-line error otherwise."""
     missing = [k for k in REQUIRED_ENTRIES if k not in out.keys()]
     if missing:
         raise ValueError(f"the loss module's output lacks {', '.join(missing)} (required: {', '.join(REQUIRED_ENTRIES)}; "
                          "ppo_lightning.algos.loss)")
     for key in out.keys():
         shape = tuple(out[key].shape)
-        if shape not in ((), (num_seeds,) if num_seeds else ()):
-            want = f"a scalar or [{num_seeds}] (one per seed)" if num_seeds else "a scalar"
+        if shape not in ((), (members,) if members else ()):
+            want = f"a scalar or [{members}] (one per member)" if members else "a scalar"
             raise ValueError(f"the loss module's entry {key!r} has shape {list(shape)}, not {want}")
 
 
@@ -157,7 +157,7 @@ class PPOFamilyLoss(LossModule):
         settings: the loss settings, `LossSettings` (the module's ``model.<name>`` settings): the
             objective (``adaptive_kl``'s beta is adapted once per iteration by `update_kl_beta`, never
             inside ``forward``), the decoupled form, the clip range, coefficients and KL form.
-        stacked_seeds: the network is a group's stacked network (`ppo_lightning.training.seed_group`),
+        stacked_seeds: the network is a group's stacked network (`ppo_lightning.nets.seed_stack.SeedStack`),
             its inputs ``[S, B]``: the KL beta is one per member (``[S]``, each adapted on its own
             KL) and members may have their own loss settings (`set_member_settings`). The forward
             is the same code for both: it reduces over the samples, so a group's entries are ``[S]``.
@@ -201,13 +201,13 @@ class PPOFamilyLoss(LossModule):
         self.entropy_coef = settings.entropy_coef
         self.value_clip_eps = settings.value_clip_eps
         self.stacked_seeds = stacked_seeds
-        # [S] bools of a group whose members have their own anchors (`ppo_lightning.training.seed_group`):
+        # [S] bools of a group whose members have their own anchors (``member_hparams.proximal_com``):
         # True where the anchor is the behavior policy (PPO members of a decoupled group); set by the module
         self.behavior_anchor: torch.Tensor | None = None
         # A buffer, so that the adapted beta is saved in (and restored from) the checkpoint; one per
         # seed of a vectorized group ([S], S of the stacked network: each seed's beta adapts to its own KL).
         beta = torch.tensor(float(settings.kl_beta), dtype=torch.float64)
-        self.register_buffer("kl_beta", beta.expand(network.num_seeds).clone() if stacked_seeds else beta)
+        self.register_buffer("kl_beta", beta.expand(network.members).clone() if stacked_seeds else beta)
 
     def set_member_settings(self, values: dict[str, list]) -> None:
         """A group's members with their own loss settings (``stacked_seeds``): ``values`` maps a name of
@@ -223,8 +223,8 @@ class PPOFamilyLoss(LossModule):
             if name not in MEMBER_LOSS_SETTINGS:
                 raise ValueError(f"{name!r} is not a per-member loss setting ({', '.join(MEMBER_LOSS_SETTINGS)})")
             vals = [float(v) for v in vals]
-            if len(vals) != self.network.num_seeds:
-                raise ValueError(f"member loss setting {name}: {len(vals)} values for {self.network.num_seeds} seeds")
+            if len(vals) != self.network.members:
+                raise ValueError(f"member loss setting {name}: {len(vals)} values for {self.network.members} seeds")
             if name == "kl_beta":
                 self.kl_beta.copy_(torch.tensor(vals, dtype=self.kl_beta.dtype))
             elif len(set(vals)) == 1:

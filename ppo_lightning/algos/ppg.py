@@ -187,7 +187,7 @@ def check_phase_buffer_memory(hparams, data, processes: int = 1, available: int 
     if cfg is None or cfg["n_aux_epochs"] == 0:
         return 0
     need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps, cfg["n_pi"])
-    need *= max(1, int(getattr(data, "num_seeds", 1) or 1))  # a vectorized seed group keeps every seed's
+    need *= int(getattr(data, "members", 1))  # a vectorized seed group keeps every seed's
     available = available_memory_bytes() if available is None else available
     if available is not None and need * processes > fraction * available:
         gib = 2.0**30
@@ -221,14 +221,14 @@ class PPGPhases:
         self._aux_seconds = 0.0
         self.restart_pending = False  # resumed mid-phase: reset the EWMA at train start
         self.buffer_in_checkpoint = False  # set by `attach`: the buffer goes into checkpoints
-        self.num_seeds = 1  # S, the members (`attach`): a single run is a group of one
+        self.members = 1  # S, the members (`attach`): a single run is a group of one
         self._stacked: dict[str, torch.Tensor] | None = None  # a group's buffer stacked for gathering
 
     # -------------------------------------------------------------- data side
     @property
     def at_phase_start(self) -> bool:
         """The next iteration starts a policy phase (no rollout stored yet): where a group may refill a
-        member (`ppo_lightning.training.seed_group.SeedGroup.refill`), whose phases then are its single run's."""
+        member (the module's ``refill_member``), whose phases then are its single run's."""
         return self.phase_iteration == 0 and not self.buffer
 
     @property
@@ -248,10 +248,10 @@ class PPGPhases:
 
     def iteration_batches(self, stored, generators: list[torch.Generator], epoch_minibatches, data):
         """The minibatches of one iteration: value / policy epochs, then (every ``n_pi``-th iteration)
-        the auxiliary phase's trajectory indices. The rollout source passes what differs between a
-        single run and a vectorized seed group (`ppo_lightning.data.seed_group`): ``stored()``, the
+        the auxiliary phase's trajectory indices. The rollout source passes its S members' (S = 1 for a
+        single run): ``stored()``, the
         rollout to keep for the auxiliary phase (``[S, envs, time]``; S = 1 for a single run);
-        ``generators``, the shuffle generator(s) (one per seed); ``epoch_minibatches(e)``, the
+        ``generators``, the shuffle generators (one per member); ``epoch_minibatches(e)``, the
         minibatches of ``e`` shuffled epochs, the source's own loop. The auxiliary permutations are
         drawn first, then the epochs' shuffles, so a group's seed k sees the minibatches of seed k
         alone. Each minibatch is yielded as a `PhaseBatch`."""
@@ -370,9 +370,9 @@ class PPGPhases:
     def attach(self, data) -> None:
         """Register the phase buffer with the data module's per-rank resume state when it is small
         enough (``checkpoint_buffer_mib``); called once the data module builds its rollout source."""
-        self.num_seeds = int(getattr(data, "num_seeds", 1) or 1)
+        self.members = int(getattr(data, "members", 1))
         need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps,
-                                  self.cfg["n_pi"]) * self.num_seeds
+                                  self.cfg["n_pi"]) * self.members
         self.buffer_in_checkpoint = self.stores_rollouts and need <= self.cfg["checkpoint_buffer_mib"] * 2**20
         if self.buffer_in_checkpoint:
             data.resume_providers["ppg_buffer"] = PhaseBufferState(self)

@@ -3,7 +3,7 @@
 Member k of a group (``data.member_seeds`` + ``data.member_hparams``) trains as the single run with
 seed ``seeds[k]`` and the values ``member_hparams[name][k]``. Every list of member settings in the
 package is derived from `MEMBER_SETTINGS`: the names a group accepts and their checks
-(`validate_member_values`, `ppo_lightning.data.seed_group`), the data side's and the loss's
+(`validate_member_values`), the data side's and the loss's
 (`DATA_MEMBER_SETTINGS`, `LOSS_MEMBER_SETTINGS`), the fit options a study arm or a search space may
 vary within one group (`MEMBER_OPTIONS`: ``ppo_lightning.studies.runner``,
 ``ppo_lightning.tuning.space``) and the table in docs/guides/configs.md (`members_table`, checked by

@@ -16,7 +16,7 @@ Only ``("collector", "traj_ids")``, which nothing downstream reads, is left out.
 is kept as ``_carrier``, like the collector's, so exact resume (`ppo_lightning.data.resume_state`)
 treats both alike.
 
-The same loop collects a vectorized seed group's rollouts (`ppo_lightning.data.seed_group`): S
+The same loop collects the rollouts of a group of S members: S
 envs, one policy forward of the stacked network for all S x n envs per time step, each seed's
 actions drawn on its own generator (`sample_per_seed`), the games stepped seed after seed. A single
 run is the group of one (no seed dimension in its network's input, actions from torch's global
@@ -49,7 +49,7 @@ def sample_per_seed(probs: torch.Tensor, generators: list[torch.Generator], nois
     ``exponential_`` on the generator and takes ``argmax(p / q)`` (Gumbel-max; ``Distributions.cpp``).
     Drawing each seed's ``q`` on its own generator into ``noise`` and dividing and taking the argmax
     once gives the same actions and leaves every generator where the per-seed call leaves it
-    (`tests/test_seed_group.py`), at one kernel per seed instead of one multinomial's validation,
+    (tests/test_seed_group.py), at one kernel per seed instead of one multinomial's validation,
     allocation and reductions per seed. Invalid probabilities raise as ``multinomial`` does."""
     if not bool(((probs.max() < float("inf")) & (probs.min() >= 0)).item()):
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")

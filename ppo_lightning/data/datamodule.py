@@ -135,11 +135,16 @@ class RolloutDataModule(pl.LightningDataModule):
         self._iteration_t0 = None
 
     @property
+    def members(self) -> int:
+        """S, the size of the seed axis every per-member tensor carries: one for a single run."""
+        return self.num_seeds
+
+    @property
     def seeds(self) -> list[int]:
         """The seeds of this run: ``[seed]``, or ``seed, seed + 1, ...`` for a seed group (or ``member_seeds``)."""
         if self.member_seeds is not None:
             return list(self.member_seeds)
-        return [self.seed + k for k in range(self.num_seeds)]
+        return [self.seed + k for k in range(self.members)]
 
     def reset_member(self, k: int, seed: int, member_hparams: dict[str, list], action_rng_state: torch.Tensor) -> None:
         """Member k of a group starts again as the single run with ``seed`` and its values in
@@ -154,7 +159,7 @@ class RolloutDataModule(pl.LightningDataModule):
     def member_advantage_norm_spans(self) -> list[float]:
         """Each group member's advantage-normalization span (``member_hparams`` or ``advantage_norm_span``)."""
         spans = (self.member_hparams or {}).get("advantage_norm_span")
-        return [float(x) for x in spans] if spans is not None else [float(self.advantage_norm_span)] * self.num_seeds
+        return [float(x) for x in spans] if spans is not None else [float(self.advantage_norm_span)] * self.members
 
     @property
     def frames_per_iteration(self) -> int:

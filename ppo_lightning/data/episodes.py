@@ -1,6 +1,6 @@
 """What a single run's rollout source and a vectorized seed group both use: the keys a minibatch
-carries to the loss and the record of finished episodes (so that `seed_group` need not import the
-data module that dispatches to it)."""
+carries to the loss and the record of finished episodes (so that a group's source need not import
+the data module that dispatches to it)."""
 
 from __future__ import annotations
 

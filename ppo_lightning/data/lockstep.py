@@ -1,6 +1,6 @@
 """Rollouts of S members' TorchRL envs (any family: gymnasium, MuJoCo, Procgen) stepped in lockstep.
 
-A vectorized seed group (`ppo_lightning.data.seed_group`) of an env that does not step all its games
+A group of members on an env that does not step all its games
 in one batch (MinAtar's does: `ppo_lightning.data.batched_rollout`) holds one TorchRL env per member,
 each built and seeded as that member's single run builds its own (`ppo_lightning.envs.make_env`:
 a gymnasium ``SyncVectorEnv`` with autoreset DISABLED, TorchRL resetting the ended sub-envs; one

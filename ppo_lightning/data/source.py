@@ -1,8 +1,7 @@
 """The rollout source: one PPO iteration per pass (collect, GAE, normalize, yield minibatches).
 
 `RolloutSource` is the data module's iterable (`ppo_lightning.data.datamodule`) for a single run,
-and the base of a vectorized seed group's (`ppo_lightning.data.seed_group.SeedGroupSource`), which
-replaces what it builds (`placement`, `make_states`, `make_envs`, `make_collector`, `make_gae`) and
+and the base of a group's (the data side of a group of members, a subclass), which replaces what it builds (`placement`, `make_states`, `make_envs`, `make_collector`, `make_gae`) and
 what is per member in the collection (`collect_members`, `member_value`, `update_observation_norms`);
 the collection itself (`rollouts`) is one path for both.
 """
@@ -45,9 +44,10 @@ class RolloutSource:
 
     The seed axis: ``states`` holds what each seed keeps on the data side (episodes, advantage
     moments, reward normalizer, shuffle generator); a single run is a group of one whose state is
-    the data module's own, and its minibatches have no seed dimension. A vectorized seed group
-    (`ppo_lightning.data.seed_group.SeedGroupSource`) collects all its seeds' rollouts at once and
-    yields ``[S, minibatch_size]`` minibatches; the rest of the iteration is this class's.
+    the data module's own, and its minibatches have no seed dimension (its network is the plain
+    module the Extending guide's networks are written for). A group's subclass collects all its
+    members' rollouts at once and yields ``[S, minibatch_size]`` minibatches; the rest of the
+    iteration is this class's.
     """
 
     def __init__(self, data: "RolloutDataModule", network: torch.nn.Module) -> None:

@@ -43,7 +43,7 @@ class SeedStack(nn.Module):
         super().__init__()
         if not networks:
             raise ValueError("SeedStack needs at least one network")
-        self.num_seeds = len(networks)
+        self.members = len(networks)  # S, the stacked dimension's size
         params, buffers = stack_module_state(networks)
         inner = copy.deepcopy(networks[0])
         for name, value in {**params, **buffers}.items():

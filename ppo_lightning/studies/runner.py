@@ -4,7 +4,7 @@ submitit's executors (SLURM where ``srun`` exists, local processes otherwise).
 Packing: per environment, the arms that differ only in settings a group member may carry (the lr,
 Adam's betas, the EWMA's center of mass or none, the advantage span, the clip range, the entropy and
 value coefficients, the KL beta, gamma and GAE lambda:
-`ppo_lightning.data.seed_group.MEMBER_HPARAMS`) train as one group of all their pending (arm, seed)
+`ppo_lightning.core.members.MEMBER_SETTINGS`) train as one group of all their pending (arm, seed)
 cells (``data.member_seeds``, ``data.member_hparams``; member k is tested equal to its single run);
 an arm that cannot be a member (configs of its own, e.g. ``[minatar/ppg]``) trains its seeds as a group of its own;
 artificial staleness runs seed by seed. Each group's time is estimated (`group_cost`: members plus a
@@ -599,8 +599,7 @@ def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, 
     cpu = cpu_label()
     if parent_run_id:
         client.set_tag(logger.run_id, "mlflow.parentRunId", parent_run_id)
-    group_obj = getattr(run.model, "seed_group", None)
-    run_ids = group_obj.runs.run_ids if group_obj is not None else [logger.run_id]
+    run_ids = run.model.member_run_ids or [logger.run_id]
     cells = []
     for (arm, seed), run_id in zip(group.members, run_ids):
         hist = lambda key: {m.step: m.value for m in client.get_metric_history(run_id, key)}  # noqa: E731

@@ -322,6 +322,6 @@ class ProgressFile(Callback):
         self._last = time.perf_counter()
         dm = trainer.datamodule
         t0, f0 = self._start
-        data = {"frames": int(dm.frames), "total_frames": int(dm.total_frames), "members": int(getattr(dm, "num_seeds", 1)),
+        data = {"frames": int(dm.frames), "total_frames": int(dm.total_frames), "members": int(getattr(dm, "members", 1)),
                 "attempt_frames": int(dm.frames) - f0, "attempt_s": round(time.perf_counter() - t0, 3)}
         atomic_replace(Path(trainer.default_root_dir) / self.FILENAME, lambda f: f.write(json.dumps(data).encode()))

@@ -188,7 +188,7 @@ class PPOLightningModule(pl.LightningModule):
         self.seed_axis = seed_axis(self, seeds, self.hparams.member_hparams)
         self.seed_group = self.seed_axis.group
         self.network = self.seed_axis.stacked(self.network)
-        self.num_seeds, self.stat_shape = self.seed_axis.num_seeds, self.seed_axis.stat_shape
+        self.members, self.stat_shape = self.seed_axis.members, self.seed_axis.stat_shape
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
         self.loss_module = self.make_loss()
@@ -397,6 +397,23 @@ class PPOLightningModule(pl.LightningModule):
     def training_step(self, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         return self.updater.training_step(self, batch, batch_idx)
 
+    # ------------------------------------------------------------------ members of the seed axis
+    def refill_member(self, k: int, seed: int, values: dict) -> None:
+        """Member k starts again as the single run with ``seed`` and the member settings ``values``
+        (between iterations: a tuning group's pruned trial gives its slot to the next trial); each
+        component resets its own slot (``reset_member(k)``)."""
+        self.seed_axis.refill(self, k, seed, values)
+
+    def set_member_lrs(self, lrs: list[float]) -> None:
+        """Every member's lr from now on (members on lr schedules of their own)."""
+        self.seed_axis.set_member_lrs(self, lrs)
+
+    @property
+    def member_run_ids(self) -> list[str] | None:
+        """The members' own MLflow run ids (a group's), or None: a single run's metrics are its run's."""
+        runs = self.seed_axis.runs
+        return None if runs is None else runs.run_ids
+
     @property
     def _ppg_optimizer_index(self) -> dict[str, int]:
         return self.updater.optimizer_index
@@ -460,7 +477,7 @@ class PPOLightningModule(pl.LightningModule):
             parallel.pool_episode_metrics(self, dm, metrics)  # all ranks' episodes, same figure on every rank
             if self._fit_t0 is not None:
                 elapsed = time.perf_counter() - self._fit_t0
-                metrics["time/fps"] = (dm.frames - self._fit_frames0) * self.num_seeds / max(elapsed, 1e-9)
+                metrics["time/fps"] = (dm.frames - self._fit_frames0) * self.members / max(elapsed, 1e-9)
                 metrics["time/elapsed_s"] = elapsed
             if dm.finished:
                 self.trainer.should_stop = True
@@ -471,7 +488,7 @@ class PPOLightningModule(pl.LightningModule):
         send = self._logging_due(dm)
         # members' values by name (`name_members`): a group's seed k under "seed<k>/", the members' mean
         # unprefixed, and each member's own to its own MLflow run
-        logged, per_member = name_members(metrics, self.num_seeds)
+        logged, per_member = name_members(metrics, self.members)
         self.publish_metrics(logged, send)
         if send:
             self.seed_axis.publish(self, per_member)
@@ -482,7 +499,7 @@ class PPOLightningModule(pl.LightningModule):
         KL of the last update epoch (all ranks'); a NaN never reaches beta. A group's are per seed."""
         if not self.step_stats:
             return {}
-        S = self.num_seeds
+        S = self.members
         stats = {name: self.step_stat(name).reshape(len(self.step_stats), S) for name in self.step_stats[0]}
         out = {f"train/{name}": PerMember(finite_mean(values[:, k]) for k in range(S)) for name, values in stats.items()}
         if S == 1 or self.loss_module.objective_spec.adaptive_beta:

@@ -98,7 +98,7 @@ class GradientNoiseScale(Callback):
         if self._acc.k >= trainer.datamodule.num_minibatches:
             return
         # One row per seed: a vectorized seed group's parameters have a leading seed dimension.
-        rows = getattr(pl_module, "num_seeds", 1)
+        rows = pl_module.members
         grads = [p.grad.detach().reshape(rows, -1) for p in pl_module.network.parameters() if p.grad is not None]
         if grads:
             self._acc.add(grads)

@@ -190,7 +190,7 @@ def probe(network: nn.Module, observation_space: dict, minibatch: int, micro_bat
     wall = wall or (clock if clock is not time.process_time else time.perf_counter)
     start = wall()
     end = start + budget_s
-    seeds = getattr(network, "num_seeds", None)  # a seed group's stacked network: [S, rows, ...]
+    seeds = getattr(network, "members", None)  # a seed group's stacked network: [S, rows, ...]
     rows = max(1, min(minibatch, micro_batch or minibatch, MAX_ROWS))
     deadline = _Deadline(clock, wall)
     fp32 = bf16 = None
@@ -322,7 +322,7 @@ def workload_key(network: nn.Module, observation_space: dict, minibatch: int, mi
         "network": type(inner).__name__,
         "params_sha": hashlib.sha256(shapes.encode()).hexdigest()[:16],
         "observation": {"shape": list(observation_space.get("shape", [])), "dtype": str(observation_space.get("dtype", ""))},
-        "seeds": getattr(network, "num_seeds", None),
+        "seeds": getattr(network, "members", None),
         "minibatch": int(minibatch),
         "rows": max(1, min(minibatch, micro_batch or minibatch, MAX_ROWS)),
         "proximal": bool(proximal),

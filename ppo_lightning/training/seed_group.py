@@ -113,7 +113,7 @@ class SingleRun:
     """The seed axis of a single run: a group of one where the arithmetic is the same, so that the module
     has one path. Its network, loss, optimizer, guard, clipping and metrics are the plain ones."""
 
-    num_seeds = 1
+    members = 1  # S: the size of the seed axis, one for a single run
     stat_shape: tuple[int, ...] = ()  # of each loss entry
     stacked_seeds = False  # the loss's inputs carry no seed dimension
     group = None  # the module's ``seed_group``: None
@@ -141,6 +141,12 @@ class SingleRun:
     def publish(self, module, per_member: list[dict[str, float]]) -> None:
         pass
 
+    def refill(self, module, k: int, seed: int, values: dict[str, Any]) -> None:
+        raise ValueError("refilling a member needs a group of members (data.num_seeds > 1)")
+
+    def set_member_lrs(self, module, lrs: list[float]) -> None:
+        raise ValueError("members' own lrs need a group of members (data.num_seeds > 1)")
+
     def teardown(self, module) -> None:
         pass
 
@@ -152,8 +158,8 @@ class SeedGroup(SingleRun):
 
     def __init__(self, module, seeds: list[int], member_hparams: dict[str, list] | None = None) -> None:
         self.seeds = list(seeds)
-        self.num_seeds = len(self.seeds)
-        self.stat_shape = (self.num_seeds,)  # every loss entry is per seed
+        self.members = len(self.seeds)
+        self.stat_shape = (self.members,)  # every loss entry is per seed
         self.group = self
         self.member_hparams = dict(member_hparams or {})
         lrs, betas = self.member_hparams.get("lr"), self.member_hparams.get("adam_betas")
@@ -183,7 +189,7 @@ class SeedGroup(SingleRun):
         return self.network
 
     def make_guard(self, max_bad_steps: int | None) -> "SeedGroupGuard":
-        return SeedGroupGuard(self.num_seeds, max_bad_steps)
+        return SeedGroupGuard(self.members, max_bad_steps)
 
     def make_optimizer(self, h, params: list, fused: bool | None) -> torch.optim.Optimizer:
         """The group's optimizer over its stacked ``params``: at the members' common lr / betas (or the
@@ -293,7 +299,7 @@ class SeedGroup(SingleRun):
             if not isinstance(opt, MemberAdam):
                 if type(opt) is not torch.optim.Adam:
                     raise ValueError(f"{what} needs model.optimizer adam, got {type(opt).__name__}")
-                opts[i] = MemberAdam.from_adam(opt, self.num_seeds)
+                opts[i] = MemberAdam.from_adam(opt, self.members)
         if any(new is not old for new, old in zip(opts, trainer.optimizers)):
             trainer.strategy.optimizers = opts
         return dict(zip(names, opts, strict=True))
@@ -319,7 +325,7 @@ class SeedGroup(SingleRun):
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` per seed: each seed's gradient scaled by
         ``min(1, max_norm / (its norm + 1e-6))``; returns the seeds' norms ``[S]``."""
-        S = self.num_seeds
+        S = self.members
         grads = [p.grad for p in parameters if p.grad is not None]
         if not grads:
             return torch.zeros(S)
@@ -523,11 +529,11 @@ class SeedGroupGuard:
     optimizer step) and counted; the other seeds step as usual. Training stops only when every
     seed has had ``max_bad_steps`` bad steps in a row."""
 
-    def __init__(self, num_seeds: int, max_bad_steps: int | None = 100) -> None:
-        self.num_seeds, self.max_bad_steps = num_seeds, max_bad_steps
-        self.skipped = [0] * num_seeds
-        self.consecutive = [0] * num_seeds
-        self.first_bad: list[str | None] = [None] * num_seeds
+    def __init__(self, members: int, max_bad_steps: int | None = 100) -> None:
+        self.members, self.max_bad_steps = members, max_bad_steps
+        self.skipped = [0] * members
+        self.consecutive = [0] * members
+        self.first_bad: list[str | None] = [None] * members
         self._restore: list = []
         self._bad: list[int] = []
 
@@ -546,7 +552,7 @@ class SeedGroupGuard:
     def after_backward(self, module, optimizer, loss: torch.Tensor | None) -> bool:
         """Check each seed's loss (``loss``: ``[S]``) and gradient; a bad seed's gradient is zeroed and its
         step undone by `check_parameters`. Returns True: the step goes on for the other seeds."""
-        S = self.num_seeds
+        S = self.members
         params = [p for group in optimizer.param_groups for p in group["params"]]
         # One reduction per parameter: a seed's gradient sum is finite iff its entries are (short of
         # an overflow of the sum itself, which then counts as bad too).

@@ -7,12 +7,12 @@ takes under Lightning's manual optimization:
 - **accumulate**: `accumulate`, the one gradient accumulation over ``model.micro_batch_size``
   chunks: each chunk's loss is a mean, weighted by the chunk's share of the minibatch, so the
   accumulated gradient is the minibatch's (up to float summation order); its diagnostics combine by
-  `combine_chunk_stats`. A loss is a scalar, or ``[S]`` for a seed group (one per seed; the
-  gradient is that of their sum, so each seed's is its own loss's);
-- **guard**: the module's ``numerical_guard`` (`ppo_lightning.core.faults.NumericalGuard`, or
-  `ppo_lightning.training.seed_group.SeedGroupGuard` per seed) gets the step's loss after the
-  backward pass and drops a bad step's gradients;
-- **clip**: the module's ``configure_gradient_clipping`` (per seed for a group) at the Trainer's
+  `combine_chunk_stats`. A loss is a scalar, or ``[S]`` for a group of S members (the gradient is
+  that of their sum, so each member's is its own loss's);
+- **guard**: the module's ``numerical_guard`` (`ppo_lightning.core.faults.NumericalGuard`, or its
+  per-member form in a group) gets the step's loss after the backward pass and drops a bad step's
+  gradients;
+- **clip**: the module's ``configure_gradient_clipping`` (per member in a group) at the Trainer's
   ``gradient_clip_val`` (`Update.take_trainer_settings`);
 - **step**: the optimizer's step, then the guard's parameter check; the lr schedules step once per
   iteration (`Update.on_iteration_end`).

@@ -15,7 +15,7 @@ from ppo_lightning.algos.schedules import lr_factor
 class TrialReporter(Callback):
     """Every member's learning curve ``(frames of its own run, mean return of the last 20 episodes)``
     after each iteration, and ``on_iteration(frames)`` after it (True: stop the group). Refills queued
-    with `refill` are applied before the next iteration's rollout (`SeedGroup.refill`; in a PPG group,
+    with `refill` are applied before the next iteration's rollout (the module's `refill_member`; in a PPG group,
     before the next iteration that starts a phase, the slot idling in between): the slot's curve starts
     again, counting its frames from there. With ``lr_schedule`` ``(name, frames)`` (the
     group itself at a constant lr), each member's lr before each iteration is its own lr times the
@@ -37,16 +37,16 @@ class TrialReporter(Callback):
         phases = pl_module.ppg_phases  # a PPG group refills where a phase starts: the new member's phases are its run's
         if phases is None or phases.at_phase_start:
             for slot, seed, values in self.pending:
-                pl_module.seed_group.refill(pl_module, slot, seed, values)
+                pl_module.refill_member(slot, seed, values)
                 self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
             self.pending = []
         if self.lr_schedule is not None:
             name, frames = self.lr_schedule
-            dm, group = trainer.datamodule, pl_module.seed_group
+            dm = trainer.datamodule
             fpi = dm.frames_per_iteration
             own = [round((float(dm.frames) - start) / fpi) for start in self.starts]  # each member's iterations so far
-            group.set_member_lrs(pl_module, [lr * lr_factor(name, i, frames, fpi)
-                                             for lr, i in zip(group.member_hparams["lr"], own)])
+            pl_module.set_member_lrs([lr * lr_factor(name, i, frames, fpi)
+                                      for lr, i in zip(pl_module.hparams.member_hparams["lr"], own)])
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule

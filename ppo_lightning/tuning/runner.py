@@ -427,8 +427,8 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
     at each pruning milestone it reports its objective (told PRUNED where the pruner says so); at
     ``frames`` it is told its objective. Its slots are then free: with ``next_trial`` (called with the
     group's settings; returns ``(trial, values)`` or None) and a `refillable` group, they take the next
-    trial, which starts afresh there (`ppo_lightning.training.seed_group.SeedGroup.refill`: a refilled
-    member is its trial's single run, `tests/test_member_settings.py`); else they idle. The group stops
+    trial, which starts afresh there (the module's ``refill_member``: a refilled member is its trial's
+    single run, `tests/test_member_settings.py`); else they idle. The group stops
     when no slot holds a trial."""
 
     per_trial = len(space.seeds)
