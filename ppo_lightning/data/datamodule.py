@@ -65,7 +65,7 @@ class RolloutDataModule(pl.LightningDataModule):
         member_seeds: the seeds of a group's members in order, repeats allowed (instead of ``seed + k``;
             sets ``num_seeds``): with ``member_hparams``, the same seed under several settings.
         member_hparams: per-member hyperparameters of a group, ``{name: [one value per member]}`` for
-            names in `ppo_lightning.data.seed_group.MEMBER_HPARAMS` (``lr``, ``adam_betas``,
+            names in `ppo_lightning.core.members.MEMBER_SETTINGS` (``lr``, ``adam_betas``,
             ``proximal_com``, ``advantage_norm_span``, ``clip_eps``, ``entropy_coef``, ``value_coef``, ``kl_beta``,
             ``gamma``, ``gae_lambda``): member k trains as the single run with seed ``seeds[k]`` and
             these values would (PureJaxRL-style sweeps of seeds x settings in one process). The

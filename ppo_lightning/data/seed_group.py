@@ -43,7 +43,7 @@ from tensordict import TensorDictBase
 
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae
 from ppo_lightning.core import faults
-from ppo_lightning.core.members import DATA_MEMBER_SETTINGS, MEMBER_NAMES, validate_member_values
+from ppo_lightning.core.members import validate_member_values
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
 from ppo_lightning.data.lockstep import LockstepRollout, vector_games
@@ -55,12 +55,6 @@ from ppo_lightning.nets.models import OBS_KEY
 from ppo_lightning.nets.obs_norm import update_member_observation_norms
 
 
-# Per-member hyperparameters a group can carry (`ppo_lightning.core.members.MEMBER_SETTINGS`: the lr, the
-# EWMA's center of mass, the advantage-normalization span, Adam's betas, the loss's and the returns'
-# scalars); everything else is shared. The data side applies its own (``DATA_MEMBER_HPARAMS``).
-MEMBER_HPARAMS = MEMBER_NAMES
-DATA_MEMBER_HPARAMS = DATA_MEMBER_SETTINGS
-
 
 def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> None:
     """One-line errors for ``member_hparams`` (``{name: [one value per member]}``)."""
@@ -70,10 +64,10 @@ def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> 
 
 
 def member_values(data, name: str) -> list[float]:
-    """Each member's value of a data-side setting (``DATA_MEMBER_HPARAMS``): ``data.member_hparams[name]``,
+    """Each member's value of a data-side setting (`ppo_lightning.core.members.DATA_MEMBER_SETTINGS`): ``data.member_hparams[name]``,
     else the data module's own value for every member."""
     values = (data.member_hparams or {}).get(name)
-    return [float(x) for x in values] if values is not None else [float(getattr(data, name))] * data.num_seeds
+    return [float(x) for x in values] if values is not None else [float(getattr(data, name))] * data.members
 
 
 def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_seeds: list[int], accumulate: int = 1) -> None:

@@ -110,7 +110,7 @@ class PPOLightningModule(pl.LightningModule):
             more than one, the network holds one copy per seed and every seed trains as alone
             (`ppo_lightning.training.seed_group`). None or one seed: a single run.
         member_hparams: a group's per-member hyperparameters ``{name: [one per seed]}`` (taken from
-            ``data.member_hparams`` by the CLI; `ppo_lightning.data.seed_group.MEMBER_HPARAMS`): ``lr``
+            ``data.member_hparams`` by the CLI; `ppo_lightning.core.members.MEMBER_SETTINGS`): ``lr``
             (instead of ``lr``), ``adam_betas`` (instead of ``adam_betas``), ``proximal_com`` (instead of
             ``proximal_com``; null: the behavior policy is the member's anchor, i.e. PPO; needs
             ``decoupled``), ``clip_eps``, ``entropy_coef``, ``value_coef``, ``kl_beta`` (the loss's);

@@ -30,7 +30,7 @@ PPG and PPG-EWMA train as groups too (`ppo_lightning.algos.ppg`: per-seed shuffl
 
 The adaptive-KL objective keeps one beta per seed (adapted on that seed's own KL).
 
-Members with their own hyperparameters (``member_hparams``: `ppo_lightning.data.seed_group.MEMBER_HPARAMS`):
+Members with their own hyperparameters (``member_hparams``: `ppo_lightning.core.members.MEMBER_SETTINGS`):
 
 - ``lr``, ``adam_betas``: `MemberAdam`, torch's fused Adam kernel called once per distinct (lr, betas)
   on the members' slices of the stacked parameters, gradients and moments (elementwise, so each

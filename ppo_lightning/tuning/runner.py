@@ -98,7 +98,7 @@ def split_params(space: Space, params: dict[str, Any]) -> tuple[dict[str, Any], 
 
 
 def member_values(space: Space, params: dict[str, Any]) -> dict[str, Any]:
-    """A trial's member settings (``MEMBER_HPARAMS`` names), from its values, the fit and the base,
+    """A trial's member settings (``MEMBER_SETTINGS`` names), from its values, the fit and the base,
     before the ``--scale`` rules: lr, the advantage span, the EWMA's center of mass where decoupled
     (None: PPO), Adam's betas where given, and the loss's and returns' settings the space searches."""
     out = {name: float(space.setting(BY_NAME[name].option, params, BY_NAME[name].default))  # the module's defaults
