@@ -19,6 +19,12 @@ first (warm-up). A process's start-up (imports, env and network construction, ~5
 left out of both: it would only add to one run per process. Targets (issue 46): the group >= 3x the
 single run on Hopper, >= 4x on CartPole; MinAtar c = 16 >= 5x the plain loop.
 
+For MinAtar it also prints the group's network floor (`network_floor`): the CPU time of the stacked
+network alone per member-frame - its rollout forwards (no grad, ``num_envs`` rows per member) and its
+update's forward + backward (minibatch rows per member, ``update_epochs`` passes over each frame) -
+timed on this CPU at the group's shapes. No group can train faster than that floor (it leaves out the
+envs, the loss, Adam and the loop), so ``floor / plain loop`` bounds the ratio a group can reach here.
+
 Prints the machine (``ppo_lightning.core.hardware.machine_line``), one line per env, then one JSON line.
 """
 
@@ -88,6 +94,53 @@ def plain_run(iterations: int, seed: int = 0) -> float:
     return out["fps"]
 
 
+def network_floor(members: int, reps: int = 30) -> dict:
+    """The MinAtar c = 16 group's network alone: member-frames per core-second it allows (see the module
+    docstring), with the matmul rate it reaches in the update."""
+    import torch
+
+    from ppo_lightning.envs import env_spaces
+    from ppo_lightning.nets.models import build_network
+    from ppo_lightning.nets.seed_stack import SeedStack
+    from ppo_lightning.run.builder import fit_main  # noqa: F401 - the same imports as a run
+
+    envs, steps, minibatches, epochs = 4, 64, 8, 3  # minatar/ppo --scale 16
+    rows = envs * steps // minibatches
+    obs_space, act_space = env_spaces("minatar:breakout")
+    torch.manual_seed(0)
+    net = SeedStack([build_network(obs_space, act_space, {"name": "minatar_cnn", "channels": 16, "hidden": 128})
+                     for _ in range(members)])
+    shape = tuple(obs_space["shape"])
+    act = torch.rand((members, envs, *shape)) < 0.1
+    upd = torch.rand((members, rows, *shape)) < 0.1
+
+    def timed(fn) -> float:
+        fn()
+        t0 = cpu()
+        for _ in range(reps):
+            fn()
+        return (cpu() - t0) / reps
+
+    def rollout_forward():
+        with torch.no_grad():
+            net(act)
+
+    def update_step():
+        logits, value = net(upd)
+        (logits.logsumexp(-1).sum() + value.sum()).backward()
+
+    t_act, t_upd = timed(rollout_forward), timed(update_step)
+    # per member-frame: one rollout forward per env step; each frame is in `epochs` update minibatches
+    per_frame = t_act / (members * envs) + t_upd * epochs / (members * rows)
+    p = {n: t[0] for n, t in net.inner.named_parameters()}
+    conv, dense = p["policy_body.conv.weight"], p["policy_body.dense.weight"]
+    hw = dense.shape[1] // conv.shape[0]
+    fwd = 2 * (conv.numel() * hw + dense.numel() + p["policy_head.weight"].numel() + p["value_head.weight"].numel())
+    bwd = 2 * (conv.numel() * hw + 2 * dense.numel() + 2 * (p["policy_head.weight"].numel() + p["value_head.weight"].numel()))
+    return {"floor": 1.0 / per_frame, "rollout_forward_ms": t_act * 1e3, "update_step_ms": t_upd * 1e3,
+            "update_gflops": members * rows * (fwd + bwd) / t_upd / 1e9}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--envs", default="hopper,cartpole,minatar")
@@ -118,6 +171,11 @@ def main() -> None:
             p = statistics.median(plain)
             row.update(plain=p, group_vs_plain=g / p)
             line += f"; CleanRL-style loop {p:,.0f}: {g / p:.2f}x"
+            floor = network_floor(args.members)
+            row.update(network_floor=floor)
+            line += (f"; the group's network alone allows {floor['floor']:,.0f} ({floor['floor'] / p:.2f}x the loop: "
+                     f"rollout forward {floor['rollout_forward_ms']:.2f} ms, update forward + backward "
+                     f"{floor['update_step_ms']:.2f} ms at {floor['update_gflops']:.0f} GFLOP/s)")
         kind, target = TARGETS[env]
         line += f" (target >= {target}x the {'single run' if kind == 'single' else 'plain loop'})"
         print(line, flush=True)
