@@ -138,11 +138,12 @@ def test_minibatches_cover_the_batch_each_epoch():
     net = ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,))
     source = RolloutSource(dm, net)
     batches = list(source)
-    assert len(batches) == len(source) == 12 and all(b.shape[0] == 8 for b in batches)
+    # [S, B]: a single run is one member
+    assert len(batches) == len(source) == 12 and all(tuple(b.shape) == (1, 8) for b in batches)
     for e in range(3):
-        obs = torch.cat([b["observation"] for b in batches[4 * e: 4 * e + 4]])
+        obs = torch.cat([b["observation"][0] for b in batches[4 * e: 4 * e + 4]])
         assert obs.shape[0] == 32 and torch.unique(obs, dim=0).shape[0] == 32
-    adv = torch.cat([b["advantage"] for b in batches[:4]])
+    adv = torch.cat([b["advantage"][0] for b in batches[:4]])
     assert adv.mean().abs() < 1e-5 and adv.std(unbiased=False) == pytest.approx(1.0, abs=1e-3)
     source.collector.shutdown()
 

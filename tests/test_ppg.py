@@ -28,7 +28,7 @@ class StepLog(pl.Callback):
         self.rows.append({
             "phase": outputs["ppg_phase"],
             "iteration": trainer.datamodule.iteration,
-            "rows": batch.shape[-2] if outputs["ppg_phase"] == "aux" else batch.shape[0],  # aux: [S, k, 2] indices
+            "rows": batch.shape[-2] if outputs["ppg_phase"] == "aux" else batch.shape[-1],  # aux: [S, k, 2] indices; else [S, B]
             "prox": None if src is None else vec(src.proximal.parameters()),
             "ewma_weight": None if src is None else src.weight,
             "net": vec(pl_module.network.parameters()),

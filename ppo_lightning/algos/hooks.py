@@ -2,7 +2,7 @@
 selected by name, as the objectives are (`ppo_lightning.algos.registry`).
 
 - **Value loss** (``model.value_loss``, ``model.value_loss_args``): ``fn(v: ValueInputs, **settings)``
-  returns the per-sample value loss to MINIMIZE (``[B]``, or ``[S, B]`` in a seed group); the loss
+  returns the per-sample value loss to MINIMIZE (``[S, B]``; S = 1 for a single run); the loss
   averages it and multiplies by ``model.value_coef`` (``loss_critic``). Built in: ``mse`` (the default:
   ``(V - V_targ)^2``, clipped around the behavior value when ``model.value_clip_eps`` is set), ``clipped``
   (PPO2's clipped form with its own ``eps``), ``huber`` (``delta``).
@@ -39,7 +39,7 @@ AUX_PREFIX = "loss_aux_"  # the entries of auxiliary terms in the loss's output
 
 @dataclass(frozen=True)
 class ValueInputs:
-    """What a value loss receives, per sample (``[B]``, or ``[S, B]`` for a seed group).
+    """What a value loss receives, per sample (``[S, B]``; S = 1 for a single run).
 
     Attributes:
         value: ``V(s)`` of the current network; carries the gradient.

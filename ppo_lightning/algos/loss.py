@@ -14,9 +14,9 @@ Output contract (`check_loss_output`): ``forward`` returns a TensorDict whose ``
 the terms of the loss to minimize (the module sums `LOSS_TERMS`; PPG's phases sum subsets,
 `ppo_lightning.algos.ppg.PHASE_TERMS`) and whose other entries are detached diagnostics, logged as
 ``train/<name>``; `REQUIRED_ENTRIES` must be there (``kl_anchor``, the mean KL to the anchor, drives
-the adaptive beta). Every reduction is over the samples, the inputs' last dimension: a single run's
-``[B]`` minibatch gives scalars, a group's ``[S, B]`` one value per member (``[S]``; a scalar entry is
-taken as every member's).
+the adaptive beta). Every reduction is over the samples, the inputs' last dimension: a minibatch
+``[S, B]`` (S = 1 for a single run) gives one value per member (``[S]``; a scalar entry is taken as
+every member's), a ``[B]`` batch of a caller's own gives scalars.
 """
 
 from __future__ import annotations
@@ -277,8 +277,8 @@ class PPOFamilyLoss(LossModule):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         keys = self.tensor_keys
-        # Reductions run over the samples, the last dimension: a single run's [B] gives scalars, a
-        # group's [S, B] one value per member (the same reduction either way).
+        # Reductions run over the samples, the last dimension: [S, B] minibatches (S = 1 for a single
+        # run) give one value per member, a caller's [B] batch scalars (the same reduction either way).
         dim = -1
 
         def mean(x: torch.Tensor) -> torch.Tensor:
@@ -309,7 +309,7 @@ class PPOFamilyLoss(LossModule):
         kl_anchor = self.kl([p.detach() for p in anchor_params], params)
         if self.kl_form == "sq_logratio":  # the reference code's penalty: 0.5 (log pi - log pi_anchor)^2
             kl_anchor = F.squared_log_ratio_kl(log_prob, anchor_log_prob.detach())
-        beta = self.kl_beta.float().unsqueeze(-1)  # [S, 1] against [S, B] samples ([1] for a single run's [B])
+        beta = self.kl_beta.float().unsqueeze(-1)  # [S, 1] against [S, B] samples (a single run's scalar beta: [1])
         x = SurrogateInputs(log_prob, behavior_log_prob, advantage, proximal_log_prob, kl_anchor, beta, self.clip_eps,
                             self.max_importance_ratio)
         surrogate = self.surrogate(x)

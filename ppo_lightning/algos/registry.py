@@ -2,8 +2,8 @@
 ``model.objective``.
 
 An objective is a pure function ``fn(x: SurrogateInputs, **settings) -> Tensor`` returning the
-per-sample surrogate to MAXIMIZE, shaped like ``x.log_prob`` (``[B]``, or ``[S, B]`` for a seed
-group: every input carries the seed dimension, so an elementwise function works unchanged); the loss
+per-sample surrogate to MAXIMIZE, shaped like ``x.log_prob`` (``[S, B]``: S members, one for a single run,
+by B samples; every input carries the member dimension, so an elementwise function works unchanged); the loss
 negates and averages it. ``settings`` are the objective's own keyword arguments (with defaults),
 given as ``model.objective_args`` and saved in the checkpoint with the other hyperparameters.
 
@@ -31,7 +31,7 @@ __all__ = ["SurrogateInputs", "Objective", "register_objective", "get_objective"
 
 @dataclass(frozen=True)
 class SurrogateInputs:
-    """What an objective receives, per sample (``[B]``, or ``[S, B]`` for a seed group).
+    """What an objective receives, per sample (``[S, B]``; S = 1 for a single run).
 
     Attributes:
         log_prob: ``log pi(a|s)`` of the current policy; carries the gradient.

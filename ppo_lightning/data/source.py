@@ -39,15 +39,21 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed + RANK_SEED_STRIDE * rank
 
 
+def stack_members(items: list[TensorDictBase]) -> TensorDictBase:
+    """The members' items on a leading member dimension ``[S, ...]``; one member's as a view (a stack
+    copies: a Procgen batch is ~200 MB)."""
+    return items[0].unsqueeze(0) if len(items) == 1 else torch.stack(items)
+
+
 class RolloutSource:
     """An iterable whose every pass is one PPO iteration: collect, GAE, normalize, yield minibatches.
 
     The seed axis: ``states`` holds what each seed keeps on the data side (episodes, advantage
     moments, reward normalizer, shuffle generator); a single run is a group of one whose state is
-    the data module's own, and its minibatches have no seed dimension (its network is the plain
-    module the Extending guide's networks are written for). A group's subclass collects all its
-    members' rollouts at once and yields ``[S, minibatch_size]`` minibatches; the rest of the
-    iteration is this class's.
+    the data module's own. Minibatches are ``[S, minibatch_size]`` (S = 1 for a single run: the
+    network, a plain module, flattens the leading dimensions of its input as it does for a rollout's
+    ``[envs]`` and GAE's ``[envs, time]``). A group's subclass collects all its members' rollouts at
+    once; the rest of the iteration is this class's.
     """
 
     def __init__(self, data: "RolloutDataModule", network: torch.nn.Module) -> None:
@@ -220,10 +226,6 @@ class RolloutSource:
             flat.set("advantage", moments.normalize(adv))
         return flat
 
-    def stack(self, items: list):
-        """Per-seed items as one: a single run's own item, or a group's stacked on a leading seed dimension."""
-        return items[0] if len(items) == 1 else torch.stack(items)
-
     def __iter__(self):
         self.data.iteration_started()
         rollouts = self.rollouts()
@@ -237,18 +239,17 @@ class RolloutSource:
         yield from self._epoch_minibatches(flats, self.data.update_epochs)
 
     def _epoch_minibatches(self, flats: list[TensorDictBase], epochs: int):
-        """Minibatches of ``epochs`` epochs: ``[minibatch_size]``, or ``[S, minibatch_size]`` for a group;
-        each seed's epoch shuffle from its own generator."""
+        """Minibatches of ``epochs`` epochs, ``[S, minibatch_size]`` (S = 1 for a single run); each
+        member's epoch shuffle from its own generator."""
         n = flats[0].shape[0]
         size = n // self.data.num_minibatches
-        lead = () if len(flats) == 1 else (slice(None),)  # a group's seed dimension
         for _ in range(epochs):
             # One gather per epoch, then contiguous slices (views): cheaper than a gather per minibatch.
             # CPU generators: the same order anywhere.
-            shuffled = self.stack([f[torch.randperm(n, generator=st.shuffle_generator).to(f.device, non_blocking=True)]
-                                   for f, st in zip(flats, self.states)])
+            shuffled = stack_members([f[torch.randperm(n, generator=st.shuffle_generator).to(f.device, non_blocking=True)]
+                                      for f, st in zip(flats, self.states)])
             for i in range(self.data.num_minibatches):
-                yield shuffled[(*lead, slice(i * size, (i + 1) * size))]
+                yield shuffled[:, i * size:(i + 1) * size]
 
     def shutdown(self) -> None:
         self.collector.shutdown()

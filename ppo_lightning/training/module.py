@@ -188,7 +188,7 @@ class PPOLightningModule(pl.LightningModule):
         self.seed_axis = seed_axis(self, seeds, self.hparams.member_hparams)
         self.seed_group = self.seed_axis.group
         self.network = self.seed_axis.stacked(self.network)
-        self.members, self.stat_shape = self.seed_axis.members, self.seed_axis.stat_shape
+        self.members = self.seed_axis.members
         if init_from is not None:
             load_pretrained_weights(self.network, init_from)
         self.loss_module = self.make_loss()
@@ -429,20 +429,19 @@ class PPOLightningModule(pl.LightningModule):
     def loss_and_stats(
         self, batch: TensorDictBase, terms: tuple[str, ...] = LOSS_TERMS
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of a (micro)batch (the sum of ``terms``: a scalar, or ``[S]`` per seed of a seed
-        group) and its diagnostics by name: every entry of the loss's output, detached, as float32
-        (``[S]`` in a seed group)."""
+        """The loss of a (micro)batch ``[S, B]`` (the sum of ``terms``: ``[S]``, one per member; S = 1
+        for a single run) and its diagnostics by name: every entry of the loss's output, detached, as
+        float32, ``[S]`` (a scalar entry counts for every member)."""
         if self.loss_module.decoupled:
             batch = self.add_proximal(batch)
         out = self.loss_module(batch)
         if not self._output_checked:
-            check_loss_output(out, *self.stat_shape)
+            check_loss_output(out, self.members)
             self._output_checked = True
         if "loss_objective" in terms:  # auxiliary terms (ppo_lightning.algos.hooks) join the policy's loss
             terms = tuple(terms) + tuple(k for k in out.keys() if k.startswith(AUX_PREFIX))
         stats = {k: v.detach().float() for k, v in out.items()}
-        if self.stat_shape:  # a seed group: a scalar entry counts for every seed
-            stats = {k: v.expand(self.stat_shape) for k, v in stats.items()}
+        stats = {k: v.expand(self.members) for k, v in stats.items()}  # a scalar entry counts for every member
         return sum(out[k] for k in terms), stats
 
     def record_step(self, stats: dict[str, torch.Tensor]) -> None:

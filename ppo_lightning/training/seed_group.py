@@ -114,8 +114,7 @@ class SingleRun:
     has one path. Its network, loss, optimizer, guard, clipping and metrics are the plain ones."""
 
     members = 1  # S: the size of the seed axis, one for a single run
-    stat_shape: tuple[int, ...] = ()  # of each loss entry
-    stacked_seeds = False  # the loss's inputs carry no seed dimension
+    stacked_seeds = False  # the network is not stacked: one KL beta, no member loss settings
     group = None  # the module's ``seed_group``: None
     runs = None  # no member runs in the checkpoint
 
@@ -159,7 +158,6 @@ class SeedGroup(SingleRun):
     def __init__(self, module, seeds: list[int], member_hparams: dict[str, list] | None = None) -> None:
         self.seeds = list(seeds)
         self.members = len(self.seeds)
-        self.stat_shape = (self.members,)  # every loss entry is per seed
         self.group = self
         self.member_hparams = dict(member_hparams or {})
         lrs, betas = self.member_hparams.get("lr"), self.member_hparams.get("adam_betas")

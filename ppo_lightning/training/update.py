@@ -7,8 +7,8 @@ takes under Lightning's manual optimization:
 - **accumulate**: `accumulate`, the one gradient accumulation over ``model.micro_batch_size``
   chunks: each chunk's loss is a mean, weighted by the chunk's share of the minibatch, so the
   accumulated gradient is the minibatch's (up to float summation order); its diagnostics combine by
-  `combine_chunk_stats`. A loss is a scalar, or ``[S]`` for a group of S members (the gradient is
-  that of their sum, so each member's is its own loss's);
+  `combine_chunk_stats`. A loss is ``[S]``, one per member (S = 1 for a single run; the gradient
+  is that of their sum, so each member's is its own loss's);
 - **guard**: the module's ``numerical_guard`` (`ppo_lightning.core.faults.NumericalGuard`, or its
   per-member form in a group) gets the step's loss after the backward pass and drops a bad step's
   gradients;
@@ -47,7 +47,7 @@ def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward
     ``backward``; the last chunk's too unless ``backward_last`` is False (Lightning's automatic
     optimization back-propagates the returned loss). Returns (the last chunk's weighted loss, the
     minibatch's loss detached, the combined diagnostics by name). The chunks split the samples, the
-    last batch dimension (a PPO minibatch ``[B]``, PPG's auxiliary one ``[S, B]``)."""
+    last batch dimension of an ``[S, B]`` minibatch."""
     n, m = batch.shape[-1], module.hparams.micro_batch_size
     if m is None or m >= n:  # one chunk: the minibatch itself
         loss, stats = loss_and_stats(batch)
@@ -174,7 +174,7 @@ class PPOUpdate(Update):
     def training_step(self, module, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         module.numerical_guard.check_batch(batch)
         m = module.hparams.micro_batch_size
-        if m is not None and m < batch.shape[0] and module.loss_module.decoupled:
+        if m is not None and m < batch.shape[-1] and module.loss_module.decoupled:
             batch = module.add_proximal(batch)  # one no-grad pass for the whole minibatch, not one per chunk
         loss, stats = self.step(module, module.optimizers(), batch, module.loss_and_stats, batch_idx)
         module.record_step(stats)
