@@ -3,6 +3,7 @@
 import lightning.pytorch as pl
 import pytest
 import torch
+from tensordict import TensorDict
 
 from ppo_lightning.run.builder import fit_main
 from ppo_lightning.data.datamodule import RolloutDataModule
@@ -449,3 +450,61 @@ def test_a_ppg_group_member_with_its_own_lr_and_clip_range_is_its_seed_alone(tmp
         torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-5)
     other = group.model.network.seed_state_dict(0)
     assert any(not torch.allclose(other[k], ref[k]) for k in ref)  # member 0 learned otherwise
+
+
+class _Stacked(torch.nn.Module):
+    """Two members' parameters stacked [2, 3], as a group's network holds them."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2, 3))
+
+
+def _guard_step(guard, net, opt, grad, loss):
+    opt.zero_grad()
+    net.w.grad = grad.clone()
+    guard.check_batch(TensorDict({"advantage": torch.zeros(2, 4)}, batch_size=[2, 4]))
+    stepped = guard.after_backward(net, opt, loss)
+    opt.step()
+    guard.check_parameters(net, opt)
+    return stepped
+
+
+def test_the_guard_skips_a_step_only_when_every_member_is_bad_and_stops_when_every_member_is_lost():
+    """One guard for any number of members: member 1's bad step is undone for it alone (member 0
+    steps); a step bad for both is skipped (Adam's state untouched); training stops only when every
+    member has had max_bad_steps in a row, naming member 0's first bad quantity."""
+    from ppo_lightning.core.faults import NumericalFault, NumericalGuard
+
+    net = _Stacked()
+    net._trainer = None
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    guard = NumericalGuard(max_bad_steps=2, members=2)
+    good = torch.ones(2, 3)
+    assert _guard_step(guard, net, opt, good, torch.zeros(2))
+    before, moments = net.w.detach().clone(), opt.state[net.w]["exp_avg"].clone()
+    # member 1's gradient non-finite: member 0 steps, member 1 is put back
+    assert _guard_step(guard, net, opt, torch.stack([good[0], torch.full((3,), float("nan"))]), torch.zeros(2))
+    assert not torch.equal(net.w[0], before[0]) and torch.equal(net.w[1], before[1])
+    assert torch.equal(opt.state[net.w]["exp_avg"][1], moments[1])
+    assert guard.skipped == [0, 1] and guard.first_bad[1].startswith("non-finite gradient of 'w' of member 1")
+    # both bad: the step is skipped, Adam's state as it was
+    state = {k: v.clone() for k, v in opt.state[net.w].items()}
+    weights = net.w.detach().clone()
+    assert not _guard_step(guard, net, opt, good, torch.tensor([float("nan"), float("inf")]))
+    assert torch.equal(net.w, weights) and all(torch.equal(opt.state[net.w][k], v) for k, v in state.items())
+    assert guard.skipped == [1, 2] and guard.consecutive == [1, 2]
+    # member 0 lost too (its second bad step in a row): every member is lost
+    with pytest.raises(NumericalFault, match=r"2 consecutive optimizer steps skipped by every member .*"
+                                             r"the first bad quantity: non-finite loss \(nan\) of member 0"):
+        _guard_step(guard, net, opt, good, torch.tensor([float("nan"), float("nan")]))
+    assert guard.metrics()["train/skipped_steps"] == (2.0, 3.0)
+
+
+def test_the_guard_loads_a_single_runs_state_from_before_it_was_per_member():
+    from ppo_lightning.core.faults import NumericalGuard
+
+    guard = NumericalGuard(100)
+    guard.load_state_dict({"skipped_steps": 3, "consecutive": 1, "first_bad": "non-finite loss (nan) (iteration 2, step 9)"})
+    assert guard.skipped_steps == 3 and guard.consecutive == [1] and guard.first_bad[0].startswith("non-finite loss")
+    assert guard.state_dict() == {"skipped": [3], "consecutive": [1], "first_bad": [guard.first_bad[0]]}

@@ -266,11 +266,11 @@ class PPOFamilyLoss(LossModule):
         (`ppo_lightning.algos.hooks`). A subclass may override this one method instead."""
         return self.value_loss_spec.fn(v, **self.value_loss_args)
 
-    def update_kl_beta(self, mean_kl: float, seed: int | None = None) -> float:
-        """Adapt beta once per iteration (PPO paper rule); returns the new beta. ``seed``: that seed's
-        beta of a vectorized group, on its own mean KL. A non-finite KL leaves beta as it is."""
-        beta = self.kl_beta if seed is None else self.kl_beta[seed]
-        target = self.kl_target if not isinstance(self.kl_target, torch.Tensor) else float(self.kl_target[seed])
+    def update_kl_beta(self, mean_kl: float, member: int = 0) -> float:
+        """Adapt ``member``'s beta once per iteration (PPO paper rule) on its own mean KL; returns the
+        new beta. A non-finite KL leaves beta as it is. (A single run's beta is a scalar: its member 0.)"""
+        beta = self.kl_beta if self.kl_beta.dim() == 0 else self.kl_beta[member]
+        target = self.kl_target if not isinstance(self.kl_target, torch.Tensor) else float(self.kl_target[member])
         if self.objective_spec.adaptive_beta and math.isfinite(mean_kl):
             beta.fill_(F.adaptive_kl_beta(float(beta), mean_kl, target))
         return float(beta)

@@ -40,6 +40,7 @@ from ppo_lightning.core.errors import (  # noqa: F401  (re-exported: the faults'
     UnwritablePath,
     human_bytes,
 )
+from ppo_lightning.core.members import PerMember
 
 # ---------------------------------------------------------------------------- numerical faults
 
@@ -98,19 +99,41 @@ def first_nonfinite_key(batch, keys=None) -> str | None:
 
 
 class NumericalGuard:
-    """Skips optimizer steps with a non-finite loss or gradient; stops after too many in a row.
+    """Skips a member's optimizer step when its loss or gradient is non-finite; stops training when
+    every member is lost.
 
-    The update (`ppo_lightning.training.update`) calls `check_batch` with each minibatch,
-    `after_backward` with the step's loss once the gradients are in (before clipping and the step),
-    and `check_parameters` after the step.
+    A run has S members (``members``: one for a single run; a group's parameters and gradients carry a
+    leading member dimension ``[S, ...]``). The update (`ppo_lightning.training.update`) calls
+    `check_batch` with each minibatch, `after_backward` with the step's loss (``[S]``) once the
+    gradients are in (before clipping and the step), and `check_parameters` after the step.
+
+    - Every member's step bad (a single run's bad step): the step is skipped, its gradients dropped
+      (Adam and SGD then leave the parameters and their moments as they are).
+    - Some members' steps bad (a group): their gradients are zeroed and, after the step, their
+      slices of the parameters and of Adam's moments restored; the other members step.
+    - Training stops (`NumericalFault`) when every member has had ``max_bad_steps`` bad steps in a
+      row, with the first bad quantity of member 0's streak; or when the parameters of every member
+      are non-finite after a step (the learning rate is probably too large). A group's member whose
+      parameters went non-finite has bad steps from then on.
+    - Under data parallelism every rank skips the same steps.
     """
 
-    def __init__(self, max_bad_steps: int = 100) -> None:
-        self.max_bad_steps = max_bad_steps
-        self.skipped_steps = 0  # over the whole run (restored from checkpoints)
-        self.consecutive = 0
-        self.first_bad: str | None = None  # first bad quantity of the current streak
+    def __init__(self, max_bad_steps: int | None = 100, members: int = 1) -> None:
+        self.max_bad_steps, self.members = max_bad_steps, members
+        self.skipped = [0] * members  # bad steps over the whole run (restored from checkpoints)
+        self.consecutive = [0] * members
+        self.first_bad: list[str | None] = [None] * members  # first bad quantity of the current streak
         self._batches: list = []  # this optimizer step's minibatches, set by check_batch
+        self._restore: list = []  # a group's bad members' slices, put back after the step
+        self._bad: list[int] = []
+
+    @property
+    def skipped_steps(self) -> int:
+        return sum(self.skipped)
+
+    def reset_member(self, k: int) -> None:
+        """Member k starts again (a refilled slot): no skipped or bad steps counted."""
+        self.skipped[k], self.consecutive[k], self.first_bad[k] = 0, 0, None
 
     # -- inputs
     def check_batch(self, batch) -> None:
@@ -121,50 +144,91 @@ class NumericalGuard:
     # -- the optimizer step
     @torch.no_grad()
     def after_backward(self, module, optimizer, loss: Tensor | None) -> bool:
-        """Check the step's loss and gradients; a bad step's gradients are dropped (returns False)."""
+        """Check each member's loss and gradient; returns False when the step is skipped (every member bad)."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
-        bad = None
-        if not _all_finite(([loss.detach()] if isinstance(loss, Tensor) else []) + grads):
-            bad = self._describe(module, params, loss)
+        bad = self._bad_members(loss, grads)
         trainer = module._trainer
+        what = None
         if trainer is not None and trainer.world_size > 1:  # every rank skips the same steps
-            any_bad = trainer.strategy.reduce_boolean_decision(bad is not None, all=False)
-            if any_bad and bad is None:
-                bad = "a non-finite quantity on another data-parallel rank"
-        self._batches = []
-        if bad is None:
-            self.consecutive, self.first_bad = 0, None
+            any_bad = trainer.strategy.reduce_boolean_decision(bool(bad), all=False)
+            if any_bad and not bad:
+                bad, what = list(range(self.members)), "a non-finite quantity on another data-parallel rank"
+        batches, self._batches, self._restore, self._bad = self._batches, [], [], bad
+        for k in range(self.members):
+            if k not in bad:
+                self.consecutive[k], self.first_bad[k] = 0, None
+        if not bad:
             return True
-        for p in params:
-            p.grad = None  # Adam and SGD skip parameters without a gradient: no update, no moment change
-        self.skipped_steps += 1
-        self.consecutive += 1
-        if self.first_bad is None:
-            self.first_bad = f"{bad} (iteration {self._iteration(module)}, step {self._step(module)})"
-        if self.max_bad_steps is not None and self.consecutive >= self.max_bad_steps:
-            raise NumericalFault(
-                f"{self.consecutive} consecutive optimizer steps skipped (model.max_bad_steps={self.max_bad_steps});"
-                f" the first bad quantity: {self.first_bad}"
-            )
-        return False
+        where = f"iteration {self._iteration(module)}, step {self._step(module)}"
+        for k in bad:
+            self.skipped[k] += 1
+            self.consecutive[k] += 1
+            if self.first_bad[k] is None:
+                self.first_bad[k] = f"{what or self._describe(module, params, loss, batches, k)} ({where})"
+        skip = len(bad) == self.members
+        if skip:
+            for p in params:
+                p.grad = None  # Adam and SGD skip parameters without a gradient: no update, no moment change
+        else:
+            for p in params:
+                state = optimizer.state.get(p, {})
+                moments = {name: state[name][bad].clone() for name in ("exp_avg", "exp_avg_sq") if name in state}
+                self._restore.append((p, p.detach()[bad].clone(), moments, bool(state)))
+                if p.grad is not None:
+                    p.grad[bad] = 0.0
+        if self.max_bad_steps is not None and all(c >= self.max_bad_steps for c in self.consecutive):
+            n = min(self.consecutive)
+            who = "" if self.members == 1 else f" by every member (member 0's streak: {self.consecutive[0]})"
+            raise NumericalFault(f"{n} consecutive optimizer steps skipped{who} (model.max_bad_steps={self.max_bad_steps});"
+                                 f" the first bad quantity: {self.first_bad[0]}")
+        return not skip
 
-    def _describe(self, module, params, loss) -> str:
-        for batch in self._batches:
-            key = first_nonfinite_key(batch)
+    def _bad_members(self, loss: Tensor | None, grads: list[Tensor]) -> list[int]:
+        """The members whose loss or gradient is non-finite."""
+        losses = [loss.detach()] if isinstance(loss, Tensor) else []
+        if self.members == 1:  # no member dimension in the parameters: one exact check (DTensor shards too)
+            return [] if _all_finite(losses + grads) else [0]
+        S = self.members
+        # One reduction per parameter: a member's gradient sum is finite iff its entries are (short of
+        # an overflow of the sum itself, which then counts as bad too).
+        sums = [g.reshape(S, -1).sum(1) for g in grads] + [x.float().expand(S) for x in losses]
+        ok = torch.isfinite(torch.stack(sums).sum(0))
+        return (~ok).nonzero().flatten().tolist()
+
+    def _member(self, t: Tensor, k: int) -> Tensor:
+        return t if self.members == 1 else t[k]
+
+    def _describe(self, module, params, loss, batches, k: int) -> str:
+        """Member k's first non-finite quantity: a minibatch input, its loss, or a parameter's gradient."""
+        of = "" if self.members == 1 else f" of member {k}"
+        for batch in batches:
+            key = first_nonfinite_key(batch[k] if batch.batch_dims > 1 else batch)
             if key is not None:
-                return f"non-finite minibatch input {key!r}"
-        if isinstance(loss, Tensor) and not bool(torch.isfinite(loss).all()):
-            return f"non-finite loss ({float(loss):g})"
+                return f"non-finite minibatch input {key!r}{of}"
+        if isinstance(loss, Tensor):
+            value = loss.detach().float().expand(self.members)[k] if loss.dim() else loss.detach()
+            if not bool(torch.isfinite(value)):
+                return f"non-finite loss ({float(value):g}){of}"
         names = {id(p): n for n, p in module.named_parameters()}
         for p in params:
-            if p.grad is not None and not _all_finite([p.grad]):
-                return f"non-finite gradient of {names.get(id(p), 'a parameter')!r}"
-        return "a non-finite quantity"
+            if p.grad is not None and not _all_finite([self._member(p.grad, k)]):
+                return f"non-finite gradient of {names.get(id(p), 'a parameter')!r}{of}"
+        return f"a non-finite quantity{of}"
 
     @torch.no_grad()
     def check_parameters(self, module, optimizer) -> None:
-        """After a step: non-finite parameters stop training now (before EWMA or checkpoint see them)."""
+        """After a step: put back the bad members' slices; non-finite parameters of every member stop
+        training now (before EWMA or checkpoint see them)."""
+        if self._restore:
+            bad = self._bad
+            for p, saved, moments, had_state in self._restore:
+                p.detach()[bad] = saved
+                state = optimizer.state.get(p, {})
+                for name in ("exp_avg", "exp_avg_sq"):
+                    if name in state:
+                        state[name][bad] = moments[name] if had_state else 0.0
+            self._restore = []
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not params:
             return
@@ -174,6 +238,11 @@ class NumericalGuard:
             ok = not trainer.strategy.reduce_boolean_decision(not ok, all=False)
         if ok:
             return
+        if self.members > 1:
+            S = self.members
+            finite = torch.isfinite(torch.stack([p.detach().reshape(S, -1).sum(1) for p in params]).sum(0))
+            if bool(finite.any()):
+                return  # a group goes on: the lost members' next steps are bad (their losses non-finite)
         names = {id(p): n for n, p in module.named_parameters()}
         name = next((names.get(id(p), "a parameter") for p in params if not _all_finite([p.detach()])), "(another rank's)")
         lr = optimizer.param_groups[0].get("lr")
@@ -196,15 +265,20 @@ class NumericalGuard:
             return "?"
         return module._trainer.global_step - 1 if taken else module._trainer.global_step
 
-    def metrics(self) -> dict[str, float]:
-        return {"train/skipped_steps": float(self.skipped_steps)}
+    def metrics(self) -> dict[str, Any]:
+        return {"train/skipped_steps": PerMember(float(n) for n in self.skipped)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"skipped_steps": self.skipped_steps, "consecutive": self.consecutive, "first_bad": self.first_bad}
+        return {"skipped": list(self.skipped), "consecutive": list(self.consecutive), "first_bad": list(self.first_bad)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.skipped_steps, self.consecutive = int(state["skipped_steps"]), int(state["consecutive"])
-        self.first_bad = state.get("first_bad")
+        if "skipped_steps" in state:  # a single run's checkpoint before the guard was per member
+            state = {"skipped": [state["skipped_steps"]], "consecutive": [state["consecutive"]],
+                     "first_bad": [state.get("first_bad")]}
+        if "skipped" not in state:
+            return
+        self.skipped, self.consecutive = [int(n) for n in state["skipped"]], [int(n) for n in state["consecutive"]]
+        self.first_bad = list(state["first_bad"])
 
 
 def finite_mean(values: Tensor) -> float:

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities.parsing import collect_init_args
 from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.data import parallel
-from ppo_lightning.core.faults import finite_mean
+from ppo_lightning.core.faults import NumericalGuard, finite_mean
 from ppo_lightning.core.members import PerMember, name_members
 from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, LossSettings, PPOFamilyLoss, check_loss_output
 from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
@@ -216,8 +216,8 @@ class PPOLightningModule(pl.LightningModule):
         self._logged_at_frames: float | None = None
         self._recorded: dict[str, float] = {}
         self._fit_frames0 = 0
-        # Skips non-finite steps (a group: per seed), stops after max_bad_steps in a row.
-        self.numerical_guard = self.seed_axis.make_guard(max_bad_steps)
+        # Skips non-finite steps per member, stops when every member had max_bad_steps in a row.
+        self.numerical_guard = NumericalGuard(max_bad_steps, self.members)
         # The optional parts' hooks run in this order (ppo_lightning.training.parts): PPG's buffer check,
         # then the compiled loss, then the anchor, at fit start.
         self.compile_part = make_compile_part(self.hparams.get("compile", False))
@@ -495,18 +495,16 @@ class PPOLightningModule(pl.LightningModule):
     def _train_metrics(self, dm) -> dict[str, float]:
         """The iteration's means of the per-step diagnostics over the steps with finite ones (skipped
         steps have non-finite ones), and the adaptive KL beta's update: once per iteration, on the mean
-        KL of the last update epoch (all ranks'); a NaN never reaches beta. A group's are per seed."""
+        KL of the last update epoch (all ranks'); a NaN never reaches beta. Each member's own."""
         if not self.step_stats:
             return {}
         S = self.members
         stats = {name: self.step_stat(name).reshape(len(self.step_stats), S) for name in self.step_stats[0]}
         out = {f"train/{name}": PerMember(finite_mean(values[:, k]) for k in range(S)) for name, values in stats.items()}
-        if S == 1 or self.loss_module.objective_spec.adaptive_beta:
-            kl = stats["kl_anchor"][-getattr(dm, "num_minibatches", len(self.step_stats)):]
-            mean_kl = [parallel.mean_over_ranks(self, finite_mean(kl[:, k])) for k in range(S)]
-            out["train/kl_anchor_last_epoch"] = PerMember(mean_kl)
-            out["train/kl_beta"] = PerMember(self.loss_module.update_kl_beta(v, seed=None if S == 1 else k)
-                                             for k, v in enumerate(mean_kl))
+        kl = stats["kl_anchor"][-getattr(dm, "num_minibatches", len(self.step_stats)):]
+        mean_kl = [parallel.mean_over_ranks(self, finite_mean(kl[:, k])) for k in range(S)]
+        out["train/kl_anchor_last_epoch"] = PerMember(mean_kl)
+        out["train/kl_beta"] = PerMember(self.loss_module.update_kl_beta(v, k) for k, v in enumerate(mean_kl))
         return out
 
     def _component_metrics(self) -> dict[str, float]:

@@ -19,9 +19,9 @@ Per seed, by construction rather than by bookkeeping:
   count is shared: all seeds step together);
 - the EWMA proximal weights: elementwise too (`ppo_lightning.algos.proximal.ewma_update_`);
 - gradient-norm clipping (``trainer.gradient_clip_val``): each seed's gradient by its own norm;
-- numerical faults: `SeedGroupGuard` checks each seed's loss and gradient slices; a bad seed's
-  step is undone (its parameter and Adam-moment slices restored) and counted for that seed, while
-  the other seeds' steps proceed untouched;
+- numerical faults: the module's `ppo_lightning.core.faults.NumericalGuard` checks each member's loss
+  and gradient slices; a bad member's step is undone (its parameter and Adam-moment slices restored)
+  and counted for that member, while the other members' steps proceed untouched;
 - statistics: every per-step diagnostic is ``[S]``; each seed's metrics are logged under
   ``seed<k>/`` (and its own MLflow run where MLflow is on, `ppo_lightning.training.tracking`).
 
@@ -57,8 +57,6 @@ from typing import Any
 
 import torch
 from ppo_lightning.algos.loss import MEMBER_LOSS_SETTINGS
-from ppo_lightning.core.faults import NumericalFault, NumericalGuard
-from ppo_lightning.core.members import PerMember
 from ppo_lightning.data.seed_group import validate_member_hparams
 from ppo_lightning.nets.seed_stack import SeedStack
 from ppo_lightning.training.mlflow_sender import create_run
@@ -124,9 +122,6 @@ class SingleRun:
     def proximal_com(self, com: float | None) -> float | None:
         return com
 
-    def make_guard(self, max_bad_steps: int | None) -> NumericalGuard:
-        return NumericalGuard(max_bad_steps)
-
     def configure_loss(self, loss) -> None:
         pass
 
@@ -185,9 +180,6 @@ class SeedGroup(SingleRun):
     def stacked(self, network: torch.nn.Module) -> torch.nn.Module:
         """The group's network (the seeds' networks stacked) in place of a single run's ``network``."""
         return self.network
-
-    def make_guard(self, max_bad_steps: int | None) -> "SeedGroupGuard":
-        return SeedGroupGuard(self.members, max_bad_steps)
 
     def make_optimizer(self, h, params: list, fused: bool | None) -> torch.optim.Optimizer:
         """The group's optimizer over its stacked ``params``: at the members' common lr / betas (or the
@@ -519,91 +511,3 @@ class SeedRuns:
         if self.loggers is not None:
             self._run_ids = [lg.run_id for lg in self.loggers]  # kept: read after fit (`run_ids`)
         self.loggers = None
-
-
-class SeedGroupGuard:
-    """`ppo_lightning.core.faults.NumericalGuard` per seed: a seed whose loss or gradient is
-    non-finite has its step undone (parameters and Adam moments of its slice restored after the
-    optimizer step) and counted; the other seeds step as usual. Training stops only when every
-    seed has had ``max_bad_steps`` bad steps in a row."""
-
-    def __init__(self, members: int, max_bad_steps: int | None = 100) -> None:
-        self.members, self.max_bad_steps = members, max_bad_steps
-        self.skipped = [0] * members
-        self.consecutive = [0] * members
-        self.first_bad: list[str | None] = [None] * members
-        self._restore: list = []
-        self._bad: list[int] = []
-
-    @property
-    def skipped_steps(self) -> int:
-        return sum(self.skipped)
-
-    def reset_member(self, k: int) -> None:
-        """Member k starts again (a refilled slot): no skipped or bad steps counted."""
-        self.skipped[k], self.consecutive[k], self.first_bad[k] = 0, 0, None
-
-    def check_batch(self, batch) -> None:
-        pass
-
-    @torch.no_grad()
-    def after_backward(self, module, optimizer, loss: torch.Tensor | None) -> bool:
-        """Check each seed's loss (``loss``: ``[S]``) and gradient; a bad seed's gradient is zeroed and its
-        step undone by `check_parameters`. Returns True: the step goes on for the other seeds."""
-        S = self.members
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        # One reduction per parameter: a seed's gradient sum is finite iff its entries are (short of
-        # an overflow of the sum itself, which then counts as bad too).
-        sums = [p.grad.reshape(S, -1).sum(1) for p in params if p.grad is not None]
-        if loss is not None:
-            sums.append(loss)
-        ok = torch.isfinite(torch.stack(sums).sum(0))
-        bad = (~ok).nonzero().flatten().tolist()
-        self._restore, self._bad = [], bad
-        for k in range(S):
-            if k not in bad:
-                self.consecutive[k], self.first_bad[k] = 0, None
-        if not bad:
-            return True
-        for p in params:
-            state = optimizer.state.get(p, {})
-            moments = {name: state[name][bad].clone() for name in ("exp_avg", "exp_avg_sq") if name in state}
-            self._restore.append((p, p.detach()[bad].clone(), moments, bool(state)))
-            if p.grad is not None:
-                p.grad[bad] = 0.0
-        step = module.trainer.global_step if module._trainer is not None else "?"
-        for k in bad:
-            self.skipped[k] += 1
-            self.consecutive[k] += 1
-            if self.first_bad[k] is None:
-                self.first_bad[k] = f"non-finite loss or gradient of seed {k} (step {step})"
-        if self.max_bad_steps is not None and all(c >= self.max_bad_steps for c in self.consecutive):
-            raise NumericalFault(f"every seed of the group had {self.max_bad_steps} consecutive bad steps "
-                                 f"(model.max_bad_steps); seed 0's first: {self.first_bad[0]}")
-        return True
-
-    @torch.no_grad()
-    def check_parameters(self, module, optimizer) -> None:
-        """After the optimizer step: undo the bad seeds' slices."""
-        if not self._restore:
-            return
-        bad = self._bad
-        for p, saved, moments, had_state in self._restore:
-            p.detach()[bad] = saved
-            state = optimizer.state.get(p, {})
-            for name in ("exp_avg", "exp_avg_sq"):
-                if name in state:
-                    state[name][bad] = moments[name] if had_state else 0.0
-        self._restore = []
-
-    def metrics(self) -> dict[str, float]:
-        return {"train/skipped_steps": PerMember(float(n) for n in self.skipped)}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"skipped": list(self.skipped), "consecutive": list(self.consecutive), "first_bad": list(self.first_bad)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "skipped" not in state:
-            return
-        self.skipped, self.consecutive = list(state["skipped"]), list(state["consecutive"])
-        self.first_bad = list(state["first_bad"])
