@@ -266,3 +266,18 @@ def test_no_module_but_the_members_one_builds_a_members_metric_name():
                         isinstance(v, ast.Constant) and "/" in str(v.value) for v in node.values[1:]):
                 found.append(f"{path.relative_to(pkg)}:{node.lineno}")
     assert len(found) == 1 and found[0].startswith("core/members.py:"), found  # `member_metric`
+
+
+def test_a_single_run_refuses_member_refills_and_member_lrs_in_one_line():
+    """A single run is the group of one, but refilling a member or giving members their own lrs needs
+    a group: each is one clear error, and a single run has no member runs of its own."""
+    from ppo_lightning.data.datamodule import RolloutDataModule
+    from ppo_lightning.training.module import PPOLightningModule
+
+    dm = RolloutDataModule(env_id="CartPole-v1", num_envs=2, rollout_steps=8, num_minibatches=1, total_frames=16)
+    model = PPOLightningModule(dm.observation_space, dm.action_space)
+    assert model.members == 1 and model.member_run_ids is None
+    with pytest.raises(ValueError, match=r"refilling a member needs a group of members"):
+        model.refill_member(0, 1, {})
+    with pytest.raises(ValueError, match=r"members' own lrs need a group of members"):
+        model.set_member_lrs([1e-3])
