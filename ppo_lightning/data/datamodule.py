@@ -220,7 +220,7 @@ class RolloutDataModule(pl.LightningDataModule):
             module = self.trainer.lightning_module
             group = getattr(module, "seed_group", None)
             if group is not None:  # vectorized seeds (ppo_lightning.data.seed_group)
-                check_group_trainer(self.trainer, self.num_seeds, group.seeds, self.seeds, module.updater.accumulate)
+                check_group_trainer(self.trainer, self.num_seeds, group.seeds, self.seeds)
                 self.source = SeedGroupSource(self, module.network, group.seeds, group.action_rng_states)
                 self.group_states = self.source.states  # kept after teardown (results, after_fit)
             else:

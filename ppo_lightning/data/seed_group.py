@@ -70,16 +70,13 @@ def member_values(data, name: str) -> list[float]:
     return [float(x) for x in values] if values is not None else [float(getattr(data, name))] * data.members
 
 
-def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_seeds: list[int], accumulate: int = 1) -> None:
-    """One-line errors for a seed group on a trainer it cannot run on (``accumulate``: the minibatches a
-    step adds up, the Trainer's ``accumulate_grad_batches`` as the module's update took it)."""
+def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_seeds: list[int]) -> None:
+    """One-line errors for a seed group on a trainer it cannot run on."""
     if trainer.world_size > 1:
         raise ValueError(f"data.num_seeds={num_seeds} (vectorized seeds) runs on one device; got {trainer.world_size} "
                          f"processes (use one device, or run the seeds as separate data-parallel jobs)")
     if trainer.strategy.root_device.type != "cpu":
         raise ValueError(f"data.num_seeds > 1 (vectorized seeds) runs on the CPU for now, got {trainer.strategy.root_device}")
-    if accumulate != 1:
-        raise ValueError("data.num_seeds > 1 does not support trainer.accumulate_grad_batches yet")
     if list(model_seeds) != list(data_seeds):
         raise ValueError(f"model.seeds {model_seeds} differ from the data's seeds {data_seeds} (data.seed, data.num_seeds)")
 

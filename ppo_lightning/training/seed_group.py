@@ -73,7 +73,6 @@ def validate_seed_group(h) -> None:
             raise ValueError("model.member_hparams needs a seed group (data.num_seeds > 1, --seeds or data.member_seeds)")
         return
     refused = {
-        "model.micro_batch_size": h.get("micro_batch_size") is not None,
         "model.compile": h.get("compile", False) is not False,
         "model.proximal_precision": h.get("proximal_precision") is not None,
         "model.init_from": h.get("init_from") is not None,

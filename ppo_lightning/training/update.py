@@ -35,8 +35,9 @@ from ppo_lightning.data import parallel
 
 def combine_chunk_stats(chunk_stats: list[tuple[float, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
     """A minibatch's diagnostics from its chunks' ``(weight, stats by name)``: the size-weighted mean,
-    and the maximum for the entries of `ppo_lightning.algos.loss.MAX_ENTRIES` (on device: no host sync)."""
-    return {name: torch.stack([st[name] for _, st in chunk_stats]).max() if name in MAX_ENTRIES
+    and the maximum for the entries of `ppo_lightning.algos.loss.MAX_ENTRIES`, each member's own (``[S]``; on
+    device: no host sync)."""
+    return {name: torch.stack([st[name] for _, st in chunk_stats]).amax(0) if name in MAX_ENTRIES
             else sum(w * st[name] for w, st in chunk_stats) for name in chunk_stats[0][1]}
 
 
