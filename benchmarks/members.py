@@ -102,7 +102,6 @@ def network_floor(members: int, reps: int = 30) -> dict:
     from ppo_lightning.envs import env_spaces
     from ppo_lightning.nets.models import build_network
     from ppo_lightning.nets.seed_stack import SeedStack
-    from ppo_lightning.run.builder import fit_main  # noqa: F401 - the same imports as a run
 
     envs, steps, minibatches, epochs = 4, 64, 8, 3  # minatar/ppo --scale 16
     rows = envs * steps // minibatches

@@ -9,9 +9,9 @@ takes under Lightning's manual optimization:
   accumulated gradient is the minibatch's (up to float summation order); its diagnostics combine by
   `combine_chunk_stats`. A loss is ``[S]``, one per member (S = 1 for a single run; the gradient
   is that of their sum, so each member's is its own loss's);
-- **guard**: the module's ``numerical_guard`` (`ppo_lightning.core.faults.NumericalGuard`, or its
-  per-member form in a group) gets the step's loss after the backward pass and drops a bad step's
-  gradients;
+- **guard**: the module's ``numerical_guard`` (`ppo_lightning.core.faults.NumericalGuard`, one check per
+  member) gets the step's loss after the backward pass and drops a bad step's gradients (a bad
+  member's alone in a group);
 - **clip**: the module's ``configure_gradient_clipping`` (per member in a group) at the Trainer's
   ``gradient_clip_val`` (`Update.take_trainer_settings`);
 - **step**: the optimizer's step, then the guard's parameter check; the lr schedules step once per
