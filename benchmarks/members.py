@@ -128,7 +128,8 @@ def network_floor(members: int, reps: int = 30) -> dict:
         logits, value = net(upd)
         (logits.logsumexp(-1).sum() + value.sum()).backward()
 
-    t_act, t_upd = timed(rollout_forward), timed(update_step)
+    big = torch.randn(1024, 1024)
+    t_act, t_upd, t_gemm = timed(rollout_forward), timed(update_step), timed(lambda: big @ big)
     # per member-frame: one rollout forward per env step; each frame is in `epochs` update minibatches
     per_frame = t_act / (members * envs) + t_upd * epochs / (members * rows)
     p = {n: t[0] for n, t in net.inner.named_parameters()}
@@ -137,7 +138,8 @@ def network_floor(members: int, reps: int = 30) -> dict:
     fwd = 2 * (conv.numel() * hw + dense.numel() + p["policy_head.weight"].numel() + p["value_head.weight"].numel())
     bwd = 2 * (conv.numel() * hw + 2 * dense.numel() + 2 * (p["policy_head.weight"].numel() + p["value_head.weight"].numel()))
     return {"floor": 1.0 / per_frame, "rollout_forward_ms": t_act * 1e3, "update_step_ms": t_upd * 1e3,
-            "update_gflops": members * rows * (fwd + bwd) / t_upd / 1e9}
+            "update_gflops": members * rows * (fwd + bwd) / t_upd / 1e9,
+            "sgemm_1024_gflops": 2 * 1024**3 / t_gemm / 1e9}  # this core's matmul rate at a large size, for scale
 
 
 def main() -> None:
@@ -174,7 +176,8 @@ def main() -> None:
             row.update(network_floor=floor)
             line += (f"; the group's network alone allows {floor['floor']:,.0f} ({floor['floor'] / p:.2f}x the loop: "
                      f"rollout forward {floor['rollout_forward_ms']:.2f} ms, update forward + backward "
-                     f"{floor['update_step_ms']:.2f} ms at {floor['update_gflops']:.0f} GFLOP/s)")
+                     f"{floor['update_step_ms']:.2f} ms at {floor['update_gflops']:.0f} GFLOP/s; a 1024^3 sgemm "
+                     f"{floor['sgemm_1024_gflops']:.0f} GFLOP/s)")
         kind, target = TARGETS[env]
         line += f" (target >= {target}x the {'single run' if kind == 'single' else 'plain loop'})"
         print(line, flush=True)

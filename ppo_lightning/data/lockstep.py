@@ -51,8 +51,8 @@ class VectorGames:
         """``SyncVectorEnv.step`` of a DISABLED-autoreset vector env without its per-call work that nothing
         here reads (the merge of the sub-envs' infos, a deep copy of the observations, the action
         iterator): each sub-env steps on its row of ``actions`` and the vector env's own arrays are
-        written as its ``step`` writes them (its partial ``reset`` reads them). About 40 us of a Hopper
-        sub-env's ~320 us step (EPYC-AVX512, one process, interleaved)."""
+        written as its ``step`` writes them (its partial ``reset`` reads them). A median 22 us of a Hopper
+        member's ~200-300 us step (EPYC-AVX512, loaded: `benchmarks/vector_step.py`)."""
         vec = self.vec
         for i, env in enumerate(vec.envs):
             vec._env_obs[i], vec._rewards[i], vec._terminations[i], vec._truncations[i], _ = env.step(actions[i])
