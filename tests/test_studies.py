@@ -763,6 +763,42 @@ def test_a_report_that_drops_a_comparison_fails(tmp_path, monkeypatch):
         R.report(load_study(full), tmp_path / "out", plots=False)
 
 
+def test_an_interim_report_pools_only_the_envs_it_names_and_leaves_the_whole_report_alone(tmp_path, capsys):
+    """Arm a is 0.3 above b on Breakout and 0.3 below on Asterix: over both envs nothing is resolved;
+    `--envs minatar:breakout` resolves a > b, says which envs it leaves out, writes its own file, drops
+    a comparison on Asterix alone (and names it), and refuses --into (a page's block is the whole study)."""
+    from dataclasses import replace
+
+    from ppo_lightning.studies import report as R
+    from ppo_lightning.studies.command import main as study_main
+    from ppo_lightning.studies.spec import Comparison
+
+    path = _study_with_cells(tmp_path, "s", {"count": 5, "first": 0}, {"minatar:breakout": 0.3, "minatar:asterix": -0.3})
+    out = tmp_path / "out"
+    whole = R.report(load_study(path), out, plots=False)
+    row = next(line for line in whole.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | breakout + asterix"))
+    assert "no difference resolved" in row, row
+    assert study_main(["report", str(path), "--envs", "minatar:breakout", "--out", str(out), "--no-plots"]) == 0
+    interim = (out / "s_over_1_envs.md").read_text()
+    assert interim.startswith("**Interim: over 1 of the study's 2 envs** (minatar:breakout); left out: minatar:asterix")
+    row = next(line for line in interim.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | breakout |"))
+    assert "| **+0.3" in row and "a > b" in row, row
+    assert (out / "s.md").read_text() == whole  # the whole study's report is not touched
+    study = load_study(path)
+    only_asterix = replace(study, comparisons=study.comparisons + (Comparison("on Asterix", "ppo_ewma", "ppo_hi", envs=("minatar:asterix",)),))
+    view = only_asterix.over_envs(("minatar:breakout",))
+    assert [c.claim for c in view.comparisons] == ["EWMA beats PPO"] and view.envs == ("minatar:breakout",)
+    assert "comparisons on none of these envs, left out: on Asterix" in R.report(only_asterix, out, plots=False, envs=("minatar:breakout",))
+    page = tmp_path / "page.md"
+    page.write_text("x\n")
+    capsys.readouterr()
+    assert study_main(["report", str(path), "--envs", "minatar:breakout", "--into", str(page), "--no-plots", "--out", str(out)]) == 2
+    assert study_main(["report", str(path), "--envs", "minatar:pong", "--no-plots", "--out", str(out)]) == 2
+    errors = capsys.readouterr().out.strip().splitlines()
+    assert len(errors) == 2 and "--into" in errors[0] and "minatar:pong" in errors[1], errors
+    assert page.read_text() == "x\n"
+
+
 def test_every_committed_study_report_has_every_comparison():
     from ppo_lightning.studies.report import covered
 

@@ -36,9 +36,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--checkpoint-frames", type=int, default=None,
                    help="run: a group checkpoints every this many frames per member (default 65536)")
     p.add_argument("--envs", default=None,
-                   help="run, status: only the cells of these envs of the file (comma-separated, as the file spells "
+                   help="run, status, report: only the cells of these envs of the file (comma-separated, as the file spells "
                         "them), in that order, e.g. the cheap tasks first; the others stay pending, the records stay "
-                        "the whole study's")
+                        "the whole study's; report: an interim report pooled over these envs alone, written beside the "
+                        "whole study's (<stem>_over_<k>_envs.md), not with --into")
     p.add_argument("--into", type=Path, default=None, help="report: also replace the study's block in this docs page")
     p.add_argument("--out", type=Path, default=None, help="report: folder (default experiments/results/studies)")
     p.add_argument("--no-plots", action="store_true", help="report: tables only")
@@ -66,17 +67,22 @@ def main(argv: list[str]) -> int:
     if a.action == "report":  # start-up cost: the report needs rliable and matplotlib, not the runner
         from ppo_lightning.studies.report import report
 
+        if a.envs is not None and len(studies) > 1:
+            print("error: --envs names one study's envs: give one study file with it")
+            return 2
+        try:
+            envs = None if a.envs is None else runner.only_envs(studies[0], a.envs)
+        except ValueError as err:
+            print(f"error: {studies[0].path}: {err}")
+            return 2
         try:
             for study in studies:
-                report(study, a.out, a.into, plots=not a.no_plots, runs=a.runs)
+                report(study, a.out, a.into, plots=not a.no_plots, runs=a.runs, envs=envs)
         except (ValueError, OSError) as err:  # a page without the study's block, an unreadable page: one line
             print(f"error: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
             return 2
         return 0
     study = studies[0]
-    if a.envs is not None and a.action == "report":
-        print("error: --envs is for study run and status (a report reads every recorded cell)")
-        return 2
     try:
         envs = runner.only_envs(study, a.envs)
     except ValueError as err:

@@ -698,15 +698,25 @@ def effects_plot(study: Study, results: list[analysis.Result], path: Path, cpus:
 
 
 def report(study: Study, out_dir: Path | None = None, into: Path | None = None, plots: bool = True,
-           runs: Path | None = None) -> str:
+           runs: Path | None = None, envs: tuple[str, ...] | None = None) -> str:
     """Write the study's report (markdown and plots); returns the markdown. ``runs``: a folder of run
     roots (``runs/studies``): the cell files of runs in progress there, ``<runs>/<study name>/cells``,
-    count too, for this study and its confirming one (pending cells are reported as pending)."""
+    count too, for this study and its confirming one (pending cells are reported as pending).
+    ``envs``: an interim report over these of the study's envs alone (`Study.over_envs`), written
+    beside the whole study's as ``<stem>_over_<k>_envs.md`` and opened by a line naming the envs it
+    leaves out; not with ``into`` (a page's block reports the whole study)."""
     t0 = time.perf_counter()
+    whole = study
+    if envs is not None:
+        if into is not None:
+            raise ValueError("--envs makes an interim report over some envs: a page's block (--into) reports the whole study")
+        study = study.over_envs(tuple(envs))
     out_dir = out_dir or study.root / "experiments" / "results" / "studies"
     out_dir.mkdir(parents=True, exist_ok=True)
     root_of = lambda s: None if runs is None else Path(runs) / s.name  # noqa: E731
     cells = load_cells(study, curves=plots, run_root=root_of(study))
+    if envs is not None:
+        cells = {k: c for k, c in cells.items() if c.env in study.envs}
     results = analyse(study, cells)
     confirmation = None
     confirms = []
@@ -720,11 +730,19 @@ def report(study: Study, out_dir: Path | None = None, into: Path | None = None, 
         confirms.append((conf, analyse(conf_view, conf_cells, pool_all=True), conf_cells))
     if confirms:
         confirmation = (analyse(study, cells, pool_all=True), confirms)
-    out = out_dir / f"{study.path.stem}.md"
+    stem = study.path.stem if envs is None else f"{study.path.stem}_over_{len(study.envs)}_envs"
+    out = out_dir / f"{stem}.md"
     made = plot(study, cells, results, out) if plots else {}
     # beside the report, the figures by name; a docs page of experiments/ links them as results/studies/...
     rel = {k: (f"results/studies/{v.name}" if into is not None else v.name) for k, v in made.items()}
     text = markdown(study, results, cells, rel, confirmation)
+    if envs is not None:
+        left = [e for e in whole.envs if e not in study.envs]
+        gone = [c.claim for c in whole.comparisons if not set(c.envs or whole.envs) & set(study.envs)]
+        text = (f"**Interim: over {len(study.envs)} of the study's {len(whole.envs)} envs** ({', '.join(study.envs)}); "
+                f"left out: {', '.join(left) or 'none'}"
+                + (f"; comparisons on none of these envs, left out: {'; '.join(gone)}" if gone else "")
+                + ". The study's claims are over all its envs (`study report` without `--envs`).\n\n" + text)
     dropped = covered(study, text)
     if dropped:
         raise ValueError(f"{study.path.name}: the report drops comparisons of the study file: {'; '.join(dropped)}")

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +232,21 @@ class Study:
     def cells(self) -> list[tuple[str, str, int]]:
         """Every (arm, env, seed) the study asks for."""
         return [(a, e, s) for e in self.envs for a in self.arms for s in self.seeds]
+
+    def over_envs(self, envs: tuple[str, ...]) -> Study:
+        """The study as if its file listed only ``envs`` (a subset of its own): each comparison pools
+        its envs among them, and a comparison with none of them left is dropped. For an interim look
+        at a study whose other envs are still running (``study report --envs``); its claims are the
+        whole file's."""
+        unknown = [e for e in envs if e not in self.envs]
+        if unknown or not envs:
+            raise ValueError(f"--envs: {', '.join(unknown) or 'no env'} not among the study's envs ({', '.join(self.envs)})")
+        comparisons = []
+        for c in self.comparisons:
+            kept = tuple(e for e in (c.envs or self.envs) if e in envs)
+            if kept:
+                comparisons.append(replace(c, envs=None if c.envs is None else kept))
+        return replace(self, envs=tuple(e for e in self.envs if e in envs), comparisons=tuple(comparisons))
 
     def resolve(self, path: str | Path) -> Path:
         """A file the study names (`resolve_ref`)."""
