@@ -378,6 +378,30 @@ def test_study_run_envs_trains_only_those_envs_and_keeps_the_whole_studys_record
     assert "3 done, 0 running" in out and "1 pending of 4 cells" in out and "time left for minatar:breakout" in out
 
 
+def test_study_arms_plans_only_those_arms_and_an_unknown_arm_is_one_line(tmp_path, capsys):
+    """``--arms a``: the planned groups hold a's members alone (the two arms of the file pack into one
+    group without it), with ``--envs`` on those envs; ``status --arms`` counts their time left; an arm the
+    file does not have is one line (run, before anything trains), and a report refuses ``--arms``."""
+    from ppo_lightning.studies import runner
+    from ppo_lightning.studies.command import main as study_main
+
+    path = tiny(tmp_path, envs=["minatar:breakout", "minatar:space_invaders"])
+    study = load_study(path)
+    both = runner.plan(study, set(), 1)
+    assert {a for g in both for a, _ in g.members} == {"ppo_hi", "ppo_ewma"} and len(both) == 2
+    only = runner.plan(study, set(), 1, envs=("minatar:space_invaders",), arms=("ppo_hi",))
+    assert [(g.env, g.members) for g in only] == [("minatar:space_invaders", [("ppo_hi", 0)])]
+    root = tmp_path / "runs"
+    assert "time left for ppo_hi: " in runner.status_text(study, root, 1, arms=("ppo_hi",))
+    assert "time left for minatar:breakout x ppo_hi: " in runner.status_text(study, root, 1, ("minatar:breakout",), ("ppo_hi",))
+    capsys.readouterr()
+    assert study_main(["run", str(path), "--arms", "ppo_lo", "--run-root", str(root)]) == 2
+    assert study_main(["report", str(path), "--arms", "ppo_hi", "--no-plots", "--out", str(tmp_path / "out")]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and "--arms 'ppo_lo': ppo_lo not among the study's arms (ppo_ewma, ppo_hi)" in out[0], out
+    assert "--arms is for study run and status" in out[1] and not (root / "cells").exists()
+
+
 @pytest.mark.timeout(300)
 def test_a_killed_group_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
     """Stopped by SIGTERM in iteration 2 (the project's preemption: checkpoint, exit 143, nothing

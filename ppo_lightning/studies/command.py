@@ -40,6 +40,9 @@ def main(argv: list[str]) -> int:
                         "them), in that order, e.g. the cheap tasks first; the others stay pending, the records stay "
                         "the whole study's; report: an interim report pooled over these envs alone, written beside the "
                         "whole study's (<stem>_over_<k>_envs.md), not with --into")
+    p.add_argument("--arms", default=None,
+                   help="run, status: only the cells of these arms of the file (comma-separated, by name), e.g. one "
+                        "group of a task at a time; with --envs, those arms on those envs; the others stay pending")
     p.add_argument("--into", type=Path, default=None, help="report: also replace the study's block in this docs page")
     p.add_argument("--out", type=Path, default=None, help="report: folder (default experiments/results/studies)")
     p.add_argument("--no-plots", action="store_true", help="report: tables only")
@@ -67,6 +70,9 @@ def main(argv: list[str]) -> int:
     if a.action == "report":  # start-up cost: the report needs rliable and matplotlib, not the runner
         from ppo_lightning.studies.report import report
 
+        if a.arms is not None:
+            print("error: --arms is for study run and status (a report compares the arms its comparisons name)")
+            return 2
         if a.envs is not None and len(studies) > 1:
             print("error: --envs names one study's envs: give one study file with it")
             return 2
@@ -85,12 +91,13 @@ def main(argv: list[str]) -> int:
     study = studies[0]
     try:
         envs = runner.only_envs(study, a.envs)
+        arms = runner.only_arms(study, a.arms)
     except ValueError as err:
         print(f"error: {study.path}: {err}")
         return 2
     if a.action == "status":
         try:
-            print(runner.status_text(study, a.run_root, a.workers, envs))
+            print(runner.status_text(study, a.run_root, a.workers, envs, arms))
         except (ValueError, TypeError) as err:  # an arm's settings the planner cannot read ("fast" for an lr)
             print(f"error: {study.path}: {err}")
             return 2
@@ -101,7 +108,7 @@ def main(argv: list[str]) -> int:
         check_study(study, a.trust_code)
         a.run_root = check_run_root((a.run_root or runner.default_run_root(study)).resolve(), "study run root",
                                     "choose another with --run-root")
-        check_groups(study, a.run_root, a.workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1)), envs)
+        check_groups(study, a.run_root, a.workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1)), envs, arms)
     except UnsafeInput as err:
         print(f"error: {err}")
         return 2
@@ -110,7 +117,7 @@ def main(argv: list[str]) -> int:
         return err.exit_code
     try:
         return runner.run_study(study, workers=a.workers, executor=a.executor, run_root=a.run_root,
-                                tracking_uri=a.tracking_uri, checkpoint_frames=a.checkpoint_frames, envs=envs)
+                                tracking_uri=a.tracking_uri, checkpoint_frames=a.checkpoint_frames, envs=envs, arms=arms)
     except RuntimeError as err:
         if not isinstance(err, StorageFull):
             raise

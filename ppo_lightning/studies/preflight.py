@@ -41,13 +41,14 @@ def check_study(study, trust_code: bool = False) -> None:
         raise PreflightError(f"{study.path}: arm {name}: {err}") from None
 
 
-def check_groups(study, run_root: Path, workers: int, envs: tuple[str, ...] | None = None) -> None:
+def check_groups(study, run_root: Path, workers: int, envs: tuple[str, ...] | None = None,
+                 arms: tuple[str, ...] | None = None) -> None:
     """The groups ``study run`` would launch now (`ppo_lightning.studies.runner.plan` on the cells not
     recorded), each through fit's parser once per (env, arms, packed or not): a packing fit refuses
     (vectorized members on an env without a batched step) is one line naming the arms, before any worker."""
     done = runner.done_cells(study, run_root)
     seen: set = set()
-    for group in runner.plan(study, set(done), workers, done.values(), envs):
+    for group in runner.plan(study, set(done), workers, done.values(), envs, arms):
         arms = tuple(dict.fromkeys(a for a, _ in group.members))
         key = (group.env, arms, len(group.members) > 1)
         if key in seen:

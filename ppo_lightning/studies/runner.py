@@ -409,20 +409,23 @@ def rate_for(env: str, kind: str, rates: dict[tuple[str, str], float]) -> float:
     return DEFAULT_RATE_S * factor(env)
 
 
-def plan(study: Study, done: set, workers: int = 1, cells=None, envs: tuple[str, ...] | None = None) -> list[Group]:
-    """The groups that train the pending cells (of ``envs`` only, where given: `only_envs`), split where
+def plan(study: Study, done: set, workers: int = 1, cells=None, envs: tuple[str, ...] | None = None,
+         arms: tuple[str, ...] | None = None) -> list[Group]:
+    """The groups that train the pending cells (of ``envs`` and ``arms`` only, where given: `only_envs`,
+    `only_arms`), split where
     that shortens the study on ``workers`` workers (`balance`), with their estimated costs (rates from
     ``cells``, the recorded `Cell` objects, where there are any: `rate_for`)."""
     kinds, single = _kinds(study)
     kind_of = {a: k for k, arms in kinds.items() for a in arms} | {a: f"single:{a}" for a in single}
     rates = unit_rates(cells or [], kind_of)
     natural = []  # (env, members, seconds per member-unit and frame)
+    wanted = set(arms or study.arms)
     for env in envs or study.envs:
-        for key, arms in kinds.items():
-            members = [(a, s) for a in arms for s in study.seeds if (a, env, s) not in done]
+        for key, packed in kinds.items():
+            members = [(a, s) for a in packed if a in wanted for s in study.seeds if (a, env, s) not in done]
             if members:
                 natural.append((env, members, rate_for(env, key, rates)))
-        for arm in single:
+        for arm in (a for a in single if a in wanted):
             natural += [(env, [(arm, s)], rate_for(env, kind_of[arm], rates)) for s in study.seeds if (arm, env, s) not in done]
     parts = balance([(len(m), r * study.frames) for _, m, r in natural], workers)
     groups = []
@@ -446,6 +449,20 @@ def only_envs(study: Study, names: str | None) -> tuple[str, ...] | None:
     if unknown or not wanted:
         raise ValueError(f"--envs {names!r}: {', '.join(unknown) or 'no env'} not among the study's envs "
                          f"({', '.join(study.envs)})")
+    return wanted
+
+
+def only_arms(study: Study, names: str | None) -> tuple[str, ...] | None:
+    """``study run --arms``: the study's arms named in ``names`` (comma-separated, by their names in
+    the file), None for all. As with ``--envs``, the other arms' cells stay pending and the records stay
+    the whole study's; an arm the file does not have is refused."""
+    if names is None:
+        return None
+    wanted = tuple(dict.fromkeys(a.strip() for a in names.split(",") if a.strip()))
+    unknown = [a for a in wanted if a not in study.arms]
+    if unknown or not wanted:
+        raise ValueError(f"--arms {names!r}: {', '.join(unknown) or 'no arm'} not among the study's arms "
+                         f"({', '.join(study.arms)})")
     return wanted
 
 
@@ -800,7 +817,7 @@ def executor_cluster(executor: str) -> str:
 
 def run_study(study: Study, workers: int | None = None, executor: str = "auto", run_root: Path | None = None,
               tracking_uri: str | None = None, poll_s: float = 5.0, checkpoint_frames: int | None = None,
-              progress_s: float = 60.0, envs: tuple[str, ...] | None = None) -> int:
+              progress_s: float = 60.0, envs: tuple[str, ...] | None = None, arms: tuple[str, ...] | None = None) -> int:
     import submitit
 
     run_root = (run_root or default_run_root(study)).resolve()
@@ -810,7 +827,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         workers = int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
     t0 = time.perf_counter()
     done = done_cells(study, run_root)
-    groups = plan(study, set(done), workers, done.values(), envs)
+    groups = plan(study, set(done), workers, done.values(), envs, arms)
     total = len(study.cells())
     print(f"[study] {study.name}: {len(done)} of {total} cells recorded; {sum(len(g.members) for g in groups)} to run "
           f"in {len(groups)} groups on {workers} worker(s)", flush=True)
@@ -858,9 +875,9 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
               f"(planning + records) against {compute:.0f} s of training", flush=True)
     missing = [c for c in study.cells() if c not in done_cells(study, run_root)]
-    if failed or not envs or any(c[1] in envs for c in missing):
+    if failed or not (envs or arms) or any((not envs or c[1] in envs) and (not arms or c[0] in arms) for c in missing):
         end_parent_run(study, tracking_uri, "FAILED", missing)
-    # else (--envs, all of them recorded): the study's parent run stays open for its other envs' cells
+    # else (--envs / --arms, all of theirs recorded): the study's parent run stays open for the other cells
     if failed:
         print("[study] failed: " + "; ".join(failed) + f"; the recorded cells are kept: rerun `ppo-lightning study run "
               f"{study.path}` to train the others", flush=True)
@@ -879,9 +896,9 @@ def status_line(study: Study, run_root: Path, since: float | None = None) -> str
 
 
 def status_text(study: Study, run_root: Path | None = None, workers: int | None = None,
-                envs: tuple[str, ...] | None = None) -> str:
+                envs: tuple[str, ...] | None = None, arms: tuple[str, ...] | None = None) -> str:
     """Done / running / pending cells, and the time left: the groups `plan` makes of the cells not
-    done (of ``envs`` only, where given), at the rates of the recorded cells (else the defaults), in
+    done (of ``envs`` and ``arms`` only, where given), at the rates of the recorded cells (else the defaults), in
     one core's time and on ``workers`` workers (default: the CPU count, or SLURM's)."""
     run_root = (run_root or default_run_root(study)).resolve()
     done = done_cells(study, run_root)
@@ -895,11 +912,12 @@ def status_text(study: Study, run_root: Path | None = None, workers: int | None 
              f"{len(pending)} pending of {len(study.cells())} cells"]
     if pending or running:
         workers = workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
-        core = sum(g.cost for g in plan(study, set(done), 1, done.values(), envs))
-        span = makespan([g.cost for g in plan(study, set(done), workers, done.values(), envs)], workers)
+        core = sum(g.cost for g in plan(study, set(done), 1, done.values(), envs, arms))
+        span = makespan([g.cost for g in plan(study, set(done), workers, done.values(), envs, arms)], workers)
         basis = ("the recorded groups' rates" if unit_rates(done.values(), {a: a for a in study.arms})
                  else "the default rates: no group recorded by the runner")
-        lines.append(f"time left{' for ' + ', '.join(envs) if envs else ''}: ~{core / 3600:.2f} h of one core, "
+        which = [", ".join(x) for x in (envs, arms) if x]
+        lines.append(f"time left{' for ' + ' x '.join(which) if which else ''}: ~{core / 3600:.2f} h of one core, "
                      f"~{span / 3600:.2f} h on {workers} worker(s) (at {basis}; a running group counts whole)")
     for arm in study.arms:
         n = sum(1 for c in done if c[0] == arm)
