@@ -541,6 +541,40 @@ def test_a_group_another_process_trains_is_left_to_it(tmp_path, capsys):
 
 
 @pytest.mark.timeout(300)
+def test_a_launcher_leaves_a_locked_group_to_its_holder_without_failing(tmp_path, monkeypatch, capsys):
+    """Two `study run` launchers on one run root share its groups through the group locks: the one that
+    finds a group locked leaves it to the holder, exits 0 and leaves the study's parent run open for the
+    holder's records (no FAILED run for cells another process records); once the lock is free a rerun
+    trains the group and ends the parent run FINISHED."""
+    from mlflow.tracking import MlflowClient
+
+    from ppo_lightning.studies import runner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    study = load_study(tiny(tmp_path))
+    root, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    group = runner.plan(study, set(), 1)[0]
+    held = runner.group_lock(root, group.name)
+    try:
+        assert runner.run_study(study, workers=1, executor="local", run_root=root, tracking_uri=uri, poll_s=1) == 0
+    finally:
+        os.close(held)
+    out = capsys.readouterr().out
+    assert "2 cells left to another process that trains their groups now" in out and "failed" not in out, out
+    assert not (root / "cells").exists() or not list((root / "cells").glob("*.json"))
+
+    def parents():
+        exp = MlflowClient(uri).get_experiment_by_name(study.name)
+        return [] if exp is None else MlflowClient(uri).search_runs([exp.experiment_id], "tags.study_parent = 'true'")
+
+    assert all(r.info.status == "RUNNING" for r in parents())
+    assert runner.run_study(study, workers=1, executor="local", run_root=root, tracking_uri=uri, poll_s=1) == 0
+    assert len(list((root / "cells").glob("*.json"))) == 2
+    assert [r.info.status for r in parents()] == ["FINISHED"]
+
+
+@pytest.mark.timeout(300)
 def test_a_launcher_stopped_by_sigterm_stops_its_local_jobs_and_a_rerun_continues(tmp_path, monkeypatch):
     """SIGTERM to `study run` while its local job trains: the job checkpoints and stops (no process of
     it is left), the launcher exits 143 with one line, and a rerun continues the group from its

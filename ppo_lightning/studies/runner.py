@@ -862,9 +862,9 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         t1, overhead, failed = time.perf_counter(), time.perf_counter() - t0, []
     have = recorded(run_root)
     busy = [k for g in groups for a, s in g.members if (k := (a, g.env, s)) not in have]
-    if busy and not failed:  # the workers left groups that another process holds (`group_lock`)
-        failed = [f"{len(busy)} cells not recorded: another process trains their groups (a `study run` or its "
-                  f"jobs still running?); rerun when it ends"]
+    if busy and not failed:  # the workers left groups that another process holds (`group_lock`): not a failure
+        print(f"[study] {len(busy)} cells left to another process that trains their groups now (a second `study run` "
+              f"on this run root, or a stopped launcher's job): that process records them", flush=True)
     mine = {k: c for k, c in have.items() if c.arm in study.arms and c.env in study.envs}
     if mine:  # the CSV export next to the study file: its own cells (committed records stay where they are)
         cells = export_cells(study, curves=True)
@@ -875,7 +875,9 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
               f"(planning + records) against {compute:.0f} s of training", flush=True)
     missing = [c for c in study.cells() if c not in done_cells(study, run_root)]
-    if failed or not (envs or arms) or any((not envs or c[1] in envs) and (not arms or c[0] in arms) for c in missing):
+    if busy and not failed:
+        pass  # the study's parent run stays open: the process training the busy groups goes on in it
+    elif failed or not (envs or arms) or any((not envs or c[1] in envs) and (not arms or c[0] in arms) for c in missing):
         end_parent_run(study, tracking_uri, "FAILED", missing)
     # else (--envs / --arms, all of theirs recorded): the study's parent run stays open for the other cells
     if failed:
