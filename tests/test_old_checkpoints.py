@@ -5,6 +5,10 @@ seeds, the checkpoint of iteration 2 of a 4-iteration run made by the commit in 
 final network, optimizer and EWMA tensors of that run uninterrupted (``make.sh COMMIT`` writes them).
 Resumed from iteration 2 here, each run must end on exactly those tensors: a change to the checkpoint's
 contents, to what a resume restores, or to the math of an iteration fails this test.
+Bitwise on the CPU type that wrote them (``CPU``: EPYC-AVX512); on another type (MKL picks its kernels
+by vendor, torch by ISA) the same run rounds otherwise, so there each tensor must agree within
+``CROSS_CPU_RTOL`` of its largest value (measured on a Xeon-AVX512: at most 2e-5, PPG-EWMA's Adam
+moments; a resume that misses a state, e.g. an RNG, moves tensors by orders of magnitude more).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "old_checkpoints"
+CROSS_CPU_RTOL = 1e-3
 TINY = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--checkpoint_every", "1",
         "--data.num_envs", "4", "--data.rollout_steps", "16", "--data.num_minibatches", "2", "--data.update_epochs", "2",
         "--data.normalize_reward", "true", "--data.advantage_norm_span", "4", "--data.total_frames", "256"]
@@ -25,6 +30,13 @@ RUNS = {  # as make.sh ran them
     "ppg_ewma": ["--config", "cartpole/ppg_ewma", "--model.ppg.n_pi", "2"],
     "group": ["--config", "minatar/ppo_ewma", "--seeds", "2", "--model.network.hidden", "16", "--data.num_threads", "1"],
 }
+
+
+def _this_cpu() -> str:
+    from ppo_lightning.studies.records import cpu_short
+    from ppo_lightning.studies.runner import cpu_label
+
+    return cpu_short(cpu_label())
 
 
 def _tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -53,6 +65,12 @@ def test_an_old_checkpoint_resumes_to_the_old_runs_end_bitwise(name, tmp_path):
     got = _final(torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True))
     assert sorted(got) == sorted(want), set(got) ^ set(want)
     differ = [k for k in want if not torch.equal(got[k], want[k])]
-    assert not differ, f"{len(differ)} of {len(want)} tensors differ from the old run's end, e.g. {differ[:3]}"
+    if _this_cpu() == (FIXTURES / "CPU").read_text().strip():
+        assert not differ, f"{len(differ)} of {len(want)} tensors differ from the old run's end, e.g. {differ[:3]}"
+    else:
+        rel = {k: ((got[k].double() - want[k].double()).abs().max() / want[k].double().abs().max().clamp_min(1e-12)).item()
+               for k in differ}
+        far = {k: v for k, v in rel.items() if v > CROSS_CPU_RTOL}
+        assert not far, f"{len(far)} of {len(want)} tensors differ from the old run's end beyond rounding, e.g. {list(far.items())[:3]}"
     assert int(meta["frames"]) == torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)[
         "RolloutDataModule"]["frames"]
