@@ -862,7 +862,8 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         t1, overhead, failed = time.perf_counter(), time.perf_counter() - t0, []
     have = recorded(run_root)
     busy = [k for g in groups for a, s in g.members if (k := (a, g.env, s)) not in have]
-    if busy and not failed:  # the workers left groups that another process holds (`group_lock`): not a failure
+    left_to_others = bool(busy) and not failed  # groups another process holds (`group_lock`): not a failure
+    if left_to_others:
         print(f"[study] {len(busy)} cells left to another process that trains their groups now (a second `study run` "
               f"on this run root, or a stopped launcher's job): that process records them", flush=True)
     mine = {k: c for k, c in have.items() if c.arm in study.arms and c.env in study.envs}
@@ -875,11 +876,11 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
         print(f"[study] {study.name}: {len(cells)} cells in {study.cells_csv.name}; runner overhead {overhead:.1f} s "
               f"(planning + records) against {compute:.0f} s of training", flush=True)
     missing = [c for c in study.cells() if c not in done_cells(study, run_root)]
-    if busy and not failed:
-        pass  # the study's parent run stays open: the process training the busy groups goes on in it
-    elif failed or not (envs or arms) or any((not envs or c[1] in envs) and (not arms or c[0] in arms) for c in missing):
+    if not left_to_others and (failed or not (envs or arms)
+                               or any((not envs or c[1] in envs) and (not arms or c[0] in arms) for c in missing)):
         end_parent_run(study, tracking_uri, "FAILED", missing)
-    # else (--envs / --arms, all of theirs recorded): the study's parent run stays open for the other cells
+    # else the study's parent run stays open: for the process training the groups left to it, or (--envs /
+    # --arms, all of theirs recorded) for the other cells
     if failed:
         print("[study] failed: " + "; ".join(failed) + f"; the recorded cells are kept: rerun `ppo-lightning study run "
               f"{study.path}` to train the others", flush=True)
