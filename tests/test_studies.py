@@ -473,6 +473,19 @@ def test_the_curves_plot_every_arm_and_name_the_envs_an_arm_lacks(tmp_path):
     assert plot(study, cells, [], tmp_path / "tiny.md")["sample efficiency"].exists()
 
 
+def test_the_plots_draw_every_compared_arm_in_its_own_color():
+    """Table 1 compares 14 arms: the curves and profiles draw all 14 (not the first 10 of the default
+    color cycle), each in a color of its own."""
+    from ppo_lightning.studies.report import arm_colors, plotted_arms
+
+    study = load_study(ROOT / "experiments" / "studies" / "mujoco_ppo_table1.yaml")
+    arms = plotted_arms(study)
+    assert len(arms) == len(study.arms) == 14 and set(arms) == set(study.arms)
+    for n in (3, 10, 14, 25):
+        colors = arm_colors([f"a{i}" for i in range(n)])
+        assert len({str(c) for c in colors.values()}) == n
+
+
 def test_a_full_disk_while_writing_study_records_is_one_line_and_keeps_every_record(tmp_path):
     """Issue 38 for the study records, on a real 256 kB tmpfs holding the study file, its export and its
     run root: writes that do not fit raise one line (what, where, bytes needed and free), leave no

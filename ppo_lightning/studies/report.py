@@ -562,6 +562,23 @@ def curve_panels(study: Study, cells: dict, arms: list[str], grid: np.ndarray) -
     return panels
 
 
+def plotted_arms(study: Study) -> list[str]:
+    """The arms the curves and profiles draw: every arm of a comparison, in the file's order (every arm
+    where the file compares none)."""
+    return list(dict.fromkeys(x for comp in study.comparisons for x in (comp.a, comp.b))) or list(study.arms)
+
+
+def arm_colors(arms: list[str]) -> dict[str, object]:
+    """A distinct color per arm: matplotlib's default cycle (10 colors) up to 10 arms, tab20 up to 20,
+    then a continuous colormap."""
+    import matplotlib
+
+    if len(arms) <= 10:
+        return {a: f"C{i}" for i, a in enumerate(arms)}
+    cmap = matplotlib.colormaps["tab20" if len(arms) <= 20 else "turbo"]
+    return {a: cmap(i if len(arms) <= 20 else i / (len(arms) - 1)) for i, a in enumerate(arms)}
+
+
 def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, points: int = 40) -> dict[str, Path]:
     """Sample-efficiency curves of the compared arms (pooled over the envs, and per env: an arm missing
     an env is in the panels of the envs it has, and named under the pooled one), performance profiles
@@ -574,8 +591,8 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
     norm = normalizer(study, cells)
     labels = {a: arm.label for a, arm in study.arms.items()}
     made = {}
-    arms = (list(dict.fromkeys(x for comp in study.comparisons for x in (comp.a, comp.b))) or list(study.arms))[:10]
-    color = {a: f"C{i}" for i, a in enumerate(arms)}
+    arms = plotted_arms(study)
+    color = arm_colors(arms)
     grid = np.linspace(study.frames / points, study.frames, points)
     panels = curve_panels(study, cells, arms, grid)
     cpus = holds_under(list(cells.values()))
@@ -624,7 +641,7 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         fig.savefig(made["sample efficiency"], dpi=110, bbox_inches="tight")
         plt.close(fig)
     scores = {}
-    for arm in arms[:10]:  # performance profiles: the fraction of runs above each normalized AUC (rliable)
+    for arm in arms:  # performance profiles: the fraction of runs above each normalized AUC (rliable)
         m, _ = _matrix([c for c in cells.values() if c.arm == arm], study.envs, "auc", norm)
         if len(m) >= 2:
             scores[arm] = m
@@ -634,10 +651,11 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         prof, bands = analysis.performance_profiles(scores, taus, reps=PLOT_REPS)
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
         for arm in scores:
-            line, = ax.plot(taus, prof[arm], label=f"{labels[arm]} (n={len(scores[arm])})")
-            ax.fill_between(taus, bands[arm][0], bands[arm][1], color=line.get_color(), alpha=0.2)
+            ax.plot(taus, prof[arm], color=color[arm], label=f"{labels[arm]} (n={len(scores[arm])})")
+            ax.fill_between(taus, bands[arm][0], bands[arm][1], color=color[arm], alpha=0.2)
         ax.set(xlabel="normalized AUC (tau)", ylabel="fraction of runs with AUC > tau", title="performance profiles"[:90])
-        ax.legend(fontsize=6)
+        # beside the axes where many arms would cover the curves
+        ax.legend(fontsize=6, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if len(scores) > 6 else {}))
         fig.text(0.01, 0.005, f"cells: {cpus}; 95% stratified bootstrap bands (rliable)", fontsize=5)
         made["performance profiles"] = out.with_name(out.stem + "_profiles.png")
         fig.savefig(made["performance profiles"], dpi=110, bbox_inches="tight")
