@@ -486,6 +486,29 @@ def test_the_plots_draw_every_compared_arm_in_its_own_color():
         assert len({str(c) for c in colors.values()}) == n
 
 
+def test_many_arms_split_over_images_of_at_most_14_each(tmp_path):
+    """28 arms: two curve images and two profile images of 14 arms, every arm in one of them; the report
+    names every image."""
+    from ppo_lightning.studies.records import Cell
+    from ppo_lightning.studies.report import arm_chunks, plot
+
+    assert [len(c) for c in arm_chunks(list(range(28)))] == [14, 14]
+    assert [len(c) for c in arm_chunks(list(range(16)))] == [8, 8]
+    assert [len(c) for c in arm_chunks(list(range(29)))] == [10, 10, 9]
+    assert [len(c) for c in arm_chunks(list(range(14)))] == [14] and arm_chunks([]) == []
+    assert sum(arm_chunks(list(range(29))), []) == list(range(29))
+    arms = [{"name": f"a{i}", "label": f"arm {i}", "fit": {"model.lr": 0.001 * (i + 1)}} for i in range(16)]
+    comps = [{"claim": f"a{i} differs from a0", "a": f"a{i}", "b": "a0"} for i in range(1, 16)]
+    study = load_study(tiny(tmp_path, arms=arms, comparisons=comps, seeds={"count": 2, "first": 0}))
+    curve = [(64.0, 1.0), (128.0, 2.0), (256.0, 3.0)]
+    cells = {(a, e, s): Cell(a, e, s, 256, 2.0 + s, 3.0, curve=curve) for a in study.arms for e in study.envs for s in range(2)}
+    made = plot(study, cells, [], tmp_path / "many.md")
+    assert {k: v.name for k, v in made.items()} == {
+        "sample efficiency": "many_curves.png", "sample efficiency (2)": "many_curves_2.png",
+        "performance profiles": "many_profiles.png", "performance profiles (2)": "many_profiles_2.png"}
+    assert all(v.exists() for v in made.values())
+
+
 def test_a_full_disk_while_writing_study_records_is_one_line_and_keeps_every_record(tmp_path):
     """Issue 38 for the study records, on a real 256 kB tmpfs holding the study file, its export and its
     run root: writes that do not fit raise one line (what, where, bytes needed and free), leave no

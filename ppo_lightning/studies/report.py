@@ -568,6 +568,23 @@ def plotted_arms(study: Study) -> list[str]:
     return list(dict.fromkeys(x for comp in study.comparisons for x in (comp.a, comp.b))) or list(study.arms)
 
 
+# arms in one image of curves or profiles: beyond this they are split over several images (tab20's
+# colors stay distinct up to 20; a legend of more than ~15 entries covers a panel)
+ARMS_PER_IMAGE = 14
+
+
+def arm_chunks(arms: list[str], most: int = ARMS_PER_IMAGE) -> list[list[str]]:
+    """``arms`` in order, split into the fewest images of at most ``most`` arms, of sizes as equal as can be."""
+    k = max(1, math.ceil(len(arms) / most))
+    size, extra = divmod(len(arms), k)
+    out, i = [], 0
+    for j in range(k):
+        n = size + (j < extra)
+        out.append(arms[i:i + n])
+        i += n
+    return [c for c in out if c]
+
+
 def arm_colors(arms: list[str]) -> dict[str, object]:
     """A distinct color per arm: matplotlib's default cycle (10 colors) up to 10 arms, tab20 up to 20,
     then a continuous colormap."""
@@ -582,7 +599,8 @@ def arm_colors(arms: list[str]) -> dict[str, object]:
 def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, points: int = 40) -> dict[str, Path]:
     """Sample-efficiency curves of the compared arms (pooled over the envs, and per env: an arm missing
     an env is in the panels of the envs it has, and named under the pooled one), performance profiles
-    and a forest plot of the effects."""
+    and a forest plot of the effects. More arms than `ARMS_PER_IMAGE` are split over several images
+    (``_curves.png``, ``_curves_2.png``, ...; the same for the profiles) rather than crowded into one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -592,11 +610,24 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
     labels = {a: arm.label for a, arm in study.arms.items()}
     made = {}
     arms = plotted_arms(study)
-    color = arm_colors(arms)
+    chunks = arm_chunks(arms)
     grid = np.linspace(study.frames / points, study.frames, points)
-    panels = curve_panels(study, cells, arms, grid)
     cpus = holds_under(list(cells.values()))
-    if any(panels.values()):
+    missing_all = missing_envs(study, cells)
+
+    def part_of(i: int, chunk: list[str]) -> str:
+        first = sum(len(c) for c in chunks[:i])
+        return f" (arms {first + 1}-{first + len(chunk)} of {len(arms)})" if len(chunks) > 1 else ""
+
+    def target(kind: str, suffix: str, i: int) -> tuple[str, Path]:
+        return (kind if i == 0 else f"{kind} ({i + 1})",
+                out.with_name(out.stem + (f"_{suffix}.png" if i == 0 else f"_{suffix}_{i + 1}.png")))
+
+    for part, chunk in enumerate(chunks):
+        color = arm_colors(chunk)
+        panels = curve_panels(study, cells, chunk, grid)
+        if not any(panels.values()):
+            continue
         n = len(panels)
         cols = min(n, 3)
         rows = math.ceil(n / cols)
@@ -604,7 +635,7 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
                                  layout="constrained")
         for ax in axes.flat[n:]:
             ax.set_visible(False)
-        missing = {a: m for a, m in missing_envs(study, cells).items() if a in arms}
+        missing = {a: m for a, m in missing_all.items() if a in chunk}
         handles = {}
         for ax, (name, curves) in zip(axes.flat, panels.items()):
             bands = analysis.sample_efficiency(curves, reps=PLOT_REPS) if curves else {}
@@ -614,7 +645,8 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
             pooled = name == "pooled"
             what = "return" if study.score == "raw" else "normalized return"
             ax.set(xlabel="environment frames", ylabel=f"{what}, mean of {len(study.envs)} envs" if pooled else what,
-                   title=(f"{study.title}"[:90] if n == 1 else f"mean of the {len(study.envs)} envs" if pooled else env_game(name)))
+                   title=(f"{study.title}"[:90] + part_of(part, chunk) if n == 1 else f"mean of the {len(study.envs)} envs" if pooled
+                          else env_game(name)))
             ax.title.set_fontsize(8)
             ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e3:g}k")
             if pooled and missing:
@@ -625,8 +657,8 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
                 ax.legend(fontsize=6)
         note = f"cells: {cpus}; 95% stratified bootstrap bands (rliable)"
         if n > 1:  # one legend for the panels (n: the runs in the first panel that has the arm), with the note
-            fig.suptitle(f"{study.title}"[:120], fontsize=9)
-            keys = [a for a in arms if a in handles]
+            fig.suptitle(f"{study.title}"[:120] + part_of(part, chunk), fontsize=9)
+            keys = [a for a in chunk if a in handles]
             entries = ([handles[a] for a in keys], [handles[a].get_label() for a in keys])
             if n < rows * cols:  # in the first empty slot
                 slot = axes.flat[n]
@@ -637,15 +669,19 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
                 fig.legend(*entries, loc="outside lower center", ncols=2, fontsize=6, title=note, title_fontsize=5)
         else:
             fig.text(0.01, 0.0, note, fontsize=5, va="top")
-        made["sample efficiency"] = out.with_name(out.stem + "_curves.png")
-        fig.savefig(made["sample efficiency"], dpi=110, bbox_inches="tight")
+        key, path = target("sample efficiency", "curves", part)
+        made[key] = path
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
-    scores = {}
-    for arm in arms:  # performance profiles: the fraction of runs above each normalized AUC (rliable)
-        m, _ = _matrix([c for c in cells.values() if c.arm == arm], study.envs, "auc", norm)
-        if len(m) >= 2:
-            scores[arm] = m
-    if scores:
+    for part, chunk in enumerate(chunks):  # performance profiles: the fraction of runs above each normalized AUC (rliable)
+        color = arm_colors(chunk)
+        scores = {}
+        for arm in chunk:
+            m, _ = _matrix([c for c in cells.values() if c.arm == arm], study.envs, "auc", norm)
+            if len(m) >= 2:
+                scores[arm] = m
+        if not scores:
+            continue
         allv = np.concatenate([m.ravel() for m in scores.values()])
         taus = np.linspace(allv.min(), allv.max(), 60)
         prof, bands = analysis.performance_profiles(scores, taus, reps=PLOT_REPS)
@@ -653,12 +689,13 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         for arm in scores:
             ax.plot(taus, prof[arm], color=color[arm], label=f"{labels[arm]} (n={len(scores[arm])})")
             ax.fill_between(taus, bands[arm][0], bands[arm][1], color=color[arm], alpha=0.2)
-        ax.set(xlabel="normalized AUC (tau)", ylabel="fraction of runs with AUC > tau", title="performance profiles"[:90])
+        ax.set(xlabel="normalized AUC (tau)", ylabel="fraction of runs with AUC > tau", title="performance profiles" + part_of(part, chunk))
         # beside the axes where many arms would cover the curves
         ax.legend(fontsize=6, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if len(scores) > 6 else {}))
         fig.text(0.01, 0.005, f"cells: {cpus}; 95% stratified bootstrap bands (rliable)", fontsize=5)
-        made["performance profiles"] = out.with_name(out.stem + "_profiles.png")
-        fig.savefig(made["performance profiles"], dpi=110, bbox_inches="tight")
+        key, path = target("performance profiles", "profiles", part)
+        made[key] = path
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
     results = [r for r in results if not getattr(r, "pending", False)]
     if results:
