@@ -120,12 +120,11 @@ def main() -> None:
     import torch
 
     from ppo_lightning.core.hardware import machine_info, machine_line
-    from ppo_lightning.studies.records import cpu_short
-    from ppo_lightning.studies.runner import cpu_label
+    from ppo_lightning.studies.runner import cpu_type
 
     torch.set_num_threads(a.threads)
     machine = machine_info()
-    label = cpu_short(cpu_label())
+    label = cpu_type()
     print(f"CPU label: {label}; {machine_line(machine)}; load average {os.getloadavg()[0]:.1f}", flush=True)
     print(f"clock {a.clock}, {a.threads} torch thread(s), {a.rounds} round(s), probe bound "
           f"{a.probe_s if a.probe_s is not None else 'default'} s; Procgen {a.procgen_envs} envs x "

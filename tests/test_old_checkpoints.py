@@ -19,6 +19,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from ppo_lightning.studies.runner import cpu_type
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "old_checkpoints"
 CROSS_CPU_RTOL = 1e-3
@@ -30,13 +32,6 @@ RUNS = {  # as make.sh ran them
     "ppg_ewma": ["--config", "cartpole/ppg_ewma", "--model.ppg.n_pi", "2"],
     "group": ["--config", "minatar/ppo_ewma", "--seeds", "2", "--model.network.hidden", "16", "--data.num_threads", "1"],
 }
-
-
-def _this_cpu() -> str:
-    from ppo_lightning.studies.records import cpu_short
-    from ppo_lightning.studies.runner import cpu_label
-
-    return cpu_short(cpu_label())
 
 
 def _tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -65,7 +60,7 @@ def test_an_old_checkpoint_resumes_to_the_old_runs_end_bitwise(name, tmp_path):
     got = _final(torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True))
     assert sorted(got) == sorted(want), set(got) ^ set(want)
     differ = [k for k in want if not torch.equal(got[k], want[k])]
-    if _this_cpu() == (FIXTURES / "CPU").read_text().strip():
+    if cpu_type() == (FIXTURES / "CPU").read_text().strip():
         assert not differ, f"{len(differ)} of {len(want)} tensors differ from the old run's end, e.g. {differ[:3]}"
     else:
         rel = {k: ((got[k].double() - want[k].double()).abs().max() / want[k].double().abs().max().clamp_min(1e-12)).item()

@@ -48,7 +48,7 @@ from ppo_lightning.algos import scaling
 from ppo_lightning.core.safety import open_nofollow
 from ppo_lightning.core.members import ALWAYS_MEMBER_SETTINGS, MEMBER_OPTIONS, OPTIONAL_MEMBER_OPTIONS
 from ppo_lightning.run.spec import Members, RunSpec, train
-from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
+from ppo_lightning.studies.records import Cell, atomic_write, cpu_short, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
 CHECKPOINT_FRAMES = 65_536
@@ -70,6 +70,11 @@ def cpu_label() -> str:
     flags = set(info.get("Flags", "").split())
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     return f"CPU: {info.get('Model name', '?').strip()}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"
+
+
+def cpu_type() -> str:
+    """This machine's CPU type in three words (`cpu_short` of `cpu_label`): EPYC-AVX512, Xeon-AMX, ..."""
+    return cpu_short(cpu_label())
 
 
 ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception|Fault|Full)\b.*: )")
