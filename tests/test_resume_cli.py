@@ -49,3 +49,20 @@ def test_the_resume_line_is_one_line():
     assert "\n" not in line and line == ("resume from last.ckpt: weights, optimizer and run state (128 frames) from the checkpoint; "
                                          "settings from the checkpoint over the config: data.total_frames=128; changed on the "
                                          "command line: model.clip_eps 0.1 -> 0.2")
+
+
+def test_a_dict_changed_entry_by_entry_on_resume_is_the_checkpoints_dict_shown_whole():
+    # --model.objective_args.eps_high 0.4 --resume_override model.objective_args, on a checkpoint whose
+    # objective_args hold eps_low 0.1: the run keeps eps_low 0.1, and the line shows the merged dict.
+    saved = {"model.objective_args": {"eps_low": 0.1, "eps_high": 0.28}}
+    before = {"model.objective_args": {"eps_low": 0.2, "eps_high": 0.4}}  # the config's, with the entry applied
+    _, dotted = R.split_dotted(["--model.objective_args.eps_high", "0.4"])
+    values, kept, changed = R.reconcile(before, saved, {"model.objective_args"}, {"model.objective_args"},
+                                        set(R.MODEL_SAFE), dotted=dotted)
+    assert values == {"model.objective_args": {"eps_low": 0.1, "eps_high": 0.4}} and kept == []
+    assert changed == ["model.objective_args {eps_high: 0.28, eps_low: 0.1} -> {eps_high: 0.4, eps_low: 0.1}"]
+    line = R.resume_line("last.ckpt", 128, kept, changed)
+    assert line.endswith("changed on the command line: model.objective_args {eps_high: 0.28, eps_low: 0.1} -> "
+                         "{eps_high: 0.4, eps_low: 0.1}")
+    with pytest.raises(R.ResumeRefused, match=r"objective_args \{eps_high: 0.4, eps_low: 0.1\} differs"):
+        R.reconcile(before, saved, {"model.objective_args"}, set(), set(R.MODEL_SAFE), dotted=dotted)

@@ -340,21 +340,18 @@ class PPOCLI(LightningCLI):
         saved.update({f"data.{k}": v for k, v in data.items() if k in cfg.data})
         given = resume_cli.explicit_settings(getattr(self, "_argv", []))
         overrides = resume_cli.parse_overrides(cfg.get("resume_override"))
+        # a dict setting the command line changes only entry by entry: on the checkpoint's dict
+        dotted = [d for d in getattr(self, "_dotted", []) if f"--model.{d[0]}" not in self._argv]
         values, kept, changed = resume_cli.reconcile(
             before, saved, given, overrides, resume_cli.resume_safe(before.get("model.class_path")),
-            rescale=bool(cfg.get("rescale")), scaled=scaled)
+            rescale=bool(cfg.get("rescale")), scaled=scaled, dotted=dotted)
         model = model_config(cfg)
-        dotted = {name for name, _, _ in getattr(self, "_dotted", [])}
         for key, value in values.items():
             section, name = key.split(".", 1)
             if key == "model.class_path":
                 cfg.model.class_path = value
             elif section == "model":
-                if name in dotted and key in given and f"--{key}" not in self._argv:  # only entries changed: on the checkpoint's dict
-                    model[name] = copy.deepcopy(resume_cli._plain(hparams.get(name)))
-                    resume_cli.apply_dotted(model, self._dotted, only={name})
-                else:
-                    model[name] = value
+                model[name] = value
             elif name == "num_seeds" and cfg.get("seeds") is not None:
                 cfg.seeds = value
             else:

@@ -237,18 +237,26 @@ class ResumeRefused(ValueError):
 
 
 def reconcile(cfg_before: dict[str, Any], ckpt: dict[str, Any], given: set[str], overrides: set[str],
-              safe: set[str], rescale: bool = False, scaled: bool = False) -> tuple[dict[str, Any], list[str], list[str]]:
+              safe: set[str], rescale: bool = False, scaled: bool = False,
+              dotted: list[tuple[str, list[str], str]] | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
     """Decide each setting of a resumed run.
 
     ``cfg_before``: ``{"model.x": value, "data.y": value}`` as the config and command line give them;
-    ``ckpt``: the checkpoint's, the same way. Returns ``(values to set, kept, changed)``: the values of
-    the settings that differ from ``cfg_before`` (the checkpoint's, or the command line's where a change
-    is allowed), and the descriptions of what came from the checkpoint and what changed. Raises
-    `ResumeRefused` (one line) for a refused change."""
+    ``ckpt``: the checkpoint's, the same way. ``dotted``: the dict entries the command line changes
+    (`split_dotted`) of the settings it gives only that way: such a setting, where its change is allowed,
+    is the checkpoint's dict with those entries changed. Returns ``(values to set, kept, changed)``: the
+    values of the settings that differ from ``cfg_before`` (the checkpoint's, or the command line's where
+    a change is allowed), and the descriptions of what came from the checkpoint and what changed (a
+    dict setting shown whole, as it will run). Raises `ResumeRefused` (one line) for a refused change."""
     out, kept, changed = {}, [], []
+    entries_only = {name for name, _, _ in dotted or []}
     for key, saved in ckpt.items():
         section, name = key.split(".", 1)
         here = cfg_before.get(key, saved)
+        if section == "model" and name in entries_only and key in given:
+            merged = {name: _plain(saved)}  # the checkpoint's dict with the command line's entries
+            apply_dotted(merged, dotted, only={name})
+            here = merged[name]
         if section == "model" and name in MODEL_LINKED:
             continue
         if section == "data" and name in DATA_RUNTIME:
