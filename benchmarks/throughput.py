@@ -11,10 +11,11 @@ with ``ewma_overhead = EWMA wall per iteration / PPO wall per iteration - 1`` (a
 ``ewma_overhead_within_run`` = proximal-forward seconds / the rest of the EWMA iteration, which a
 shared machine's load changes between the two runs do not distort).
 Precision: ``--precision`` is the Trainer's (``--trainer.precision``), default ``auto`` as the shipped
-configs have it; here ``auto`` is the ISA-flag rule (bf16-mixed on AMX CPUs and CUDA sm_80+, 32-true
-elsewhere), not the per-run measurement a ``fit`` makes (``benchmarks/precision_auto.py`` runs that
-one against both precisions); the resolved value is printed and goes into the JSON line as
-``"precision"``. A comma list (``--precision
+configs have it; ``auto`` is resolved for each algorithm's run as ``fit`` resolves it
+(`ppo_lightning.training.precision.resolve_auto`: the run's own training step timed in both
+precisions, cached per machine and workload); the value and its reason are printed per run and go into
+the JSON line as ``"<algorithm>_precision"`` (``benchmarks/precision_auto.py`` times a run in both
+precisions against the choice). A comma list (``--precision
 32-true,bf16-mixed``) runs every algorithm once per precision, interleaved (algorithm by algorithm),
 and suffixes the keys of all but the first with the precision (``ppo_bf16-mixed_fps``, ...).
 The machine (CPU model, cores, ISA flags, torch threads) is printed first and goes into the JSON
@@ -177,6 +178,11 @@ def train_run(args, decoupled: bool, precision: str, ppg: bool = False, after_ti
         micro_batch_size=args.micro_batch_size or None,
         ppg={"n_pi": n_pi, "aux_mbsize": args.ppg_aux_mbsize} if ppg else None,
     )
+    reason = "set on the command line"
+    if precision == "auto":  # as `fit` resolves it: this run's own step measured (cached per machine and workload)
+        from ppo_lightning.training.precision import resolve_auto
+
+        precision, reason = resolve_auto("auto", "cpu", model, dm)
     timer = Timer()
     from ppo_lightning.training.callbacks import quiet_library_notices
 
@@ -200,11 +206,13 @@ def train_run(args, decoupled: bool, precision: str, ppg: bool = False, after_ti
         mean = {k: sum(r[k] for r in rows) for k in rows[0]}
         mean["fps"] = mean["frames"] / mean["wall_s"]
         mean["warmup_wall_s"] = sum(r["wall_s"] for r in warm)
+        mean.update(precision=precision, precision_reason=reason)
         return mean
     warm, rows = timer.rows[0], timer.rows[1:]
     mean = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
     mean["fps"] = mean["frames"] / mean["wall_s"]
     mean["warmup_wall_s"] = warm["wall_s"]
+    mean.update(precision=precision, precision_reason=reason)
     return mean
 
 
@@ -273,7 +281,7 @@ def main() -> None:
     from ppo_lightning.envs.procgen_env import auto_procgen_threads
     from ppo_lightning.core.threads import configure_threads
 
-    from ppo_lightning.core.hardware import machine_info, machine_line, resolve_trainer_precision
+    from ppo_lightning.core.hardware import machine_info, machine_line
 
     threads = configure_threads(args.threads, f"procgen:{args.game}")
     if args.proximal_path == "dense":
@@ -285,14 +293,7 @@ def main() -> None:
     precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
     if not precisions or any(x not in ("32-true", "bf16-mixed", "auto") for x in precisions):
         p.error(f"--precision: a comma list of 32-true, bf16-mixed, auto; got {args.precision!r}")
-    resolved = []
-    for x in precisions:
-        choice, reason = resolve_trainer_precision(x, "cpu")
-        if x == "auto":
-            print(f"precision auto (ISA-flag rule, unmeasured): {choice} ({reason})", flush=True)
-        if choice not in resolved:
-            resolved.append(choice)
-    precisions = resolved
+    precisions = list(dict.fromkeys(precisions))  # auto is resolved per run, as fit does (train_run)
     pthreads = auto_procgen_threads(args.num_envs) if args.procgen_threads is None else args.procgen_threads
     print(f"torch threads {threads}, procgen threads {pthreads}, precision {','.join(precisions)}, "
           f"micro-batch {args.micro_batch_size or 'none'}, "
@@ -330,6 +331,8 @@ def main() -> None:
                                  f"({len(rows)} iteration(s) after this run's timed ones)  ->  {name} / cleanrl = "
                                  f"{r['fps'] / r['cleanrl_fps']:.2f}x")
             result[f"{name}_vs_cleanrl"] = round(r["fps"] / r["cleanrl_fps"], 3)
+        result[f"{name}_precision"] = r["precision"]
+        print(f"{name}: precision {r['precision']} ({r['precision_reason']})", flush=True)
         unit = f"phase of {args.ppg_n_pi} iterations" if ppg else "iteration"
         print(
             f"{name:24s} {r['fps']:7.1f} frames/s  {unit} {r['wall_s']:.2f} s = rollout {r['rollout_s']:.2f} + "
