@@ -491,3 +491,31 @@ def test_module_prefixed_env_ids_register_custom_envs():
         check_gymnasium_id("no_such_module:X-v0")
     with pytest.raises(ValueError, match="data.env_id: importing 'robust_helpers' did not register 'Nope-v0'"):
         check_gymnasium_id("robust_helpers:Nope-v0")
+
+
+def test_a_refused_config_is_the_first_line_a_user_sees(tmp_path):
+    # Lightning seeds (and says "Seed set to 1") before the CLI's checks; the line waits for them.
+    out = subprocess.run([sys.executable, "-m", "ppo_lightning", "fit", "--config", "cartpole/ppo", "--model.clip_eps", "-1",
+                          "--run_dir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == ["error: model.clip_eps must be > 0, got -1.0"]
+
+
+def test_held_log_lines_are_emitted_on_release_and_dropped_otherwise(caplog):
+    import logging
+
+    from ppo_lightning.run.builder import HeldLogLines
+
+    log = logging.getLogger("ppo_lightning.test.held")
+    with caplog.at_level(logging.INFO, logger=log.name):
+        held = HeldLogLines(log.name)
+        log.info("Seed set to 1")
+        assert caplog.messages == []
+        held.release()
+        assert caplog.messages == ["Seed set to 1"]
+        held = HeldLogLines(log.name)
+        log.info("Seed set to 2")
+        held.drop()
+        log.info("after")
+    assert caplog.messages == ["Seed set to 1", "after"]

@@ -13,6 +13,7 @@ the model.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import sys
 import warnings
@@ -110,6 +111,33 @@ def _logger_entry(logger: SafeMLFlowLogger) -> dict:
     return {"experiment_name": logger.experiment_name, "tracking_uri": logger.tracking_uri}
 
 
+# Lightning's seed_everything logs "Seed set to N" here, before the CLI's checks run.
+SEED_LOGGER = "lightning.fabric.utilities.seed"
+
+
+class HeldLogLines(logging.Filter):
+    """Holds a logger's records from construction until `release` (emitted then) or `drop`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.logger, self.held = logging.getLogger(name), []
+        self.logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.held.append(record)
+        return False
+
+    def release(self) -> None:
+        self.logger.removeFilter(self)
+        for record in self.held:
+            self.logger.handle(record)
+        self.held = []
+
+    def drop(self) -> None:
+        self.logger.removeFilter(self)
+        self.held = []
+
+
 class PPOCLI(LightningCLI):
     """LightningCLI with our defaults: MLflow tracking, a frames progress bar, periodic checkpoints.
 
@@ -118,7 +146,11 @@ class PPOCLI(LightningCLI):
 
     def __init__(self, *args, extra_callbacks=(), **kwargs) -> None:
         self.extra_callbacks = list(extra_callbacks)
-        super().__init__(*args, **kwargs)
+        self._seed_line = HeldLogLines(SEED_LOGGER)  # an error in the checks is the first line a user sees
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            self._seed_line.drop()
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -241,7 +273,9 @@ class PPOCLI(LightningCLI):
         final_logger = kwargs.get("logger", logger)
         record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
         kwargs["precision"] = self.resolve_run_precision(cfg)
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        self._seed_line.release()  # every check passed: "Seed set to N" as Lightning would have said it
+        return trainer
 
     def resolve_run_precision(self, cfg) -> str:
         """``trainer.precision`` for this run's network and data (``auto``: measured on a CPU,
