@@ -230,6 +230,23 @@ def test_the_loss_settings_table_lists_every_setting_as_declared():
     assert all(f"| `model.{name}` |" in found.group(1) for name in LOSS_SETTINGS)
 
 
+def test_the_extending_guide_names_every_field_an_auxiliary_term_receives():
+    import dataclasses
+
+    sys.path.insert(0, str(ROOT))
+    from ppo_lightning.algos.hooks import TermInputs, ValueInputs
+    from ppo_lightning.algos.registry import SurrogateInputs
+
+    page = (ROOT / "docs/guides/extending.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| (.*) \|$", page, re.M)}
+    assert [f.name for f in dataclasses.fields(TermInputs)] == [n for n in rows if n in
+                                                               {f.name for f in dataclasses.fields(TermInputs)}]
+    for field, cls in (("surrogate", SurrogateInputs), ("value", ValueInputs)):
+        missing = [f.name for f in dataclasses.fields(cls) if f"`{f.name}`" not in rows[field]]
+        assert not missing, f"extending.md's TermInputs table lacks {cls.__name__} fields {missing}"
+    assert "has `coef` 1.0" in page
+
+
 def test_the_study_file_schema_in_the_studies_guide_is_the_declared_one():
     """docs/guides/studies.md's field tables are `schema_table` (from `spec.py`'s field declarations, the
     ones its parser accepts): a field added to the parser without the page fails here."""
