@@ -17,10 +17,18 @@ from __future__ import annotations
 
 import math
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ppo_lightning.nets.actor_critic import ActorCritic
-from ppo_lightning.nets.minatar_stacked import _stacked_linear
+
+
+def _stacked_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x [S, B, in]`` through each member's Linear layer (``weight [S, out, in]``, ``bias [S, out]``) ->
+    ``[S, B, out]``: member k's ``F.linear`` on its own slices, the call its network's ``nn.Linear``
+    makes, so that its forward and (autograd's) backward are its network's bitwise."""
+    return torch.stack([F.linear(*t) for t in zip(x.unbind(0), weight.unbind(0), bias.unbind(0))])
 
 
 def _body(body: nn.Sequential, prefix: str, p: dict[str, Tensor], x: Tensor) -> Tensor:
