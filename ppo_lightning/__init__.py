@@ -12,11 +12,6 @@ import types as _types
 # stderr (from `gym_notices`) in every process; we know, and use gymnasium everywhere else.
 _sys.modules.setdefault("gym_notices.notices", _types.SimpleNamespace(notices={}))
 
-from ppo_lightning import _moved  # noqa: E402
-
-_moved.install()  # 0.1's flat module paths still resolve until 0.2, with a FutureWarning
-
-
 
 def __getattr__(name):
     # Lazy: `import ppo_lightning` stays light (export-hf needs no TorchRL collector; a study report

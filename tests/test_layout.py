@@ -1,6 +1,6 @@
 """The package layout stays what its folders say (issue 22): imports point one way, down the layers
-core < envs < nets < algos < data < interop < training < run < studies < tuning < cli, with no import cycles, and the old
-flat paths of 0.1 still resolve, with one FutureWarning naming the new path."""
+core < envs < nets < algos < data < interop < training < run < studies < tuning < cli, with no import cycles, and
+every name lives at one path: no placeholder modules, no forwarding `__getattr__` in a subpackage."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_imports_point_down_the_layers():
     for path in _sources():
         here = _layer(_module_name(path))
         if here is None:
-            continue  # ppo_lightning/__init__.py and _moved.py: the package's front door
+            continue  # ppo_lightning/__init__.py: the package's front door
         for target, _, line in _imports(path):
             there = _layer(target)
             if there is not None and LAYERS.index(there) > LAYERS.index(here):
@@ -147,47 +147,35 @@ def test_the_light_commands_start_without_the_training_stack():
     assert out.strip() == "[]", out
 
 
-OLD_FLAT_PATHS = [  # data first: its package import warns too, on the first import only
-    ("ppo_lightning.data", "RolloutDataModule", "ppo_lightning.data.datamodule"),
-    ("ppo_lightning.module", "PPOLightningModule", "ppo_lightning.training.module"),
-    ("ppo_lightning.noise_scale", "GradientNoiseScale", "ppo_lightning.training.noise_scale"),
-    ("ppo_lightning.evaluation", "HeldOutEvaluation", "ppo_lightning.interop.evaluation"),
-    ("ppo_lightning.hf.loader", "load_pretrained", "ppo_lightning.interop.hf.loader"),
-]
+OLD_FLAT_PATHS = ["ppo_lightning.module", "ppo_lightning.noise_scale", "ppo_lightning.evaluation", "ppo_lightning.hf.loader"]
 
 
-def test_old_flat_paths_resolve_with_one_warning():
-    """Each old path, in one fresh process (a process of its own each cost 14 s of start-up): the same
-    object as the new path, one FutureWarning naming the new path on first use (two for
-    ``ppo_lightning.data``, whose package and attribute both moved), none on the second."""
-    code = ("import importlib, warnings, json\nwarnings.simplefilter('always')\nout = {}\n"
-            f"for old, name, new in {OLD_FLAT_PATHS!r}:\n"
-            "    with warnings.catch_warnings(record=True) as w:\n"
-            "        warnings.simplefilter('always')\n"
-            "        obj = getattr(importlib.import_module(old), name)\n"
-            "        getattr(importlib.import_module(old), name)\n"
-            "    same = obj is getattr(importlib.import_module(new), name)\n"
-            "    out[old] = [same, [str(x.message) for x in w if issubclass(x.category, FutureWarning)]]\n"
-            "print(json.dumps(out))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
-    for old, name, new in OLD_FLAT_PATHS:
-        same, moved = out[old]
-        assert same, (old, name)
-        assert len(moved) == 1 + (old == "ppo_lightning.data") and new in moved[0], (old, moved)
-
-
-def test_a_submodule_import_is_not_forwarded():
-    # `from ppo_lightning.data import parallel` (a submodule) must import it, silently, even though
-    # the package forwards 0.1's names of ppo_lightning.data (the flat module) with a warning
-    code = ("import warnings\nwarnings.simplefilter('error')\n"
+def test_each_module_has_one_path():
+    """The real module paths are the only ones: a flat path (``ppo_lightning.module``) is not a
+    module, a subpackage forwards no names of another module (``ppo_lightning.data.RolloutDataModule``
+    is not an attribute), and a submodule imports as itself, silently."""
+    code = ("import importlib, warnings, json\nwarnings.simplefilter('error')\nout = {}\n"
+            f"for old in {OLD_FLAT_PATHS!r}:\n"
+            "    try:\n        importlib.import_module(old)\n        out[old] = 'imported'\n"
+            "    except ModuleNotFoundError:\n        out[old] = 'missing'\n"
+            "import ppo_lightning.data, ppo_lightning.cli\n"
+            "out['data.RolloutDataModule'] = hasattr(ppo_lightning.data, 'RolloutDataModule')\n"
+            "out['cli.PPOCLI'] = hasattr(ppo_lightning.cli, 'PPOCLI')\n"
             "from ppo_lightning.data import parallel, resume_state\n"
             "from ppo_lightning.cli import evaluate\n"
-            "assert parallel.__name__ == 'ppo_lightning.data.parallel', parallel\n"
-            "assert evaluate.__name__ == 'ppo_lightning.cli.evaluate'\n")
-    out = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
+            "out['submodules'] = [parallel.__name__, resume_state.__name__, evaluate.__name__]\n"
+            "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert all(out[old] == "missing" for old in OLD_FLAT_PATHS), out
+    assert out["data.RolloutDataModule"] is False and out["cli.PPOCLI"] is False, out
+    assert out["submodules"] == ["ppo_lightning.data.parallel", "ppo_lightning.data.resume_state",
+                                 "ppo_lightning.cli.evaluate"], out
+    forwarders = [str(p.relative_to(PKG.parent)) for p in PKG.rglob("__init__.py")
+                  if p.parent != PKG and any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
+                                             for n in ast.parse(p.read_text()).body)]
+    assert not forwarders, forwarders
 
 
 def test_every_subpackage_says_what_it_holds_and_may_import():

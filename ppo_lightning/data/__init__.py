@@ -6,9 +6,3 @@ without TorchRL's collector (`batched_rollout`), the data side of vectorized see
 May import: `core`, `envs`, `nets`, `algos`.
 """
 
-
-def __getattr__(name):
-    # 0.1 had a flat module here; its names still resolve (with a FutureWarning) until 0.2.
-    from ppo_lightning._moved import forward_attribute
-
-    return forward_attribute(__name__, name)
