@@ -56,7 +56,9 @@ def run_phase(name: str, iterations: int, num_envs: int, rollout_steps: int) -> 
     config, kind = PHASES[name]
     world = torch.cuda.device_count() if kind != "single" else 1
     fpi = num_envs * rollout_steps * world  # frames per iteration, all ranks
-    cores = len(os.sched_getaffinity(0))
+    from ppo_lightning.core.hardware import core_count
+
+    cores = core_count()
 
     class Probe(pl.Callback):
         def __init__(self) -> None:

@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -31,12 +30,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def machine() -> dict:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    info = dict((k.strip(), v.strip()) for k, v in (line.split(":", 1) for line in out.splitlines() if ":" in line))
-    flags = set(info.get("Flags", "").split())
+    """The CPU (`ppo_lightning.core.hardware.cpu_identity`), Python and the load at the start."""
+    from ppo_lightning.core.hardware import cpu_identity
+
+    cpu = cpu_identity()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"cpu": info.get("Model name"), "cores": os.cpu_count(),
-            "isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags],
+    return {"cpu": cpu.model, "cores": cpu.cores, "isa": list(cpu.isa),
             "python": platform.python_version(), "load_avg_1min_at_start": load}
 
 

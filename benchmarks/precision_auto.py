@@ -18,7 +18,7 @@ it measures here: `ppo_lightning.training.precision_probe`); its choice, step-ti
 bf16-mixed) and duration are printed beside the full runs' ratio (bf16-mixed frames/s / 32-true
 frames/s). Targets (issue 50): auto within 3% of the faster of the two, never more than 3% slower than
 32-true. The machine line (`ppo_lightning.core.hardware.machine_line`) and its CPU label
-(`ppo_lightning.studies.records.cpu_short`: EPYC-AVX2, EPYC-AVX512, Xeon-AMX, ...) come first; the last
+(`ppo_lightning.core.hardware.cpu_type`: EPYC-AVX2, EPYC-AVX512, Xeon-AMX, ...) come first; the last
 line is one JSON object with every figure.
 """
 
@@ -119,8 +119,7 @@ def main() -> None:
 
     import torch
 
-    from ppo_lightning.core.hardware import machine_info, machine_line
-    from ppo_lightning.studies.runner import cpu_type
+    from ppo_lightning.core.hardware import cpu_type, machine_info, machine_line
 
     torch.set_num_threads(a.threads)
     machine = machine_info()

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--keep", type=Path, default=None, help="keep the run folders here (default: a temporary folder)")
     p.add_argument("--plan", action="store_true", help="print the two plans and their estimates only, train nothing")
     a = p.parse_args(argv)
-    from ppo_lightning.studies.runner import cpu_label
+    from ppo_lightning.core.hardware import cpu_label
 
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")  # the workers import this tree
     print(cpu_label(), f"| load {os.getloadavg()[0]:.1f} at start | {time.strftime('%Y-%m-%d %H:%M')}", flush=True)

@@ -188,7 +188,7 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-from ppo_lightning.studies.runner import cpu_label  # noqa: E402,F401  (re-exported: figures name their CPU)
+from ppo_lightning.core.hardware import cpu_label  # noqa: E402,F401  (re-exported: figures name their CPU)
 
 
 # ----------------------------------------------------------------------------------- CSV records and intervals

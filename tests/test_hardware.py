@@ -102,3 +102,37 @@ def test_a_benchmark_says_where_it_ran():
     assert lines[0].startswith("machine: ") and "cores" in lines[0]
     machine = json.loads(lines[-1])["machine"]
     assert machine["cores"] >= 1 and machine["torch_threads"] == 1 and set(machine["isa"]) == set(hardware.ISA_FLAGS)
+
+
+# The four CPU labels the committed study records carry, with the CPU type each report names.
+RECORDED_LABELS = {
+    "CPU: AMD EPYC, 2 cores, avx2": "EPYC-AVX2",
+    "CPU: AMD EPYC, 2 cores, avx2/avx512f/avx512_bf16": "EPYC-AVX512",
+    "CPU: Intel(R) Xeon(R) Processor, 2 cores, avx2/avx512f": "Xeon-AVX512",
+    "CPU: Intel(R) Xeon(R) Processor, 2 cores, avx2/avx512f/avx512_bf16/amx_bf16": "Xeon-AMX",
+}
+
+
+@pytest.mark.parametrize("label,short", RECORDED_LABELS.items())
+def test_a_recorded_cpu_label_reads_back_into_the_identity_it_was_written_from(label, short):
+    identity = hardware.CpuIdentity.from_label(label)
+    assert identity.label == label and identity.cores == 2 and identity.short == short
+    assert hardware.cpu_short(label) == short
+
+
+@pytest.mark.parametrize("label", ["", None, "not recorded", "CPU: unknown", "CPU: x, many cores, avx2"])
+def test_a_label_that_names_no_cpu_is_not_recorded(label):
+    assert hardware.CpuIdentity.from_label(label) is None and hardware.cpu_short(label) == "CPU not recorded"
+
+
+def test_this_machines_identity_is_procs_model_flags_and_usable_cores(monkeypatch):
+    import os
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: AMX)
+    monkeypatch.setattr(hardware, "cpu_model", lambda: "Intel(R) Xeon(R) Platinum 8480+")
+    cores = len(os.sched_getaffinity(0))
+    assert hardware.cpu_label() == f"CPU: Intel(R) Xeon(R) Platinum 8480+, {cores} cores, avx2/avx512f/avx512_bf16/amx_bf16"
+    assert hardware.cpu_type() == "Xeon-AMX" and hardware.core_count() == cores
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"sse4_2"}))
+    monkeypatch.setattr(hardware, "cpu_model", lambda: "AMD EPYC 7B13")
+    assert hardware.cpu_label().endswith("cores, no avx2") and hardware.cpu_type() == "EPYC"

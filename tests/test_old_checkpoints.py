@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from ppo_lightning.studies.runner import cpu_type
+from ppo_lightning.core.hardware import cpu_type
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "old_checkpoints"

@@ -36,7 +36,7 @@ def main() -> None:
     import optuna
 
     from ppo_lightning.run import train
-    from ppo_lightning.studies.runner import cpu_label
+    from ppo_lightning.core.hardware import cpu_label
     from ppo_lightning.tuning import runner
     from ppo_lightning.tuning.space import load_space
 

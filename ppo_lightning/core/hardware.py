@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -70,8 +71,75 @@ def cpu_capability() -> str:
 
 
 def core_count() -> int:
-    """Cores this process may run on (its affinity mask; the container's, not the host's)."""
+    """Cores this process may run on (its affinity mask; the container's, not the host's). The one
+    usable-core count: thread defaults, Procgen's workers, a study's default workers and the CPU
+    label all read it."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# The ISA flags a CPU label names, in this order: the ones that decide torch's CPU kernels.
+LABEL_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+_LABEL_PREFIX = "CPU: "
+NOT_RECORDED = "CPU not recorded"
+
+
+@dataclass(frozen=True)
+class CpuIdentity:
+    """A CPU as records, figures, benchmarks and studies name it: model, usable cores and the ISA
+    flags of `LABEL_ISA_FLAGS` it has. `label` is the text written into records
+    (``CPU: AMD EPYC, 2 cores, avx2/avx512f/avx512_bf16``), `from_label` reads one back, `short`
+    is its CPU type in three words (``EPYC-AVX512``, ``Xeon-AMX``, ``EPYC-AVX2``)."""
+
+    model: str
+    cores: int
+    isa: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{_LABEL_PREFIX}{self.model}, {self.cores} cores, {'/'.join(self.isa) or 'no avx2'}"
+
+    @property
+    def short(self) -> str:
+        """The CPU type: the model's family (Xeon, EPYC, else the model) and its best vector ISA."""
+        name = "Xeon" if "Xeon" in self.model else "EPYC" if "EPYC" in self.model else self.model
+        isa = ("AMX" if "amx_bf16" in self.isa else "AVX512" if any(f.startswith("avx512") for f in self.isa)
+               else "AVX2" if "avx2" in self.isa else "")
+        return f"{name}-{isa}" if isa else name
+
+    @classmethod
+    def from_label(cls, label: str | None) -> "CpuIdentity | None":
+        """The identity a `label` was written from; None for a label that names no CPU ("not
+        recorded", empty, ``CPU: unknown``)."""
+        if not label or not label.startswith(_LABEL_PREFIX):
+            return None
+        parts = label[len(_LABEL_PREFIX):].rsplit(", ", 2)
+        if len(parts) != 3 or not parts[1].endswith(" cores") or not parts[1][:-len(" cores")].isdigit():
+            return None
+        model, cores, isa = parts
+        flags = tuple(f for f in isa.split("/") if f in LABEL_ISA_FLAGS)
+        return cls(model, int(cores[:-len(" cores")]), flags)
+
+
+def cpu_identity() -> CpuIdentity:
+    """This machine's `CpuIdentity` (/proc/cpuinfo's model and flags, `core_count`)."""
+    flags = cpu_flags()
+    return CpuIdentity(cpu_model(), core_count(), tuple(f for f in LABEL_ISA_FLAGS if f in flags))
+
+
+def cpu_label() -> str:
+    """This machine's CPU label, as records and figures carry it (`CpuIdentity.label`)."""
+    return cpu_identity().label
+
+
+def cpu_type() -> str:
+    """This machine's CPU type in three words (`CpuIdentity.short`): EPYC-AVX512, Xeon-AMX, ..."""
+    return cpu_identity().short
+
+
+def cpu_short(label: str | None) -> str:
+    """The CPU type of a recorded label (`CpuIdentity.short`), or "CPU not recorded"."""
+    identity = CpuIdentity.from_label(label)
+    return identity.short if identity else NOT_RECORDED
 
 
 def _hidden(isas: tuple[str, ...], have: list[str]) -> str | None:
@@ -202,6 +270,7 @@ def machine_info() -> dict:
     faster, why = bf16_faster_cpu()
     info = {
         "cpu_model": cpu_model(),
+        "cpu_type": cpu_type(),
         "cores": core_count(),
         "isa": {f: f in flags for f in ISA_FLAGS},
         "torch_cpu_capability": cpu_capability(),

@@ -8,15 +8,14 @@ all cores, its env stepping being cheap next to the CNN. Override with ``data.nu
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from ppo_lightning.core.hardware import core_count
 
 
 def auto_threads(env_id: str) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if env_id.startswith("procgen:"):
-        return max(1, cores)
+        return max(1, core_count())
     return 1
 
 

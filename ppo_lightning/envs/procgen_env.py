@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from torchrl.data.tensor_specs import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import Compose, EnvBase, RewardSum, StepCounter, TransformedEnv
 
 from ppo_lightning.core.errors import CheckpointError
+from ppo_lightning.core.hardware import core_count
 
 GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
@@ -63,13 +63,9 @@ def procgen_spaces() -> tuple[dict, dict]:
     return {"shape": list(OBS_SHAPE), "dtype": "uint8"}, {"type": "discrete", "n": NUM_ACTIONS}
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def auto_procgen_threads(num_envs: int) -> int:
     """Procgen worker threads that do not oversubscribe the cores torch also uses (see module doc)."""
-    return max(0, min(num_envs // 32, _cores() - 1))
+    return max(0, min(num_envs // 32, core_count() - 1))
 
 
 class ProcgenTorchEnv(EnvBase):

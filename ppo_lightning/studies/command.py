@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ppo_lightning.core.errors import StorageFull, UnwritablePath
+from ppo_lightning.core.hardware import core_count
 from ppo_lightning.core.safety import UnsafeInput
 from ppo_lightning.run.preflight import check_run_root
 from ppo_lightning.studies import runner
@@ -108,7 +109,7 @@ def main(argv: list[str]) -> int:
         check_study(study, a.trust_code)
         a.run_root = check_run_root((a.run_root or runner.default_run_root(study)).resolve(), "study run root",
                                     "choose another with --run-root")
-        check_groups(study, a.run_root, a.workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1)), envs, arms)
+        check_groups(study, a.run_root, a.workers or int(os.environ.get("SLURM_NTASKS", core_count())), envs, arms)
     except UnsafeInput as err:
         print(f"error: {err}")
         return 2

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, normalized_return
+from ppo_lightning.core.hardware import CpuIdentity
 from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space, space_error_text
 from ppo_lightning.core.errors import StorageFull
 from ppo_lightning.studies.spec import Study
@@ -60,19 +61,11 @@ class Cell:
         return self.arm, self.env, self.seed
 
 
-def cpu_short(label: str) -> str:
-    """A CPU label (``cpu_label()``: model, cores, ISA flags) in three words: Xeon-AMX, EPYC-AVX512, EPYC-AVX2."""
-    if not label or label == "not recorded":
-        return "CPU not recorded"
-    name = "Xeon" if "Xeon" in label else "EPYC" if "EPYC" in label else label.split(",")[0].replace("CPU: ", "")
-    isa = "AMX" if "amx_bf16" in label else "AVX512" if "avx512" in label else "AVX2" if "avx2" in label else ""
-    return f"{name}-{isa}" if isa else name
-
-
 def legacy_precision(args: list[str], cpu: str) -> str:
     if "--trainer.precision" in args:
         return args[args.index("--trainer.precision") + 1]
-    return "bf16-mixed" if "amx_bf16" in (cpu or "") else "32-true"
+    identity = CpuIdentity.from_label(cpu)
+    return "bf16-mixed" if identity and "amx_bf16" in identity.isa else "32-true"
 
 
 def _read(path: Path) -> list[dict]:

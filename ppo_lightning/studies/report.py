@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ppo_lightning.studies import analysis
-from ppo_lightning.studies.records import (Cell, atomic_write, best_returns, cell_value, cpu_short, env_game, load_cells,
+from ppo_lightning.core.hardware import cpu_short
+from ppo_lightning.studies.records import (Cell, atomic_write, best_returns, cell_value, env_game, load_cells,
                                            normalizer)
 from ppo_lightning.studies.spec import Study
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import math
@@ -45,10 +44,11 @@ from pathlib import Path
 import yaml
 
 from ppo_lightning.algos import scaling
+from ppo_lightning.core.hardware import core_count, cpu_label
 from ppo_lightning.core.safety import open_nofollow
 from ppo_lightning.core.members import ALWAYS_MEMBER_SETTINGS, MEMBER_OPTIONS, OPTIONAL_MEMBER_OPTIONS
 from ppo_lightning.run.spec import Members, RunSpec, train
-from ppo_lightning.studies.records import Cell, atomic_write, cpu_short, curve_auc, export_cells, final_value, legacy_cells, write_export
+from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
 
 CHECKPOINT_FRAMES = 65_536
@@ -57,24 +57,6 @@ LOSS_AND_RETURN_KEYS = OPTIONAL_MEMBER_OPTIONS
 FAULT_PREFIX = re.compile(r"^ppo_lightning\.[\w.]+\.(\w+): ")  # a worker's traceback ends "module.Class: message"
 MEMBER_KEYS = (*MEMBER_OPTIONS, "model.decoupled", "scale_rules", "scale_adam_betas")
 ADAM_BETAS = [0.9, 0.999]
-
-
-@functools.cache  # the machine does not change within a process
-def cpu_label() -> str:
-    """``lscpu``'s model name, the core count and the ISA flags that matter for torch on a CPU."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "CPU: unknown"
-    info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    flags = set(info.get("Flags", "").split())
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"CPU: {info.get('Model name', '?').strip()}, {os.cpu_count()} cores, {'/'.join(isa) or 'no avx2'}"
-
-
-def cpu_type() -> str:
-    """This machine's CPU type in three words (`cpu_short` of `cpu_label`): EPYC-AVX512, Xeon-AMX, ..."""
-    return cpu_short(cpu_label())
 
 
 ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception|Fault|Full)\b.*: )")
@@ -829,7 +811,7 @@ def run_study(study: Study, workers: int | None = None, executor: str = "auto", 
     run_root.mkdir(parents=True, exist_ok=True)
     tracking_uri = tracking_uri or f"sqlite:///{run_root / 'mlflow.db'}"
     if workers is None:
-        workers = int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
+        workers = int(os.environ.get("SLURM_NTASKS", core_count()))
     t0 = time.perf_counter()
     done = done_cells(study, run_root)
     groups = plan(study, set(done), workers, done.values(), envs, arms)
@@ -919,7 +901,7 @@ def status_text(study: Study, run_root: Path | None = None, workers: int | None 
     lines = [f"{study.name}: {len(done)} done, {len(running)} running (or interrupted: a rerun resumes them), "
              f"{len(pending)} pending of {len(study.cells())} cells"]
     if pending or running:
-        workers = workers or int(os.environ.get("SLURM_NTASKS", os.cpu_count() or 1))
+        workers = workers or int(os.environ.get("SLURM_NTASKS", core_count()))
         core = sum(g.cost for g in plan(study, set(done), 1, done.values(), envs, arms))
         span = makespan([g.cost for g in plan(study, set(done), workers, done.values(), envs, arms)], workers)
         basis = ("the recorded groups' rates" if unit_rates(done.values(), {a: a for a in study.arms})
