@@ -649,6 +649,36 @@ def test_a_launcher_stopped_by_sigterm_stops_its_local_jobs_and_a_rerun_continue
     assert len(cells) == 2 and all(c["attempts"] == 2 and c["frames"] == 16384 for c in cells)  # continued, not restarted
 
 
+@pytest.mark.timeout(120)
+def test_a_local_job_that_ignores_sigterm_is_cancelled_after_the_grace(tmp_path, capsys):
+    """A local job whose task ignores SIGTERM (a signal before its training set its handler) is
+    cancelled through submitit (``job.cancel()``) once the grace has passed: no process of it is left
+    and the launcher's line counts it as killed."""
+    import signal
+    import time
+
+    import submitit
+
+    from ppo_lightning.studies import runner
+
+    ready = tmp_path / "ready"
+    ex = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    ex.update_parameters(timeout_min=5)
+    job = ex.submit(exec, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                          f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)\n")
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline and not job.done(), "the job did not start"
+        time.sleep(0.1)
+    with pytest.raises(SystemExit) as stopped:
+        with runner.jobs_stop_with_the_launcher([job], "study", "a rerun", grace_s=1.0):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+    assert stopped.value.code == 128 + signal.SIGTERM and job.done()
+    assert "0 local job(s) checkpointed and stopped, 1 killed after 1 s" in capsys.readouterr().out
+    assert not [pid for pid, cmd in _cmdlines() if str(tmp_path / "submitit") in cmd], "the job outlived its cancel"
+
+
 def _cmdlines():
     for p in Path("/proc").glob("[0-9]*/cmdline"):
         try:

@@ -116,27 +116,15 @@ class _Stopped(BaseException):
         self.signum = signum
 
 
-def _children(pid: int) -> list[int]:
-    """The pids whose parent is ``pid`` (Linux's /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
 @contextlib.contextmanager
 def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120.0):
     """While a launcher waits on its submitit jobs, SIGTERM or SIGINT to it stops its local jobs too
     (Ctrl-C in a terminal reaches them itself, and submitit's local controller kills its job a second later),
-    as a preemption stops a run: SIGTERM to each job (submitit's controller hands it to the training,
-    which checkpoints at the end of its iteration and exits); a job still running ``grace_s`` later
-    (a signal that came before its training set its handler) is killed, and its group resumes from its
-    last periodic checkpoint. Then the launcher exits 128 + the signal with one line. Local jobs are
+    as a preemption stops a run: SIGTERM to each job's process (a local job's id is its pid; submitit's
+    controller hands the signal to the training, which checkpoints at the end of its iteration and
+    exits); a job still running ``grace_s`` later (a signal that came before its training set its
+    handler) is cancelled (``job.cancel()``: the controller interrupts its task, then kills it), and
+    its group resumes from its last periodic checkpoint. Then the launcher exits 128 + the signal with one line. Local jobs are
     processes of their own: left alone they would outlive the launcher and a rerun would start the
     same groups beside them (`group_lock` keeps those apart). SLURM jobs run on: the line names them."""
     import threading
@@ -154,8 +142,9 @@ def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120
     except _Stopped as got:
         for s, h in old.items():  # a second signal ends the launcher at once
             signal.signal(s, h)
-        is_local = {j.job_id: j.__class__.__name__ == "LocalJob" for j in jobs}  # submitit's local executor
-        local = [j for j in jobs if is_local[j.job_id] and not j.done()]
+        import submitit
+
+        local = [j for j in jobs if isinstance(j, submitit.LocalJob) and not j.done()]
         for j in local:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(j.job_id), signal.SIGTERM)
@@ -164,10 +153,11 @@ def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120
             time.sleep(0.2)
         killed = [j for j in local if not j.done()]
         for j in killed:
-            for pid in [*_children(int(j.job_id)), int(j.job_id)]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        cluster = [j.job_id for j in jobs if not is_local[j.job_id] and not j.done()]
+            j.cancel()
+        end = time.monotonic() + 10.0  # the controller kills its task a second after interrupting it
+        while time.monotonic() < end and not all(j.done() for j in killed):
+            time.sleep(0.2)
+        cluster = [j.job_id for j in jobs if not isinstance(j, submitit.LocalJob) and not j.done()]
         name = signal.Signals(got.signum).name
         print(f"[{tag}] stopped by {name}: {len(local) - len(killed)} local job(s) checkpointed and stopped"
               + (f", {len(killed)} killed after {grace_s:.0f} s (their groups resume from their last checkpoint)" if killed else "")

@@ -167,11 +167,17 @@ def journal_path(run_root: Path) -> Path:
     return run_root / "journal.log"
 
 
-def open_study(space: Space, storage: Path, seed_offset: int = 0):
-    """The search's Optuna study on its journal file (created on first use, loaded after)."""
-
+def journal(storage: Path) -> JournalStorage:
+    """Optuna's storage on the journal file ``storage`` (its folder made on first use)."""
     storage.parent.mkdir(parents=True, exist_ok=True)
-    backend = JournalStorage(JournalFileBackend(str(storage)))
+    return JournalStorage(JournalFileBackend(str(storage)))
+
+
+def open_study(space: Space, storage: Path | JournalStorage, seed_offset: int = 0):
+    """The search's Optuna study on its journal (a file, or `journal`'s storage of one): created on
+    first use, loaded after."""
+
+    backend = journal(storage) if isinstance(storage, Path) else storage
     seed = space.sampler_seed + seed_offset
     sampler = (optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=min(10, space.trials))
                if space.sampler == "tpe" else optuna.samplers.RandomSampler(seed=seed))
@@ -242,21 +248,24 @@ def worker_gone(run_root: Path, worker: str | None, started: float | None, stale
     return now - float(info.get("time", 0)) > stale_after
 
 
-def _fail_and_enqueue(study, t, why: str) -> bool:
-    """Fail RUNNING trial ``t`` (its ``failed_because``: ``why``) and enqueue its settings again, so
-    that the next ask trains them; False when another worker has already failed it (and enqueued it)."""
+def _fail_and_enqueue(study, storage: JournalStorage, t, why: str) -> bool:
+    """Fail RUNNING trial ``t`` of ``study`` on ``storage`` (its ``failed_because``: ``why``) and
+    enqueue its settings again, so that the next ask trains them; False when another worker has
+    already failed it (and enqueued it). The storage's public methods name a trial by its id, which
+    they give for the study's name and the trial's number."""
 
+    trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), t.number)
     try:
-        study._storage.set_trial_user_attr(t._trial_id, "failed_because", why)
-        if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-            return False
-    except UpdateFinishedTrialError:
+        storage.set_trial_user_attr(trial_id, "failed_because", why)
+        study.tell(t.number, state=TrialState.FAIL)
+    except (UpdateFinishedTrialError, ValueError):  # finished by another worker meanwhile (or before this tell)
         return False
     study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
     return True
 
 
-def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me: str | None = None) -> list[int]:
+def requeue_stale(study, storage: JournalStorage, run_root: Path, stale_after: float = STALE_AFTER_S,
+                  me: str | None = None) -> list[int]:
     """Fail the RUNNING trials of workers that are gone and enqueue their settings again (the next
     ask trains them); returns the numbers of the trials failed here."""
 
@@ -268,14 +277,14 @@ def requeue_stale(study, run_root: Path, stale_after: float = STALE_AFTER_S, me:
         started = t.datetime_start.timestamp() if t.datetime_start else None
         if not worker_gone(run_root, worker, started, stale_after):
             continue
-        if _fail_and_enqueue(study, t, f"worker {worker} is gone"):
+        if _fail_and_enqueue(study, storage, t, f"worker {worker} is gone"):
             failed.append(t.number)
     if failed:
         print(f"[tune] re-asking trials {failed}: their worker is gone", flush=True)
     return failed
 
 
-def hand_back(study, me: str) -> list[int]:
+def hand_back(study, storage: JournalStorage, me: str) -> list[int]:
     """Fail the RUNNING trials this worker asked and did not tell (a trial stashed for the next group,
     a group's trials when it stops on an error outside its fit) and enqueue their settings again: a
     worker that stops hands them to the next ask at once, where its removed lease would leave them to
@@ -285,7 +294,7 @@ def hand_back(study, me: str) -> list[int]:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.user_attrs.get("worker") != me:
             continue
-        if _fail_and_enqueue(study, t, f"worker {me} stopped before training it"):
+        if _fail_and_enqueue(study, storage, t, f"worker {me} stopped before training it"):
             back.append(t.number)
     if back:
         print(f"[tune] trials {back} handed back (asked, not trained): the next ask trains them", flush=True)
@@ -555,7 +564,7 @@ def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracki
     """Ask, train and tell until the search has its trials; returns how many trials this worker told."""
     run_root = Path(run_root).resolve()
     run_root.mkdir(parents=True, exist_ok=True)
-    storage = Path(storage) if storage else journal_path(run_root)
+    storage = journal(Path(storage) if storage else journal_path(run_root))
     tracking_uri = tracking_uri or f"sqlite:///{run_root / 'mlflow.db'}"
     stash: list = []
     with Lease(run_root, worker_id, heartbeat_s) as lease:
@@ -563,19 +572,19 @@ def run_worker(space: Space, run_root: Path, storage: Path | None = None, tracki
         study = open_study(space, storage, seed_offset=len(probe.trials))  # concurrent workers sample differently
         parent = parent_run(space, run_root, tracking_uri)
         try:
-            told = _work(space, study, run_root, tracking_uri, parent, lease, stash, stale_after, fit_extra)
+            told = _work(space, study, storage, run_root, tracking_uri, parent, lease, stash, stale_after, fit_extra)
         except BaseException:  # a signal, an error, Ctrl-C: the trials asked here and not told go back to the study
-            hand_back(study, lease.id)
+            hand_back(study, storage, lease.id)
             raise
     return told
 
 
-def _work(space: Space, study, run_root: Path, tracking_uri: str, parent: str | None, lease: Lease, stash: list,
-          stale_after: float, fit_extra: dict[str, Any] | None) -> int:
+def _work(space: Space, study, storage: JournalStorage, run_root: Path, tracking_uri: str, parent: str | None,
+          lease: Lease, stash: list, stale_after: float, fit_extra: dict[str, Any] | None) -> int:
     """The worker's loop (`run_worker`): ask a group's worth of trials, train them, until none is left."""
     told = 0
     while True:
-        requeue_stale(study, run_root, stale_after, me=lease.id)
+        requeue_stale(study, storage, run_root, stale_after, me=lease.id)
         asked, stash[:] = list(stash), []  # trials asked for a refill that another group's settings needed
         while len(asked) < space.trials_per_group:
             got = _ask(study, space, lease.id)
