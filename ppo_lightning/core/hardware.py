@@ -26,7 +26,10 @@ import platform
 from dataclasses import dataclass
 from functools import lru_cache
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 PRECISION_CHOICES = ("fp32", "bf16", "auto")
 # ISA flags (as /proc/cpuinfo spells them) that decide which CPU kernels run fast.
@@ -67,6 +70,7 @@ def cpu_flags() -> frozenset[str]:
 
 def cpu_capability() -> str:
     """The vector ISA torch's own CPU kernels use ("AVX512", "AVX2", ...; follows ATEN_CPU_CAPABILITY)."""
+    import torch  # here, not at the top: the study and tune commands read the CPU identity without torch
     return torch.backends.cpu.get_cpu_capability()
 
 
@@ -176,6 +180,7 @@ def bf16_faster_cpu() -> tuple[bool, str]:
 
 def bf16_native(device: torch.device | str) -> tuple[bool, str]:
     """Whether bf16 compute is native and known faster than fp32 on ``device``, and why."""
+    import torch  # here, not at the top: the study and tune commands read the CPU identity without torch
     device = torch.device(device)
     if device.type == "cpu":
         return bf16_faster_cpu()
@@ -209,6 +214,7 @@ def accelerator_device(accelerator: object = "auto") -> torch.device:
     """The device type a Trainer with ``accelerator`` will train on, known before it is built:
     "cpu" -> cpu; "gpu"/"cuda" -> cuda; "auto" (or None) -> cuda where available, else cpu. An
     accelerator object (or another name, e.g. "mps") stands for its own device type."""
+    import torch  # here, not at the top: the study and tune commands read the CPU identity without torch
     if accelerator is None or accelerator == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not isinstance(accelerator, str):  # an Accelerator instance: CPUAccelerator, CUDAAccelerator, ...
@@ -232,6 +238,7 @@ def resolve_trainer_precision(precision: object, accelerator: object = "auto",
     everywhere else (AVX2, AVX-512 without AMX, older GPUs); on a CPU also "32-true" when
     ``minibatch_size`` (samples per optimizer step) is below `BF16_CPU_MIN_MINIBATCH`. Any other
     value is Lightning's and is kept as set."""
+    import torch  # here, not at the top: the study and tune commands read the CPU identity without torch
     if precision != "auto":
         return precision, "set in the config"
     device = accelerator_device(accelerator)
@@ -265,6 +272,7 @@ def _emit(message: str) -> None:
 def machine_info() -> dict:
     """Plain description of the machine for benchmark output: CPU model, cores, the ISA flags that
     matter, bf16-native or not, torch's threads and CPU capability, CUDA devices."""
+    import torch  # here, not at the top: the study and tune commands read the CPU identity without torch
     flags = cpu_flags()
     native, _ = bf16_native_cpu()
     faster, why = bf16_faster_cpu()
