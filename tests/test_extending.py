@@ -369,3 +369,88 @@ def test_an_auxiliary_term_is_an_entry_of_the_loss_and_joins_the_minimized_sum()
     assert "loss_aux_logit_l2" in stats
     with pytest.raises(ValueError, match="model.aux_terms.logit_l2.coef must be a number >= 0, got -1"):
         PPOLightningModule({"shape": [4], "dtype": "float32"}, ACT, aux_terms={"logit_l2": {"coef": -1}})
+
+
+# ---------------------------------------------------------------------- the values used, and settings that do nothing (issue 65)
+def _metrics_csv(path: Path) -> list[dict[str, float]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def test_a_run_without_mlflow_logs_the_lr_and_the_scheduled_coefficients_values_by_frames(tmp_path):
+    """MLflow off: metrics.csv in the run folder holds, at every iteration (step = frames), the lr the
+    optimizer stepped with and the entropy coefficient the loss used: the configured values times the
+    schedules' factors at the frames trained before the iteration (independent of the code's own
+    factors: linear 1 - f / total, cosine (1 + cos(pi f / total)) / 2)."""
+    import math
+
+    run = tmp_path / "run"
+    fit_main(["fit", "--config", CARTPOLE, *TINY, "--model.lr", "0.001", "--model.entropy_coef", "0.02",
+              "--model.schedules", "{lr: cosine, entropy_coef: linear}", "--data.total_frames", "256", "--run_dir", str(run)])
+    rows = _metrics_csv(run / "metrics.csv")
+    assert [r["step"] for r in rows] == [64, 128, 192, 256]
+    for r in rows:
+        before = r["frames"] - 64
+        assert r["setting/lr"] == pytest.approx(0.001 * (1 + math.cos(math.pi * before / 256)) / 2)
+        assert r["setting/entropy_coef"] == pytest.approx(0.02 * (1 - before / 256))
+        assert r["schedule/entropy_coef_factor"] == pytest.approx(1 - before / 256)
+
+
+def test_a_groups_members_log_their_own_lrs_and_settings(tmp_path):
+    """Members with their own lr and clip range: each member's value as used (an lr schedule's factor on
+    its own lr), under seed<k>/, and the members' mean unprefixed."""
+    run = tmp_path / "run"
+    fit_main(["fit", *GROUP, "--data.member_hparams", "{lr: [0.001, 0.004], clip_eps: [0.1, 0.3]}",
+              "--model.schedules.lr", "linear", "--data.total_frames", "128", "--run_dir", str(run)])
+    rows = _metrics_csv(run / "metrics.csv")
+    assert len(rows) == 2
+    for r in rows:
+        factor = 1 - (r["frames"] - 64) / 128
+        assert (r["seed0/setting/lr"], r["seed1/setting/lr"]) == (pytest.approx(0.001 * factor), pytest.approx(0.004 * factor))
+        assert (r["seed0/setting/clip_eps"], r["seed1/setting/clip_eps"]) == (pytest.approx(0.1), pytest.approx(0.3))
+        assert r["setting/lr"] == pytest.approx(0.0025 * factor)
+
+
+def test_the_clip_fraction_is_the_objectives_own_range(user_module):
+    """clip_both's clip fraction counts the ratios outside [1 - eps_low, 1 + eps_high] (counted here by
+    hand), whatever clip_eps; the KL objectives clip nothing and report no clip fraction."""
+    net, batch = batch_and_net(False, far=True)
+    loss = PPOFamilyLoss(net, ACT, objective="my_variants.clip_both", objective_args={"eps_low": 0.05, "eps_high": 0.5})
+    out = loss(batch.clone())
+    log_prob = torch.distributions.Categorical(logits=net(batch["observation"])[0]).log_prob(batch["action"]).detach()
+    ratio = torch.exp(log_prob - batch["action_log_prob"])
+    expected = ((ratio < 1 - 0.05) | (ratio > 1 + 0.5)).float().mean()
+    assert 0 < expected < 1 and out["clip_fraction"] == pytest.approx(float(expected))
+    symmetric = PPOFamilyLoss(net, ACT, objective="clip", clip_eps=0.05)(batch.clone())["clip_fraction"]
+    assert symmetric != pytest.approx(float(expected))
+    assert "clip_fraction" not in PPOFamilyLoss(net, ACT, objective="kl")(batch.clone()).keys()
+
+
+@pytest.mark.parametrize("override,message", [
+    (["--model.schedules.entropy_coef", "linear"],
+     "model.schedules.entropy_coef scales model.entropy_coef, which is 0: the schedule would change nothing"),
+    (["--seeds", "2", "--data.member_hparams", "{value_coef: [0.0, 0.0]}", "--model.schedules.value_coef", "linear"],
+     "model.schedules.value_coef scales data.member_hparams.value_coef, which are all 0"),
+    (["--model.objective", "kl", "--model.schedules.clip_eps", "linear"],
+     "model.objective 'kl' ignores model.schedules.clip_eps (it uses kl_beta, kl_form, max_importance_ratio)"),
+    (["--model.objective", "my_variants.clip_both", "--model.clip_eps", "0.3"],
+     "model.objective 'my_variants.clip_both' ignores model.clip_eps 0.3 (it uses max_importance_ratio)"),
+    (["--model.objective", "my_variants.clip_both", "--seeds", "2", "--data.member_hparams", "{clip_eps: [0.1, 0.3]}"],
+     "model.objective 'my_variants.clip_both' ignores data.member_hparams.clip_eps"),
+    (["--model.kl_target", "0.02"], "model.objective 'clip' ignores model.kl_target 0.02 (it uses clip_eps, max_importance_ratio)"),
+])
+def test_a_schedule_of_zero_and_a_setting_the_objective_ignores_are_refused(user_module, capsys, override, message):
+    config = str(ROOT / "ppo_lightning/configs/minatar/ppo.yaml") if "--seeds" in override else CARTPOLE
+    code = main(["fit", "--config", config, *tiny([], 0), *override])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {message}" in err and "Traceback" not in err, err[-2000:]
+    assert not (Path("run0") / "checkpoints" / "last.ckpt").exists()
+
+
+def test_the_objectives_settings_at_their_defaults_train(user_module):
+    """A config's clip_eps at its default (every shipped config writes 0.2) is not a setting given to a KL
+    objective: it trains; so does clip_both with it."""
+    for objective in ("kl", "my_variants.clip_both"):
+        assert main(["fit", "--config", CARTPOLE, *tiny([], 0), "--model.objective", objective, "--run_dir", objective]) == 0

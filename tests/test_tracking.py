@@ -284,3 +284,74 @@ def test_the_run_folder_is_the_given_one_else_the_resumed_runs_else_runs_experim
     assert run_folder(None, "exp", "name", "resumed") == Path("resumed")
     assert run_folder(None, "exp", "name") == Path("runs/exp/name")
     assert run_name("mine") == "mine"
+
+
+# ---------------------------------------------------------------------- metrics without MLflow (issue 65)
+def _csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_without_mlflow_the_metrics_land_in_the_run_folders_csv_and_a_resume_appends(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    common = [*ARGS, "--mlflow.enabled", "false", "--video_every", "null", "--run_dir", str(run_dir)]
+    assert main([*common, "--data.total_frames", "96"]) == 0
+    assert f"metrics: {run_dir / 'metrics.csv'}" in capsys.readouterr().out
+    rows = _csv(run_dir / "metrics.csv")
+    assert [r["step"] for r in rows] == ["32", "64", "96"]  # one row per iteration, stepped by frames
+    assert [float(r["frames"]) for r in rows] == [32, 64, 96]
+    for key in ("episode/return_mean20", "train/clip_fraction", "train/entropy", "time/fps"):
+        assert key in rows[0], key
+    assert (run_dir / "hparams.yaml").is_file()
+    assert "RunCSVLogger" in (run_dir / "config.yaml").read_text()
+    # resumed into the same folder: the rows go on (Lightning's writer alone would delete the file)
+    assert main([*common, "--data.total_frames", "160", "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]) == 0
+    assert [r["step"] for r in _csv(run_dir / "metrics.csv")] == ["32", "64", "96", "128", "160"]
+
+
+def test_with_mlflow_and_a_logger_of_the_users_the_same_metrics_land_in_both(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main([*ARGS, "--mlflow.tracking_uri", uri, "--mlflow.experiment", "t", "--video_every", "null",
+                 "--data.total_frames", "64", "--run_dir", str(tmp_path / "run"),
+                 "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+                 "--trainer.logger.save_dir", str(tmp_path / "csv")]) == 0
+    rows = _csv(tmp_path / "csv/lightning_logs/version_0/metrics.csv")
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    logged = set(run.data.metrics)
+    assert logged == set(rows[0]) - {"step"} and len(logged) > 20
+    for key in ("train/entropy", "frames"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [(m.step, m.value) for m in history] == [(int(r["step"]), pytest.approx(float(r[key]))) for r in rows]
+    assert not (tmp_path / "run" / "metrics.csv").exists()  # asked for one CSV: the user's
+
+
+def test_the_mlflow_guides_logger_commands_run_as_printed(tmp_path, monkeypatch, capsys):
+    """docs/guides/mlflow.md, "Metrics without MLflow, and other loggers": each command runs (on a tiny
+    budget, in a temporary folder) and writes its metrics where the page says; TensorBoard's needs
+    the tensorboard package."""
+    import re
+    import shlex
+
+    page = (ROOT / "docs/guides/mlflow.md").read_text()
+    section = page.split("## Metrics without MLflow, and other loggers", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+    commands = [shlex.split(code.strip()) for lang, code in blocks if lang == "bash"]
+    assert len(commands) == 3 and all(c[:2] == ["ppo-lightning", "fit"] for c in commands)
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for argv in commands:
+        if "lightning.pytorch.loggers.TensorBoardLogger" in argv and not any(
+                __import__("importlib").util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
+            continue  # pip install tensorboard: not a dependency of the project
+        tiny = [*ARGS[3:], "--data.total_frames", "64", "--video_every", "null", "--mlflow.tracking_uri", uri]
+        assert main([*argv[1:], *tiny]) == 0, argv
+    out = capsys.readouterr().out
+    assert f"metrics: {tmp_path / 'runs/csv/metrics.csv'}" in out and "metrics: .../runs/csv/metrics.csv" in section
+    assert len(_csv(tmp_path / "runs/csv/metrics.csv")) == 2
+    assert len(_csv(tmp_path / "runs/both/csv/lightning_logs/version_0/metrics.csv")) == 2
+    assert not (tmp_path / "runs/both/metrics.csv").exists()

@@ -86,7 +86,8 @@ class LossSettings:
     """The decoupled objective (Hilton et al. 2021): the behavior policy for importance sampling, the
     proximal policy as the anchor of the clip / KL term (with ``model.proximal_com``: PPO-EWMA)."""
     clip_eps: float = 0.2
-    """The clip range of the clipped surrogate (and of the clip fraction)."""
+    """The clip range of the clipped surrogate (and of the clip fraction); an objective that sets its own
+    range (`ppo_lightning.algos.registry.Objective.clip_range`) reports the clip fraction in that one."""
     kl_beta: float = 1.0
     """The KL coefficient of the "kl" objectives (adaptive_kl: its start)."""
     kl_target: float = 0.01
@@ -346,12 +347,14 @@ class PPOFamilyLoss(LossModule):
                     "kl_anchor": mean(kl_anchor.detach()),
                     "approx_kl_behavior": mean(F.approx_kl(lp, behavior_log_prob)),
                     "approx_kl_proximal": mean(F.approx_kl(lp, anchor_log_prob)),
-                    "clip_fraction": F.clip_fraction(lp, anchor_log_prob, self.clip_eps, dim),
                     "importance_ratio_max": ratio_behav.amax(dim),
                     "importance_ratio_capped_fraction": mean((capped != behavior_log_prob).float()),
                     "explained_variance": F.explained_variance(value.detach(), value_target, dim),
                     "kl_beta": self.kl_beta.float(),
                 }
             )
+            clip_range = self.objective_spec.clip_range(self.clip_eps, self.objective_call_args)
+            if clip_range is not None:  # the objective's own range (none for the KL objectives)
+                out.set("clip_fraction", F.clip_fraction(lp, anchor_log_prob, clip_range[0], dim, eps_high=clip_range[1]))
         return out
 

@@ -159,12 +159,18 @@ def squared_log_ratio_kl(log_prob: Tensor, anchor_log_prob: Tensor) -> Tensor:
     return 0.5 * (log_prob - anchor_log_prob).pow(2)
 
 
-def clip_fraction(log_prob: Tensor, anchor_log_prob: Tensor, clip_eps: float | Tensor, dim: int | None = None) -> Tensor:
-    """Fraction of samples whose ratio pi / pi_anchor lies outside [1 - eps, 1 + eps] (a scalar;
-    with ``dim``, the fraction along that dimension)."""
+def clip_fraction(log_prob: Tensor, anchor_log_prob: Tensor, clip_eps: float | Tensor, dim: int | None = None,
+                  eps_high: float | Tensor | None = None) -> Tensor:
+    """Fraction of samples whose ratio pi / pi_anchor lies outside [1 - eps, 1 + eps_high] (``eps_high``
+    None: ``eps``, the symmetric range) (a scalar; with ``dim``, the fraction along that dimension)."""
     ratio = torch.exp(log_prob - anchor_log_prob)
-    eps = clip_eps.to(ratio.dtype) if isinstance(clip_eps, Tensor) else clip_eps  # one per seed: [S, 1]
-    outside = ((ratio - 1.0).abs() > eps).float()
+
+    def as_ratio(eps):  # one per seed: [S, 1]
+        return eps.to(ratio.dtype) if isinstance(eps, Tensor) else eps
+
+    low, high = as_ratio(clip_eps), as_ratio(clip_eps if eps_high is None else eps_high)
+    moved = ratio - 1.0
+    outside = ((moved > high) | (-moved > low)).float()
     return outside.mean() if dim is None else outside.mean(dim)
 
 

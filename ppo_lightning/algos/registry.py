@@ -26,7 +26,12 @@ from torch import Tensor
 from ppo_lightning.algos import objectives as F
 from ppo_lightning.algos.settings import check_settings, schema_of
 
-__all__ = ["SurrogateInputs", "Objective", "register_objective", "get_objective", "objective_names"]
+__all__ = ["SurrogateInputs", "Objective", "register_objective", "get_objective", "objective_names", "OBJECTIVE_SETTINGS",
+           "unused_settings"]
+
+# The loss settings an objective may use or ignore (`Objective.uses`); the loss uses the others whatever
+# the objective (the value loss, the entropy bonus, the decoupled form).
+OBJECTIVE_SETTINGS = ("clip_eps", "kl_beta", "kl_target", "kl_form", "max_importance_ratio")
 
 
 @dataclass(frozen=True)
@@ -92,14 +97,36 @@ class SurrogateInputs:
 @dataclass(frozen=True)
 class Objective:
     """A registered objective: its name, its function, whether ``beta`` adapts once per iteration
-    (`ppo_lightning.algos.objectives.adaptive_kl_beta` on the mean ``kl_anchor``), and its settings:
-    a dataclass (``settings=`` at registration, `ppo_lightning.algos.settings`), or the function's
-    keyword arguments after ``x`` with their annotations and defaults."""
+    (`ppo_lightning.algos.objectives.adaptive_kl_beta` on the mean ``kl_anchor``), its settings (a
+    dataclass, ``settings=`` at registration, `ppo_lightning.algos.settings`, or the function's keyword
+    arguments after ``x`` with their annotations and defaults), the loss settings of
+    `OBJECTIVE_SETTINGS` it reads (``declared_uses``; None: not declared, every one counts as used) and
+    its clip range for the diagnostics (``declared_clip_range``: a function of ``clip_eps`` and the
+    objective's settings giving ``(eps_low, eps_high)``, the ratio clipped to ``[1 - eps_low, 1 +
+    eps_high]``; None: ``(clip_eps, clip_eps)`` where it uses ``clip_eps``, else no clip range)."""
 
     name: str
     fn: Callable[..., Tensor]
     adaptive_beta: bool = False
     schema: type | None = None
+    declared_uses: tuple[str, ...] | None = None
+    declared_clip_range: Callable[..., tuple] | None = None
+
+    @property
+    def uses(self) -> tuple[str, ...]:
+        """The loss settings of `OBJECTIVE_SETTINGS` this objective reads: its declared ones (an adaptive
+        beta reads ``kl_target`` and ``kl_beta`` too), or all of them when it declared none."""
+        if self.declared_uses is None:
+            return OBJECTIVE_SETTINGS
+        extra = ("kl_beta", "kl_target") if self.adaptive_beta else ()
+        return tuple(n for n in OBJECTIVE_SETTINGS if n in self.declared_uses or n in extra)
+
+    def clip_range(self, clip_eps, args: dict[str, Any]) -> tuple | None:
+        """``(eps_low, eps_high)`` of this objective with ``clip_eps`` (a number, or one per member) and its
+        settings ``args`` (every one, `full_args`); None for an objective that clips nothing."""
+        if self.declared_clip_range is not None:
+            return tuple(self.declared_clip_range(clip_eps, **args))
+        return (clip_eps, clip_eps) if "clip_eps" in self.uses else None
 
     @property
     def settings_schema(self) -> type:
@@ -131,16 +158,26 @@ _OBJECTIVES: dict[str, Objective] = {}
 
 
 def register_objective(name: str, fn: Callable[..., Tensor] | None = None, *, adaptive_beta: bool = False,
-                       settings: type | None = None):
+                       settings: type | None = None, uses: tuple[str, ...] | None = None,
+                       clip_range: Callable[..., tuple] | None = None):
     """Register ``fn`` as objective ``name`` (usable as a decorator: ``@register_objective("name")``).
     ``settings``: a dataclass declaring its settings (types, defaults, checks; `ppo_lightning.algos.settings`),
     whose fields are ``fn``'s keyword arguments; without it, ``fn``'s own keyword arguments are.
+    ``uses``: the loss settings of `OBJECTIVE_SETTINGS` it reads (a run that sets another is refused,
+    `unused_settings`); None: not declared. ``clip_range``: ``fn(clip_eps, **settings) -> (eps_low,
+    eps_high)``, its clip range for the clip fraction (`Objective.clip_range`).
     Registering a name again replaces it (re-importing a user module is harmless). Returns ``fn``."""
+    if uses is not None:
+        unknown = [u for u in uses if u not in OBJECTIVE_SETTINGS]
+        if unknown:
+            raise ValueError(f"objective {name!r}: uses={unknown} are not loss settings an objective may use "
+                             f"({', '.join(OBJECTIVE_SETTINGS)})")
+
     def add(f: Callable[..., Tensor]) -> Callable[..., Tensor]:
         if not callable(f) or not list(inspect.signature(f).parameters):
             raise ValueError(f"objective {name!r}: a function of (x: SurrogateInputs, **settings) is needed")
         check_schema_matches(f"objective {name!r}", f, settings)
-        _OBJECTIVES[name] = Objective(name, f, adaptive_beta, settings)
+        _OBJECTIVES[name] = Objective(name, f, adaptive_beta, settings, None if uses is None else tuple(uses), clip_range)
         if not hasattr(f, "__ppo_objective__"):
             f.__ppo_objective__ = name
         return f
@@ -167,7 +204,8 @@ def get_objective(name: str) -> Objective:
         registered = getattr(fn, "__ppo_objective__", None)
         if registered in _OBJECTIVES and _OBJECTIVES[registered].fn is fn:
             spec = _OBJECTIVES[registered]
-            return _OBJECTIVES.setdefault(name, Objective(name, fn, spec.adaptive_beta, spec.schema))
+            return _OBJECTIVES.setdefault(name, Objective(name, fn, spec.adaptive_beta, spec.schema, spec.declared_uses,
+                                                          spec.declared_clip_range))
         register_objective(name, fn)
         return _OBJECTIVES[name]
     raise ValueError(f"model.objective must be one of {objective_names()} or the import path of a function "
@@ -201,6 +239,26 @@ def kl(x: SurrogateInputs) -> Tensor:
     return F.kl_penalized_surrogate(x.log_prob, x.behavior_log_prob, x.advantage, x.kl, x.beta, x.max_importance_ratio)
 
 
-register_objective("clip", clip)
-register_objective("kl", kl)  # fixed beta
-register_objective("adaptive_kl", kl, adaptive_beta=True)  # beta adapted once per iteration (PPO paper)
+register_objective("clip", clip, uses=("clip_eps", "max_importance_ratio"))
+register_objective("kl", kl, uses=("kl_beta", "kl_form", "max_importance_ratio"))  # fixed beta
+# beta adapted once per iteration (PPO paper), from kl_beta, towards kl_target
+register_objective("adaptive_kl", kl, adaptive_beta=True, uses=("kl_beta", "kl_form", "max_importance_ratio"))
+
+
+def unused_settings(objective: Objective, values: dict[str, Any], defaults: dict[str, Any],
+                    member_settings: tuple[str, ...] = (), scheduled: tuple[str, ...] = ()) -> list[str]:
+    """The settings of a run that its objective ignores (`Objective.uses`), each as ``model.<name>``
+    with why it counts as set: a value other than the default (``values`` against ``defaults``), a
+    member's own values (``member_settings``: ``data.member_hparams.<name>``) or a schedule
+    (``scheduled``: ``model.schedules.<name>``). Empty when the objective uses every one it was given."""
+    found = []
+    for name in OBJECTIVE_SETTINGS:
+        if name in objective.uses:
+            continue
+        if name in scheduled:
+            found.append(f"model.schedules.{name}")
+        elif name in member_settings:
+            found.append(f"data.member_hparams.{name}")
+        elif name in values and values[name] != defaults.get(name):
+            found.append(f"model.{name} {values[name]!r}")
+    return found

@@ -22,6 +22,7 @@ from pathlib import Path
 import jsonargparse
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger
 
 from ppo_lightning.training.callbacks import (
     MANAGED_CALLBACKS,
@@ -38,7 +39,8 @@ from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
 from ppo_lightning.training.precision import PPOTrainer, planned_processes, resolve_auto, take_precision_aliases
 from ppo_lightning.training import rescale
-from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogger, make_logger, view_hints
+from ppo_lightning.training.tracking import (DEFAULT_TRACKING_URI, RunCSVLogger, SafeMLFlowLogger, make_logger, run_loggers,
+                                             view_hints)
 from ppo_lightning.algos import scaling
 from ppo_lightning.training.preemption import Preemption, SignalStop
 from ppo_lightning.training.update import one_clip_setting
@@ -248,16 +250,14 @@ class PPOCLI(LightningCLI):
         given["callbacks"] = user_callbacks
         logger = given.get("logger")
         checkpoints = run_dir / "checkpoints" if cfg.trainer.get("enable_checkpointing") is not False else None
-        mlflow_store = cfg.mlflow.tracking_uri if cfg.mlflow.enabled and logger in (None, True) else None
+        mlflow_store = cfg.mlflow.tracking_uri if cfg.mlflow.enabled and logger is not False else None
         trust.check_run_folder(run_dir)  # planted symbolic links: one line, exit code 2, nothing created
         preflight(run_dir, checkpoints, mlflow_store)  # unwritable folders: one line, exit code 4
-        if logger in (None, True) or isinstance(logger, SafeMLFlowLogger):
-            kwargs["logger"] = (
-                make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name, run_id=resumed.get("mlflow_run_id"),
-                            spool=run_dir / "checkpoints" / SPOOL_NAME)
-                if cfg.mlflow.enabled
-                else False
-            )
+        if logger is not False:  # MLflow's logger, then --trainer.logger's; metrics.csv without either
+            mlflow_logger = (make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name,
+                                         run_id=resumed.get("mlflow_run_id"), spool=run_dir / "checkpoints" / SPOOL_NAME)
+                             if cfg.mlflow.enabled else None)
+            kwargs["logger"] = run_loggers(mlflow_logger, logger, run_dir)
         kwargs.setdefault("default_root_dir", str(run_dir))
         if not cfg.trainer.get("plugins"):  # atomic checkpoint writes, one-line errors on unreadable files
             kwargs["plugins"] = [AtomicCheckpointIO()]
@@ -270,8 +270,9 @@ class PPOCLI(LightningCLI):
         stopper = Preemption if cfg.trainer.get("enable_checkpointing") is not False else SignalStop
         callbacks = callbacks + [stopper(str(run_dir / "checkpoints"))] + self.extra_callbacks
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
-        final_logger = kwargs.get("logger", logger)
-        record_run_setup(cfg, callbacks, _logger_entry(final_logger) if isinstance(final_logger, SafeMLFlowLogger) else None)
+        final = kwargs.get("logger") or []
+        record_run_setup(cfg, callbacks, next((_logger_entry(lg) for lg in final if isinstance(lg, SafeMLFlowLogger)), None),
+                         next((lg.save_dir for lg in final if isinstance(lg, RunCSVLogger)), None))
         kwargs["precision"] = self.resolve_run_precision(cfg)
         trainer = super().instantiate_trainer(**kwargs)
         self._seed_line.release()  # every check passed: "Seed set to N" as Lightning would have said it
@@ -423,11 +424,10 @@ class PPOCLI(LightningCLI):
         user_has_bar = any(_is_progress_bar(getattr(c, "class_path", "")) for c in cfg.trainer.get("callbacks") or [])
         logger = cfg.trainer.get("logger")
         entry = None
-        if cfg.mlflow.enabled and (logger in (None, True) or "SafeMLFlowLogger" in str(getattr(logger, "class_path", ""))):
+        if cfg.mlflow.enabled and logger is not False:
             entry = {"experiment_name": cfg.mlflow.experiment, "tracking_uri": cfg.mlflow.tracking_uri}
-        elif not cfg.mlflow.enabled and logger in (None, True):
-            cfg.trainer.logger = False
-        record_run_setup(cfg, self.managed_callbacks(cfg, run_dir, user_has_bar), entry)
+        csv_dir = str(run_dir) if not cfg.mlflow.enabled and logger in (None, True) else None  # as `run_loggers`
+        record_run_setup(cfg, self.managed_callbacks(cfg, run_dir, user_has_bar), entry, csv_dir)
         import yaml
 
         full = yaml.safe_load(parser.dump(self.config, skip_none=False, skip_check=True))
@@ -486,10 +486,11 @@ class PPOCLI(LightningCLI):
         # clip fraction, advantage-std warnings; the warm-up in frames, so c times the iterations at --scale c
         self.trainer.callbacks.append(SmallBatchDiagnostics(scale=self.config[self.subcommand].get("scale") or 1.0))
         wait_for_episodes(self.trainer.callbacks)  # episode/... monitors wait for the first episode
-        if getattr(self, "scale_params", None) and self.trainer.logger is not None:
-            self.trainer.logger.log_hyperparams(self.scale_params)
-        if getattr(self, "precision_params", None) and self.trainer.logger is not None:  # what ran, and why
-            self.trainer.logger.log_hyperparams(self.precision_params)
+        for logger in self.trainer.loggers:
+            if getattr(self, "scale_params", None):
+                logger.log_hyperparams(self.scale_params)
+            if getattr(self, "precision_params", None):  # what ran, and why
+                logger.log_hyperparams(self.precision_params)
 
     def after_fit(self) -> None:
         trainer, dm = self.trainer, self.datamodule
@@ -514,6 +515,8 @@ class PPOCLI(LightningCLI):
         if self.checkpoint_callback.last_model_path:
             pick = " --seed_index 0" if group else ""  # a group's checkpoint holds every seed: name one
             print(f"  score it with: ppo-lightning evaluate {ckpt}{pick} --episodes 10 --video agent.mp4")
+        for csv_logger in (lg for lg in trainer.loggers if isinstance(lg, CSVLogger)):  # ours, or --trainer.logger's
+            print(f"metrics: {(Path(csv_logger.log_dir) / 'metrics.csv').resolve()}")
         logger = trainer.logger
         run_id = getattr(logger, "run_id", None)
         if isinstance(logger, SafeMLFlowLogger) and not logger.failed:

@@ -267,11 +267,13 @@ def _class_entry(obj, init_args: dict) -> dict:
     return Namespace(class_path=f"{cls.__module__}.{cls.__qualname__}", init_args=Namespace(**init_args))
 
 
-def record_run_setup(cfg, callbacks, mlflow_logger: dict | None) -> None:
-    """Write the callbacks and logger a run really uses into its config (``trainer.callbacks``,
+def record_run_setup(cfg, callbacks, mlflow_logger: dict | None, metrics_csv: str | None = None) -> None:
+    """Write the callbacks and loggers a run really uses into its config (``trainer.callbacks``,
     ``trainer.logger``), so that the saved ``config.yaml`` and ``--print_config`` show them. The
     CLI rebuilds the ones it manages from its options when that config is loaded again.
-    ``mlflow_logger``: the init arguments of the run's `SafeMLFlowLogger`, if it has one."""
+    ``mlflow_logger``: the init arguments of the run's `SafeMLFlowLogger`, if it has one;
+    ``metrics_csv``: the folder of its `ppo_lightning.training.tracking.RunCSVLogger`, if it has one;
+    the loggers of ``--trainer.logger`` follow them."""
     from jsonargparse import Namespace
 
     managed = {f"{c.__module__}.{c.__qualname__}" for c in MANAGED_CALLBACKS}
@@ -289,9 +291,14 @@ def record_run_setup(cfg, callbacks, mlflow_logger: dict | None) -> None:
             continue
         entries.append(_class_entry(cb, args))
     cfg.trainer.callbacks = entries
-    if mlflow_logger is not None:
-        cfg.trainer.logger = Namespace(class_path="ppo_lightning.training.tracking.SafeMLFlowLogger",
-                                       init_args=Namespace(**mlflow_logger))
+    ours = [Namespace(class_path=f"ppo_lightning.training.tracking.{name}", init_args=Namespace(**args))
+            for name, args in (("SafeMLFlowLogger", mlflow_logger), ("RunCSVLogger", {"save_dir": metrics_csv}))
+            if args is not None and args != {"save_dir": None}]
+    if ours:
+        given = cfg.trainer.get("logger")
+        given = [] if given in (None, True) else given if isinstance(given, list) else [given]
+        user = [g for g in given if not str(getattr(g, "class_path", "")).startswith("ppo_lightning.training.tracking.")]
+        cfg.trainer.logger = ours[0] if len(ours) + len(user) == 1 else ours + user
 
 
 class ProgressFile(Callback):

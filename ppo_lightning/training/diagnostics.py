@@ -19,8 +19,10 @@ Two quantities tell whether a (small) batch size is healthy:
 
 `SmallBatchDiagnostics` logs them once per iteration (``diagnostics/clip_fraction_window``,
 ``diagnostics/adv_std_error``, ``diagnostics/adv_std_oscillation``) and warns at most once per condition
-per run. The clip fraction is only judged for the clipped objective. It is added by default by
-``ppo-lightning fit``.
+per run. The clip fraction is the fraction outside the objective's own clip range
+(`ppo_lightning.algos.registry.Objective.clip_range`; the KL objectives have none and report none); it
+is judged for the objectives that declare what they use (the built-in ``clip``, and those registered
+with ``uses=``). It is added by default by ``ppo-lightning fit``.
 """
 
 from __future__ import annotations
@@ -71,6 +73,16 @@ def std_relative_error(minibatch_stds: list[float], num_minibatches: int, span: 
         return math.nan
     sd = math.sqrt(sum((s - mean) ** 2 for s in stds) / (len(stds) - 1))
     return sd / mean / math.sqrt(num_minibatches * max(span, 1.0))
+
+
+def _judged(pl_module) -> bool:
+    """Whether the module's objective declares what it uses (`ppo_lightning.algos.registry.register_objective`'s
+    ``uses`` or ``clip_range``): only then is its clip fraction judged (without a loss module: the
+    ``clip`` objective)."""
+    spec = getattr(getattr(pl_module, "loss_module", None), "objective_spec", None)
+    if spec is None:
+        return (pl_module.hparams.get("objective", "clip") if hasattr(pl_module, "hparams") else "clip") == "clip"
+    return spec.declared_uses is not None or spec.declared_clip_range is not None
 
 
 class SmallBatchDiagnostics(Callback):
@@ -134,10 +146,9 @@ class SmallBatchDiagnostics(Callback):
             mean_cf = sum(self.clip_history) / len(self.clip_history)
             metrics["diagnostics/clip_fraction_window"] = mean_cf
             epochs = getattr(dm, "update_epochs", 1)
-            objective = pl_module.hparams.get("objective", "clip") if hasattr(pl_module, "hparams") else "clip"
             problem = clip_fraction_problem(mean_cf, epochs, self.clip_low, self.clip_high_one, self.clip_high_many)
             iteration = getattr(dm, "iteration", len(self.clip_history))
-            if problem and objective == "clip" and iteration > self.warmup:
+            if problem and _judged(pl_module) and iteration > self.warmup:
                 high = self.clip_high_one if epochs <= 1 else self.clip_high_many
                 self._warn(
                     f"clip_fraction_{problem}",

@@ -38,7 +38,8 @@ from ppo_lightning.training.update import make_updater
 from ppo_lightning.training.parts import make_anchor, make_compile_part, make_phases, make_ppg_part
 from ppo_lightning.algos.hooks import AUX_PREFIX
 from ppo_lightning.algos.settings import check_settings, schema_of
-from ppo_lightning.training.coefficients import ScheduledCoefficients
+from ppo_lightning.algos.registry import OBJECTIVE_SETTINGS, unused_settings
+from ppo_lightning.training.coefficients import ScheduledCoefficients, values_in_use
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
@@ -193,6 +194,7 @@ class PPOLightningModule(pl.LightningModule):
             load_pretrained_weights(self.network, init_from)
         self.loss_module = self.make_loss()
         self.coefficients.check_loss(self.loss_module)
+        self.check_objective_settings()
         self.param_keys = dist_param_keys(action_space)
         # The proximal anchor (ppo_lightning.training.parts): the EWMA of the weights (PPO-EWMA, PPG-EWMA;
         # owned here, in this module's checkpoint; ProximalEWMAStep says when it moves) or the behavior.
@@ -252,6 +254,21 @@ class PPOLightningModule(pl.LightningModule):
         if not all(0.0 <= b < 1.0 for b in h.adam_betas) or len(h.adam_betas) != 2:
             raise ValueError(f"model.adam_betas must be two numbers in [0, 1), got {h.adam_betas!r}")
         validate_ppg_config(h.get("ppg"), h)
+
+    def check_objective_settings(self) -> None:
+        """A setting the objective ignores (`ppo_lightning.algos.registry.Objective.uses`), given another
+        value than its default, members' own values or a schedule, is a one-line error before training:
+        the run would train without it. (A loss subclass with its own ``surrogate`` may read any.)"""
+        loss = self.loss_module
+        if type(loss).surrogate is not PPOFamilyLoss.surrogate:
+            return
+        h = self.hparams
+        unused = unused_settings(loss.objective_spec, self.loss_settings(), LOSS_SETTINGS,
+                                 tuple(h.get("member_hparams") or {}), tuple(self.coefficients.specs))
+        if unused:
+            uses = ", ".join(loss.objective_spec.uses) or f"none of {', '.join(OBJECTIVE_SETTINGS)}"
+            raise ValueError(f"model.objective {loss.objective!r} ignores {', '.join(unused)} (it uses {uses}): the "
+                             f"run would train without it; drop it or choose an objective that uses it")
 
     def loss_settings(self) -> dict[str, Any]:
         """The loss module's settings (`ppo_lightning.algos.loss.LOSS_SETTINGS`) from the hyperparameters."""
@@ -458,6 +475,7 @@ class PPOLightningModule(pl.LightningModule):
         self.step_stats = []
         if self.coefficients:  # model.schedules: this iteration's coefficients, scaled from the configured ones
             self.record_metrics(self.coefficients.apply(self))
+        self.record_metrics(values_in_use(self))  # the lr and the scheduled or per-member settings this iteration uses
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         for part in self.parts:
@@ -537,14 +555,16 @@ class PPOLightningModule(pl.LightningModule):
     def publish_metrics(self, metrics: dict[str, float], send: bool = True) -> None:
         """Send one iteration's metrics to the loggers (when ``send``) and to ``trainer.callback_metrics``.
 
-        Why not ``self.log_dict``: Lightning's result collection costs ~0.25 ms per key; with ~35
+        Every logger steps them by environment frames (the ``frames`` metric), the x-axis RL runs are
+        compared on. Why not ``self.log_dict``: Lightning's result collection costs ~0.25 ms per key; with ~35
         keys per iteration that was ~9 ms per iteration, 6% of a CartPole run. Monitors
         (EarlyStopping, ModelCheckpoint) read ``trainer.callback_metrics``, updated here.
         """
         trainer = self.trainer
         trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
+        step = int(metrics["frames"]) if "frames" in metrics else trainer.global_step  # every logger's x-axis: frames
         for logger in trainer.loggers if send else ():  # as Lightning's logger connector does: log, then save
-            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.log_metrics(metrics, step=step)
             logger.save()
 
     # ------------------------------------------------------------------ acting

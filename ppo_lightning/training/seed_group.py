@@ -390,6 +390,11 @@ class MemberAdam(torch.optim.Adam):
                             tuple(float(b) for b in betas) if betas is not None else old_betas)
         self._plan_runs()
 
+    def member_lrs(self) -> list[float]:
+        """The lr each member steps with now: its own times an lr schedule's factor (as `step` computes it)."""
+        scale = self.param_groups[0]["lr"] / self.base_lr
+        return [lr * scale if scale != 1.0 else lr for lr, _ in self.settings]
+
     def set_lrs(self, lrs: list[float]) -> None:
         """Member k steps at ``lrs[k]`` from the next step on (its betas and state kept)."""
         self.settings = [(float(lr), betas) for lr, (_, betas) in zip(lrs, self.settings, strict=True)]

@@ -12,6 +12,11 @@ Lightning's `MLFlowLogger` does the logging (parameters, per-iteration metrics).
 - survives an unwritable store: it is probed before training, and any later MLflow error is
   reported once, after which the run goes on with console logging.
 
+Without MLflow (``--mlflow.enabled false``), or when its store cannot be written, a run's metrics go to
+``metrics.csv`` in its run folder (`RunCSVLogger`, Lightning's ``CSVLogger``); loggers named with
+``--trainer.logger`` are added to MLflow's (`run_loggers`). Every logger gets the same metrics, stepped
+by frames.
+
 The tracking store is ``sqlite:///mlflow.db`` by default; artifacts go to MLflow's default
 artifact root for it, ``./mlruns/<experiment id>/<run id>/artifacts`` (``make clean`` removes both); a
 study's or a search's experiment keeps them in its run root (``<run root>/mlruns``).
@@ -26,8 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import Logger, MLFlowLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.fabric.loggers.logger import rank_zero_experiment
 
 from ppo_lightning.core.errors import UnwritablePath
 from ppo_lightning.core.storage import check_writable, user_cache_folder
@@ -116,6 +122,67 @@ def frames_step(metrics: dict[str, float], step: int | None) -> int | None:
     """The x-axis value of one iteration's metrics: its environment frames when reported."""
     frames = metrics.get("frames")
     return int(frames) if frames is not None else step
+
+
+class RunCSVLogger(CSVLogger):
+    """Lightning's ``CSVLogger`` writing into the run folder itself: ``metrics.csv`` (one row per
+    iteration, every metric a column, ``step`` = frames) and ``hparams.yaml``. A run resumed into the
+    same folder appends its rows to the file (Lightning's writer would delete it)."""
+
+    FILENAME = "metrics.csv"
+
+    def __init__(self, save_dir: str | os.PathLike) -> None:
+        super().__init__(save_dir, name="", version="")
+        self._opened = False
+
+    @property
+    def log_dir(self) -> str:
+        return self.save_dir
+
+    @property
+    def metrics_file(self) -> Path:
+        return Path(self.save_dir) / self.FILENAME
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        """Lightning's writer; the rows of an existing ``metrics.csv`` (a resumed run's folder), which
+        it deletes when it opens the folder, are written back first."""
+        if self._opened:
+            return super().experiment
+        import csv
+        import warnings
+
+        rows = []
+        if self.metrics_file.is_file():
+            with open(self.metrics_file, newline="") as f:
+                rows = list(csv.DictReader(f))
+        with warnings.catch_warnings():  # "Previous log files in this directory will be deleted": not ours
+            warnings.filterwarnings("ignore", message=".*exists and is not empty")
+            writer = super().experiment
+        for row in rows:
+            step = row.pop("step", "")
+            writer.log_metrics({k: float(v) for k, v in row.items() if v != ""}, int(float(step)) if step else None)
+        writer.save()
+        self._opened = True
+        return writer
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, frames_step(metrics, step))
+
+
+def run_loggers(mlflow_logger: Logger | None, given: Any, run_dir: str | os.PathLike) -> list[Logger]:
+    """A run's loggers: its MLflow logger (``mlflow_logger``, None when MLflow is off), then the loggers
+    ``--trainer.logger`` names (``given``: a logger, a list of them, or None / True for none); without
+    a working MLflow logger and without loggers of the user's, `RunCSVLogger` in ``run_dir``. The
+    loggers this function makes (a saved config.yaml lists them) are dropped from ``given``."""
+    user = [] if given in (None, True) else list(given) if isinstance(given, (list, tuple)) else [given]
+    user = [lg for lg in user if not isinstance(lg, (SafeMLFlowLogger, RunCSVLogger))]
+    loggers = [mlflow_logger] if mlflow_logger is not None else []
+    if not user and not isinstance(mlflow_logger, SafeMLFlowLogger):  # MLflow off, or its store refused
+        loggers.append(RunCSVLogger(run_dir))
+    return loggers + user
 
 
 class SafeMLFlowLogger(MLFlowLogger):
