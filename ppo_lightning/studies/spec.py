@@ -53,8 +53,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.core.configs import resolve_config
-from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
+from ppo_lightning.core.configs import read_config, resolve_config
+from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, read_csv, safe_name
 from ppo_lightning.run.spec import RUNNER_SETTINGS
 
 SCORES = ("raw", "minatar", "minatar-500k", "random-best")
@@ -327,9 +327,7 @@ def merge_configs(paths: list[Path]) -> dict:
     """YAML configs merged in order (a later file's section values over an earlier one's)."""
     merged: dict = {}
     for path in paths:
-        data = load_yaml(path) or {}  # bounded: a config a shared study file names is data too
-        if not isinstance(data, dict):
-            raise UnsafeInput(f"{path}: a config file is a YAML mapping of sections")
+        data = read_config(path)  # bounded, with the configs it names: a shared study file's configs are data too
         for section, values in data.items():
             if isinstance(values, dict):
                 merged.setdefault(section, {}).update(values)
@@ -484,10 +482,10 @@ def parse_study(data: Any, path: Path) -> Study:
         _need(isinstance(sr.get("random"), str), where, "score_ref.random: a CSV of env,return (the random policy's), missing")
         rpath = resolve_ref(root, path, sr["random"])
         _need(rpath.is_file(), where, f"score_ref.random: {sr['random']} is not a file")
-        import csv
-
-        with open(rpath, newline="") as f:
-            rows = list(csv.DictReader(f))
+        try:
+            rows = read_csv(rpath, f"score_ref.random: {sr['random']}")
+        except UnsafeInput as err:
+            raise StudyError(f"{where}: {err}") from None
         _need(rows and {"env", "return"} <= set(rows[0]), where, f"score_ref.random: {sr['random']} needs columns env, return")
         random = {r["env"]: float(r["return"]) for r in rows}
         for e in envs:
