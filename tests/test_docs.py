@@ -257,6 +257,17 @@ def test_the_study_file_schema_in_the_studies_guide_is_the_declared_one():
     assert found and found.group(1) == schema_table(), f"regenerate the tables:\n{schema_table()}"
 
 
+def test_the_space_file_schema_in_the_tuning_guide_is_the_declared_one():
+    """docs/guides/tuning.md's field tables are `schema_table` of `tuning/space.py`'s declarations (the
+    fields its parser accepts, and no others)."""
+    from ppo_lightning.tuning.space import FIELDS, SCHEMA, schema_table
+
+    page = (ROOT / "docs" / "guides" / "tuning.md").read_text()
+    found = re.search(r"<!-- schema:begin -->\n(.*?)\n<!-- schema:end -->", page, re.S)
+    assert found and found.group(1) == schema_table(), f"regenerate the tables:\n{schema_table()}"
+    assert FIELDS == tuple(n for n, _, _ in SCHEMA[0][1])
+
+
 def test_the_member_settings_table_is_the_declaration():
     """docs/guides/configs.md's table of member settings is `members_table` (from `MEMBER_SETTINGS`), and
     the declaration's defaults are the module's and the data module's."""

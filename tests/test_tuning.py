@@ -64,6 +64,42 @@ def test_a_bad_field_is_one_line_naming_it(tmp_path, change, field):
     assert "\n" not in msg and f": {field}" in msg, msg
 
 
+@pytest.mark.parametrize("key, value, accepted", [
+    ("video_every", None, True), ("log_every_frames", 1024, True), ("checkpoint_every", 5, True),
+    ("trainer.callbacks+", "ppo_lightning.training.noise_scale.GradientNoiseScale", True),
+    ("mlflow.experiment", "x", True), ("scale", 4, True), ("trainer.gradient_clip_val", 0.5, True),
+    ("seed_everything", 3, False), ("data.seed", 3, False), ("run_dir", "x", False), ("lr", 0.1, False),
+    ("model", {"lr": 0.1}, False), ("nope", 1, False),
+])
+def test_study_and_space_files_share_one_fit_vocabulary(tmp_path, key, value, accepted):
+    """A fit option a study file takes, a search-space file takes, and the reverse (one validator,
+    `ppo_lightning.studies.fields`): the same key is accepted or refused, in one line naming it, by both."""
+    from ppo_lightning.studies.spec import StudyError, load_study
+
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"study": "s", "base": BASE, "fit": {key: value}, "envs": ["minatar:breakout"],
+                                     "seeds": {"count": 1}, "frames": 256, "arms": [{"name": "a", "label": "A"}]}))
+    space = tiny(tmp_path, fit={**TINY_FIT, key: value})
+    for load, error in ((lambda: load_study(study), StudyError), (lambda: load_space(space), SpaceError)):
+        if accepted:
+            assert load().fit[key] == value
+        else:
+            with pytest.raises(error) as err:
+                load()
+            assert "\n" not in str(err.value) and f"fit.{key}: " in str(err.value), str(err.value)
+
+
+def test_a_search_states_what_it_sets_for_every_trial_or_is_refused(tmp_path):
+    """The settings a search gives every trial's group (no videos, no MLflow run of the group's own, no
+    checkpoints): the same value in the file is accepted, another is one line saying why."""
+    assert load_space(tiny(tmp_path, fit={**TINY_FIT, "video_every": None, "mlflow.enabled": False})).fit["video_every"] is None
+    with pytest.raises(SpaceError, match=r"fit.video_every: a search records no videos, so the search sets it to null "
+                                         r"for every run \(got 4\)"):
+        load_space(tiny(tmp_path, fit={**TINY_FIT, "video_every": 4}))
+    with pytest.raises(SpaceError, match=r"fit.mlflow.enabled: .* sets it to false for every run \(got true\)"):
+        load_space(tiny(tmp_path, fit={**TINY_FIT, "mlflow.enabled": True}))
+
+
 def test_the_shipped_search_spaces_are_valid_and_the_command_overrides_the_file(tmp_path):
     files = sorted((ROOT / "experiments" / "tuning").glob("*.yaml"))
     assert files

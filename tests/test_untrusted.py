@@ -174,6 +174,114 @@ def test_an_alias_bomb_is_one_line_within_a_second(tmp_path, capsys):
     assert took < 30 and peak_mb < 1000, (took, peak_mb)
 
 
+# ---------------------------------------------------------------------------- one bounded reader
+
+
+def _special_files(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO, a 1 GB sparse file (no disk used), /dev/zero and a folder: what the reader refuses."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)
+    return {"/dev/zero": Path("/dev/zero"), "a FIFO": fifo, "a 1 GB file": big, "a folder": tmp_path}
+
+
+WHY = {"/dev/zero": "a character device, not a regular file", "a FIFO": "a FIFO (named pipe), not a regular file",
+       "a 1 GB file": "1073741824 bytes, more than a settings file may hold", "a folder": "a directory, not a regular file"}
+
+
+def test_the_reader_refuses_what_is_not_a_bounded_regular_file_before_reading_it(tmp_path):
+    from ppo_lightning.core.safety import load_json, read_bytes, read_csv
+
+    for name, path in _special_files(tmp_path).items():
+        t0 = time.perf_counter()
+        with pytest.raises(UnsafeInput, match=WHY[name].replace("(", r"\(").replace(")", r"\)")):
+            load_yaml(path)
+        assert time.perf_counter() - t0 < 1.0, name
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"a": [1, 2, 3]}))
+    assert load_json(small) == {"a": [1, 2, 3]}
+    assert read_bytes(small, max_bytes=len(small.read_bytes())) == small.read_bytes()
+    with pytest.raises(UnsafeInput, match=r"16 bytes, more than a settings file may hold \(5\)"):
+        read_bytes(small, max_bytes=5)
+    with pytest.raises(UnsafeInput, match="more than 4 values"):
+        load_json(small, max_values=4)  # the mapping, the list and its three numbers: 5
+    assert load_json(small, max_values=5)
+    rows = tmp_path / "rows.csv"
+    rows.write_text("arm,seed\na,1\nb,2\n")
+    assert read_csv(rows) == [{"arm": "a", "seed": "1"}, {"arm": "b", "seed": "2"}]
+    with pytest.raises(UnsafeInput, match="more than 3 values, more than a records file may hold"):
+        read_csv(rows, max_values=3)
+    with pytest.raises(UnsafeInput, match="not JSON"):
+        load_json(rows)
+
+
+def test_a_config_naming_a_fifo_or_a_huge_config_is_refused_before_jsonargparse_opens_it(tmp_path):
+    """jsonargparse reads a string where a section goes (``data: data.yaml``) as a nested config, a
+    FIFO included (it would wait on it forever): the configs a config names go through the reader."""
+    from ppo_lightning.core.configs import read_config
+
+    files = _special_files(tmp_path)
+    for name, target in files.items():
+        if name == "a folder":
+            continue
+        cfg = tmp_path / f"cfg_{name.replace(' ', '_').replace('/', '_')}.yaml"
+        cfg.write_text(yaml.safe_dump({"data": str(target)}))
+        with pytest.raises(UnsafeInput, match=f"data names {target}"):
+            read_config(cfg)
+    inner = tmp_path / "inner.yaml"
+    inner.write_text(yaml.safe_dump({"trainer": {"logger": str(files["a FIFO"])}}))
+    outer = tmp_path / "outer.yaml"
+    outer.write_text(yaml.safe_dump({"model": "inner.yaml", "trainer": {"default_root_dir": str(tmp_path)}}))
+    with pytest.raises(UnsafeInput, match="inner.yaml: trainer.logger names .*fifo.yaml: a FIFO"):
+        read_config(outer)  # named beside the config, two levels down; a folder value is left alone
+    inner.write_text(yaml.safe_dump({"num_envs": 4}))
+    assert read_config(outer)["model"] == "inner.yaml"
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "a FIFO", "a 1 GB file"])
+def test_a_study_whose_base_is_a_device_a_fifo_or_a_huge_file_is_one_line_in_seconds_and_little_memory(tmp_path, name):
+    """Tried as a new user would (issue 63): ``base: /dev/zero`` drove ``study run`` to 23.7 GB. As a
+    command of its own (start-up included): one error line, exit 2, within seconds, peak memory under
+    200 MB (read by a launcher, as in the alias-bomb test; the child also runs under a 2 GB address-space
+    limit, so that a regression fails here instead of starving the machine)."""
+    base = _special_files(tmp_path)[name]
+    study = _study(tmp_path, base=str(base))
+    launcher = ("import resource, subprocess, sys\n"
+                "def limit():\n    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+                "r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=120, preexec_fn=limit)\n"
+                "sys.stderr.write(r.stderr)\n"
+                "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+                "print(r.stdout, end='')\n")
+    t0 = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-m", "ppo_lightning", "study", "run",
+                          str(study), "--run-root", str(tmp_path / "root")], env=ENV, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    head, _, stdout = run.stdout.partition("\n")
+    returncode, maxrss_kb = (int(v) for v in head.split())
+    line = one_error_line(stdout)
+    assert returncode == 2 and line == f"error: {base}: {WHY[name]}" + (" (4194304)" if name == "a 1 GB file" else
+                                                                        "; refusing to read it"), run.stdout + run.stderr
+    assert took < 30 and maxrss_kb / 1024 < 200, (took, maxrss_kb / 1024)
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_study_setting_default_root_dir_is_refused_in_pre_flight(tmp_path, capsys):
+    """The worker gives its group a run folder (``--run_dir``); a ``trainer.default_root_dir`` naming
+    another is refused by the pre-flight's parse, as the worker would refuse it: one line, no worker."""
+    from ppo_lightning.cli.main import main
+
+    path = _study(tmp_path, fit={"data.num_envs": 4, "data.rollout_steps": 16, "data.num_minibatches": 2,
+                                 "trainer.default_root_dir": str(tmp_path / "elsewhere")})
+    assert main(["study", "run", str(path), "--run-root", str(tmp_path / "root"), "--workers", "1"]) == 2
+    line = one_error_line(capsys.readouterr().out)
+    assert f"--trainer.default_root_dir {tmp_path / 'elsewhere'} name two run folders" in line, line
+    assert "arms ppo, ppo_hi on minatar:breakout as a group of 2 members" in line, line
+    assert not (tmp_path / "root/submitit").exists() and not (tmp_path / "root/groups").exists()
+    assert not (tmp_path / "elsewhere").exists()
+
+
 # ---------------------------------------------------------------------------- code from data
 
 

@@ -27,11 +27,11 @@ def shipped_configs() -> list[str]:
 
 
 def resolve_config(name_or_path: str | Path) -> Path:
-    """A config file: ``name_or_path`` itself if it is a file, else the shipped config of that name
+    """A config file: ``name_or_path`` itself if it exists, else the shipped config of that name
     (``cartpole/ppo_ewma``, with or without ``.yaml``; the repository path of an earlier release,
     ``experiments/cartpole/ppo_ewma.yaml``, names the same config). ValueError in one line otherwise."""
     path = Path(name_or_path)
-    if path.is_file():
+    if path.exists():  # a file; anything else there is refused by the reader (`checked_config`)
         return path
     parts = path.with_suffix("").parts if path.suffix in ("", ".yaml", ".yml") else ()
     if len(parts) >= 2 and parts[-2] in FAMILIES and (len(parts) == 2 or parts[-3:-2] == ("experiments",)):
@@ -42,13 +42,30 @@ def resolve_config(name_or_path: str | Path) -> Path:
                      "(`ppo-lightning configs` lists them)")
 
 
-def checked_config(name_or_path: str | Path) -> Path:
-    """`resolve_config`, then the file read once with `ppo_lightning.core.safety.load_yaml` (bounded
-    size and alias expansion: a YAML bomb is one line before jsonargparse expands it)."""
-    from ppo_lightning.core.safety import load_yaml
+# the sections of a `fit` config whose value may be the path of a nested config (``data: data.yaml``)
+SECTIONS = frozenset({"model", "data", "trainer", "optimizer", "lr_scheduler", "mlflow"})
 
+
+def read_config(path: str | Path, what: str | None = None) -> dict:
+    """A config file as a mapping, read by the bounded reader (`ppo_lightning.core.safety.load_yaml`:
+    a regular file, bounded size and alias expansion, a YAML bomb is one line before jsonargparse
+    expands it), with the configs it names read the same way (`check_named_configs`)."""
+    from ppo_lightning.core.safety import UnsafeInput, check_named_configs, load_yaml  # stdlib + PyYAML: light
+
+    what = what or str(path)
+    data = load_yaml(path, what)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UnsafeInput(f"{what}: a config file is a YAML mapping of sections")
+    check_named_configs(data, path, SECTIONS)
+    return data
+
+
+def checked_config(name_or_path: str | Path) -> Path:
+    """`resolve_config`, then the file read once by `read_config`."""
     path = resolve_config(name_or_path)
-    load_yaml(path, f"--config {path}")
+    read_config(path, f"--config {path}")
     return path
 
 

@@ -14,9 +14,14 @@ search-space file. They never run code and never write outside their place (issu
 - **Writes that do not follow links** (`open_nofollow`, `refuse_symlink`, `refuse_symlinks_under`): lock
   files are opened with ``O_NOFOLLOW``; a run folder's config, checkpoint folder and spool, and every
   entry of a study's or search's run root, are refused when they are symbolic links.
-- **Bounded YAML** (`load_yaml`): study, space and config files are read with a size limit and the
-  number of nodes their aliases expand to counted on the composed graph (linear in the file) before
-  anything is built from it: a "billion laughs" file is one line in milliseconds.
+- **One bounded reader** (`read_bytes`, `read_text`, `load_yaml`, `load_json`, `read_csv`): every file
+  that comes from outside a run (a ``--config`` and the configs a study or search-space file names,
+  the study and space files, an exported folder's JSON, a study's records CSVs) is read through it.
+  It looks at the file before opening it and again once open (``stat``, ``fstat``): anything but a
+  regular file (a FIFO, ``/dev/zero``, a directory) is refused, as is a file larger than its bound;
+  then at most that many bytes are read. The parsed values are counted too: YAML's nodes on the
+  composed graph once aliases expand (linear in the file, before anything is built from it: a
+  "billion laughs" file is one line in milliseconds), JSON's and CSV's values once parsed.
 - **Finite values** (`first_nonfinite`): NaN or inf in a file's settings is one line naming the field.
 
 May import: the standard library and PyYAML only.
@@ -24,9 +29,13 @@ May import: the standard library and PyYAML only.
 
 from __future__ import annotations
 
+import csv
 import errno
+import io
+import json
 import math
 import os
+import stat
 import unicodedata
 from pathlib import Path
 from typing import Any, Iterator
@@ -34,6 +43,11 @@ from typing import Any, Iterator
 MAX_NAME = 100  # bytes of a name that becomes a file or folder name (a cell record joins three of them)
 YAML_MAX_BYTES = 4 * 1024 * 1024
 YAML_MAX_NODES = 100_000  # nodes after alias expansion; a config has a few hundred
+JSON_MAX_BYTES = YAML_MAX_BYTES  # an exported folder's config.json, a cell record
+JSON_MAX_VALUES = YAML_MAX_NODES
+# a study's records: the largest committed curves CSV is 6.4 MB, 0.8M values (159k rows of 5)
+CSV_MAX_BYTES = 256 * 1024 * 1024
+CSV_MAX_VALUES = 20_000_000
 TRUST_FLAG = "--trust-code"
 # packages this project imports anyway: a class path or objective inside them runs no code from elsewhere
 TRUSTED_PACKAGES = frozenset({"ppo_lightning", "lightning", "pytorch_lightning", "torch", "torchrl", "tensordict",
@@ -84,6 +98,113 @@ def env_dirname(env: str, what: str = "env") -> str:
     return env.replace(":", "-")
 
 
+# ---------------------------------------------------------------------------- reading files
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _refuse_unless_regular(st: os.stat_result, what: str, max_bytes: int, limit: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeInput(f"{what}: {_kind(st.st_mode)}, not a regular file; refusing to read it")
+    if st.st_size > max_bytes:
+        raise UnsafeInput(f"{what}: {st.st_size} bytes, more than {limit} may hold ({max_bytes})")
+
+
+def read_bytes(path: str | os.PathLike, what: str | None = None, max_bytes: int = YAML_MAX_BYTES,
+               limit: str = "a settings file") -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes``; else `UnsafeInput` in one line
+    (``<what>: ...``): a missing or unreadable file; anything but a regular file, checked with ``stat``
+    before opening (a FIFO is never opened, ``/dev/zero`` never read) and with ``fstat`` on what was
+    opened; a file larger than ``max_bytes`` by its size, before reading; one that grows past it while
+    being read (at most ``max_bytes + 1`` bytes are read)."""
+    what = what or str(path)
+    try:
+        _refuse_unless_regular(os.stat(path), what, max_bytes, limit)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as err:
+        raise UnsafeInput(f"{what}: cannot be read ({err.strerror or err})") from None
+    try:
+        _refuse_unless_regular(os.fstat(fd), what, max_bytes, limit)  # the file opened is the one checked
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as err:
+        raise UnsafeInput(f"{what}: cannot be read ({err.strerror or err})") from None
+    finally:
+        os.close(fd)
+    if total > max_bytes:
+        raise UnsafeInput(f"{what}: more than {max_bytes} bytes, more than {limit} may hold")
+    return b"".join(chunks)
+
+
+def read_text(path: str | os.PathLike, what: str | None = None, max_bytes: int = YAML_MAX_BYTES,
+              limit: str = "a settings file") -> str:
+    """`read_bytes`, decoded as UTF-8 (a file that is not UTF-8: `UnsafeInput`)."""
+    what = what or str(path)
+    try:
+        return read_bytes(path, what, max_bytes, limit).decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnsafeInput(f"{what}: not UTF-8 text") from None
+
+
+def _count_values(data: Any, limit: int) -> int:
+    """The values of parsed JSON (each container and each scalar), counted up to ``limit + 1``."""
+    n, stack = 0, [data]
+    while stack and n <= limit:
+        node = stack.pop()
+        n += 1
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return n
+
+
+def load_json(path: str | os.PathLike, what: str | None = None, max_bytes: int = JSON_MAX_BYTES,
+              max_values: int = JSON_MAX_VALUES) -> Any:
+    """``json.loads`` of a file read by `read_text`, of at most ``max_values`` values; a file that is
+    not JSON, or holds more, is `UnsafeInput` in one line."""
+    what = what or str(path)
+    try:
+        data = json.loads(read_text(path, what, max_bytes))
+    except (ValueError, RecursionError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UnsafeInput(f"{what}: not JSON ({first})") from None
+    if _count_values(data, max_values) > max_values:
+        raise UnsafeInput(f"{what}: more than {max_values} values, more than a settings file may hold")
+    return data
+
+
+def read_csv(path: str | os.PathLike, what: str | None = None, max_bytes: int = CSV_MAX_BYTES,
+             max_values: int = CSV_MAX_VALUES) -> list[dict]:
+    """The rows of a CSV file with a header line (as ``csv.DictReader`` gives them), read by
+    `read_text` with a records file's bounds: at most ``max_bytes`` and ``max_values`` cells, else
+    `UnsafeInput` in one line."""
+    what = what or str(path)
+    text = read_text(path, what, max_bytes, limit="a records file")
+    rows, values = [], 0
+    try:
+        for row in csv.DictReader(io.StringIO(text, newline="")):
+            values += len(row)
+            if values > max_values:
+                raise UnsafeInput(f"{what}: more than {max_values} values, more than a records file may hold")
+            rows.append(row)
+    except csv.Error as err:
+        raise UnsafeInput(f"{what}: not CSV ({err})") from None
+    return rows
+
+
 # ---------------------------------------------------------------------------- YAML
 
 
@@ -128,20 +249,14 @@ def _expanded_nodes(root, limit: int) -> int:
 
 def load_yaml(path: str | os.PathLike, what: str | None = None, text: str | None = None,
               max_bytes: int = YAML_MAX_BYTES, max_nodes: int = YAML_MAX_NODES) -> Any:
-    """``yaml.safe_load`` of a file (or of ``text``), bounded: at most ``max_bytes`` and ``max_nodes``
-    nodes after alias expansion, else `UnsafeInput` (one line, before anything is built). A YAML
-    syntax error is `UnsafeInput` too (``<what>: not YAML (...)``)."""
+    """``yaml.safe_load`` of a file (read by `read_text`) or of ``text``, bounded: at most ``max_bytes``
+    and ``max_nodes`` nodes after alias expansion, else `UnsafeInput` (one line, before anything is
+    built). A YAML syntax error is `UnsafeInput` too (``<what>: not YAML (...)``)."""
     import yaml
 
     what = what or str(path)
     if text is None:
-        try:
-            size = os.path.getsize(path)
-            if size > max_bytes:
-                raise UnsafeInput(f"{what}: {size} bytes, more than a settings file may hold ({max_bytes})")
-            text = Path(path).read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise UnsafeInput(f"{what}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+        text = read_text(path, what, max_bytes)
     if len(text.encode("utf-8", "surrogateescape")) > max_bytes:
         raise UnsafeInput(f"{what}: more than {max_bytes} bytes, more than a settings file may hold")
     loader = _loader()(text)
@@ -159,6 +274,43 @@ def load_yaml(path: str | os.PathLike, what: str | None = None, text: str | None
         raise UnsafeInput(f"{what}: nested too deeply to be a settings file") from None
     finally:
         loader.dispose()
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+MAX_CONFIG_DEPTH = 8  # configs naming configs: a few levels; deeper is a loop or a bomb
+
+
+def check_named_configs(data: Any, source: str | os.PathLike, sections: frozenset | set = frozenset(),
+                        _depth: int = 0, _seen: frozenset = frozenset()) -> None:
+    """Read every file a config names where jsonargparse would load a nested config from it, through
+    the bounded reader, before jsonargparse opens it: a string value that names an existing path (as
+    given, beside ``source``, or from the working folder) other than a folder is refused when it is
+    not a regular file (jsonargparse opens a FIFO as a config and would wait on it forever); a regular
+    file is read by `load_yaml` (and what it names in turn) when it is a config by its suffix
+    (``.yaml``, ``.yml``, ``.json``) or is the value of a top-level section (``sections``: ``data:
+    data.yaml``). Other regular files (a checkpoint for ``model.init_from``) are left to their reader."""
+    source = Path(source)
+    if _depth > MAX_CONFIG_DEPTH:
+        raise UnsafeInput(f"{source}: configs name configs more than {MAX_CONFIG_DEPTH} levels deep")
+    for field, value in _numbers(data, ""):
+        if not isinstance(value, str) or not value.strip() or "\n" in value or len(value) > 4096:
+            continue
+        candidates = [Path(value)] if os.path.isabs(value) else [source.parent / value, Path(value)]
+        for p in candidates:
+            try:
+                st = os.stat(p)
+            except (OSError, ValueError):
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                break
+            what = f"{source}: {field} names {value}"
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeInput(f"{what}: {_kind(st.st_mode)}, not a regular file; refusing to read it")
+            if p.suffix.lower() in CONFIG_SUFFIXES or ("." not in field and field in sections):
+                key = os.path.realpath(p)
+                if key not in _seen:
+                    check_named_configs(load_yaml(p, what), p, frozenset(), _depth + 1, _seen | {key})
+            break
 
 
 # ---------------------------------------------------------------------------- code named in data

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ppo_lightning.run.spec import RunSpec
-from ppo_lightning.core.safety import UnsafeInput, code_references, load_yaml
-from ppo_lightning.core.configs import configs_dir
+from ppo_lightning.core.safety import UnsafeInput, code_references
+from ppo_lightning.core.configs import configs_dir, read_config
 from ppo_lightning.core.errors import TrainingFault
 from ppo_lightning.core.safety import refuse_symlinks_under
 from ppo_lightning.core.storage import check_writable
@@ -39,6 +39,9 @@ def _check_cli_class():
         """fit's parser and classes, without a Trainer: nothing is trained, written or tracked."""
 
         def instantiate_trainer(self, **kwargs):
+            from ppo_lightning.run import trust  # start-up cost: loaded with the builder above
+
+            trust.run_root_dir(self.config[self.subcommand])  # the run folder the worker would take
             return None
 
         def _run_subcommand(self, subcommand: str) -> None:
@@ -47,16 +50,20 @@ def _check_cli_class():
     return CheckCLI
 
 
-def check_run(spec: RunSpec, where: str) -> None:
+def check_run(spec: RunSpec, where: str, run_dir: str | Path | None = None) -> None:
     """Parse a run's settings as ``fit`` does and build the model and data module; `PreflightError`
-    (``<where>: <field>: <reason>``) on the first problem. The parser's and the classes' output is
-    swallowed; nothing is written."""
+    (``<where>: <field>: <reason>``) on the first problem. ``run_dir``: the run folder the worker
+    gives the run (``--run_dir``), checked against the settings as the worker would check it (a
+    ``trainer.default_root_dir`` naming another folder is refused). The parser's and the classes'
+    output is swallowed; nothing is written."""
     import jsonargparse
 
     # start-up cost: fit's CLI (Lightning, TorchRL) only where a study or search runs its pre-flight
     from ppo_lightning.run import builder
     from ppo_lightning.run.trust import parse_error_line
 
+    if run_dir is not None:
+        spec = spec.with_settings({"run_dir": str(run_dir)})
     out = io.StringIO()
     logging.disable(logging.INFO)  # Lightning's "Seed set to ..." per cell: its handler holds the real stderr
     try:
@@ -97,7 +104,7 @@ def _config_refs(paths: list[Path]) -> list[tuple[str, str, str]]:
     refs = []
     for p in paths:
         if not _shipped(p):  # a config shipped in the package is the project's own
-            refs += code_references(load_yaml(p) or {}, str(p))
+            refs += code_references(read_config(p), str(p))
     return refs
 
 

@@ -55,4 +55,5 @@ def check_groups(study, run_root: Path, workers: int, envs: tuple[str, ...] | No
             continue
         seen.add(key)
         what = f"arm {arms[0]}" if len(arms) == 1 else f"arms {', '.join(arms)}"
-        check_run(group.spec, f"{study.path}: {what} on {group.env} as a group of {len(group.members)} members")
+        check_run(group.spec, f"{study.path}: {what} on {group.env} as a group of {len(group.members)} members",
+                  run_dir=Path(run_root) / "groups" / group.name)  # the folder its worker gives it

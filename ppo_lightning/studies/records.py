@@ -30,6 +30,7 @@ from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, nor
 from ppo_lightning.core.hardware import CpuIdentity
 from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space, space_error_text
 from ppo_lightning.core.errors import StorageFull
+from ppo_lightning.core.safety import load_json, read_csv
 from ppo_lightning.studies.spec import Study
 
 CELL_FIELDS = ["study", "arm", "env", "seed", "frames", "auc_return", "final_return", "cpu", "precision",
@@ -71,8 +72,7 @@ def legacy_precision(args: list[str], cpu: str) -> str:
 def _read(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return read_csv(path)  # bounded: records may come with a shared study file
 
 
 def _float(x: str) -> float:
@@ -149,7 +149,7 @@ def cell_files(run_root: Path, study: Study | None = None) -> dict[tuple[str, st
     one per finished cell, written atomically), of the study's arms, envs and seeds where one is given."""
     out = {}
     for p in sorted((Path(run_root) / "cells").glob("*.json")):
-        d = json.loads(p.read_text())
+        d = load_json(p)
         d["curve"] = [tuple(x) for x in d.get("curve", [])]
         c = Cell(**{k: v for k, v in d.items() if k in Cell.__dataclass_fields__})
         if study is None or (c.arm in study.arms and c.env in study.envs and c.seed in study.seeds):

@@ -11,7 +11,6 @@ with the tables.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ppo_lightning.core.safety import read_csv
 from ppo_lightning.studies import analysis
 from ppo_lightning.core.hardware import cpu_short
 from ppo_lightning.studies.records import (Cell, atomic_write, best_returns, cell_value, env_game, load_cells,
@@ -56,8 +56,7 @@ def holds_under(cells: list[Cell]) -> str:
 def committed_rows(study: Study) -> dict[tuple[str, str], dict]:
     if study.records is None or study.records.committed is None:
         return {}
-    with open(study.records.committed, newline="") as f:
-        return {(r["row"], r["stat"]): r for r in csv.DictReader(f) if " - " in r["row"]}
+    return {(r["row"], r["stat"]): r for r in read_csv(study.records.committed) if " - " in r["row"]}
 
 
 def _pending(comp, metric: str, envs, n_a: int, n_b: int, used: list[Cell], planned: int, stratum: str = "") -> analysis.Result:

@@ -41,11 +41,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
 from ppo_lightning.algos import scaling
 from ppo_lightning.core.hardware import core_count, cpu_label
-from ppo_lightning.core.safety import open_nofollow
+from ppo_lightning.core.safety import load_json, load_yaml, open_nofollow
 from ppo_lightning.core.members import ALWAYS_MEMBER_SETTINGS, MEMBER_OPTIONS, OPTIONAL_MEMBER_OPTIONS
 from ppo_lightning.run.spec import Members, RunSpec, train
 from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
@@ -456,7 +454,7 @@ def _cell_path(run_root: Path, arm: str, env: str, seed: int) -> Path:
 def recorded(run_root: Path) -> dict[tuple[str, str, int], Cell]:
     out = {}
     for p in sorted((run_root / "cells").glob("*.json")):
-        d = json.loads(p.read_text())
+        d = load_json(p)
         d["curve"] = [tuple(x) for x in d["curve"]]
         c = Cell(**d)
         out[c.key] = c
@@ -475,7 +473,7 @@ def resume_spec(spec: RunSpec, run_dir: Path, checkpoint_frames: int | None = No
     # the group's frames per iteration: its envs x steps (its own value, else its configs' last), / --scale
     cfg: dict = {}
     for c in spec.configs:
-        for section, values in (yaml.safe_load(Path(c).read_text()) or {}).items():
+        for section, values in (load_yaml(c) or {}).items():
             if isinstance(values, dict):
                 cfg.setdefault(section, {}).update(values)
     envs = float(spec.data.get("num_envs", cfg.get("data", {}).get("num_envs", 64)))
@@ -731,7 +729,7 @@ def _find_or_make_parent_run(study: Study, tracking_uri: str, run_root: Path | N
             return found[0].info.run_id
         run = client.create_run(exp.experiment_id, run_name=study.name, tags={"study_parent": "true", "study": study.name,
                                                                               "study_file": str(study.path)})
-        client.log_dict(run.info.run_id, json.loads(json.dumps(yaml.safe_load(study.path.read_text()))), "study.json")
+        client.log_dict(run.info.run_id, json.loads(json.dumps(load_yaml(study.path))), "study.json")
         return run.info.run_id
     except Exception as err:  # noqa: BLE001 - records still go to the cell files and the CSV export
         print(f"[study] MLflow parent run not made ({str(err).splitlines()[0]}); cells are recorded in files", flush=True)

@@ -47,25 +47,21 @@ else to the study file.
 
 from __future__ import annotations
 
+import functools
 import math
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.core.configs import resolve_config
-from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
-from ppo_lightning.run.spec import RUNNER_SETTINGS
+from ppo_lightning.core.configs import read_config
+from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, read_csv
+from ppo_lightning.studies import fields
+from ppo_lightning.studies.fields import resolve_ref
 
 SCORES = ("raw", "minatar", "minatar-500k", "random-best")
 POOLABLE = ("cpu", "precision")
 TESTS = ("difference", "equivalence", "noninferiority")
 METRICS = ("auc", "final", "last100")  # last100: mean return of the run's last 100 episodes (the PPO paper's score)
-# fit options outside the model / data / trainer / mlflow sections that an arm may set
-TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "seed_everything", "log_every_frames",
-                 "checkpoint_every", "video_every", "trainer.callbacks+")
-FIT_SECTIONS = ("model", "data", "trainer")
-NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 # The study file's fields: (name, required, what it is). The parser accepts these and no others, and the
@@ -139,14 +135,10 @@ def _names(fields) -> tuple[str, ...]:
 
 def schema_table() -> str:
     """The study file's schema as Markdown tables, one per part (`SCHEMA`): the Studies guide's tables."""
-    out = []
-    for part, fields in SCHEMA:
-        out += [f"| `{part}` field | required | what it is |", "|---|---|---|"]
-        out += [f"| `{n}` | {'yes' if req else 'no'} | {what} |" for n, req, what in fields] + [""]
-    return "\n".join(out).rstrip("\n")
+    return fields.schema_table(SCHEMA)
 
 
-class StudyError(ValueError):
+class StudyError(fields.FileError):
     """A study file that cannot run: the message is one line, naming the file and the field."""
 
 
@@ -269,17 +261,11 @@ def find_root(path: Path) -> Path:
     return path.parent
 
 
-def _need(cond: bool, where: str, msg: str) -> None:
-    if not cond:
-        raise StudyError(f"{where}: {msg}")
-
-
-def _safe(check, where: str) -> None:
-    """A `ppo_lightning.core.safety` check whose refusal becomes this file's `StudyError`."""
-    try:
-        check()
-    except UnsafeInput as err:
-        raise StudyError(f"{where}: {err}") from None
+# the shared checks (`ppo_lightning.studies.fields`), raising this file's StudyError
+_need = functools.partial(fields.need, error=StudyError)
+_keys = functools.partial(fields.check_keys, error=StudyError)
+_safe = functools.partial(fields.check_safe, error=StudyError)
+OWNER = "the study"
 
 
 def _str_list(value: Any, where: str, field_name: str) -> tuple[str, ...]:
@@ -290,46 +276,14 @@ def _str_list(value: Any, where: str, field_name: str) -> tuple[str, ...]:
 
 
 def _fit(value: Any, where: str, field_name: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    _need(isinstance(value, dict), where, f"{field_name} must be a mapping of fit options, got {value!r}")
-    for key in value:
-        _need(isinstance(key, str) and (key in TOP_LEVEL_FIT or key.split(".")[0] in FIT_SECTIONS + ("mlflow",)),
-              where, f"{field_name}.{key}: not a fit option (model.*, data.*, trainer.*, or one of {', '.join(TOP_LEVEL_FIT)})")
-        _need(key not in RUNNER_SETTINGS, where, f"{field_name}.{key}: set by the study itself (envs, seeds, frames), not by fit")
-    return dict(value)
-
-
-def _keys(d: dict, allowed: tuple[str, ...], where: str, prefix: str = "") -> None:
-    for key in d:
-        _need(key in allowed, where, f"{prefix}{key}: unknown field; fields: {', '.join(allowed)}")
-
-
-def resolve_ref(root: Path, spec_path: Path, ref: str | Path) -> Path:
-    """A config a study or search-space file names: absolute, under the repository ``root``, beside
-    the file, or a config shipped with the package (``minatar/ppo``: `ppo_lightning.core.configs`)."""
-    p = Path(ref)
-    for candidate in (p, root / p, spec_path.parent / p) if p.is_absolute() else (root / p, spec_path.parent / p):
-        if candidate.exists():
-            return candidate
-    try:
-        return resolve_config(p)
-    except ValueError:
-        return root / p
-
-
-def ref_exists(root: Path, spec_path: Path, ref: str) -> bool:
-    """Whether `resolve_ref` finds the file."""
-    return resolve_ref(root, spec_path, ref).exists()
+    return fields.fit_options(value, where, field_name, OWNER, StudyError)
 
 
 def merge_configs(paths: list[Path]) -> dict:
     """YAML configs merged in order (a later file's section values over an earlier one's)."""
     merged: dict = {}
     for path in paths:
-        data = load_yaml(path) or {}  # bounded: a config a shared study file names is data too
-        if not isinstance(data, dict):
-            raise UnsafeInput(f"{path}: a config file is a YAML mapping of sections")
+        data = read_config(path)  # bounded, with the configs it names: a shared study file's configs are data too
         for section, values in data.items():
             if isinstance(values, dict):
                 merged.setdefault(section, {}).update(values)
@@ -345,23 +299,14 @@ def parse_study(data: Any, path: Path) -> Study:
     _keys(data, _names(STUDY_FIELDS), where)
     for required in (n for n, req, _ in STUDY_FIELDS if req):
         _need(required in data, where, f"{required}: missing")
-    name = data["study"]
-    _need(isinstance(name, str) and bool(NAME.match(name)), where, f"study: a name of letters, digits, _ . -, got {name!r}")
-    _safe(lambda: safe_name(name, "study"), where)  # it names the run root and the records: not '..', bounded
+    name = fields.check_name(data["study"], where, "study", StudyError)  # it names the run root and the records
     root = find_root(path.resolve())
-    base = _str_list(data["base"], where, "base")
-    for b in base:
-        _need(ref_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
+    base = fields.config_list(data["base"], root, path, where, "base", StudyError)
     envs = _str_list(data["envs"], where, "envs")
     _need(len(set(envs)) == len(envs), where, "envs: listed twice")
     for e in envs:  # an env becomes part of lock, folder and record names (':' as '-')
         _safe(lambda: env_dirname(e, "envs"), where)
-    seeds = data["seeds"]
-    _need(isinstance(seeds, dict), where, f"seeds: a mapping {{count: N, first: S}}, got {seeds!r}")
-    _keys(seeds, _names(SEEDS_FIELDS), where, "seeds.")
-    count, first = seeds.get("count"), seeds.get("first", 0)
-    _need(isinstance(count, int) and not isinstance(count, bool) and count >= 1, where, f"seeds.count: an integer >= 1, got {count!r}")
-    _need(isinstance(first, int) and not isinstance(first, bool) and first >= 0, where, f"seeds.first: an integer >= 0, got {first!r}")
+    seed_tuple = fields.seed_range(data["seeds"], where, StudyError)
     frames = data["frames"]
     _need(isinstance(frames, int) and not isinstance(frames, bool) and frames > 0, where, f"frames: a positive integer, got {frames!r}")
     score = data.get("score", "raw")
@@ -381,14 +326,11 @@ def parse_study(data: Any, path: Path) -> Study:
         _need(isinstance(a, dict), where, f"{at}: a mapping {{name, label, fit}}, got {a!r}")
         _keys(a, _names(ARM_FIELDS), where, f"{at}.")
         n = a.get("name")
-        _need(isinstance(n, str) and bool(NAME.match(n)), where, f"{at}.name: a name of letters, digits, _ . -, got {n!r}")
+        fields.check_name(n, where, f"{at}.name", StudyError, max_len=64)  # arm__env__seed.json stays a file name
         _need(n not in arms, where, f"{at}.name: {n!r} is used twice")
-        _safe(lambda: safe_name(n, f"{at}.name", max_len=64), where)  # arm__env__seed.json stays a file name
         label = a.get("label")
         _need(isinstance(label, str) and label.strip() != "", where, f"{at}.label ({n}): the label plots and tables show, missing")
-        configs = _str_list(a["configs"], where, f"{at}.configs") if "configs" in a else ()
-        for c in configs:
-            _need(ref_exists(root, path, c), where, f"{at}.configs: {c} is neither a file nor a shipped config name")
+        configs = fields.config_list(a["configs"], root, path, where, f"{at}.configs", StudyError) if "configs" in a else ()
         paper = a.get("paper")
         _need(paper is None or (isinstance(paper, (int, float)) and not isinstance(paper, bool)), where,
               f"{at}.paper ({n}): the published value, a number, got {paper!r}")
@@ -450,7 +392,6 @@ def parse_study(data: Any, path: Path) -> Study:
         _need((rdir / f"{r['figure']}_runs.csv").exists(), where, f"records.figure: no {r['figure']}_runs.csv in {r['dir']}")
         records = Records(rdir, r["figure"], mapping, committed)
 
-    seed_tuple = tuple(range(first, first + count))
     selection = data.get("selection") or ""
     _need(isinstance(selection, str), where, f"selection: what these seeds chose, in words, got {selection!r}")
     confirm = None
@@ -484,10 +425,10 @@ def parse_study(data: Any, path: Path) -> Study:
         _need(isinstance(sr.get("random"), str), where, "score_ref.random: a CSV of env,return (the random policy's), missing")
         rpath = resolve_ref(root, path, sr["random"])
         _need(rpath.is_file(), where, f"score_ref.random: {sr['random']} is not a file")
-        import csv
-
-        with open(rpath, newline="") as f:
-            rows = list(csv.DictReader(f))
+        try:
+            rows = read_csv(rpath, f"score_ref.random: {sr['random']}")
+        except UnsafeInput as err:
+            raise StudyError(f"{where}: {err}") from None
         _need(rows and {"env", "return"} <= set(rows[0]), where, f"score_ref.random: {sr['random']} needs columns env, return")
         random = {r["env"]: float(r["return"]) for r in rows}
         for e in envs:

@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
         # pre-flight: code the file would import, a trial's settings through fit's parser, the env
         # built once, the run root writable and free of links: before any worker starts
         try:
-            check_space(space, a.trust_code)
+            check_space(space, a.trust_code, run_root)
             check_run_root(run_root, "search run root", "choose another with --run-root")
         except UnsafeInput as err:
             print(f"error: {err}")

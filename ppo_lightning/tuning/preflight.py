@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ppo_lightning.run.preflight import PreflightError, _config_refs, check_env_once, check_run
 from ppo_lightning.core.safety import check_code, code_references, first_nonfinite
 from ppo_lightning.tuning import runner
@@ -16,9 +18,10 @@ def space_code(space) -> list[tuple[str, str, str]]:
     return refs + _config_refs([space.resolve(c) for c in space.base])
 
 
-def check_space(space, trust_code: bool = False) -> None:
+def check_space(space, trust_code: bool = False, run_root: Path | None = None) -> None:
     """A search's pre-flight: code, then a trial at the low end / first choice of every parameter, and
-    one per further choice of a categorical one, through fit's parser; the env built once."""
+    one per further choice of a categorical one, through fit's parser (in a group folder of
+    ``run_root``, as a worker runs it); the env built once."""
     check_code(space_code(space), str(space.path), trust_code)
     bad = first_nonfinite(space.fit, "fit")
     if bad is not None:
@@ -28,5 +31,6 @@ def check_space(space, trust_code: bool = False) -> None:
     trials = [first] + [{**first, n: c} for n, p in space.params.items() if p.kind == "categorical" for c in p.choices[1:]]
     for values in trials:
         shown = ", ".join(f"{k}={v}" for k, v in values.items())
-        check_run(runner.single_spec(space, values, space.seeds[0]), f"{space.path}: a trial with {shown}")
+        check_run(runner.single_spec(space, values, space.seeds[0]), f"{space.path}: a trial with {shown}",
+                  run_dir=None if run_root is None else Path(run_root) / "groups" / "trials-0")  # a worker's folder
     check_env_once(space.env, None, str(space.path))

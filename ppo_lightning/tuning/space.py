@@ -35,18 +35,18 @@ else to the file.
 
 from __future__ import annotations
 
+import functools
 import json
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ppo_lightning.core.members import BY_NAME, MEMBER_OPTIONS
-from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
+from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml
 from ppo_lightning.envs.minatar_scores import RETURN_RANGES
-from ppo_lightning.run.spec import RUNNER_SETTINGS
-from ppo_lightning.studies.spec import find_root, merge_configs, ref_exists, resolve_ref
+from ppo_lightning.studies import fields
+from ppo_lightning.studies.fields import resolve_ref
+from ppo_lightning.studies.spec import find_root, merge_configs
 
 # a fit option's name -> the member setting it is (declared in ppo_lightning.core.members.MEMBER_SETTINGS)
 MEMBER_PARAMS = MEMBER_OPTIONS
@@ -55,14 +55,77 @@ METRICS = ("auc", "final")
 SCORES = ("raw", "minatar")
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("none", "median", "percentile", "halving")
-TOP_LEVEL_FIT = ("scale", "scale_rules", "scale_adam_betas", "log_every_frames")
-FIT_SECTIONS = ("model", "data", "trainer")
-FIELDS = ("tuning", "title", "base", "fit", "env", "frames", "trials", "members", "seeds", "objective", "sampler",
-          "pruner", "refill", "params")
-NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+OWNER = "the search"
+# what the search gives every trial's run itself (`ppo_lightning.tuning.runner.train_group`): a file may
+# state the same value, not another
+FIXED_FIT = {
+    "video_every": (None, "a search records no videos"),
+    "mlflow.enabled": (False, "a trial's MLflow run is the search's own (made when the trial is told)"),
+    "trainer.enable_checkpointing": (False, "a search's groups are not checkpointed"),
+    "trainer.enable_progress_bar": (False, "a search's groups report progress per trial"),
+}
+
+# The search-space file's fields: (name, required, what it is). The parser accepts these and no others,
+# and the Tuning guide's tables are generated from them (`schema_table`; tests/test_docs.py checks the page).
+SPACE_FIELDS = (
+    ("tuning", True, "the search's name (letters, digits, `_ . -`): its Optuna study, MLflow experiment and run "
+                     "folder (`runs/tuning/<name>`)"),
+    ("title", False, "a title for the summary (default: the name)"),
+    ("base", True, "the base config: a shipped name (`minatar/ppo`) or a path, or a list applied in order "
+                   "(`--config` replaces it)"),
+    ("fit", False, "fit options every trial shares, dotted keys as on the command line (`model.lr: 0.004`), the "
+                   "vocabulary of a study's `fit`"),
+    ("env", True, "one environment id: any gymnasium id, `minatar:<game>`, `procgen:<game>`"),
+    ("frames", True, "the budget of a trial, per seed, in environment frames (`--frames`)"),
+    ("trials", True, "the search's size: trials of every worker together (`--trials`)"),
+    ("members", True, "S, the members of one group: trials per group x `seeds.count` (`--members`)"),
+    ("seeds", False, "`{count: N, first: S}`: every trial trains seeds S .. S + N - 1, its objective their mean "
+                     "(default `{count: 1}`)"),
+    ("objective", False, "what a trial maximizes (below; default `{metric: auc, score: raw}`)"),
+    ("sampler", False, "Optuna's sampler (below; default `{name: tpe, seed: 0}`)"),
+    ("pruner", False, "Optuna's pruner (below; default `{name: none}`)"),
+    ("refill", False, "a pruned or finished trial's slots take the next trial (default `true`; `--no-refill`: false)"),
+    ("params", True, "the searched fit options: `{fit option: distribution}` (below)"),
+)
+SEEDS_FIELDS = (
+    ("count", False, "how many seeds (>= 1; default 1)"),
+    ("first", False, "the first seed (default 0)"),
+)
+OBJECTIVE_FIELDS = (
+    ("metric", False, "`auc` (default; the learning curve's mean over the budget) or `final` (its last 10%)"),
+    ("score", False, "`raw` (default; returns) or `minatar` (MinAtar-normalized returns; a MinAtar env only)"),
+)
+SAMPLER_FIELDS = (
+    ("name", False, "`tpe` (default; with constant liar: trials asked together differ) or `random`"),
+    ("seed", False, "the sampler's seed (default 0)"),
+)
+PRUNER_FIELDS = (
+    ("name", False, "`none` (default), `median`, `percentile` or `halving`"),
+    ("milestones", False, "increasing frame counts below `frames` where a trial reports (default: frames / 4 and "
+                          "frames / 2 with a pruner)"),
+    ("n_startup_trials", False, "finished trials before `median` or `percentile` prunes (default 4)"),
+    ("percentile", False, "`percentile`'s cut, in (0, 100) (default 25)"),
+)
+PARAM_FIELDS = (
+    ("type", True, "`float`, `int` or `categorical`"),
+    ("low", False, "`float` and `int`: the lowest value (required there)"),
+    ("high", False, "`float` and `int`: the highest value (required there)"),
+    ("log", False, "`float` and `int`: sample on a log scale (default false; needs low > 0)"),
+    ("step", False, "`float` and `int`: the grid's step (not with `log`)"),
+    ("choices", False, "`categorical`: the values (required there; `null` for `model.proximal_com` is PPO, pairs for "
+                       "`model.adam_betas`)"),
+)
+SCHEMA = (("space file", SPACE_FIELDS), ("seeds", SEEDS_FIELDS), ("objective", OBJECTIVE_FIELDS),
+          ("sampler", SAMPLER_FIELDS), ("pruner", PRUNER_FIELDS), ("params.<fit option>", PARAM_FIELDS))
+FIELDS = tuple(n for n, _, _ in SPACE_FIELDS)
 
 
-class SpaceError(ValueError):
+def schema_table() -> str:
+    """The search-space file's schema as Markdown tables, one per part (`SCHEMA`): the Tuning guide's tables."""
+    return fields.schema_table(SCHEMA)
+
+
+class SpaceError(fields.FileError):
     """A search-space file that cannot run: the message is one line, naming the file and the field."""
 
 
@@ -159,36 +222,15 @@ class Space:
         return (cfg.get(section) or {}).get(name, default)
 
 
-def _need(cond: bool, where: str, msg: str) -> None:
-    if not cond:
-        raise SpaceError(f"{where}: {msg}")
-
-
-def _safe(check, where: str) -> None:
-    """A `ppo_lightning.core.safety` check whose refusal becomes this file's `SpaceError`."""
-    try:
-        check()
-    except UnsafeInput as err:
-        raise SpaceError(f"{where}: {err}") from None
-
-
-def _int(v: Any, lo: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _keys(d: dict, allowed: tuple[str, ...], where: str, prefix: str = "") -> None:
-    for key in d:
-        _need(key in allowed, where, f"{prefix}{key}: unknown field; fields: {', '.join(allowed)}")
+# the shared checks (`ppo_lightning.studies.fields`), raising this file's SpaceError
+_need = functools.partial(fields.need, error=SpaceError)
+_keys = functools.partial(fields.check_keys, error=SpaceError)
+_int = fields.is_int
+_num = fields.is_number
 
 
 def _fit_key(key: Any, where: str, at: str) -> None:
-    _need(isinstance(key, str) and (key in TOP_LEVEL_FIT or key.split(".")[0] in FIT_SECTIONS and "." in key), where,
-          f"{at}: not a fit option (model.*, data.*, trainer.*, or one of {', '.join(TOP_LEVEL_FIT)})")
-    _need(key not in RUNNER_SETTINGS, where, f"{at}: set by the search itself (env, seeds, frames), not by the file")
+    fields.check_fit_key(key, where, at, OWNER, SpaceError)
 
 
 def _member_value_ok(setting: str, v: Any) -> bool:
@@ -238,32 +280,22 @@ def parse_space(data: Any, path: Path) -> Space:
     _keys(data, FIELDS, where)
     for required in ("tuning", "base", "env", "frames", "trials", "members", "params"):
         _need(data.get(required) is not None, where, f"{required}: missing")
-    name = data["tuning"]
-    _need(isinstance(name, str) and bool(NAME.match(name)), where, f"tuning: a name of letters, digits, _ . -, got {name!r}")
-    _safe(lambda: safe_name(name, "tuning"), where)  # it names the run root: not '..', bounded
+    name = fields.check_name(data["tuning"], where, "tuning", SpaceError)  # it names the run root
     root = find_root(path.resolve())
-    base = [data["base"]] if isinstance(data["base"], str) else data["base"]
-    _need(isinstance(base, list) and base and all(isinstance(b, str) and b for b in base), where,
-          f"base: a path or a list of paths, got {data['base']!r}")
-    for b in base:
-        _need(ref_exists(root, path, b), where, f"base: {b} is neither a file nor a shipped config name")
+    base = fields.config_list(data["base"], root, path, where, "base", SpaceError)
     env = data["env"]
     _need(isinstance(env, str) and env != "", where, f"env: an environment id (a gymnasium id, procgen:<game> or minatar:<game>), got {env!r}")
-    _safe(lambda: env_dirname(env, "env"), where)
+    fields.check_safe(lambda: env_dirname(env, "env"), where, SpaceError)
     for key in ("frames", "trials", "members"):
         _need(_int(data[key], 1), where, f"{key}: a positive integer, got {data[key]!r}")
-    seeds = data.get("seeds") or {"count": 1}
-    _need(isinstance(seeds, dict), where, f"seeds: a mapping {{count: N, first: S}}, got {seeds!r}")
-    _keys(seeds, ("count", "first"), where, "seeds.")
-    count, first = seeds.get("count", 1), seeds.get("first", 0)
-    _need(_int(count, 1), where, f"seeds.count: an integer >= 1, got {count!r}")
-    _need(_int(first, 0), where, f"seeds.first: an integer >= 0, got {first!r}")
+    seeds = fields.seed_range(data.get("seeds") or {}, where, SpaceError, default_count=1)
+    count = len(seeds)
     members = data["members"]
     _need(members % count == 0, where, f"members: {members} members do not hold whole trials of {count} seeds "
                                         f"(seeds.count); use a multiple of {count}")
     objective = data.get("objective") or {}
     _need(isinstance(objective, dict), where, f"objective: a mapping {{metric, score}}, got {objective!r}")
-    _keys(objective, ("metric", "score"), where, "objective.")
+    _keys(objective, tuple(n for n, _, _ in OBJECTIVE_FIELDS), where, "objective.")
     metric, score = objective.get("metric", "auc"), objective.get("score", "raw")
     _need(metric in METRICS, where, f"objective.metric: one of {', '.join(METRICS)}, got {metric!r}")
     _need(score in SCORES, where, f"objective.score: one of {', '.join(SCORES)}, got {score!r}")
@@ -272,13 +304,13 @@ def parse_space(data: Any, path: Path) -> Space:
         _need(game in RETURN_RANGES, where, f"objective.score: minatar normalizes MinAtar games, env is {env!r}")
     sampler = data.get("sampler") or {}
     _need(isinstance(sampler, dict), where, f"sampler: a mapping {{name, seed}}, got {sampler!r}")
-    _keys(sampler, ("name", "seed"), where, "sampler.")
+    _keys(sampler, tuple(n for n, _, _ in SAMPLER_FIELDS), where, "sampler.")
     sname, sseed = sampler.get("name", "tpe"), sampler.get("seed", 0)
     _need(sname in SAMPLERS, where, f"sampler.name: one of {', '.join(SAMPLERS)}, got {sname!r}")
     _need(_int(sseed, 0), where, f"sampler.seed: an integer >= 0, got {sseed!r}")
     pr = data.get("pruner") or {}
     _need(isinstance(pr, dict), where, f"pruner: a mapping {{name, milestones}}, got {pr!r}")
-    _keys(pr, ("name", "milestones", "n_startup_trials", "percentile"), where, "pruner.")
+    _keys(pr, tuple(n for n, _, _ in PRUNER_FIELDS), where, "pruner.")
     pname = pr.get("name", "none")
     _need(pname in PRUNERS, where, f"pruner.name: one of {', '.join(PRUNERS)}, got {pname!r}")
     frames = data["frames"]
@@ -293,10 +325,7 @@ def parse_space(data: Any, path: Path) -> Space:
     _need(_num(pct) and 0 < pct < 100, where, f"pruner.percentile: a number in (0, 100), got {pct!r}")
     refill = data.get("refill")
     _need(refill is None or isinstance(refill, bool), where, f"refill: true or false, got {refill!r}")
-    fit = data.get("fit") or {}
-    _need(isinstance(fit, dict), where, f"fit: a mapping of fit options, got {fit!r}")
-    for key in fit:
-        _fit_key(key, where, f"fit.{key}")
+    fit = fields.fit_options(data.get("fit"), where, "fit", OWNER, SpaceError, FIXED_FIT)
     params_in = data["params"]
     _need(isinstance(params_in, dict) and params_in, where, "params: a non-empty mapping {fit option: distribution}")
     params = {}
@@ -304,7 +333,7 @@ def parse_space(data: Any, path: Path) -> Space:
         params[pname_] = _param(pname_, spec, where)
         _need(pname_ not in fit, where, f"params.{pname_}: also set in fit; search it or fix it, not both")
     space = Space(path=path, name=name, title=str(data.get("title") or name), base=tuple(base), fit=dict(fit), env=env,
-                  frames=frames, trials=data["trials"], members=members, seeds=tuple(range(first, first + count)),
+                  frames=frames, trials=data["trials"], members=members, seeds=seeds,
                   metric=metric, score=score, sampler=sname, sampler_seed=sseed,
                   pruner=Pruner(pname, tuple(milestones), startup, float(pct)), params=params, root=root, raw=dict(data),
                   refill=refill is not False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from ppo_lightning.run.spec import Members, RunSpec, fit_value
+from ppo_lightning.run.spec import RunSpec, fit_value
 from ppo_lightning.studies.analysis import MIN_SEEDS_FOR_BOOTSTRAP, interval_estimates
 from ppo_lightning.tuning.runner import trial_fit
 from ppo_lightning.tuning.space import Space
@@ -52,10 +52,10 @@ def search_cost(trials) -> dict:
 
 
 def train_command(space: Space, params: dict, seeds: int = FRESH_SEEDS, first: int = FRESH_FIRST) -> str:
-    """``ppo-lightning fit`` with the best settings, ``seeds`` seeds the search never used, as one group."""
-    members = Members(list(range(first, first + seeds))) if seeds > 1 else None
-    return RunSpec.from_settings(space.base, trial_fit(space, params), env=space.env, seed=first, frames=space.frames,
-                                 members=members).command()
+    """``ppo-lightning fit`` with the best settings, ``seeds`` seeds the search never used (``first`` ..
+    ``first + seeds - 1``), as one group: ``--seeds N`` (a group's member k has seed ``first + k``)."""
+    single = RunSpec.from_settings(space.base, trial_fit(space, params), env=space.env, seed=first, frames=space.frames)
+    return single.command() + (f" --seeds {seeds}" if seeds > 1 else "")
 
 
 def summarize(space: Space, study, out_dir: Path, plots: bool = True) -> dict:

@@ -7,13 +7,13 @@ and reads ``model.safetensors`` (or its shards) with ``huggingface_hub.load_torc
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ppo_lightning.core.safety import UnsafeInput, load_json
 from ppo_lightning.interop.checkpoint_io import ExportError, build_network_or_fail, one_line
 
 MODEL_TYPE = "ppo_lightning_actor_critic"
@@ -44,9 +44,9 @@ def read_pretrained_config(path: str | os.PathLike) -> dict[str, Any]:
     if not cfg_file.is_file():
         raise ExportError(f"{folder} is not an exported ppo_lightning folder (no config.json)")
     try:
-        config = json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ExportError(f"{cfg_file} is not valid JSON ({one_line(err)})") from None
+        config = load_json(cfg_file)  # bounded: a folder from elsewhere is data
+    except UnsafeInput as err:
+        raise ExportError(str(err)) from None
     if not isinstance(config, dict) or config.get("model_type") != MODEL_TYPE:
         got = config.get("model_type") if isinstance(config, dict) else None
         raise ExportError(f"{folder} is not a ppo_lightning model (model_type {got!r}, expected {MODEL_TYPE!r})")
