@@ -20,7 +20,6 @@ only its documented inputs (`ValueInputs`, `TermInputs`): no attribute of the lo
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,7 +27,7 @@ from typing import Any, Callable
 from torch import Tensor
 
 from ppo_lightning.algos import objectives as F
-from ppo_lightning.algos.registry import SurrogateInputs, check_schema_matches
+from ppo_lightning.algos.registry import SurrogateInputs, check_schema_matches, lookup
 from ppo_lightning.algos.settings import check_settings, schema_of, setting
 
 __all__ = ["ValueInputs", "TermInputs", "Hook", "HookRegistry", "VALUE_LOSSES", "AUX_TERMS",
@@ -111,18 +110,8 @@ class HookRegistry:
 
     def get(self, name: str) -> Hook:
         """The hook ``name`` names: registered, or a function's import path (importing registers it)."""
-        if isinstance(name, str) and name in self._hooks:
-            return self._hooks[name]
-        if isinstance(name, str) and "." in name:
-            module, _, attr = name.rpartition(".")
-            try:
-                fn = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as err:
-                raise ValueError(f"{self.setting} {name!r}: cannot import it ({err})") from None
-            found = next((h for h in self._hooks.values() if h.fn is fn), None)
-            return self._hooks.setdefault(name, Hook(name, fn, found.schema if found else None))
-        raise ValueError(f"{self.setting} must be one of {self.names()} or the import path of a function "
-                         f"(pkg.module.fn), got {name!r}")
+        return lookup(self._hooks, name, self.setting,
+                      lambda path, fn, known: Hook(path, fn, known.schema if known else None))
 
     def check(self, name: str, args: dict[str, Any] | None, where: str) -> tuple[Hook, dict[str, Any]]:
         """The hook and its settings (every one, defaults filled), checked: one-line errors before training."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch import Tensor
@@ -178,8 +178,6 @@ def register_objective(name: str, fn: Callable[..., Tensor] | None = None, *, ad
             raise ValueError(f"objective {name!r}: a function of (x: SurrogateInputs, **settings) is needed")
         check_schema_matches(f"objective {name!r}", f, settings)
         _OBJECTIVES[name] = Objective(name, f, adaptive_beta, settings, None if uses is None else tuple(uses), clip_range)
-        if not hasattr(f, "__ppo_objective__"):
-            f.__ppo_objective__ = name
         return f
 
     return add if fn is None else add(fn)
@@ -190,26 +188,41 @@ def objective_names() -> tuple[str, ...]:
     return tuple(_OBJECTIVES)
 
 
-def get_objective(name: str) -> Objective:
-    """The objective ``model.objective`` names: a registered name or a function's import path
-    (``pkg.module.fn``; importing it registers what it decorates). The one check of the names."""
-    if isinstance(name, str) and name in _OBJECTIVES:
-        return _OBJECTIVES[name]
+E = TypeVar("E")
+
+
+def lookup(table: dict[str, E], name: object, setting: str, adopt: Callable[[str, Callable, E | None], E]) -> E:
+    """The entry of ``table`` (name -> entry with an ``fn``) that ``name`` names, for the setting
+    ``setting``: a registered name, or a function's import path (``pkg.module.fn``; importing the
+    module registers what it decorates). A path is entered into ``table`` under itself as
+    ``adopt(path, fn, entry)``, ``entry`` the one already registered with that function (its
+    declarations kept) or None. Anything else is a one-line `ValueError`. The one lookup of the
+    objective, value-loss and auxiliary-term registries."""
+    if isinstance(name, str) and name in table:
+        return table[name]
     if isinstance(name, str) and "." in name:
         module, _, attr = name.rpartition(".")
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:
-            raise ValueError(f"model.objective {name!r}: cannot import it ({err})") from None
-        registered = getattr(fn, "__ppo_objective__", None)
-        if registered in _OBJECTIVES and _OBJECTIVES[registered].fn is fn:
-            spec = _OBJECTIVES[registered]
-            return _OBJECTIVES.setdefault(name, Objective(name, fn, spec.adaptive_beta, spec.schema, spec.declared_uses,
-                                                          spec.declared_clip_range))
-        register_objective(name, fn)
-        return _OBJECTIVES[name]
-    raise ValueError(f"model.objective must be one of {objective_names()} or the import path of a function "
+            raise ValueError(f"{setting} {name!r}: cannot import it ({err})") from None
+        known = next((e for e in table.values() if getattr(e, "fn", None) is fn), None)
+        return table.setdefault(name, adopt(name, fn, known))
+    raise ValueError(f"{setting} must be one of {tuple(table)} or the import path of a function "
                      f"(pkg.module.fn), got {name!r}")
+
+
+def _adopt_objective(name: str, fn: Callable[..., Tensor], known: Objective | None) -> Objective:
+    if known is not None:
+        return Objective(name, fn, known.adaptive_beta, known.schema, known.declared_uses, known.declared_clip_range)
+    register_objective(name, fn)  # checks the function
+    return _OBJECTIVES[name]
+
+
+def get_objective(name: str) -> Objective:
+    """The objective ``model.objective`` names: a registered name or a function's import path
+    (``pkg.module.fn``; importing it registers what it decorates; `lookup`). The one check of the names."""
+    return lookup(_OBJECTIVES, name, "model.objective", _adopt_objective)
 
 
 def check_schema_matches(what: str, fn: Callable, settings: type | None) -> None:

@@ -9,10 +9,36 @@ lists the names.
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 FAMILIES = ("cartpole", "minatar", "procgen", "mujoco")
+
+
+def plain(value: Any, json_safe: bool = False) -> Any:
+    """A config value as plain dicts, lists and scalars, as checkpoints keep hyperparameters and
+    resume compares them: jsonargparse namespaces become dicts (``as_dict``; their ``_instantiator``
+    entry, jsonargparse's bookkeeping, dropped), tuples lists, keys strings. ``json_safe`` (a JSON
+    file read by other programs): also a one-element tensor becomes its number, NaN and infinities
+    None, and any other value that is not None, bool, int, float or str its ``str``. The one
+    config-to-plain converter."""
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {str(k): plain(v, json_safe) for k, v in value.items() if k != "_instantiator"}
+    if isinstance(value, (list, tuple)):
+        return [plain(v, json_safe) for v in value]
+    if not json_safe:
+        return value
+    if hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1:  # a torch tensor
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
 
 
 def configs_dir() -> Path:

@@ -10,20 +10,26 @@
   without the write. `counted_bytes` measures what the write needed: the object is serialized again into
   a sink that only counts (on the failure path only).
 - Every file the project replaces in place goes through `atomic_replace` (temporary file beside it,
-  fsync, rename, fsync of the folder): a failed write leaves the previous file whole and no temporary.
+  fsync, rename, fsync of the folder), or `atomic_path` where the writer takes a file name (a video
+  encoder, SQLite): a failed write leaves the previous file whole and no temporary. Every folder
+  written whole (a sharded checkpoint, a Hugging Face export) is written under a temporary name and
+  swapped in by `replace_folder`.
 
 May import: the standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import shlex
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 from ppo_lightning.core.errors import UnwritablePath
 
@@ -115,25 +121,101 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_replace(path: str | os.PathLike, write: Callable[[BinaryIO], object], tmp_suffix: str = ".tmp") -> None:
-    """Replace ``path`` with what ``write(f)`` writes into a binary file, atomically: a temporary file
-    in the same folder (``.<name>.*<tmp_suffix>``), flush, fsync, ``os.replace`` (atomic on POSIX),
-    then fsync of the folder. On any failure the temporary file is removed and the error raised as it
-    came (callers turn an out-of-space error into their own `StorageFull`)."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, tmp_suffix: str = ".tmp", exclusive: bool = False) -> Iterator[Path]:
+    """A temporary file name beside ``path`` (``.<name>.<random><tmp_suffix>``, created empty with the
+    permissions a plain ``open`` gives: 0o666 less the umask) for a writer that takes a file name; when the block ends the file is fsynced and renamed to ``path``
+    (``os.replace``, atomic on POSIX), then the folder fsynced. ``exclusive``: ``path`` is created
+    only if it does not exist (a hard link; `FileExistsError` otherwise), never replaced. On any
+    failure the temporary file is removed and the error raised as it came (callers turn an
+    out-of-space error into their own `StorageFull`)."""
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=tmp_suffix, dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        while tmp is None:
+            name = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}{tmp_suffix}"
+            try:
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                tmp = name
+            except FileExistsError:
+                continue
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if exclusive:
+            os.link(tmp, path)
+            tmp.unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException:
         if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def atomic_replace(path: str | os.PathLike, write: Callable[[BinaryIO], object], tmp_suffix: str = ".tmp") -> None:
+    """Replace ``path`` with what ``write(f)`` writes into a binary file, atomically (`atomic_path`)."""
+    with atomic_path(path, tmp_suffix) as tmp, open(tmp, "wb") as f:
+        write(f)
+
+
+def fsync_tree(folder: str | os.PathLike) -> None:
+    """fsync every file under ``folder``, then the folder."""
+    for p in Path(folder).rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fsync_dir(folder)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux ``renameat2``); False where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def replace_folder(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Make the complete folder ``tmp`` (written beside ``path``, its files fsynced: `fsync_tree`)
+    ``path``. An existing folder is swapped out with one ``renameat2(RENAME_EXCHANGE)`` (Linux: both
+    paths exist throughout) and removed; where the exchange is not supported it is moved aside, ``tmp``
+    renamed in (the old folder moved back if that fails), and the old one removed. An existing file of
+    that name is replaced."""
+    tmp, path = Path(tmp), Path(path)
+    if path.is_dir():
+        if _exchange(tmp, path):
+            shutil.rmtree(tmp)  # now the previous folder
+        else:
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.rename(path, old / path.name)
+            try:
+                os.rename(tmp, path)
+            except BaseException:
+                os.rename(old / path.name, path)
+                shutil.rmtree(old, ignore_errors=True)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        if path.exists():  # a single file of the same name
+            path.unlink()
+        os.rename(tmp, path)
     fsync_dir(path.parent)
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from ppo_lightning.core.configs import plain
+
 # Dict-valued model settings whose entries take dotted command-line overrides.
 DICT_SETTINGS = ("objective_args", "value_loss_args", "aux_terms", "schedules", "loss", "ppg")
 # Model settings that may change on resume without --resume_override (they do not change what is learned).
@@ -43,20 +45,8 @@ DATA_SCALED = ("num_envs", "rollout_steps", "advantage_norm_span")
 DEFAULT_MODEL = "ppo_lightning.training.module.PPOLightningModule"
 
 
-def _plain(value: Any) -> Any:
-    if hasattr(value, "as_dict"):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items() if k != "_instantiator"}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return value  # 2.0 == 2 compares equal below
-    return value
-
-
 def _show(value: Any, width: int = 48) -> str:
-    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=10**6).strip()
+    text = yaml.safe_dump(plain(value), default_flow_style=True, width=10**6).strip()
     text = text[:-4].strip() if text.endswith("\n...") or text.endswith(" ...") else text
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -115,7 +105,7 @@ def apply_dotted(model_cfg, overrides: list[tuple[str, list[str], str]], only: s
     for name, path, text in overrides:
         if only is not None and name not in only:
             continue
-        root = _plain(model_cfg.get(name)) or {}
+        root = plain(model_cfg.get(name)) or {}
         if not isinstance(root, dict):
             raise ValueError(f"--model.{name}.{'.'.join(path)}: model.{name} is not a mapping ({root!r})")
         node = root
@@ -263,7 +253,7 @@ def reconcile(cfg_before: dict[str, Any], ckpt: dict[str, Any], given: set[str],
             continue
         if section == "data" and scaled and name in DATA_SCALED:
             continue  # --scale rewrites them from the config's c = 1 values (checked by rescale)
-        same = _plain(here) == _plain(saved)
+        same = plain(here) == plain(saved)
         if key in given:
             if same or matches(here, saved):
                 continue
@@ -292,7 +282,7 @@ def reconcile(cfg_before: dict[str, Any], ckpt: dict[str, Any], given: set[str],
 def matches(given: Any, saved: Any) -> bool:
     """Whether a setting as given agrees with the checkpoint's: equal, or a mapping each of whose entries
     agrees with the checkpoint's (the module completes ``model.ppg`` and ``model.network`` with defaults)."""
-    given, saved = _plain(given), _plain(saved)
+    given, saved = plain(given), plain(saved)
     if isinstance(given, dict) and isinstance(saved, dict):
         return all(k in saved and matches(v, saved[k]) for k, v in given.items())
     if isinstance(given, list) and isinstance(saved, list):

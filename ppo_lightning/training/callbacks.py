@@ -4,7 +4,6 @@ kept in checkpoints."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
 from ppo_lightning.core.errors import TrainingFault, human_bytes
-from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space, space_error_text
+from ppo_lightning.core.storage import atomic_path, atomic_replace, free_bytes, out_of_space, space_error_text
 from ppo_lightning.interop.evaluation import evaluate_policy
 from ppo_lightning.nets.models import is_sharded
 from ppo_lightning.training.tracking import quiet_mlflow
@@ -232,14 +231,15 @@ class TrainingVideo(Callback):
             return None
         self._last_iteration = dm.iteration
         path = self.run_dir / "videos" / f"iteration-{dm.iteration:05d}.mp4"
-        tmp = path.with_name(f".{path.stem}.tmp.mp4")  # renamed when complete: never a partial video
+        written = 0
         try:
-            evaluate_policy(pl_module.network, dm.env_id, episodes=1, num_envs=1, env_kwargs=dm.env_kwargs,
-                            seed=self.seed, video=str(tmp))
-            os.replace(tmp, path)
+            with atomic_path(path, tmp_suffix=".tmp.mp4") as tmp:  # renamed when complete: never a partial video
+                try:
+                    evaluate_policy(pl_module.network, dm.env_id, episodes=1, num_envs=1, env_kwargs=dm.env_kwargs,
+                                    seed=self.seed, video=str(tmp))
+                finally:
+                    written = tmp.stat().st_size if tmp.exists() else 0
         except Exception as err:  # noqa: BLE001 - a video must never stop training
-            written = tmp.stat().st_size if tmp.exists() else 0
-            tmp.unlink(missing_ok=True)
             if out_of_space(err):  # once: videos stop, training goes on
                 self.disk_full = True
                 print(f"[ppo-lightning] {space_error_text(err)} while writing video {path} (needs more than "

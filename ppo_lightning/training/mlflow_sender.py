@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Callable
 
 from ppo_lightning.core.errors import StorageFull, human_bytes
-from ppo_lightning.core.storage import free_bytes, out_of_space, space_error_text, tree_bytes
+from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space, space_error_text, tree_bytes
 from ppo_lightning.training.storage_faults import sqlite_path
 
 SPOOL_NAME = "mlflow-spool.jsonl"
@@ -249,13 +249,10 @@ class MlflowSender:
             rest = list(self._pending)
             if self.spool is not None:
                 if rest:
-                    tmp = self.spool.with_name(self.spool.name + ".tmp")
                     try:
-                        tmp.unlink(missing_ok=True)
-                        self._write_spool(rest, path=tmp)
-                        os.replace(tmp, self.spool)
-                    except OSError:
-                        tmp.unlink(missing_ok=True)
+                        atomic_replace(self.spool, lambda f: f.write(self._spool_text(rest, header=True).encode()))
+                    except OSError as err:
+                        self._spool_failed(err)
                 else:
                     self.spool.unlink(missing_ok=True)
             self._spooled = len(rest)
@@ -382,24 +379,31 @@ class MlflowSender:
             pass
 
     # ------------------------------------------------------------------ spool file
-    def _write_spool(self, records: list[dict], path: Path | None = None) -> None:
-        path = path or self.spool
+    def _spool_text(self, records: list[dict], header: bool) -> str:
+        """The spool's lines for ``records`` (``header``: the header line first)."""
+        lines = [{"kind": "header", "tracking_uri": self.tracking_uri, "run_id": self.run_id}] if header else []
+        lines += [{k: v for k, v in r.items() if k != "live"} for r in records]
+        return "".join(json.dumps(line) + "\n" for line in lines)
+
+    def _spool_failed(self, err: OSError) -> None:
+        if "spool" not in self._warned:
+            self._warned.add("spool")
+            _warn(f"MLflow records cannot be kept in {self.spool} ({err.strerror}); they stay in memory")
+
+    def _write_spool(self, records: list[dict]) -> None:
+        """Append ``records`` to the spool (fsynced; the header first in a new spool)."""
+        path = self.spool
         if path is None or not records:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             new = not path.exists()
             with open(path, "a") as f:
-                if new:
-                    f.write(json.dumps({"kind": "header", "tracking_uri": self.tracking_uri, "run_id": self.run_id}) + "\n")
-                for r in records:
-                    f.write(json.dumps({k: v for k, v in r.items() if k != "live"}) + "\n")
+                f.write(self._spool_text(records, header=new))
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as err:
-            if "spool" not in self._warned:
-                self._warned.add("spool")
-                _warn(f"MLflow records cannot be kept in {self.spool} ({err.strerror}); they stay in memory")
+            self._spool_failed(err)
 
     def _clear_spool(self) -> None:
         """Everything sent: the spool is rewritten empty (removed)."""

@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.utilities.parsing import collect_init_args
 from tensordict import TensorDict, TensorDictBase
 
+from ppo_lightning.core.configs import plain
 from ppo_lightning.data import parallel
 from ppo_lightning.core.faults import NumericalGuard, finite_mean
 from ppo_lightning.core.members import PerMember, name_members
@@ -43,17 +44,6 @@ from ppo_lightning.training.coefficients import ScheduledCoefficients, values_in
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
-
-
-def _plain(value):
-    """A config value as plain dicts and lists (jsonargparse namespaces and tuples are not)."""
-    if hasattr(value, "as_dict"):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def migrate_optimizer_steps(checkpoint: dict[str, Any]) -> None:
@@ -172,11 +162,11 @@ class PPOLightningModule(pl.LightningModule):
             adam_betas=tuple(float(b) for b in adam_betas),
             seeds=None if seeds is None else [int(s) for s in seeds],
             member_hparams=None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()},
-            objective_args=None if settings.objective_args is None else _plain(settings.objective_args),
-            loss=None if loss is None else _plain(loss),
-            schedules=None if schedules is None else _plain(schedules),
-            value_loss_args=None if settings.value_loss_args is None else _plain(settings.value_loss_args),
-            aux_terms=None if settings.aux_terms is None else _plain(settings.aux_terms),
+            objective_args=None if settings.objective_args is None else plain(settings.objective_args),
+            loss=None if loss is None else plain(loss),
+            schedules=None if schedules is None else plain(schedules),
+            value_loss_args=None if settings.value_loss_args is None else plain(settings.value_loss_args),
+            aux_terms=None if settings.aux_terms is None else plain(settings.aux_terms),
         )
         hparams.pop("proximal_precision", None)
         if type(self) is not PPOLightningModule:

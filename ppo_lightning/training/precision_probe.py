@@ -38,7 +38,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ from torch import nn
 
 from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 from ppo_lightning.core import hardware
-from ppo_lightning.core.storage import user_cache_folder
+from ppo_lightning.core.storage import atomic_replace, user_cache_folder
 
 BUDGET_S = 2.0  # wall seconds for the whole probe (both precisions)
 MIN_SPEEDUP = 1.03  # bf16-mixed is picked only when 32-true's step takes >= 1.03x bf16's
@@ -359,16 +358,11 @@ def store(key: str, entry: dict, path: Path | None = None) -> bool:
     if len(entries) > MAX_ENTRIES:  # the oldest go
         for k in sorted(entries, key=lambda k: str(entries[k].get("measured_at", "")))[:len(entries) - MAX_ENTRIES]:
             del entries[k]
+    text = json.dumps({"format": CACHE_FORMAT, "entries": entries}, indent=1, sort_keys=True)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".precision-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": CACHE_FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        atomic_replace(path, lambda f: f.write(text.encode()), tmp_suffix=".json")
         return True
     except OSError:
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(tmp)
         return False
 
 

@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch import Callback
 
 from ppo_lightning.algos.scaling import format_scale_table
+from ppo_lightning.core.configs import plain
 
 
 def read_checkpoint_meta(ckpt_path: str | Path) -> dict[str, Any]:
@@ -153,11 +154,11 @@ class ElasticResume(Callback):
             settings, self.report = scaled_settings(settings, c, rules)
             self.history.append({"c": c, "from": self.plan["old"], "to": self.plan["new"], "rules": list(rules),
                                  "iteration": int(getattr(trainer.datamodule, "iteration", 0)),
-                                 "changed": {k: {"from": _plain(v["from"]), "to": _plain(v["to"])}
+                                 "changed": {k: {"from": plain(v["from"]), "to": plain(v["to"])}
                                              for k, v in self.report.items()}})
         elif not self.history:
             return  # never rescaled: nothing to re-apply
-        self.settings = {k: _plain(v) for k, v in settings.items()}
+        self.settings = {k: plain(v) for k, v in settings.items()}
         apply_settings(trainer, pl_module, settings, restart_ppg_phase=c is not None)
         if c is not None:
             old, new = self.plan["old"], self.plan["new"]
@@ -167,7 +168,7 @@ class ElasticResume(Callback):
                 print(self.table, flush=True)
             params = {f"rescale/{len(self.history)}/c": c,
                       f"rescale/{len(self.history)}/from": _describe(old), f"rescale/{len(self.history)}/to": _describe(new)}
-            params.update({f"rescale/{len(self.history)}/{k}": f"{_plain(v['from'])} -> {_plain(v['to'])}"
+            params.update({f"rescale/{len(self.history)}/{k}": f"{plain(v['from'])} -> {plain(v['to'])}"
                            for k, v in self.report.items()})
             for logger in trainer.loggers:
                 logger.log_hyperparams(params)
@@ -177,10 +178,6 @@ class ElasticResume(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass  # read before fit by `plan` (it knows the record before the objects exist)
-
-
-def _plain(v):
-    return list(v) if isinstance(v, tuple) else v
 
 
 def apply_settings(trainer, pl_module, settings: dict[str, Any], restart_ppg_phase: bool) -> None:

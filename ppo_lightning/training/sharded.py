@@ -4,10 +4,10 @@ Lightning's ``ModelParallelStrategy.save_checkpoint`` writes a sharded checkpoin
 ``*.distcp`` shards and ``.metadata`` from ``torch.distributed.checkpoint``, ``meta.pt`` with the rest)
 *into* the target folder, over the previous checkpoint of the same name: a kill during the write
 leaves ``last.ckpt`` a mix of two checkpoints, or without its ``meta.pt``. `AtomicModelParallelStrategy`
-writes the folder next to the target (``.<name>.tmp``), fsyncs it, and swaps it in with one
-``renameat2(RENAME_EXCHANGE)`` (Linux: both paths exist throughout, the swap is atomic), then removes
-the old folder; where the exchange is not supported, two renames (the window between them is the
-only moment without a ``last.ckpt``). The ``ppo-lightning fit`` CLI uses it in place of
+writes the folder next to the target (``.<name>.tmp``), fsyncs it, and swaps it in
+(`ppo_lightning.core.storage.replace_folder`: one ``renameat2(RENAME_EXCHANGE)`` on Linux, both paths
+existing throughout, then the old folder removed; where the exchange is not supported, two renames,
+the window between them the only moment without a ``last.ckpt``). The ``ppo-lightning fit`` CLI uses it in place of
 ``lightning.pytorch.strategies.ModelParallelStrategy``.
 
 A truncated or incomplete sharded checkpoint is refused in one line before anything loads
@@ -16,9 +16,6 @@ A truncated or incomplete sharded checkpoint is refused in one line before anyth
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,53 +24,9 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ppo_lightning.core.errors import StorageFull
-from ppo_lightning.core.storage import free_bytes, fsync_dir, out_of_space, space_error_text, tree_bytes
+from ppo_lightning.core.storage import (free_bytes, fsync_tree, out_of_space, replace_folder, space_error_text,
+                                        tree_bytes)
 from ppo_lightning.training.checkpointing import TMP_SUFFIX, last_good_checkpoint
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two existing paths (Linux ``renameat2``); False where unsupported."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV):
-        return False
-    raise OSError(err, os.strerror(err), str(a))
-
-
-def _fsync_tree(folder: Path) -> None:
-    for p in folder.iterdir():
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    fsync_dir(folder)
-
-
-def swap_in(tmp: Path, path: Path) -> None:
-    """Make the complete folder ``tmp`` the checkpoint ``path`` (atomically where possible)."""
-    if path.is_dir():
-        if _exchange(tmp, path):
-            shutil.rmtree(tmp)  # now the previous checkpoint
-        else:
-            old = path.parent / f".{path.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old)
-    else:
-        if path.exists():  # a single-file checkpoint of the same name
-            path.unlink()
-        os.rename(tmp, path)
-    fsync_dir(path.parent)
-
 
 def _checkpoint_bytes(obj) -> int:
     """Bytes of the tensors in a checkpoint (a sharded tensor counts whole: what all ranks write)."""
@@ -109,14 +62,14 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
         failure = None
         try:
             super().save_checkpoint(checkpoint, tmp)  # shards (every rank), .metadata, meta.pt (rank 0)
-            _fsync_tree(tmp)  # each rank its own files (rank 0 also .metadata and meta.pt)
+            fsync_tree(tmp)  # each rank its own files (rank 0 also .metadata and meta.pt)
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank learns of it below, none is left waiting
             failure = err  # (torch.distributed.checkpoint's own error, a BaseException, names the ranks that failed)
         if self.reduce_boolean_decision(failure is not None, all=False):
             self._failed_write(checkpoint, tmp, path, failure)
         self.barrier("sharded_checkpoint_written")
         if self.global_rank == 0:
-            swap_in(tmp, path)
+            replace_folder(tmp, path)
         self.barrier("sharded_checkpoint_done")
 
     def _failed_write(self, checkpoint: dict[str, Any], tmp: Path, path: Path, failure: BaseException | None) -> None:

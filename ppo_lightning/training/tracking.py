@@ -36,7 +36,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.fabric.loggers.logger import rank_zero_experiment
 
 from ppo_lightning.core.errors import UnwritablePath
-from ppo_lightning.core.storage import check_writable, user_cache_folder
+from ppo_lightning.core.storage import atomic_path, check_writable, user_cache_folder
 from ppo_lightning.training.storage_faults import sqlite_path
 from ppo_lightning.training.mlflow_sender import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowSender, configure_http,
                                                   create_run, is_unreachable, load_spool, local_artifact_folder,
@@ -388,25 +388,19 @@ def new_sqlite_store(db: Path) -> bool:
 
     import mlflow
 
-    tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
     try:
         template = user_cache_folder() / f"mlflow-{mlflow.__version__}-empty.db"
         if not template.exists():
-            template.parent.mkdir(parents=True, exist_ok=True)
-            made = template.with_name(f".{template.name}.{os.getpid()}.tmp")
-            made.unlink(missing_ok=True)
-            mlflow.MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments()  # MLflow's own schema
-            with contextlib.closing(sqlite3.connect(made)) as con, con:
-                con.execute("DELETE FROM experiments WHERE experiment_id = 0")  # recreated where it is opened
-            os.replace(made, template)
-        with contextlib.closing(sqlite3.connect(template)) as src, contextlib.closing(sqlite3.connect(tmp)) as dst:
-            src.backup(dst)  # a consistent copy, whatever else reads the template
-        os.link(tmp, db)
+            with atomic_path(template) as made:
+                mlflow.MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments()  # MLflow's own schema
+                with contextlib.closing(sqlite3.connect(made)) as con, con:
+                    con.execute("DELETE FROM experiments WHERE experiment_id = 0")  # recreated where it is opened
+        with atomic_path(db, exclusive=True) as tmp:  # never over a store another process made meanwhile
+            with contextlib.closing(sqlite3.connect(template)) as src, contextlib.closing(sqlite3.connect(tmp)) as dst:
+                src.backup(dst)  # a consistent copy, whatever else reads the template
         return True
     except (OSError, sqlite3.Error, mlflow.exceptions.MlflowException):
         return False
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def probe_tracking_store(tracking_uri: str, experiment_name: str, limit: int = 300,

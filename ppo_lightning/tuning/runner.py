@@ -54,6 +54,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from ppo_lightning.algos import scaling
+from ppo_lightning.core.storage import atomic_replace
 from ppo_lightning.envs.minatar_scores import normalized_return
 from ppo_lightning.core.members import BY_NAME, OPTIONAL_MEMBER_OPTIONS, member_metric
 from ppo_lightning.studies.records import curve_auc, final_value
@@ -197,10 +198,8 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     def beat(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}))
-        os.replace(tmp, self.path)
+        beat = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
+        atomic_replace(self.path, lambda f: f.write(beat.encode()))
 
     def __enter__(self) -> "Lease":
         self.beat()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import os
 import re
 import shutil
@@ -38,9 +37,11 @@ from typing import Any
 
 import torch
 
+from ppo_lightning.core.configs import plain
 from ppo_lightning.core.safety import check_code, code_references
 from ppo_lightning.core.errors import StorageFull, UnwritablePath
-from ppo_lightning.core.storage import check_writable, free_bytes, out_of_space, space_error_text
+from ppo_lightning.core.storage import (check_writable, free_bytes, fsync_tree, out_of_space, replace_folder,
+                                        space_error_text)
 from ppo_lightning.interop.checkpoint_io import DATA_STATE_KEY, ExportError, load_network
 from ppo_lightning.interop.hf.bundle import BundleError, network_source
 from ppo_lightning.interop.hf.card import model_card
@@ -73,21 +74,6 @@ def parse_size(size: int | str) -> int:
     return int(float(found.group(1)) * base ** " KMGT".index(found.group(2).upper() or " "))
 
 
-def _plain(value: Any) -> Any:
-    """JSON-safe copy: tuples to lists, tensors/numbers to Python numbers, NaN to None."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
-
 def _resolved_network(net: torch.nn.Module, network_cfg: dict[str, Any]) -> dict[str, Any]:
     """``network_cfg`` with the network class's defaults filled in (informative, JSON-safe)."""
     out = dict(network_cfg)
@@ -95,7 +81,7 @@ def _resolved_network(net: torch.nn.Module, network_cfg: dict[str, Any]) -> dict
     try:
         params = inspect.signature(type(net).__init__).parameters
     except (TypeError, ValueError):
-        return _plain(out)
+        return plain(out, json_safe=True)
     for name, p in params.items():
         if name in ("self", "observation_space", "action_space") or name in out:
             continue
@@ -103,7 +89,7 @@ def _resolved_network(net: torch.nn.Module, network_cfg: dict[str, Any]) -> dict
             continue
         if p.default is None or isinstance(p.default, (bool, int, float, str, tuple, list)):
             out[name] = p.default
-    return _plain(out)
+    return plain(out, json_safe=True)
 
 
 def _rank_episodes(data_state: dict | None) -> list[dict]:
@@ -144,7 +130,7 @@ def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -
         pkg_version = version("ppo-lightning")
     except Exception:
         pkg_version = None
-    return _plain(
+    return plain(
         {
             "model_type": MODEL_TYPE,
             "architectures": ["PPOLightningActorCritic"],
@@ -165,7 +151,8 @@ def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -
             },
             "training_frames": None if frames is None else int(frames),
             "ppo_lightning_version": pkg_version,
-        }
+        },
+        json_safe=True,
     )
 
 
@@ -226,7 +213,7 @@ def export_hf(
             net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
             evaluation = _evaluate(net, config, evaluate, seed, tmp / REPLAY_FILE if video else None, trust_code)
             if evaluation is not None:
-                config["evaluation"] = _plain({k: v for k, v in evaluation.items() if k not in ("video",)})
+                config["evaluation"] = plain({k: v for k, v in evaluation.items() if k not in ("video",)}, json_safe=True)
         save_torch_state_dict(weights, tmp, max_shard_size=shard_bytes, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name in TEMPLATE_FILES:
@@ -234,7 +221,8 @@ def export_hf(
         (tmp / NETWORK_FILE).write_text(source)
         replay = REPLAY_FILE if (tmp / REPLAY_FILE).is_file() else None
         model_card(config, num_params, evaluation, replay).save(tmp / "README.md")
-        _replace_dir(tmp, out)
+        fsync_tree(tmp)
+        replace_folder(tmp, out)
     except BaseException as err:
         # a full disk: what the folder needed = the weights, the code, the config, and the replay and
         # model card as far as they were written
@@ -247,26 +235,6 @@ def export_hf(
             raise StorageFull("Hugging Face folder", out, needed, free_bytes(out.parent), space_error_text(err)) from None
         raise
     return out
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move ``tmp`` to ``out``; an existing ``out`` is moved aside first and removed after."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.rename(out, old / out.name)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        if old is not None:
-            os.rename(old / out.name, out)
-            shutil.rmtree(old, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-
 
 
 def _evaluate(net: torch.nn.Module, config: dict[str, Any], episodes: int, seed: int, video: Path | None,
