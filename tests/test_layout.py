@@ -23,21 +23,16 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> list[tuple[str, bool, int]]:
-    """(imported ppo_lightning module or name, at module level?, line) for every import the file runs:
-    an `if TYPE_CHECKING:` import only names a type for the checker and is never executed."""
+    """(imported ppo_lightning module or name, at module level?, line) for every import in the file,
+    type-only ones (``if TYPE_CHECKING:``, counted at module level) included: a cycle through an
+    annotation is a cycle for a reader too."""
     tree = ast.parse(path.read_text())
     top = {id(n) for n in tree.body}
-    type_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-        for stmt in node.body
-        for inner in ast.walk(stmt)
-    }
+    top |= {id(stmt) for node in tree.body
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for stmt in node.body}
     found = []
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ppo_lightning"):
             for alias in node.names:  # `from ppo_lightning.data import resume_state` names a module
                 found.append((f"{node.module}.{alias.name}", id(node) in top, node.lineno))

@@ -468,9 +468,9 @@ class PPOCLI(LightningCLI):
             return
         ckpt = self.checkpoint_callback.last_model_path or "(none)"
         ranks = trainer.world_size > 1
-        group = getattr(dm, "group_states", None)  # vectorized seeds: every seed's return
+        group = dm.states if dm.members > 1 else None  # vectorized seeds: every seed's return
         returns = (", ".join(f"{st.episodes.mean_return(20):.1f}" for st in group) + (f" (members' seeds {dm.seeds})" if getattr(dm, "member_seeds", None) else f" (seeds {dm.seeds[0]}..{dm.seeds[-1]})")
-                   if group else f"{dm.episodes.mean_return(20):.1f}")
+                   if group else f"{dm.states[0].episodes.mean_return(20):.1f}")
         print(
             f"\nfinished: {dm.frames} frames{' (all ranks)' if ranks else ''}{' per seed' if group else ''}, "
             f"{dm.iteration} iterations, mean return of the last 20 episodes {returns}"

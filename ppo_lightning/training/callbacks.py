@@ -69,7 +69,7 @@ class FramesProgressBar(ProgressBar):
         dm = trainer.datamodule
         self._bar.update(dm.frames - self._shown)
         self._shown = dm.frames
-        ret = dm.episodes.mean_return(20)
+        ret = dm.states[0].episodes.mean_return(20)
         self._bar.set_postfix(it=dm.iteration, ret20=f"{ret:.1f}", refresh=False)
 
     def on_train_end(self, trainer, pl_module) -> None:

@@ -211,8 +211,9 @@ def apply_settings(trainer, pl_module, settings: dict[str, Any], restart_ppg_pha
     dm = trainer.datamodule
     if dm is not None:
         span = float(settings["adv_norm_span"])
-        dm.advantage_norm_span = span
-        dm.advantage_moments.span, dm.advantage_moments.beta = span, ewma_beta_from_span(span)
+        dm.config.advantage_norm_span = span
+        for state in dm.states:
+            state.advantage_moments.span, state.advantage_moments.beta = span, ewma_beta_from_span(span)
         dm.hparams["advantage_norm_span"] = span
     phases = pl_module.ppg_phases
     if phases is not None and settings.get("ppg_n_pi") is not None:
