@@ -328,7 +328,7 @@ def _cli_error(argv, capsys) -> str:
 
 def test_missing_checkpoint(tmp_path, capsys):
     out = tmp_path / "out"
-    assert "not found" in _cli_error([tmp_path / "missing.ckpt", out], capsys)
+    assert "does not exist" in _cli_error([tmp_path / "missing.ckpt", out], capsys)
     assert not out.exists()
     _no_leftovers(tmp_path, "out")
 
@@ -340,7 +340,7 @@ def test_corrupt_checkpoint(trained, tmp_path, capsys, damage):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes({"truncated": data[: len(data) // 2], "garbage": os.urandom(4096), "empty": b""}[damage])
     out = tmp_path / "out"
-    assert "corrupt or truncated" in _cli_error([bad, out], capsys)
+    assert "truncated or corrupt" in _cli_error([bad, out], capsys)
     assert not out.exists()
     _no_leftovers(tmp_path, "out")
 

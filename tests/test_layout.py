@@ -1,6 +1,7 @@
 """The package layout stays what its folders say (issue 22): imports point one way, down the layers
-core < envs < nets < algos < data < interop < training < run < studies < tuning < cli, with no import cycles, and the old
-flat paths of 0.1 still resolve, with one FutureWarning naming the new path."""
+core < envs < nets < algos < data < interop < training < run < studies < tuning < cli, with no import cycles (type-only
+imports counted), checkpoints read in one module, and the old flat paths of 0.1 still resolve, with one FutureWarning
+naming the new path."""
 
 from __future__ import annotations
 
@@ -102,6 +103,33 @@ def test_no_import_cycles_even_through_imports_inside_functions():
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+# The checkpoint reader, and the one place where the ranks' gathered states are read back from bytes.
+TORCH_LOAD_CALLS = {"interop/checkpoint_io.py": 1, "data/resume_state.py": 1}
+
+
+def test_checkpoints_are_read_in_one_place():
+    """``torch.load`` (or a zip archive, or DCP's reader) is called only by the checkpoint reader
+    (`ppo_lightning.interop.checkpoint_io`), and once for the ranks' gathered resume states
+    (`ppo_lightning.data.resume_state.gather_rank_states`, from bytes, never a file)."""
+    readers = {("torch", "load"), ("zipfile", "ZipFile"), ("dcp", "load")}
+    calls: dict[str, int] = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = None
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                name = (node.value.id, node.attr)
+            elif isinstance(node, ast.ImportFrom) and node.module in ("torch", "zipfile"):
+                name = next(((node.module, a.name) for a in node.names if (node.module, a.name) in readers), None)
+            elif isinstance(node, ast.Name) and node.id == "FileSystemReader":
+                name = ("dcp", "load")
+            if name in readers:
+                where = path.relative_to(PKG).as_posix()
+                calls[where] = calls.get(where, 0) + 1
+    outside = {k: v for k, v in calls.items() if k != "interop/checkpoint_io.py"}
+    assert outside == {"data/resume_state.py": TORCH_LOAD_CALLS["data/resume_state.py"]}, calls
+    assert calls.get("interop/checkpoint_io.py", 0) >= TORCH_LOAD_CALLS["interop/checkpoint_io.py"], calls
 
 
 def test_imports_inside_functions_say_why():

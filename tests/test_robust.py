@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import robust_helpers  # noqa: F401  (registers FaultyCartPole-v0)
-from ppo_lightning.training.checkpointing import AtomicCheckpointIO, atomic_torch_save, check_checkpoint_file
+from ppo_lightning.interop.checkpoint_io import check_checkpoint_file
+from ppo_lightning.training.checkpointing import AtomicCheckpointIO, atomic_torch_save
 from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.core.errors import CheckpointError, EnvFault, NumericalFault
 from ppo_lightning.training.module import PPOLightningModule

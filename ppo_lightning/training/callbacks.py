@@ -112,7 +112,8 @@ class IterationCheckpoint(ModelCheckpoint):
 
 class TrackingState(Callback):
     """Keeps the MLflow run id (and the run folder) in every checkpoint, so that resuming with
-    ``--ckpt_path`` continues the same MLflow run (`read_tracking_state`)."""
+    ``--ckpt_path`` continues the same MLflow run (`ppo_lightning.interop.run_folder.read_tracking_state`,
+    which reads this entry by its class name)."""
 
     def __init__(self, run_dir: str | None = None) -> None:
         self.run_dir = run_dir
@@ -138,20 +139,6 @@ class TrackingState(Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         pass  # read before the logger exists (read_tracking_state); the new values stand
-
-
-def read_tracking_state(ckpt_path: str) -> dict:
-    """`TrackingState`'s entry of a checkpoint (``.ckpt`` file or sharded folder); {} if none."""
-    import torch
-
-    path = Path(ckpt_path)
-    meta = path / "meta.pt" if path.is_dir() else path
-    try:
-        checkpoint = torch.load(meta, map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - a bad checkpoint fails later, with Lightning's own message
-        return {}
-    state = (checkpoint.get("callbacks") or {}).get(TrackingState.__qualname__) if isinstance(checkpoint, dict) else None
-    return dict(state) if isinstance(state, dict) else {}
 
 
 EPISODE_METRIC_PREFIXES = ("episode/", "eval/")

@@ -24,16 +24,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import Callback
 
 from ppo_lightning.algos.scaling import format_scale_table
-
-
-def read_checkpoint_meta(ckpt_path: str | Path) -> dict[str, Any]:
-    """The checkpoint's non-tensor part: the file, or a sharded folder's ``meta.pt``."""
-    path = Path(ckpt_path)
-    return torch.load(path / "meta.pt" if path.is_dir() else path, map_location="cpu", weights_only=True)
+from ppo_lightning.interop.checkpoint_io import read_meta
 
 
 def geometry(world: int, num_envs: int, rollout_steps: int, num_minibatches: int) -> dict[str, int]:
@@ -67,7 +61,7 @@ def saved_settings(meta: dict[str, Any]) -> dict[str, Any]:
 def plan(ckpt_path: str | Path, world: int, data, rescale: bool, rules: tuple[str, ...]) -> dict[str, Any]:
     """Compare the checkpoint's batch geometry with this run's. Returns the plan for `ElasticResume`
     (``c`` None: the same geometry); raises ValueError (one line) for a change without ``rescale``."""
-    meta = read_checkpoint_meta(ckpt_path)
+    meta = read_meta(ckpt_path)
     dm_state = meta.get("RolloutDataModule") or {}
     d = meta.get("datamodule_hyper_parameters") or {}
     old = geometry(len(dm_state.get("per_rank") or [None]), d.get("num_envs", data.num_envs),
@@ -230,7 +224,7 @@ def check_resumed_scaled_settings(ckpt_path: str | Path, model, scale: float) ->
     """With ``--ckpt_path`` and ``--scale``: the scaled settings (``model``: the model's config after
     the scaling) must be the checkpoint's, a resume continuing the run it was; another c or base needs
     ``--rescale``'s record of the change. One-line error naming the settings that differ."""
-    saved = read_checkpoint_meta(ckpt_path).get("hyper_parameters") or {}
+    saved = read_meta(ckpt_path).get("hyper_parameters") or {}
 
     def show(v):
         return "null" if v is None else (f"{float(v):.4g}" if not isinstance(v, (list, tuple)) else

@@ -11,7 +11,7 @@ only moment without a ``last.ckpt``). The ``ppo-lightning fit`` CLI uses it in p
 ``lightning.pytorch.strategies.ModelParallelStrategy``.
 
 A truncated or incomplete sharded checkpoint is refused in one line before anything loads
-(`ppo_lightning.training.checkpointing.check_checkpoint_file`).
+(`ppo_lightning.interop.checkpoint_io.check_checkpoint_file`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ppo_lightning.core.errors import StorageFull
 from ppo_lightning.core.storage import free_bytes, fsync_dir, out_of_space, space_error_text, tree_bytes
-from ppo_lightning.training.checkpointing import TMP_SUFFIX, last_good_checkpoint
+from ppo_lightning.interop.checkpoint_io import last_good_checkpoint
+from ppo_lightning.training.checkpointing import TMP_SUFFIX
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
