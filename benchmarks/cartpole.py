@@ -51,7 +51,7 @@ class Crossing(pl.Callback):
         self.split["gae"] += m.get("time/gae_s", 0.0)
         self.split["update"] += m.get("time/update_s", 0.0)
         self.steps = trainer.global_step
-        if dm.episodes.mean_return(20) >= THRESHOLD:
+        if dm.states[0].episodes.mean_return(20) >= THRESHOLD:
             self.result = {"frames_to_475": dm.frames, "wall_s_to_475": time.perf_counter() - self.t0}
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ppo_lightning.training.callbacks import quiet_library_notices
-from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
+from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.module import PPOLightningModule
 from ppo_lightning.algos.proximal import ProximalPolicyEWMA
 
@@ -52,7 +52,7 @@ class _FitTimer(pl.Callback):
 
 def plain_step_ms(model: PPOLightningModule, dm: RolloutDataModule, iterations: int) -> float:
     dm.total_frames += dm.frames_per_iteration * iterations
-    source = RolloutSource(dm, model.network)
+    source = dm.make_source(model.network)
     opt = torch.optim.Adam(model.network.parameters(), lr=2e-3, eps=1e-5, fused=True)
     ewma = ProximalPolicyEWMA(32.0)
     ewma.reset(model.network)
@@ -74,7 +74,7 @@ def plain_step_ms(model: PPOLightningModule, dm: RolloutDataModule, iterations: 
 
 
 def env_step_ms(model: PPOLightningModule, dm: RolloutDataModule, rollouts: int = 20) -> dict[str, float]:
-    source = RolloutSource(dm, model.network)
+    source = dm.make_source(model.network)
     next(source._iterator)
     t0 = time.perf_counter()
     for _ in range(rollouts):

@@ -25,6 +25,8 @@ Writes ``results/minatar/noise_scale_fixed.csv`` and prints a table.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import logging
 import sys
 import tempfile
@@ -74,8 +76,6 @@ class AlongProbe(Callback):
         self.todo, self.game, self.seed, self.rollouts, self.steps, self.sink = sorted(at), game, seed, rollouts, steps, sink
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        import copy
-
         import torch
 
         dm = trainer.datamodule
@@ -83,14 +83,11 @@ class AlongProbe(Callback):
             return
         while self.todo and dm.frames >= self.todo[0]:
             self.todo.pop(0)
-        keep = {k: copy.deepcopy(getattr(dm, k)) for k in ("frames", "episodes", "reward_normalizer", "advantage_moments")}
         was_training = pl_module.training
         try:
             with torch.enable_grad():
                 self.sink(probe_now(pl_module, dm, self.game, self.seed, self.rollouts, self.steps))
         finally:
-            for k, v in keep.items():
-                setattr(dm, k, v)
             pl_module.train(was_training)
 
 
@@ -101,18 +98,17 @@ def probe_now(module, dm, game: str, seed: int, rollouts: int, steps: int = PROB
 
     import torch
 
-    from ppo_lightning.data.datamodule import RolloutSource
+    from ppo_lightning.data.seed_state import RolloutProgress
+    from ppo_lightning.data.source import RolloutSource
     from ppo_lightning.training.noise_scale import noise_scale_terms
 
     t0 = time.perf_counter()
     frames_trained = dm.frames
-    # longer rollouts: the probe's own collector takes dm.num_envs x steps frames per rollout
-    train_steps, dm.rollout_steps = dm.rollout_steps, steps
+    # longer rollouts: the probe's own collector takes dm.num_envs x steps frames per rollout, on copies
+    # of the run's states (its normalizers), so the run's own go on untouched
+    config = dataclasses.replace(dm.config, rollout_steps=steps)
     envs = dm.num_envs
-    try:
-        source = RolloutSource(dm, module.network)
-    finally:
-        dm.rollout_steps = train_steps
+    source = RolloutSource(config, copy.deepcopy(dm.states), module.network, RolloutProgress(frames=dm.frames))
     named = [(n, p) for n, p in module.network.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     # Adam normalizes each coordinate by its own gradient scale: also the policy terms' B_simple per
@@ -190,7 +186,7 @@ def along(a, sizes: dict) -> list[dict]:
                                          *_run_args(game, seed, at[-1], Path(tmp), extra)], extra_callbacks=[cb]))
                 if cb.todo:  # the last point: training ended before on_train_epoch_end saw it
                     sink(probe_now(cli.model, cli.datamodule, game, seed, a.probe_rollouts, sizes.get("steps", PROBE_STEPS)))
-                ret = cli.datamodule.episodes.mean_return(20)
+                ret = cli.datamodule.states[0].episodes.mean_return(20)
                 for r in got:
                     r["final_return_mean20"] = round(float(ret), 4)
                 rows += got

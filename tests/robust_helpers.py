@@ -85,10 +85,10 @@ class DumpParams(pl.Callback):
         os.makedirs(self.dirpath, exist_ok=True)
         dm = trainer.datamodule
         torch.save({"params": {k: v.detach().clone() for k, v in pl_module.network.state_dict().items()},
-                    "adv": dm.advantage_moments.state_dict(),
-                    "reward": dm.reward_normalizer.state_dict() if dm.reward_normalizer is not None else None,
+                    "adv": dm.states[0].advantage_moments.state_dict(),
+                    "reward": dm.states[0].reward_normalizer.state_dict() if dm.states[0].reward_normalizer is not None else None,
                     "kl_beta": float(pl_module.loss_module.kl_beta),
-                    "episodes_count": dm.episodes.count,
+                    "episodes_count": dm.states[0].episodes.count,
                     "episodes_logged": float(trainer.callback_metrics.get("episodes", torch.tensor(-1.0)))},
                    os.path.join(self.dirpath, f"rank{trainer.global_rank}.pt"))
 

@@ -171,7 +171,7 @@ def test_fsdp2_sigkill_resumes_bitwise_and_sharded_checkpoints_are_never_half_wr
     (network and Adam state read back from the shards, EWMA). A truncated shard is refused in one line.
     Exporting a sharded checkpoint: tests/test_export.py and the FSDP2 guide test."""
     from ppo_lightning.nets.models import build_network
-    from ppo_lightning.training.checkpointing import check_checkpoint_file
+    from ppo_lightning.interop.checkpoint_io import check_checkpoint_file
 
     args = [*PPO_EWMA, *TINY, *FSDP2, "--checkpoint_every", "1", "--data.total_frames", str(4 * 128),
             "--model.micro_batch_size", "24"]

@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, ewma_beta_from_span, make_gae, next_values
-from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
+from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import ActorCritic
 
@@ -15,7 +15,7 @@ from ppo_lightning.nets.models import ActorCritic
 def collect(env_id="CartPole-v1", num_envs=4, steps=200, seed=0):
     dm = RolloutDataModule(env_id=env_id, num_envs=num_envs, rollout_steps=steps, num_minibatches=1, seed=seed)
     net = ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,))
-    source = RolloutSource(dm, net)
+    source = dm.make_source(net)
     return dm, net, source, source.rollouts()[0]
 
 
@@ -34,7 +34,7 @@ def test_no_fake_transition_reaches_a_batch():
     # Episode lengths add up: every ended episode's step_count equals its return (reward 1 per step).
     torch.testing.assert_close(rollout["next", "episode_reward"][done].squeeze(-1),
                                rollout["next", "step_count"][done].squeeze(-1).float())
-    assert dm.episodes.count == int(done.sum())
+    assert dm.states[0].episodes.count == int(done.sum())
     source.collector.shutdown()
 
 
@@ -136,7 +136,7 @@ def test_reward_normalizer_matches_hand_loop():
 def test_minibatches_cover_the_batch_each_epoch():
     dm = RolloutDataModule(num_envs=4, rollout_steps=8, num_minibatches=4, update_epochs=3, seed=0)
     net = ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,))
-    source = RolloutSource(dm, net)
+    source = dm.make_source(net)
     batches = list(source)
     # [S, B]: a single run is one member
     assert len(batches) == len(source) == 12 and all(tuple(b.shape) == (1, 8) for b in batches)
@@ -195,7 +195,7 @@ def test_data_parallel_ranks_collect_different_data_and_count_all_frames():
 
     from lightning.pytorch.plugins.precision import Precision
 
-    from ppo_lightning.data.datamodule import RolloutSource, rank_seed
+    from ppo_lightning.data.datamodule import rank_seed
     from ppo_lightning.nets.models import ActorCritic
 
     assert rank_seed(7, 0) == 7 and len({rank_seed(0, r) for r in range(4)}) == 4
@@ -204,7 +204,7 @@ def test_data_parallel_ranks_collect_different_data_and_count_all_frames():
         dm = RolloutDataModule(num_envs=2, rollout_steps=8, num_minibatches=2, update_epochs=1, seed=0)
         dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, precision_plugin=Precision())  # 32-true
         torch.manual_seed(0)
-        source = RolloutSource(dm, ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,)))
+        source = dm.make_source(ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,)), dm.trainer)
         firsts.append(source.rollouts()[0].get("observation")[:, 0])
         source.collector.shutdown()
         assert dm.frames == 2 * 16  # both ranks' frames
@@ -224,10 +224,10 @@ def test_batched_minatar_rollout_equals_the_collectors_bitwise():
                                rollout_steps=40, num_minibatches=1, seed=5, batched_rollout=batched)
         torch.manual_seed(0)
         net = build_network(dm.observation_space, dm.action_space, {"name": "minatar_cnn", "channels": 4, "hidden": 16})
-        source = RolloutSource(dm, net)
+        source = dm.make_source(net)
         assert isinstance(source.collector, BatchedRollout) == batched
         rollouts = [source._next_rollouts()[0] for _ in range(3)]
-        out.append((rollouts, torch.get_rng_state(), dm.episodes.state_dict()))
+        out.append((rollouts, torch.get_rng_state(), dm.states[0].episodes.state_dict()))
         source.collector.shutdown()
     (ref, ref_rng, ref_eps), (got, got_rng, got_eps) = out
     for a, b in zip(ref, got):

@@ -120,11 +120,11 @@ def test_card_has_the_runs_training_return(trained, exported):
     the checkpoint keeps episodes per rank, under ``per_rank``)."""
     model, _ = trained
     dm = model.trainer.datamodule
-    expected = dm.episodes.mean_return(20)  # what the run logged as episode/return_mean20
-    assert dm.episodes.count > 0 and expected == expected
+    expected = dm.states[0].episodes.mean_return(20)  # what the run logged as episode/return_mean20
+    assert dm.states[0].episodes.count > 0 and expected == expected
     training = json.loads((exported / "config.json").read_text())["training"]
     assert training["final_train_return_mean20"] == pytest.approx(expected)
-    assert training["episodes"] == dm.episodes.count and training["iterations"] == dm.iteration == 3
+    assert training["episodes"] == dm.states[0].episodes.count and training["iterations"] == dm.iteration == 3
     card = (exported / "README.md").read_text()
     assert f"Training return (mean of the last 20 training episodes, sampled actions): {expected:.2f}." in card
     assert "unknown" not in card
@@ -328,7 +328,7 @@ def _cli_error(argv, capsys) -> str:
 
 def test_missing_checkpoint(tmp_path, capsys):
     out = tmp_path / "out"
-    assert "not found" in _cli_error([tmp_path / "missing.ckpt", out], capsys)
+    assert "does not exist" in _cli_error([tmp_path / "missing.ckpt", out], capsys)
     assert not out.exists()
     _no_leftovers(tmp_path, "out")
 
@@ -340,7 +340,7 @@ def test_corrupt_checkpoint(trained, tmp_path, capsys, damage):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes({"truncated": data[: len(data) // 2], "garbage": os.urandom(4096), "empty": b""}[damage])
     out = tmp_path / "out"
-    assert "corrupt or truncated" in _cli_error([bad, out], capsys)
+    assert "truncated or corrupt" in _cli_error([bad, out], capsys)
     assert not out.exists()
     _no_leftovers(tmp_path, "out")
 

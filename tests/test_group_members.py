@@ -54,7 +54,7 @@ def test_each_member_trains_as_its_single_run():
         ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
         for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's: float order differs
             torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5, msg=f"member {k} {name}")
-        assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+        assert dm.states[0].episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
         finals.append(torch.cat([t.flatten() for t in ref.values()]))
     assert (finals[0] - finals[1]).abs().max() > 1e-3  # the same seed at two settings: two different runs
 

@@ -1,6 +1,7 @@
 """The package layout stays what its folders say (issue 22): imports point one way, down the layers
-core < envs < nets < algos < data < interop < training < run < studies < tuning < cli, with no import cycles, and
-every name lives at one path: no placeholder modules, no forwarding `__getattr__` in a subpackage."""
+core < envs < nets < algos < data < interop < training < run < studies < tuning < cli, with no import cycles (type-only
+imports counted), checkpoints read in one module, and every name lives at one path: no placeholder modules, no
+forwarding `__getattr__` in a subpackage."""
 
 from __future__ import annotations
 
@@ -23,21 +24,16 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> list[tuple[str, bool, int]]:
-    """(imported ppo_lightning module or name, at module level?, line) for every import the file runs:
-    an `if TYPE_CHECKING:` import only names a type for the checker and is never executed."""
+    """(imported ppo_lightning module or name, at module level?, line) for every import in the file,
+    type-only ones (``if TYPE_CHECKING:``, counted at module level) included: a cycle through an
+    annotation is a cycle for a reader too."""
     tree = ast.parse(path.read_text())
     top = {id(n) for n in tree.body}
-    type_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-        for stmt in node.body
-        for inner in ast.walk(stmt)
-    }
+    top |= {id(stmt) for node in tree.body
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for stmt in node.body}
     found = []
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ppo_lightning"):
             for alias in node.names:  # `from ppo_lightning.data import resume_state` names a module
                 found.append((f"{node.module}.{alias.name}", id(node) in top, node.lineno))
@@ -107,6 +103,33 @@ def test_no_import_cycles_even_through_imports_inside_functions():
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+# The checkpoint reader, and the one place where the ranks' gathered states are read back from bytes.
+TORCH_LOAD_CALLS = {"interop/checkpoint_io.py": 1, "data/resume_state.py": 1}
+
+
+def test_checkpoints_are_read_in_one_place():
+    """``torch.load`` (or a zip archive, or DCP's reader) is called only by the checkpoint reader
+    (`ppo_lightning.interop.checkpoint_io`), and once for the ranks' gathered resume states
+    (`ppo_lightning.data.resume_state.gather_rank_states`, from bytes, never a file)."""
+    readers = {("torch", "load"), ("zipfile", "ZipFile"), ("dcp", "load")}
+    calls: dict[str, int] = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = None
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                name = (node.value.id, node.attr)
+            elif isinstance(node, ast.ImportFrom) and node.module in ("torch", "zipfile"):
+                name = next(((node.module, a.name) for a in node.names if (node.module, a.name) in readers), None)
+            elif isinstance(node, ast.Name) and node.id == "FileSystemReader":
+                name = ("dcp", "load")
+            if name in readers:
+                where = path.relative_to(PKG).as_posix()
+                calls[where] = calls.get(where, 0) + 1
+    outside = {k: v for k, v in calls.items() if k != "interop/checkpoint_io.py"}
+    assert outside == {"data/resume_state.py": TORCH_LOAD_CALLS["data/resume_state.py"]}, calls
+    assert calls.get("interop/checkpoint_io.py", 0) >= TORCH_LOAD_CALLS["interop/checkpoint_io.py"], calls
 
 
 def test_imports_inside_functions_say_why():

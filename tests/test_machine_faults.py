@@ -503,7 +503,7 @@ def test_disk_full_at_an_fsdp2_sharded_checkpoint_ends_every_rank_in_one_line(tm
     """FSDP2 over 2 gloo ranks, each writing its shard of iteration 2's checkpoint folder on a tmpfs that
     fills first: exit code 5 and one line naming the last good (complete) sharded checkpoint; no
     temporary or partial folder is left for a resume to pick."""
-    from ppo_lightning.training.checkpointing import check_checkpoint_file, last_good_checkpoint
+    from ppo_lightning.interop.checkpoint_io import check_checkpoint_file, last_good_checkpoint
 
     disk = mount("disk", "size=4m")
     fill = {"class_path": "test_machine_faults.FillDisk", "init_args": {"folder": str(disk), "at": 2}}

@@ -20,7 +20,7 @@ def assert_member_is_its_single_run(group, gdm, k, seed, model_kwargs, data_kwar
     ref, got = alone.network.state_dict(), group.network.seed_state_dict(k)
     for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's: float order differs
         torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5, msg=f"member {k} {name}")
-    assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+    assert dm.states[0].episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
     return alone
 
 
@@ -129,7 +129,7 @@ def test_a_refilled_member_is_a_fresh_single_run_of_its_trial():
     alone, dm, _ = fit(dm, lr=1e-3, decoupled=True, proximal_com=8.0, clip_eps=0.3, max_importance_ratio=1.05)
     for name, ref in alone.network.state_dict().items():
         torch.testing.assert_close(model.network.seed_state_dict(1)[name], ref, rtol=1e-5, atol=3e-5, msg=f"member 1 {name}")
-    assert dm.episodes.state_dict() == gdm.kept.states[1].episodes.state_dict()
+    assert dm.states[0].episodes.state_dict() == gdm.kept.states[1].episodes.state_dict()
     assert model.proximal_source.com == [4.0, 8.0]
     pl.seed_everything(0)
     dm0 = RolloutDataModule(**DATA, total_frames=32 * 7, seed=0)
@@ -175,7 +175,7 @@ def test_a_refilled_ppg_member_is_a_fresh_single_run_where_a_phase_starts():
         for name, ref in alone.network.state_dict().items():
             torch.testing.assert_close(model.network.seed_state_dict(k)[name], ref, rtol=1e-5, atol=3e-5,
                                        msg=f"member {k} {name}")
-        assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+        assert dm.states[0].episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
 
 
 def restarted_adam(own_step_count: bool):

@@ -53,7 +53,7 @@ def assert_member_is_alone(env_id, iterations, num_seeds=2, rtol=1e-5, atol=1e-5
             worst = max(worst, (got[name].double() - ref[name].double()).abs().max().item())
             torch.testing.assert_close(got[name], ref[name], rtol=rtol, atol=atol)
         if same_episodes:
-            assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+            assert dm.states[0].episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
     return worst
 
 
@@ -151,7 +151,7 @@ def test_a_members_rollouts_are_its_single_runs_collector_rollouts_bitwise(env_i
     torch.manual_seed(5)
     net = build_network(dm.observation_space, dm.action_space, net_cfg)
     state = torch.get_rng_state()
-    source = RolloutSource(dm, net)
+    source = dm.make_source(net)
     ref = [next(source._iterator) for _ in range(3)]
     generator = torch.Generator()
     generator.set_state(state)

@@ -270,7 +270,7 @@ def test_ppg_ewma_learns_cartpole_quickly(tmp_path):
     torch.manual_seed(0)
     trainer(tmp_path).fit(model, dm)
     assert model.ppg_phases.phase == 6
-    assert dm.episodes.mean_return(20) > 100, dm.episodes.mean_return(20)  # random play: ~22
+    assert dm.states[0].episodes.mean_return(20) > 100, dm.states[0].episodes.mean_return(20)  # random play: ~22
 
 
 @pytest.mark.parametrize("config", ["ppg_hard.yaml", "ppg_ewma_hard.yaml"])

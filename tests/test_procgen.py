@@ -194,10 +194,10 @@ def test_iteration_metrics_report_normalized_return():
                            rollout_steps=4, num_minibatches=1, update_epochs=1)
     from ppo_lightning.core.members import name_members
 
-    dm.advantage_moments.update(torch.randn(8))  # as after one iteration
+    dm.states[0].advantage_moments.update(torch.randn(8))  # as after one iteration
     logged = lambda: name_members(dm.iteration_metrics(), 1)[0]  # noqa: E731  (what the loggers get)
     assert "episode/normalized_return_mean20" not in logged()
-    dm.episodes.returns.extend([5.0, 10.0])
+    dm.states[0].episodes.returns.extend([5.0, 10.0])
     m = logged()
     assert m["episode/return_mean20"] == 7.5 and m["episode/normalized_return_mean20"] == pytest.approx(0.5)
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import robust_helpers  # noqa: F401  (registers FaultyCartPole-v0)
-from ppo_lightning.training.checkpointing import AtomicCheckpointIO, atomic_torch_save, check_checkpoint_file
+from ppo_lightning.interop.checkpoint_io import check_checkpoint_file
+from ppo_lightning.training.checkpointing import AtomicCheckpointIO, atomic_torch_save
 from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.core.errors import CheckpointError, EnvFault, NumericalFault
 from ppo_lightning.training.module import PPOLightningModule
@@ -44,9 +45,9 @@ def finite_state(dm, model) -> None:
     """Normalizers, EWMA proximal weights and adaptive beta hold no NaN or inf."""
     import math
 
-    assert all(math.isfinite(v) for v in (dm.reward_normalizer.mean, dm.reward_normalizer.m2,
-                                           dm.advantage_moments.mean, dm.advantage_moments.var))
-    assert bool(torch.isfinite(dm.reward_normalizer.ret).all())
+    assert all(math.isfinite(v) for v in (dm.states[0].reward_normalizer.mean, dm.states[0].reward_normalizer.m2,
+                                           dm.states[0].advantage_moments.mean, dm.states[0].advantage_moments.var))
+    assert bool(torch.isfinite(dm.states[0].reward_normalizer.ret).all())
     prox = model.proximal_source.proximal
     assert all(bool(torch.isfinite(p).all()) for p in prox.parameters())
     assert math.isfinite(float(model.loss_module.kl_beta))

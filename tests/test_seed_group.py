@@ -44,8 +44,8 @@ def test_seed_k_of_a_group_trains_as_seed_k_alone():
         assert ref.keys() == got.keys()
         for name in ref:  # the group's convolution is a matmul, the single run's oneDNN's: float order differs
             torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=3e-5)
-        assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
-        assert dm.episodes.count > 10
+        assert dm.states[0].episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+        assert dm.states[0].episodes.count > 10
         finals.append(torch.nn.utils.parameters_to_vector(alone.network.parameters()))
     assert (finals[0] - finals[1]).abs().max() > 1e-2  # independent seeds, not copies
 
@@ -78,7 +78,7 @@ def test_ppg_ewma_seed_k_of_a_group_trains_as_seed_k_alone():
         prox_got = dict(group.proximal_source.proximal.named_parameters())
         for name, v in prox_ref.items():
             torch.testing.assert_close(prox_got["inner." + name][k], v, rtol=1e-5, atol=3e-5)
-        assert dm.episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
+        assert dm.states[0].episodes.state_dict() == gdm.kept.states[k].episodes.state_dict()
 
 
 def test_adaptive_kl_keeps_one_beta_per_seed_as_each_seed_alone():

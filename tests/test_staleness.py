@@ -11,7 +11,7 @@ from tensordict import TensorDict
 
 from ppo_lightning.cli.fit import main
 from ppo_lightning.run.builder import fit_main
-from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
+from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.training.diagnostics import (SmallBatchDiagnostics, clip_fraction_problem, std_oscillation,
                                                 std_relative_error)
 from ppo_lightning.nets.models import ActorCritic, make_distribution
@@ -82,7 +82,7 @@ def test_data_module_trains_on_delayed_rollouts_with_recent_proximal():
     dm = RolloutDataModule(num_envs=2, rollout_steps=8, num_minibatches=2, update_epochs=1, seed=0,
                            staleness=2, staleness_mode="decoupled")
     net = ActorCritic(dm.observation_space, dm.action_space, hidden_sizes=(8,))
-    source = RolloutSource(dm, net)
+    source = dm.make_source(net)
     indices = []
     for t in range(1, 5):
         batches = list(iter(source))
@@ -153,6 +153,7 @@ class _DM:
 
     def __init__(self):
         self.advantage_moments = type("Moments", (), {"history": [], "span": 1.0})()
+        self.states = [self]  # the data module's one SeedState, with these moments
 
 
 class _M:
@@ -215,7 +216,7 @@ def test_diagnostics_warm_up_over_frames_not_iterations(scale):
 
     class DM:
         update_epochs, iteration = 3, 0
-        advantage_moments = None
+        states = None
 
     class M:
         hparams = {"objective": "clip"}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ppo_lightning.algos.advantages import RewardNormalizer
-from ppo_lightning.data.datamodule import RolloutDataModule, RolloutSource
+from ppo_lightning.data.datamodule import RolloutDataModule
 from ppo_lightning.nets.models import build_network
 from ppo_lightning.training.module import PPOLightningModule
 
@@ -49,7 +49,7 @@ def test_advantage_ewma_moments_with_a_window_inside_the_pipeline():
     dm = RolloutDataModule(num_envs=4, rollout_steps=8, num_minibatches=2, update_epochs=1, seed=1,
                            advantage_norm_span=2.0)
     net = build_network(dm.observation_space, dm.action_space, {"name": "mlp", "hidden_sizes": [8]})
-    source = RolloutSource(dm, net)
+    source = dm.make_source(net)
     raws = []
     try:
         for k in range(4):
@@ -179,7 +179,7 @@ def test_staleness_behavior_and_proximal_modes_through_the_data_module(mode):
     dm = RolloutDataModule(num_envs=2, rollout_steps=8, num_minibatches=1, update_epochs=1, seed=0, staleness=1,
                            staleness_mode=mode)
     net = build_network(dm.observation_space, dm.action_space, {"name": "mlp", "hidden_sizes": [8]})
-    source = RolloutSource(dm, net)
+    source = dm.make_source(net)
     try:
         previous_net = None  # the network that collected the rollout trained on next
         for it in range(3):

@@ -278,7 +278,8 @@ def test_printed_run_url_opens_the_training_view_in_a_browser(tmp_path, capsys):
 
 def test_the_run_folder_is_the_given_one_else_the_resumed_runs_else_runs_experiment_name():
     """One function for the CLI's three uses (the run, --print_config, a requeued SLURM job's resume)."""
-    from ppo_lightning.training.preemption import run_folder, run_name
+    from ppo_lightning.interop.run_folder import run_folder
+    from ppo_lightning.training.preemption import run_name
 
     assert run_folder("given", "exp", "name", "resumed") == Path("given")
     assert run_folder(None, "exp", "name", "resumed") == Path("resumed")

@@ -47,7 +47,7 @@ def test_cartpole_reaches_475_within_150k_frames(tmp_path):
                     "--seed_everything", "4", "--data.seed", "4"])
     dm = cli.datamodule
     assert dm.total_frames == 150_000
-    assert dm.episodes.mean_return(20) >= 475, f"mean return {dm.episodes.mean_return(20)} after {dm.frames} frames"
+    assert dm.states[0].episodes.mean_return(20) >= 475, f"mean return {dm.states[0].episodes.mean_return(20)} after {dm.frames} frames"
     assert dm.frames <= 150_000
 
 
@@ -67,8 +67,8 @@ class Capture(pl.Callback):
         dm = trainer.datamodule
         self.state = {
             "frames": dm.frames,
-            "reward_var": dm.reward_normalizer.var,
-            "adv_w": dm.advantage_moments.w,
+            "reward_var": dm.states[0].reward_normalizer.var,
+            "adv_w": dm.states[0].advantage_moments.w,
             "kl_beta": float(pl_module.loss_module.kl_beta),
             "ewma_weight": pl_module.proximal_source.weight,
             "prox": torch.nn.utils.parameters_to_vector(pl_module.proximal_source.proximal.parameters()).clone(),
@@ -95,8 +95,8 @@ def test_resume_restores_ewma_normalizers_optimizer_and_beta(tmp_path):
     trainer2.fit(model2, dm2, ckpt_path=ckpt_path)
     s = cap.state
     assert s["frames"] == 4 * 64 and s["global_step"] == 4 * 4
-    assert s["reward_var"] == pytest.approx(dm.reward_normalizer.var)
-    assert s["adv_w"] == pytest.approx(dm.advantage_moments.w)
+    assert s["reward_var"] == pytest.approx(dm.states[0].reward_normalizer.var)
+    assert s["adv_w"] == pytest.approx(dm.states[0].advantage_moments.w)
     assert s["kl_beta"] == pytest.approx(0.5**4)
     assert s["ewma_weight"] == pytest.approx(saved_prox["weight"])
     torch.testing.assert_close(s["prox"], torch.nn.utils.parameters_to_vector(

@@ -479,7 +479,7 @@ def test_a_refilled_member_on_an_lr_schedule_anneals_from_its_own_start_as_its_s
         for name, ref in alone.network.state_dict().items():
             torch.testing.assert_close(model.network.seed_state_dict(k)[name], ref, rtol=1e-5, atol=3e-5,
                                        msg=f"member {k} {name}")
-    assert dm.episodes.state_dict() != gdm.kept.states[0].episodes.state_dict()  # member 0 went on collecting at lr 0
+    assert dm.states[0].episodes.state_dict() != gdm.kept.states[0].episodes.state_dict()  # member 0 went on collecting at lr 0
 
 
 def test_a_ppg_groups_refill_waits_for_the_next_phase_and_the_slot_idles_meanwhile(tmp_path):

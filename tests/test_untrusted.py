@@ -363,7 +363,7 @@ def test_a_checkpoint_naming_another_run_folder_never_writes_there(runs, tmp_pat
     from mlflow.tracking import MlflowClient
 
     from ppo_lightning.cli.main import main
-    from ppo_lightning.training.callbacks import read_tracking_state
+    from ppo_lightning.interop.run_folder import read_tracking_state
 
     tmp, store = runs
     a_state = read_tracking_state(tmp / "A/checkpoints/last.ckpt")

@@ -24,7 +24,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import shlex
 import shutil
 import tempfile
 import uuid
@@ -249,20 +248,3 @@ def check_writable(folder: str | os.PathLike, what: str, hint: str = "") -> Path
         raise UnwritablePath(f"{what} {folder} cannot be written ({reason}); nothing was trained or written"
                              + (f"; {hint}" if hint else "")) from None
     return folder
-
-
-def resume_command(argv: list[str], checkpoint: str | os.PathLike, program: str = "ppo-lightning") -> str:
-    """The command line ``argv`` (a ``fit`` command's arguments) resuming from ``checkpoint``:
-    any ``--ckpt_path`` given is replaced."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--ckpt_path":
-            skip = True
-            continue
-        if a.startswith("--ckpt_path="):
-            continue
-        out.append(a)
-    return shlex.join([program, *out, "--ckpt_path", str(checkpoint)])

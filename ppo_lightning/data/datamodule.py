@@ -18,20 +18,24 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer
 from ppo_lightning.algos.staleness import validate_staleness
 from ppo_lightning.core import faults
 from ppo_lightning.core.members import PerMember
 from ppo_lightning.core.threads import configure_threads
 from ppo_lightning.data import resume_state
+from ppo_lightning.data.config import RolloutConfig
 from ppo_lightning.data.episodes import BATCH_KEYS, EpisodeStats  # noqa: F401  (BATCH_KEYS: also read from here)
-from ppo_lightning.data.seed_group import SeedGroupSource, check_group_trainer, validate_member_hparams
+from ppo_lightning.data.seed_group import SeedGroupSource, check_group_trainer
+from ppo_lightning.data.seed_state import RolloutProgress, SeedState
 from ppo_lightning.data.source import RANK_SEED_STRIDE, RolloutSource, rank_seed  # noqa: F401  (read from here too)
-from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen
+from ppo_lightning.envs import PROCGEN_PREFIX, is_procgen
 
 
 class RolloutDataModule(pl.LightningDataModule):
-    """Environment and rollout configuration, and the per-run data state (frames, normalizers).
+    """The Lightning face of the data side: it holds the run's `RolloutConfig` (``config``, whose
+    fields and properties read as the data module's own: ``dm.num_envs`` is ``dm.config.num_envs``),
+    one `SeedState` per seed (``states``: episodes, normalizers, shuffling; one for a single run) and
+    the run's `RolloutProgress` (``frames``, ``iteration``), and builds the rollout source from them.
 
     Args:
         env_id: gymnasium id (e.g. ``CartPole-v1``) or ``procgen:<game>``.
@@ -99,32 +103,15 @@ class RolloutDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.env_id = env_id
-        self.env_kwargs = dict(env_kwargs or {})
-        self.num_envs, self.rollout_steps = num_envs, rollout_steps
-        self.num_minibatches, self.update_epochs = num_minibatches, update_epochs
-        self.total_frames = total_frames
-        self.gamma, self.gae_lambda = gamma, gae_lambda
-        self.normalize_advantage, self.advantage_norm_span = normalize_advantage, advantage_norm_span
-        self.normalize_reward = normalize_reward
-        self.seed = 0 if seed is None else seed  # the CLI fills None with seed_everything
-        self.num_threads = num_threads
-        self.staleness, self.staleness_mode = staleness, staleness_mode
-        self.env_timeout_s = env_timeout_s
-        self.batched_rollout = bool(batched_rollout)
-        self.member_seeds = None if member_seeds is None else [int(x) for x in member_seeds]
-        if self.member_seeds is not None and num_seeds == 1:
-            num_seeds = len(self.member_seeds)  # member_seeds says how many
-        self.num_seeds = num_seeds
-        self.member_hparams = None if member_hparams is None else {k: list(v) for k, v in dict(member_hparams).items()}
-        self.validate()
-        self.observation_space, self.action_space = env_spaces(env_id, self.env_kwargs)
-        self.frames = 0
-        self.iteration = 0
-        self.episodes = EpisodeStats()
-        self.advantage_moments = AdvantageMoments(advantage_norm_span)
-        self.reward_normalizer = RewardNormalizer(num_envs, gamma) if normalize_reward else None
-        self.shuffle_generator = torch.Generator().manual_seed(self.seed)
+        self.config = RolloutConfig(  # the CLI fills seed None with seed_everything
+            env_id=env_id, env_kwargs=env_kwargs, num_envs=num_envs, rollout_steps=rollout_steps,
+            num_minibatches=num_minibatches, update_epochs=update_epochs, total_frames=total_frames, gamma=gamma,
+            gae_lambda=gae_lambda, normalize_advantage=normalize_advantage, advantage_norm_span=advantage_norm_span,
+            normalize_reward=normalize_reward, seed=seed, num_threads=num_threads, staleness=staleness,
+            staleness_mode=staleness_mode, env_timeout_s=env_timeout_s, batched_rollout=batched_rollout,
+            num_seeds=num_seeds, member_seeds=member_seeds, member_hparams=member_hparams)
+        self.progress = RolloutProgress()
+        self.states = SeedState.of_members(self.config)  # what each seed keeps on the data side
         self.source: RolloutSource | None = None
         self._pending_queue_state: dict | None = None  # a checkpoint's staleness queue, until the source exists
         # Exact resume (ppo_lightning.data.resume_state): RNGs, env and collector state, until the source exists;
@@ -132,82 +119,49 @@ class RolloutDataModule(pl.LightningDataModule):
         self._pending_resume: dict | None = None
         self.resume_providers: dict[str, resume_state.Stateful] = {}
         self.elastic_resume: dict[str, int] | None = None  # a --rescale resume (ppo_lightning.training.rescale)
-        self._iteration_t0 = None
+
+    def __getattr__(self, name: str) -> Any:
+        config = self.__dict__.get("config")  # the config's fields and properties read as the data module's own
+        if config is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(config, name)
 
     @property
-    def members(self) -> int:
-        """S, the size of the seed axis every per-member tensor carries: one for a single run."""
-        return self.num_seeds
+    def frames(self) -> int:
+        """Frames trained so far, per seed, all ranks (`RolloutProgress`)."""
+        return self.progress.frames
+
+    @frames.setter
+    def frames(self, value: int) -> None:
+        self.progress.frames = value
 
     @property
-    def seeds(self) -> list[int]:
-        """The seeds of this run: ``[seed]``, or ``seed, seed + 1, ...`` for a seed group (or ``member_seeds``)."""
-        if self.member_seeds is not None:
-            return list(self.member_seeds)
-        return [self.seed + k for k in range(self.members)]
+    def iteration(self) -> int:
+        """Iterations started so far (`RolloutProgress`)."""
+        return self.progress.iteration
 
-    def reset_member(self, k: int, seed: int, member_hparams: dict[str, list], action_rng_state: torch.Tensor) -> None:
-        """Member k of a group starts again as the single run with ``seed`` and its values in
-        ``member_hparams`` (a refilled slot): the settings recorded here, then fresh envs, normalizers,
-        moments, shuffle generator and episode statistics on the source (`SeedGroupSource.refill`)."""
-        seeds = self.seeds
-        seeds[k] = seed
-        self.member_hparams = {n: list(v) for n, v in member_hparams.items()}
-        self.member_seeds = seeds
-        self.source.refill(k, seed, action_rng_state)
-
-    def member_advantage_norm_spans(self) -> list[float]:
-        """Each group member's advantage-normalization span (``member_hparams`` or ``advantage_norm_span``)."""
-        spans = (self.member_hparams or {}).get("advantage_norm_span")
-        return [float(x) for x in spans] if spans is not None else [float(self.advantage_norm_span)] * self.members
-
-    @property
-    def frames_per_iteration(self) -> int:
-        return self.num_envs * self.rollout_steps
-
-    @property
-    def minibatch_size(self) -> int:
-        return self.frames_per_iteration // self.num_minibatches
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self.progress.iteration = value
 
     @property
     def finished(self) -> bool:
-        return self.frames >= self.total_frames
+        return self.frames >= self.config.total_frames
 
-    def validate(self) -> None:
-        """Fail before training, naming the field."""
-        check_env_id(self.env_id)
-        for name in ("num_envs", "rollout_steps", "num_minibatches", "update_epochs", "total_frames"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"data.{name} must be a positive integer, got {value!r}")
-        if self.frames_per_iteration % self.num_minibatches:
-            raise ValueError(
-                f"data.num_minibatches={self.num_minibatches} does not split a batch of "
-                f"num_envs*rollout_steps={self.frames_per_iteration} frames into equal minibatches"
-            )
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"data.gamma must lie in [0, 1], got {self.gamma}")
-        if not 0.0 <= self.gae_lambda <= 1.0:
-            raise ValueError(f"data.gae_lambda must lie in [0, 1], got {self.gae_lambda}")
-        if self.advantage_norm_span < 1:
-            raise ValueError(f"data.advantage_norm_span must be >= 1, got {self.advantage_norm_span}")
-        if self.num_threads is not None and self.num_threads <= 0:
-            raise ValueError(f"data.num_threads must be positive, got {self.num_threads}")
-        validate_staleness(self.staleness, self.staleness_mode)
-        if not isinstance(self.num_seeds, int) or isinstance(self.num_seeds, bool) or self.num_seeds < 1:
-            raise ValueError(f"data.num_seeds must be a positive integer, got {self.num_seeds!r}")
-        if self.num_seeds > 1:
-            if self.staleness:
-                raise ValueError("data.num_seeds > 1 does not support data.staleness yet")
-        if self.member_seeds is not None and len(self.member_seeds) != self.num_seeds:
-            raise ValueError(f"data.member_seeds has {len(self.member_seeds)} seeds but data.num_seeds (--seeds) is "
-                             f"{self.num_seeds}: give one of them, or make them agree")
-        if self.member_seeds is not None and self.num_seeds < 2:
-            raise ValueError("data.member_seeds needs at least two members (a single run takes data.seed)")
-        if self.member_hparams is not None:
-            validate_member_hparams(self.member_hparams, self.num_seeds)
-        if not (isinstance(self.env_timeout_s, (int, float)) and self.env_timeout_s >= 0):
-            raise ValueError(f"data.env_timeout_s must be a number of seconds >= 0 (0: no limit), got {self.env_timeout_s!r}")
+    def reset_member(self, k: int, seed: int, member_hparams: dict[str, list], action_rng_state: torch.Tensor) -> None:
+        """Member k of a group starts again as the single run with ``seed`` and its values in
+        ``member_hparams`` (a refilled slot): the settings recorded in the config, a fresh `SeedState`
+        (normalizers, moments, shuffle generator, episode statistics) with its action generator at
+        ``action_rng_state``, then fresh envs on the source (`SeedGroupSource.refill`)."""
+        config = self.config
+        seeds = config.seeds
+        seeds[k] = seed
+        config.member_hparams = {n: list(v) for n, v in member_hparams.items()}
+        config.member_seeds = seeds
+        state = SeedState(config, seed, config.member_values("advantage_norm_span")[k], config.member_values("gamma")[k])
+        state.set_action_rng_state(action_rng_state)
+        self.states[k] = state  # in place: the source reads this list
+        self.source.refill(k)
 
     def setup(self, stage: str) -> None:
         configure_threads(self.num_threads, self.env_id)
@@ -221,10 +175,10 @@ class RolloutDataModule(pl.LightningDataModule):
             group = getattr(module, "seed_group", None)
             if group is not None:  # vectorized seeds (ppo_lightning.data.seed_group)
                 check_group_trainer(self.trainer, self.num_seeds, group.seeds, self.seeds)
-                self.source = SeedGroupSource(self, module.network, group.seeds, group.action_rng_states)
-                self.group_states = self.source.states  # kept after teardown (results, after_fit)
-            else:
-                self.source = RolloutSource(self, module.network)
+                for state, rng in zip(self.states, group.action_rng_states):
+                    if state.action_generator is None:  # where the module's generator stands for this seed
+                        state.set_action_rng_state(rng)
+            self.source = self.make_source(module.network, self.trainer)
             self.source.phases = getattr(self.trainer.lightning_module, "ppg_phases", None)
             if self.source.phases is not None:  # a small phase buffer joins this rank's resume state
                 self.source.phases.attach(self)
@@ -232,15 +186,17 @@ class RolloutDataModule(pl.LightningDataModule):
             self._apply_pending_resume()
         return self.source
 
-    def iteration_started(self) -> None:
-        self.iteration += 1
-        self._iteration_t0 = time.perf_counter()
+    def make_source(self, network: torch.nn.Module, trainer=None) -> RolloutSource:
+        """A rollout source over this data module's config, states and progress (a group's when
+        ``data.num_seeds`` > 1; `train_dataloader` builds the Trainer's, with its placement)."""
+        kind = SeedGroupSource if self.config.members > 1 else RolloutSource
+        return kind(self.config, self.states, network, self.progress, trainer)
 
     def iteration_metrics(self) -> dict[str, float]:
         """Per-iteration figures for logging (called at the end of the iteration); the episode and
         advantage figures are each member's own (`PerMember`)."""
         out = {"frames": float(self.frames), "iteration": float(self.iteration)}
-        states = [self] if self.source is None else self.source.states
+        states = self.states
         out.update({"episodes": PerMember(float(st.episodes.count) for st in states),
                     "episode/return_mean20": PerMember(st.episodes.mean_return(20) for st in states),
                     "episode/return_mean100": PerMember(st.episodes.mean_return(100) for st in states),  # the PPO paper's score
@@ -254,8 +210,8 @@ class RolloutDataModule(pl.LightningDataModule):
                 normalized_return(game, mode, r) for r in out["episode/return_mean20"])
         if self.source is not None:
             out.update(self.source.last_timing)
-        if self._iteration_t0 is not None:
-            out["time/iteration_s"] = time.perf_counter() - self._iteration_t0
+        if self.progress.started is not None:
+            out["time/iteration_s"] = time.perf_counter() - self.progress.started
             # Everything that is not collection or GAE: minibatch forward/backward/step, callbacks.
             out["time/update_s"] = out["time/iteration_s"] - sum(
                 out.get(k, 0.0) for k in ("time/rollout_s", "time/gae_s")
@@ -272,14 +228,11 @@ class RolloutDataModule(pl.LightningDataModule):
         return {
             "frames": self.frames,
             "iteration": self.iteration,
-            "episodes": self.episodes.state_dict(),
-            "advantage_moments": self.advantage_moments.state_dict(),
-            "reward_normalizer": None if self.reward_normalizer is None else self.reward_normalizer.state_dict(),
-            "shuffle_generator": self.shuffle_generator.get_state(),
+            **self.states[0].run_state_dict(),  # a group's members: under resume["seed_group"]
             "staleness_queue": self.source.stale.state_dict()
             if self.source is not None and self.source.stale is not None
             else self._pending_queue_state,
-            "resume": resume_state.capture(self),
+            "resume": resume_state.capture(self.source, self.resume_providers, self._pending_resume),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -288,11 +241,7 @@ class RolloutDataModule(pl.LightningDataModule):
             state = resume_state.select_rank_state(state["per_rank"], trainer.global_rank if trainer else 0,
                                                    self.elastic_resume)
         self.frames, self.iteration = state["frames"], state["iteration"]
-        self.episodes.load_state_dict(state["episodes"])
-        self.advantage_moments.load_state_dict(state["advantage_moments"])
-        if self.reward_normalizer is not None and state["reward_normalizer"] is not None:
-            self.reward_normalizer.load_state_dict(state["reward_normalizer"])
-        self.shuffle_generator.set_state(state["shuffle_generator"])
+        self.states[0].load_run_state_dict(state)  # a group's members: by the source, from resume["seed_group"]
         queue = state.get("staleness_queue")
         if queue is not None and self.staleness == 0:
             raise faults.CheckpointError(f"checkpoint has a staleness queue (data.staleness={queue['staleness']}); the config has data.staleness=0")
@@ -303,7 +252,7 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def _apply_pending_resume(self) -> None:
         if self._pending_resume is not None and self.source is not None:
-            resume_state.apply(self, self._pending_resume)
+            resume_state.apply(self.source, self.resume_providers, self._pending_resume)
             self._pending_resume = None
 
     def _apply_pending_queue(self) -> None:

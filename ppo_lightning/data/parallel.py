@@ -77,8 +77,9 @@ def pool_episode_metrics(module, dm, metrics: dict[str, float], last: int = 20) 
     trainer = getattr(module, "_trainer", None)
     if trainer is None or trainer.world_size == 1 or _dist_world() == 1:
         return
-    returns, lengths = list(dm.episodes.returns)[-last:], list(dm.episodes.lengths)[-last:]
-    t = torch.tensor([sum(returns), sum(lengths), len(returns), dm.episodes.count], dtype=torch.float64,
+    episodes = dm.states[0].episodes  # data parallelism runs single runs only
+    returns, lengths = list(episodes.returns)[-last:], list(episodes.lengths)[-last:]
+    t = torch.tensor([sum(returns), sum(lengths), len(returns), episodes.count], dtype=torch.float64,
                      device=_device())
     torch.distributed.all_reduce(t)
     ret_sum, len_sum, k, count = t.tolist()

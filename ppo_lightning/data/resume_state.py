@@ -292,25 +292,25 @@ def set_collector_state(collector: Any, state: dict[str, Any]) -> None:
     collector._carrier.update(TensorDict(state["carrier"], batch_size=state["batch_size"]))
 
 
-def capture(dm: Any) -> dict[str, Any]:
-    """This rank's resume state for the data module ``dm`` (its `RolloutSource` may not exist yet)."""
-    out: dict[str, Any] = {"rng": rng_state(), "extra": {k: v.state_dict() for k, v in getattr(dm, "resume_providers", {}).items()}}
-    source = getattr(dm, "source", None)
-    if source is not None:  # the source's own: envs and carried steps
+def capture(source: Any, providers: dict[str, Stateful], pending: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This rank's resume state: the RNGs, each provider's state, and the `RolloutSource`'s own (envs
+    and carried steps); while no source exists, those of ``pending`` (a restored state not applied yet)."""
+    out: dict[str, Any] = {"rng": rng_state(), "extra": {k: v.state_dict() for k, v in providers.items()}}
+    if source is not None:
         out.update(source.resume_state())
-    elif getattr(dm, "_pending_resume", None) is not None:  # restored but not applied yet: keep it
-        out.update({k: v for k, v in dm._pending_resume.items() if k != "extra"})
+    elif pending is not None:
+        out.update({k: v for k, v in pending.items() if k != "extra"})
     return out
 
 
 _warned: set[str] = set()
 
 
-def apply(dm: Any, state: dict[str, Any]) -> None:
-    """Restore ``state`` (from `capture`) once ``dm.source`` exists: env and collector first, then
-    the RNGs (last, so that building the source consumed nothing of the restored streams)."""
-    source = dm.source
-    for key, provider in getattr(dm, "resume_providers", {}).items():
+def apply(source: Any, providers: dict[str, Stateful], state: dict[str, Any]) -> None:
+    """Restore ``state`` (from `capture`) once the `RolloutSource` exists: providers, then envs and
+    collector through the source, then the RNGs (last, so that building the source consumed nothing
+    of the restored streams)."""
+    for key, provider in providers.items():
         if key in state.get("extra", {}):
             provider.load_state_dict(state["extra"][key])
     source.load_resume_state(state)
@@ -319,7 +319,7 @@ def apply(dm: Any, state: dict[str, Any]) -> None:
 
 def set_source_env_state(source: Any, state: dict[str, Any]) -> None:
     """A single run's env and collector state (`capture`'s "env" and "collector"), where it has one."""
-    env, env_id = state.get("env"), source.data.env_id
+    env, env_id = state.get("env"), source.config.env_id
     if env is None:
         return
     if env["restorable"]:

@@ -41,33 +41,17 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from ppo_lightning.algos.advantages import AdvantageMoments, RewardNormalizer, make_gae
+from ppo_lightning.algos.advantages import make_gae
 from ppo_lightning.core import faults
-from ppo_lightning.core.members import validate_member_values
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
 from ppo_lightning.data.lockstep import LockstepRollout, vector_games
 from ppo_lightning.data.source import RolloutSource
 from ppo_lightning.data.devices import device_env_kwargs
-from ppo_lightning.data.episodes import EpisodeStats
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY
 from ppo_lightning.nets.obs_norm import update_member_observation_norms
 
-
-
-def validate_member_hparams(member_hparams: dict[str, list], num_seeds: int) -> None:
-    """One-line errors for ``member_hparams`` (``{name: [one value per member]}``)."""
-    if num_seeds < 2:
-        raise ValueError("member_hparams needs a seed group (data.num_seeds > 1, --seeds, or data.member_seeds)")
-    validate_member_values(member_hparams, num_seeds)
-
-
-def member_values(data, name: str) -> list[float]:
-    """Each member's value of a data-side setting (`ppo_lightning.core.members.DATA_MEMBER_SETTINGS`): ``data.member_hparams[name]``,
-    else the data module's own value for every member."""
-    values = (data.member_hparams or {}).get(name)
-    return [float(x) for x in values] if values is not None else [float(getattr(data, name))] * data.members
 
 
 def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_seeds: list[int]) -> None:
@@ -84,56 +68,19 @@ def check_group_trainer(trainer, num_seeds: int, model_seeds: list[int], data_se
 CARRIER_NAMES = {OBS_KEY: "obs"}  # the carried step's entries as a group's resume state names them
 
 
-class SeedState:
-    """What a single run keeps on its data side, for one seed of a group."""
-
-    def __init__(self, data, seed: int, advantage_norm_span: float | None = None, gamma: float | None = None) -> None:
-        self.seed = seed
-        self.episodes = EpisodeStats()
-        self.advantage_moments = AdvantageMoments(data.advantage_norm_span if advantage_norm_span is None else advantage_norm_span)
-        gamma = data.gamma if gamma is None else gamma
-        self.reward_normalizer = RewardNormalizer(data.num_envs, gamma) if data.normalize_reward else None
-        self.shuffle_generator = torch.Generator().manual_seed(seed)
-        self.action_generator = torch.Generator()  # its state comes from the module (set_action_rng_states)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "episodes": self.episodes.state_dict(),
-                "advantage_moments": self.advantage_moments.state_dict(),
-                "reward_normalizer": None if self.reward_normalizer is None else self.reward_normalizer.state_dict(),
-                "shuffle_generator": self.shuffle_generator.get_state(),
-                "action_generator": self.action_generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["seed"] != self.seed:
-            raise faults.CheckpointError(f"the checkpoint's seed group has seed {state['seed']} where the config has {self.seed}")
-        self.episodes.load_state_dict(state["episodes"])
-        self.advantage_moments.load_state_dict(state["advantage_moments"])
-        if self.reward_normalizer is not None and state["reward_normalizer"] is not None:
-            self.reward_normalizer.load_state_dict(state["reward_normalizer"])
-        self.shuffle_generator.set_state(state["shuffle_generator"])
-        self.action_generator.set_state(state["action_generator"])
-
-
 class SeedGroupSource(RolloutSource):
     """`RolloutSource` for S seeds: every pass is one iteration of every seed. Its own: what it builds
     (each member's envs, state and action generator, one collector for all), what is per member in
     the collection (a member's value function and observation normalizers) and the seeds' resume
-    state; the collection and the iteration are `RolloutSource`'s over ``states``."""
+    state; the collection and the iteration are `RolloutSource`'s over ``states`` (each with its
+    action generator set)."""
 
-    def __init__(self, data, network: torch.nn.Module, seeds: list[int], action_rng_states: list[torch.Tensor]) -> None:
-        self.seeds, self._action_rng_states = list(seeds), action_rng_states
-        super().__init__(data, network)
+    @property
+    def seeds(self) -> list[int]:
+        return [st.seed for st in self.states]
 
     def placement(self, trainer) -> tuple[int, int]:
         return 0, 1  # a group is one process (data parallelism is refused at configuration)
-
-    def make_states(self) -> list[SeedState]:
-        data = self.data
-        states = [SeedState(data, s, span, g) for s, span, g in
-                  zip(self.seeds, member_values(data, "advantage_norm_span"), member_values(data, "gamma"))]
-        for st, rng in zip(states, self._action_rng_states):
-            st.action_generator.set_state(rng)
-        return states
 
     def make_envs(self) -> list:
         return [self.make_member_env(s) for s in self.seeds]
@@ -141,7 +88,7 @@ class SeedGroupSource(RolloutSource):
     def make_collector(self):
         """One rollout of all members' envs, each member's actions on its own generator: MinAtar's games
         stepped as one batch, any other env (gymnasium, MuJoCo, Procgen) as one TorchRL env per member."""
-        data = self.data
+        data = self.config
         generators = [st.action_generator for st in self.states]
         args = (self.envs, self.network, data.action_space, data.frames_per_iteration, generators)
         if data.batched_rollout and supports_batched_rollout(self.env, self.device):  # MinAtar
@@ -152,27 +99,23 @@ class SeedGroupSource(RolloutSource):
 
     def make_member_env(self, seed: int):
         """A member's envs, built and seeded as its single run's (`ppo_lightning.data.source.RolloutSource`)."""
-        data = self.data
+        data = self.config
         return make_env(data.env_id, data.num_envs, seed, device_env_kwargs(data.env_id, data.env_kwargs, self.device),
                         timeout_s=data.env_timeout_s)
 
-    def refill(self, k: int, seed: int, action_rng_state: torch.Tensor) -> None:
-        """Member k starts again as the single run with ``seed`` and its settings in
+    def refill(self, k: int) -> None:
+        """Member k starts again as the single run of its new state ``states[k]`` (its seed, fresh
+        statistics and action generator, set by the data module) with its settings in
         ``data.member_hparams`` (a tuning group's refilled slot; the module side:
-        `ppo_lightning.training.seed_group.SeedGroup.refill`): fresh envs seeded and reset as that run's,
-        its reward normalizer, advantage moments, shuffle generator and episode statistics new, its
-        action generator at ``action_rng_state``; GAE takes the members' gammas and lambdas again."""
-        data, rollout = self.data, self.collector
-        self.seeds[k] = seed
+        `ppo_lightning.training.seed_group.SeedGroup.refill`): fresh envs seeded and reset as that
+        run's; GAE takes the members' gammas and lambdas again."""
+        rollout, st = self.collector, self.states[k]
         try:
             self.envs[k].close()
         except Exception:  # noqa: BLE001 - an env that cannot close is dropped all the same
             pass
-        self.envs[k] = self.make_member_env(seed)
+        self.envs[k] = self.make_member_env(st.seed)
         self.env = self.envs[0]
-        st = SeedState(data, seed, member_values(data, "advantage_norm_span")[k], member_values(data, "gamma")[k])
-        st.action_generator.set_state(action_rng_state)
-        self.states[k] = st  # in place: the data module's group_states is this list
         rollout.reset_member(k, self.envs[k], st.action_generator)  # the carried step of a fresh run
         if self._pending_observations is not None:  # a fresh run's normalizer has seen nothing yet
             self._pending_observations[k] = self._pending_observations[k][:0]
@@ -181,7 +124,7 @@ class SeedGroupSource(RolloutSource):
     def make_gae(self):
         """GAE for the stacked ``[S, envs, time, 1]`` tensors: members with their own gamma or lambda get
         them as ``[S, 1, 1, 1]`` tensors (elementwise: each member's values those of its own GAE)."""
-        gamma, lmbda = member_values(self.data, "gamma"), member_values(self.data, "gae_lambda")
+        gamma, lmbda = self.config.member_values("gamma"), self.config.member_values("gae_lambda")
         if len(set(gamma)) == 1 and len(set(lmbda)) == 1:
             return make_gae(gamma[0], lmbda[0], self.device)
         return make_gae(torch.tensor(gamma).view(-1, 1, 1, 1), torch.tensor(lmbda).view(-1, 1, 1, 1), self.device)

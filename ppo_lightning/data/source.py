@@ -1,15 +1,16 @@
 """The rollout source: one PPO iteration per pass (collect, GAE, normalize, yield minibatches).
 
 `RolloutSource` is the data module's iterable (`ppo_lightning.data.datamodule`) for a single run,
-and the base of a group's (the data side of a group of members, a subclass), which replaces what it builds (`placement`, `make_states`, `make_envs`, `make_collector`, `make_gae`) and
+and the base of a group's (the data side of a group of members, a subclass), which replaces what it builds (`placement`, `make_envs`, `make_collector`, `make_gae`) and
 what is per member in the collection (`collect_members`, `member_value`, `update_observation_norms`);
-the collection itself (`rollouts`) is one path for both.
+the collection itself (`rollouts`) is one path for both. A source is built from the run's
+`RolloutConfig`, its `SeedState` per seed and `RolloutProgress`, and the network.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -20,6 +21,8 @@ from ppo_lightning.algos.advantages import RewardNormalizer, make_gae, next_valu
 from ppo_lightning.algos.staleness import StalenessQueue, relabel
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
+from ppo_lightning.data.config import RolloutConfig
+from ppo_lightning.data.seed_state import RolloutProgress, SeedState
 from ppo_lightning.data.batched_rollout import BatchedRollout, supports_batched_rollout
 from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device, rollout_precision
 from ppo_lightning.data.episodes import BATCH_KEYS
@@ -27,9 +30,6 @@ from ppo_lightning.data.parallel import raise_together
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
 from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_observation_norm
-
-if TYPE_CHECKING:  # the data module builds this source; the annotation only names it
-    from ppo_lightning.data.datamodule import RolloutDataModule
 
 RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for up to 1M envs
 
@@ -49,24 +49,27 @@ class RolloutSource:
     """An iterable whose every pass is one PPO iteration: collect, GAE, normalize, yield minibatches.
 
     The seed axis: ``states`` holds what each seed keeps on the data side (episodes, advantage
-    moments, reward normalizer, shuffle generator); a single run is a group of one whose state is
-    the data module's own. Minibatches are ``[S, minibatch_size]`` (S = 1 for a single run: the
+    moments, reward normalizer, shuffle generator); a single run is a group of one. ``progress``
+    counts the frames and iterations; ``trainer`` (optional) gives the data-parallel place and the
+    precision of the rollout forwards. Minibatches are ``[S, minibatch_size]`` (S = 1 for a single run: the
     network, a plain module, flattens the leading dimensions of its input as it does for a rollout's
     ``[envs]`` and GAE's ``[envs, time]``). A group's subclass collects all its members' rollouts at
     once; the rest of the iteration is this class's.
     """
 
-    def __init__(self, data: "RolloutDataModule", network: torch.nn.Module) -> None:
-        self.data = data
+    def __init__(self, config: RolloutConfig, states: list[SeedState], network: torch.nn.Module,
+                 progress: RolloutProgress, trainer=None) -> None:
+        self.config = data = config
+        self.states = states  # what each seed keeps on the data side (the data module's list)
         self.network = network
+        self.progress = progress
+        self.trainer = trainer
         self.param_keys = dist_param_keys(data.action_space)
         # Data-parallel ranks (DDP, FSDP) each collect their own rollout: distinct env seeds, and
         # every rank's frames count towards data.frames / total_frames (all ranks collect alike).
-        trainer = getattr(data, "trainer", None)
         self.rank, self.world_size = self.placement(trainer)
         # Envs on the CPU; policy, rollout, GAE and minibatches on the network's device (ppo_lightning.data.devices).
         self.device = network_device(network)
-        self.states = self.make_states()  # what each seed keeps on the data side
         self.envs = self.make_envs()
         self.env = self.envs[0]
         self.collector = self.make_collector()
@@ -75,9 +78,9 @@ class RolloutSource:
         if self.world_size > 1:  # normalization statistics over all ranks' samples (ppo_lightning.data.parallel)
             from ppo_lightning.data.parallel import all_reduce_moments  # start-up cost: torch.distributed, only under DDP
 
-            data.advantage_moments.reduce_moments = all_reduce_moments
-            if data.reward_normalizer is not None:
-                data.reward_normalizer.reduce_moments = all_reduce_moments
+            states[0].advantage_moments.reduce_moments = all_reduce_moments
+            if states[0].reward_normalizer is not None:
+                states[0].reward_normalizer.reduce_moments = all_reduce_moments
         # Artificial staleness (ppo_lightning.algos.staleness): train on the rollout of k iterations ago.
         self.stale = StalenessQueue(data.staleness, data.staleness_mode) if data.staleness else None
         self.phases = None  # PPG: the module's ppo_lightning.algos.ppg.PPGPhases (set by train_dataloader)
@@ -89,19 +92,15 @@ class RolloutSource:
         """(rank, world size): the Trainer's data-parallel place."""
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-    def make_states(self) -> list:
-        """One seed: the data module's own normalizers, episodes and shuffle generator."""
-        return [self.data]
-
     def make_envs(self) -> list:
         """The run's batched env, seeded for its rank."""
-        data = self.data
+        data = self.config
         return [make_env(data.env_id, data.num_envs, rank_seed(data.seed, self.rank),
                          device_env_kwargs(data.env_id, data.env_kwargs, self.device), timeout_s=data.env_timeout_s)]
 
     def make_collector(self):
         """MinAtar: the batched loop (same rollouts, no per-step collector cost); else TorchRL's Collector."""
-        data = self.data
+        data = self.config
         self.policy = make_policy_operator(self.network, data.action_space, with_value=True)
         if data.batched_rollout and supports_batched_rollout(self.env, self.device):
             collector = BatchedRollout(self.env, self.network, data.action_space, data.frames_per_iteration)
@@ -113,12 +112,12 @@ class RolloutSource:
         return collector
 
     def make_gae(self):
-        return make_gae(self.data.gamma, self.data.gae_lambda, self.device)
+        return make_gae(self.config.gamma, self.config.gae_lambda, self.device)
 
     def __len__(self) -> int:
         if self.phases is not None:  # an upper bound: the iteration that ends a PPG phase is longer
-            return self.phases.max_batches_per_iteration(self.data)
-        return self.data.update_epochs * self.data.num_minibatches
+            return self.phases.max_batches_per_iteration(self.config)
+        return self.config.update_epochs * self.config.num_minibatches
 
     # ---------------------------------------------------------------- collection: one path for every S
     @torch.no_grad()
@@ -128,12 +127,12 @@ class RolloutSource:
         collection, episodes, reward normalization, V(next observation), GAE; the reward normalizers'
         time loop and GAE run once for all members on seed-major ``[S, envs, time]`` tensors (both are
         elementwise over envs: each member's values those of its own call)."""
-        data = self.data
+        data = self.config
         t0 = time.perf_counter()
         with self.precision_context():  # the network's forwards; GAE below runs in float32
             rollouts = self._next_rollouts()
             if self.stale is not None:  # delayed rollout (one member: groups refuse data.staleness)
-                rollout = self.stale.delay(rollouts[0], data.iteration - 1, lambda: self._next_rollouts(count=False)[0])
+                rollout = self.stale.delay(rollouts[0], self.progress.iteration - 1, lambda: self._next_rollouts(count=False)[0])
                 relabel(rollout, self.network, data.staleness_mode, data.action_space)
                 rollouts = [rollout]
             t1 = time.perf_counter()
@@ -150,7 +149,7 @@ class RolloutSource:
     def _next_rollouts(self, count: bool = True) -> list[TensorDictBase]:
         """The members' next rollouts by the current policy: counted (unless ``count`` is False: a stale
         run's start-up rollouts, see `ppo_lightning.algos.staleness`), episodes recorded, rewards normalized."""
-        data = self.data
+        data = self.config
         was_training = self.network.training
         self.network.eval()
         if self._pending_observations is not None:  # normalizer statistics from the previous rollouts
@@ -159,7 +158,7 @@ class RolloutSource:
         try:
             rollouts = self.collect_members()
         except faults.EnvFault as err:  # name the iteration too
-            err.iteration = data.iteration
+            err.iteration = self.progress.iteration
             fault = err
         # before any other collective: a fault on one data-parallel rank stops all of them
         raise_together(fault, self.rank, self.world_size)
@@ -168,7 +167,7 @@ class RolloutSource:
         for st, rollout in zip(self.states, rollouts):
             st.episodes.add_rollout(rollout)
         if count:  # per member: each counts its own frames, as alone
-            data.frames += rollouts[0].numel() * self.world_size
+            self.progress.frames += rollouts[0].numel() * self.world_size
         self._normalize_rewards(rollouts)
         return rollouts
 
@@ -197,7 +196,7 @@ class RolloutSource:
         """The Trainer's precision for the rollout forwards, as Lightning applies it to the training
         step (``bf16-mixed``: bf16 autocast; ``32-true``: nothing); networks return float32, so GAE
         and the normalizers stay float32. Autocast's weight cache is on (`rollout_precision`)."""
-        return rollout_precision(getattr(self.data, "trainer", None))
+        return rollout_precision(self.trainer)
 
     # ---------------------------------------------------------------- per member: what a group replaces
     def collect_members(self) -> list[TensorDictBase]:
@@ -222,33 +221,33 @@ class RolloutSource:
         flat = rollout.select(*keys).reshape(-1)
         adv = flat.get("advantage")
         faults.update_moments_finite(moments, adv)  # never absorbs a NaN
-        if self.data.normalize_advantage:
+        if self.config.normalize_advantage:
             flat.set("advantage", moments.normalize(adv))
         return flat
 
     def __iter__(self):
-        self.data.iteration_started()
+        self.progress.start_iteration()
         rollouts = self.rollouts()
         flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
         if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
             keys = self.phases.stored_keys
             stored = lambda: torch.stack([r.select(*keys).to("cpu") for r in rollouts])  # noqa: E731  [S, envs, time]
             yield from self.phases.iteration_batches(stored, [st.shuffle_generator for st in self.states],
-                                                     lambda e: self._epoch_minibatches(flats, e), self.data)
+                                                     lambda e: self._epoch_minibatches(flats, e), self.config)
             return
-        yield from self._epoch_minibatches(flats, self.data.update_epochs)
+        yield from self._epoch_minibatches(flats, self.config.update_epochs)
 
     def _epoch_minibatches(self, flats: list[TensorDictBase], epochs: int):
         """Minibatches of ``epochs`` epochs, ``[S, minibatch_size]`` (S = 1 for a single run); each
         member's epoch shuffle from its own generator."""
         n = flats[0].shape[0]
-        size = n // self.data.num_minibatches
+        size = n // self.config.num_minibatches
         for _ in range(epochs):
             # One gather per epoch, then contiguous slices (views): cheaper than a gather per minibatch.
             # CPU generators: the same order anywhere.
             shuffled = stack_members([f[torch.randperm(n, generator=st.shuffle_generator).to(f.device, non_blocking=True)]
                                       for f, st in zip(flats, self.states)])
-            for i in range(self.data.num_minibatches):
+            for i in range(self.config.num_minibatches):
                 yield shuffled[:, i * size:(i + 1) * size]
 
     def shutdown(self) -> None:

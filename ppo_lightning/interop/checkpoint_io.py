@@ -1,10 +1,17 @@
-"""Reading training checkpoints safely: a Lightning ``.ckpt`` file or an FSDP-sharded folder.
+"""The one reader of training checkpoints: a Lightning ``.ckpt`` file or an FSDP-sharded folder.
 
-Checkpoints are read with ``torch.load(weights_only=True)`` (a pickled payload is refused, never
-run). A Lightning FSDP-sharded checkpoint (a folder with ``.metadata``, ``*.distcp`` and
+Every module that reads a checkpoint comes here; nothing else in the package calls ``torch.load``
+on one (`tests/test_layout.py`). Files are read with ``torch.load(weights_only=True)`` (a pickled
+payload is refused, never run): `load_file`, `read_meta` (a file, or a sharded folder's ``meta.pt``),
+`read_hparams`. A Lightning FSDP-sharded checkpoint (a folder with ``.metadata``, ``*.distcp`` and
 ``meta.pt``) is read with ``torch.distributed.checkpoint`` and no process group, loading only the
-network's tensors; its ``.metadata`` is unpickled allowing only DCP's own plain types. Every bad
-input raises `ExportError` with a one-line message.
+network's tensors; its ``.metadata`` is unpickled allowing only DCP's own plain types.
+`check_checkpoint_file` tells a complete checkpoint from a truncated one without unpickling it.
+
+One error for every bad input, `UnreadableCheckpoint`, in one line, in one vocabulary: missing,
+truncated or corrupt (`truncated_text`), an unsafe pickle (`unsafe_pickle_text`), not a checkpoint
+of this package (`foreign_text`). (A checkpoint that records another run's folder is the run
+folder's to judge: `ppo_lightning.interop.run_folder.own_tracking_state`.)
 
 `load_network` builds the trained actor-critic of a checkpoint (``evaluate``, ``export-hf``).
 """
@@ -17,11 +24,13 @@ import os
 import pickle
 import re
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ppo_lightning.core.errors import CheckpointError
 from ppo_lightning.core.members import DATA_MEMBER_SETTINGS
 
 WEIGHTS_PREFIX = "network."
@@ -31,6 +40,12 @@ SHARDED_META = "meta.pt"  # Lightning's file for the non-tensor parts of a shard
 
 class ExportError(ValueError):
     """A checkpoint or folder that cannot be read, exported or loaded; the message is one line."""
+
+
+class UnreadableCheckpoint(CheckpointError, ExportError):
+    """A checkpoint that cannot be read: missing, truncated or corrupt, an unsafe pickle, or not a
+    checkpoint of this package. One line, exit code 2, for every command (``fit`` catches it as a
+    `CheckpointError`, ``evaluate`` and ``export-hf`` as an `ExportError`)."""
 
 
 def one_line(err: BaseException) -> str:
@@ -57,17 +72,106 @@ def unsafe_pickle_text(err: BaseException, what: str, path) -> str | None:
             "never run; a checkpoint must hold only tensors and plain data")
 
 
-def _safe_torch_load(path: Path, what: str) -> Any:
-    """``torch.load(weights_only=True)``, every failure an `ExportError`."""
+def truncated_text(what: str, path, err: BaseException | str) -> str:
+    """The one line for a checkpoint file or folder that is incomplete or damaged."""
+    return f"{what} {path} is truncated or corrupt ({err if isinstance(err, str) else one_line(err)})"
+
+
+def foreign_text(path, reason: str) -> str:
+    """The one line for a file that loads but is not a checkpoint of this package."""
+    return f"{path} is not a ppo_lightning checkpoint: {reason}"
+
+
+def load_file(path: str | os.PathLike, what: str = "checkpoint", mmap: bool = False, map_location: Any = "cpu",
+              weights_only: bool = True) -> Any:
+    """``torch.load`` of one checkpoint file (``weights_only`` unless a caller that trusts the file
+    says otherwise; ``mmap``: tensors are mapped, not read, for a look at the hyperparameters); every
+    failure an `UnreadableCheckpoint`: an unsafe pickle (refused, never run), or a truncated or foreign file."""
+    path = Path(path)
+    if not path.exists():
+        raise UnreadableCheckpoint(f"{what} {path} does not exist")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except pickle.UnpicklingError as err:
         refused = unsafe_pickle_text(err, what, path)
-        if refused is not None:
-            raise ExportError(refused) from None
-        raise ExportError(f"cannot read {what} {path}: corrupt or truncated ({one_line(err)})") from None
+        raise UnreadableCheckpoint(refused or truncated_text(what, path, err)) from None
     except Exception as err:  # zip/EOF/runtime errors of truncated or foreign files
-        raise ExportError(f"cannot read {what} {path}: corrupt or truncated ({one_line(err)})") from None
+        raise UnreadableCheckpoint(truncated_text(what, path, err)) from None
+
+
+def read_meta(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint's non-tensor part as a dict: the file (``mmap``: its tensors mapped, not read),
+    or a sharded folder's ``meta.pt``."""
+    path = Path(path)
+    meta = path / SHARDED_META if path.is_dir() else path
+    checkpoint = load_file(meta, "checkpoint", mmap=mmap and not path.is_dir())
+    if not isinstance(checkpoint, dict):
+        raise UnreadableCheckpoint(f"{meta} is not a Lightning checkpoint (not a dict)")
+    return checkpoint
+
+
+def read_hparams(path: str | os.PathLike, key: str = "hyper_parameters") -> dict[str, Any]:
+    """A checkpoint's ``hyper_parameters`` (or ``key``: ``datamodule_hyper_parameters``), ``{}`` where it has none."""
+    hparams = read_meta(path, mmap=True).get(key)
+    return dict(hparams) if isinstance(hparams, dict) else {}
+
+
+def check_checkpoint_file(path: str | os.PathLike) -> None:
+    """Raise `UnreadableCheckpoint` (one line, naming the file) if ``path`` is not a complete checkpoint.
+
+    Cheap: reads the zip directory (a truncated file has none) and the archive's CRCs of the small
+    records, without unpickling anything. Folders (FSDP sharded checkpoints): `check_sharded_checkpoint`.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise UnreadableCheckpoint(f"checkpoint {path} does not exist")
+    if path.is_dir():
+        check_sharded_checkpoint(path)
+        return
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            if not any(n.endswith("data.pkl") for n in names):
+                raise UnreadableCheckpoint(f"checkpoint {path} is not a torch.save archive (no data.pkl)")
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise UnreadableCheckpoint(truncated_text("checkpoint", path, f"{type(err).__name__}: {err}")) from None
+
+
+def check_sharded_checkpoint(path: Path) -> None:
+    """A sharded (FSDP2) checkpoint folder must hold ``.metadata``, a complete ``meta.pt`` and every
+    shard file ``.metadata`` names, each at least as long as the records it holds."""
+    if not (path / ".metadata").exists():
+        raise UnreadableCheckpoint(f"checkpoint folder {path} has no .metadata (not a complete sharded checkpoint)")
+    if not (path / SHARDED_META).exists():
+        raise UnreadableCheckpoint(f"checkpoint folder {path} has no meta.pt (not a complete sharded checkpoint)")
+    check_checkpoint_file(path / SHARDED_META)
+    metadata = _read_metadata(path)
+    need: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(need.items()):
+        shard = path / name
+        have = shard.stat().st_size if shard.exists() else None
+        if have is None or have < size:
+            state = "missing" if have is None else f"truncated ({have} of {size} bytes)"
+            raise UnreadableCheckpoint(f"checkpoint folder {path} is incomplete: shard {name} is {state}")
+
+
+def last_good_checkpoint(folder: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint (``*.ckpt`` file or sharded folder) in ``folder``, or None."""
+    folder = Path(folder)
+    try:
+        found = [p for p in folder.glob("*.ckpt") if not p.name.startswith(".")]
+        found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for p in found:
+        try:
+            check_checkpoint_file(p)
+        except (CheckpointError, OSError):
+            continue
+        return p
+    return None
 
 
 def _is_sharded(path: Path) -> bool:
@@ -125,6 +229,21 @@ def _safe_reader(path: Path):
     return SafeFileSystemReader(str(path))
 
 
+def _read_metadata(path: Path):
+    """A sharded folder's ``.metadata`` through `_MetadataUnpickler`; `UnreadableCheckpoint` in one line."""
+    try:
+        return _safe_reader(path).read_metadata()
+    except pickle.UnpicklingError as err:
+        if "unsupported global" in str(err).lower():
+            raise UnreadableCheckpoint(
+                f"refusing to load sharded checkpoint {path}: its .metadata is an unsafe pickle (it calls "
+                f"{str(err).split('GLOBAL ')[-1].split()[0]}), refused and never run"
+            ) from None
+        raise UnreadableCheckpoint(truncated_text("sharded checkpoint", path, f".metadata: {one_line(err)}")) from None
+    except Exception as err:  # noqa: BLE001 - any unreadable .metadata: one line
+        raise UnreadableCheckpoint(truncated_text("sharded checkpoint", path, f".metadata: {one_line(err)}")) from None
+
+
 def _read_sharded(path: Path) -> dict[str, Any]:
     """A Lightning sharded checkpoint: ``meta.pt`` plus the network's tensors, no process group.
 
@@ -136,20 +255,8 @@ def _read_sharded(path: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    checkpoint = _safe_torch_load(path / SHARDED_META, "sharded checkpoint metadata")
-    if not isinstance(checkpoint, dict):
-        raise ExportError(f"{path / SHARDED_META} is not a Lightning checkpoint (not a dict)")
-    try:
-        metadata = _safe_reader(path).read_metadata()
-    except pickle.UnpicklingError as err:
-        if "unsupported global" in str(err).lower():
-            raise ExportError(
-                f"refusing to load sharded checkpoint {path}: its .metadata is an unsafe pickle (it calls "
-                f"{str(err).split('GLOBAL ')[-1].split()[0]}), refused and never run"
-            ) from None
-        raise ExportError(f"cannot read sharded checkpoint {path}: corrupt .metadata ({one_line(err)})") from None
-    except Exception as err:
-        raise ExportError(f"cannot read sharded checkpoint {path}: corrupt .metadata ({one_line(err)})") from None
+    checkpoint = read_meta(path)
+    metadata = _read_metadata(path)
     # Lightning saves {"state_dict": {...}, "optimizer_0": ...}; DCP flattens it and keeps the
     # original key paths in planner_data.
     paths = metadata.planner_data or {}
@@ -170,7 +277,7 @@ def _read_sharded(path: Path) -> dict[str, Any]:
         except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
             failures = list(getattr(err, "failures", {}).values())
             cause = failures[0][0] if failures else err
-            raise ExportError(f"cannot read sharded checkpoint {path}: corrupt shards ({one_line(cause)})") from None
+            raise UnreadableCheckpoint(truncated_text("sharded checkpoint", path, f"shards: {one_line(cause)}")) from None
         wanted = state["state_dict"]
     checkpoint["state_dict"] = wanted
     return checkpoint
@@ -185,23 +292,23 @@ def read_checkpoint(ckpt: str | os.PathLike, seed_index: int | None = None) -> d
     """
     path = Path(ckpt)
     if not path.exists():
-        raise ExportError(f"checkpoint not found: {path}")
+        raise UnreadableCheckpoint(f"checkpoint {path} does not exist")
     if path.is_dir():
         if not _is_sharded(path):
-            raise ExportError(
+            raise UnreadableCheckpoint(
                 f"{path} is a folder but not a sharded Lightning checkpoint (no {SHARDED_META} and .metadata)"
             )
         checkpoint = _read_sharded(path)
     else:
-        checkpoint = _safe_torch_load(path, "checkpoint")
+        checkpoint = load_file(path, "checkpoint")
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
-        raise ExportError(f"{path} is not a Lightning checkpoint (no state_dict)")
+        raise UnreadableCheckpoint(f"{path} is not a Lightning checkpoint (no state_dict)")
     if not any(str(k).startswith(WEIGHTS_PREFIX) for k in checkpoint["state_dict"]):
-        raise ExportError(f"{path} is not a ppo_lightning checkpoint: no '{WEIGHTS_PREFIX}' weights in its state_dict")
+        raise UnreadableCheckpoint(foreign_text(path, f"no '{WEIGHTS_PREFIX}' weights in its state_dict"))
     hparams = checkpoint.get("hyper_parameters")
     missing = [k for k in ("observation_space", "action_space") if not isinstance(hparams, dict) or not hparams.get(k)]
     if missing:
-        raise ExportError(f"{path} is not a ppo_lightning checkpoint: hyper_parameters lack {', '.join(missing)}")
+        raise UnreadableCheckpoint(foreign_text(path, f"hyper_parameters lack {', '.join(missing)}"))
     return select_seed(checkpoint, seed_index, str(path))
 
 

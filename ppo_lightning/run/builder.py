@@ -12,7 +12,6 @@ the model.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import sys
@@ -31,7 +30,6 @@ from ppo_lightning.training.callbacks import (
     TrackingState,
     TrainingVideo,
     quiet_library_notices,
-    read_tracking_state,
     record_run_setup,
     wait_for_episodes,
 )
@@ -47,12 +45,15 @@ from ppo_lightning.training.update import one_clip_setting
 from ppo_lightning.core.configs import resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
-from ppo_lightning.training.checkpointing import AtomicCheckpointIO, check_checkpoint_file
+from ppo_lightning.interop import run_folder
+from ppo_lightning.interop.checkpoint_io import check_checkpoint_file
+from ppo_lightning.training.checkpointing import AtomicCheckpointIO
 from ppo_lightning.training.storage_faults import preflight
 from ppo_lightning.training.mlflow_sender import SPOOL_NAME
 from ppo_lightning.core.safety import refuse_symlink
 from ppo_lightning.run import trust
 from ppo_lightning.run import resume as resume_cli
+from ppo_lightning.run.resume import MODEL_CLASS_PATH, fill_data_seed, model_config
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -69,16 +70,6 @@ class SaveRunConfig(SaveConfigCallback):
             trainer.logger.log_file(path)
 
 
-MODEL_CLASS_PATH = "ppo_lightning.training.module.PPOLightningModule"
-
-
-def model_config(cfg):
-    """The model's settings in a parsed config: ``model.init_args`` (the model is a class path and
-    its init arguments, `PPOLightningModule` or a subclass)."""
-    model = cfg.model
-    return model.init_args if "init_args" in model else model
-
-
 _TRAINING_STARTED = False  # errors after this point are not configuration errors
 
 
@@ -89,13 +80,6 @@ class _TrainingStarted(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         global _TRAINING_STARTED
         _TRAINING_STARTED = True
-
-
-def fill_data_seed(cfg) -> None:
-    """``seed_everything`` also seeds the environments and the shuffling, unless ``data.seed`` is set."""
-    seed = cfg.get("seed_everything")
-    if cfg.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
-        cfg.data.seed = seed
 
 
 def _is_progress_bar(class_path: str) -> bool:
@@ -235,10 +219,10 @@ class PPOCLI(LightningCLI):
         cfg = self.config[self.subcommand]
         # Resuming (--ckpt_path) continues the checkpoint's MLflow run and run folder, unless
         # --mlflow.run_name asks for a new run.
-        resumed = read_tracking_state(cfg.ckpt_path) if cfg.get("ckpt_path") and not cfg.mlflow.run_name else {}
-        resumed = trust.own_tracking_state(cfg.ckpt_path, resumed) if resumed else resumed  # in place only
+        resumed = run_folder.read_tracking_state(cfg.ckpt_path) if cfg.get("ckpt_path") and not cfg.mlflow.run_name else {}
+        resumed = run_folder.own_tracking_state(cfg.ckpt_path, resumed) if resumed else resumed  # in place only
         run_name = preemption.run_name(cfg.mlflow.run_name)
-        run_dir = preemption.run_folder(trust.run_root_dir(cfg), cfg.mlflow.experiment, run_name, resumed.get("run_dir"))
+        run_dir = run_folder.run_folder(trust.run_root_dir(cfg), cfg.mlflow.experiment, run_name, resumed.get("run_dir"))
         self.run_dir = run_dir
         if resumed.get("run_dir"):  # the same folder on purpose: its checkpoints are this run's
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
@@ -251,7 +235,7 @@ class PPOCLI(LightningCLI):
         logger = given.get("logger")
         checkpoints = run_dir / "checkpoints" if cfg.trainer.get("enable_checkpointing") is not False else None
         mlflow_store = cfg.mlflow.tracking_uri if cfg.mlflow.enabled and logger is not False else None
-        trust.check_run_folder(run_dir)  # planted symbolic links: one line, exit code 2, nothing created
+        run_folder.check_run_folder(run_dir)  # planted symbolic links: one line, exit code 2, nothing created
         preflight(run_dir, checkpoints, mlflow_store)  # unwritable folders: one line, exit code 4
         if logger is not False:  # MLflow's logger, then --trainer.logger's; metrics.csv without either
             mlflow_logger = (make_logger(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name,
@@ -316,84 +300,19 @@ class PPOCLI(LightningCLI):
             callbacks.append(self.managed_checkpoint(cfg, run_dir))
         return callbacks
 
-    # The model settings ``--scale`` writes (ppo_lightning.algos.scaling.apply_scale).
-    SCALED_MODEL_KEYS = ("lr", "proximal_com", "adam_betas", "ppg")
-
     def _parse_ckpt_path(self) -> None:
-        """LightningCLI puts a checkpoint's model hyperparameters over the config's. Those of a run
-        trained with ``--scale c`` are already scaled, and ``before_instantiate_classes`` would scale
-        them a second time (lr / c, center of mass x c^2): with ``--scale``, the scaled keys keep the
-        command line's c = 1 values here, and `ppo_lightning.training.rescale.check_resumed_scaled_settings` compares the result of
-        scaling them with the checkpoint's after the scaling."""
+        """LightningCLI puts a checkpoint's model hyperparameters over the config's here; around it, the
+        resume rules (`ppo_lightning.run.resume.before_checkpoint_settings` / `after_checkpoint_settings`:
+        code the checkpoint names, ``--scale``'s c = 1 values, the checkpoint's settings against the
+        command line's)."""
         sub = self.config.get("subcommand")
         cfg = self.config[sub] if sub else None
         if cfg is not None:  # here (LightningCLI parses the checkpoint path first, for every command): before
             move_ppg_gradient_clip(cfg)  # a checkpoint's settings are compared with the command line's
-        keep = None
-        if cfg is not None and cfg.get("ckpt_path") and cfg.get("scale") is not None:
-            model = model_config(cfg)
-            keep = {k: copy.deepcopy(model[k]) for k in self.SCALED_MODEL_KEYS if k in model}
-        if cfg is not None and cfg.get("ckpt_path"):  # code the checkpoint names: only what the user named
-            trust.check_checkpoint_code(cfg.ckpt_path, trust.read_checkpoint_hparams(cfg.ckpt_path), cfg.as_dict(),
-                                        bool(cfg.get("trust_code")))
-        ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
-        before = self._resume_settings(cfg) if ckpt_path and Path(ckpt_path).is_file() else None
+        pending = resume_cli.before_checkpoint_settings(cfg) if cfg is not None and cfg.get("ckpt_path") else None
         super()._parse_ckpt_path()
-        if keep is not None:
-            for k, v in keep.items():
-                model_config(self.config[sub])[k] = v
-        if before is not None:
-            self._reconcile_resume(self.config[sub], before)
-
-    @staticmethod
-    def _resume_settings(cfg) -> dict:
-        """The model and data settings as the config and the command line give them (before the
-        checkpoint's are read), by ``model.<name>`` / ``data.<name>``."""
-        fill_data_seed(cfg)
-        model = model_config(cfg)
-        out = {f"model.{k}": copy.deepcopy(resume_cli._plain(v)) for k, v in dict(model).items()}
-        out["model.class_path"] = resume_cli.class_name(cfg.model.get("class_path") or MODEL_CLASS_PATH)
-        out.update({f"data.{k}": copy.deepcopy(resume_cli._plain(v)) for k, v in dict(cfg.data).items()})
-        if cfg.get("seeds") is not None:
-            out["data.num_seeds"] = cfg.seeds
-        return out
-
-    def _reconcile_resume(self, cfg, before: dict) -> None:
-        """The checkpoint's model and data settings are the run's; a command-line setting that differs is
-        an error unless safe or in ``--resume_override`` (`ppo_lightning.run.resume.reconcile`). Prints
-        the one line of what came from the checkpoint."""
-        import torch
-
-        ckpt = torch.load(cfg.ckpt_path, weights_only=True, map_location="cpu", mmap=True)
-        hparams = {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items() if k not in ("_instantiator", "_class_path")}
-        saved = {f"model.{k}": v for k, v in hparams.items()}
-        saved["model.class_path"] = resume_cli.class_name((ckpt.get("hyper_parameters") or {}).get("_class_path", MODEL_CLASS_PATH))
-        scaled = cfg.get("scale") is not None
-        if scaled:  # kept at the command line's c = 1 values and checked after scaling (rescale)
-            saved = {k: v for k, v in saved.items() if k.split(".", 1)[1] not in self.SCALED_MODEL_KEYS}
-        data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items() if k != "_instantiator"}
-        saved.update({f"data.{k}": v for k, v in data.items() if k in cfg.data})
-        given = resume_cli.explicit_settings(getattr(self, "_argv", []))
-        overrides = resume_cli.parse_overrides(cfg.get("resume_override"))
-        # a dict setting the command line changes only entry by entry: on the checkpoint's dict
-        dotted = [d for d in getattr(self, "_dotted", []) if f"--model.{d[0]}" not in self._argv]
-        values, kept, changed = resume_cli.reconcile(
-            before, saved, given, overrides, resume_cli.resume_safe(before.get("model.class_path")),
-            rescale=bool(cfg.get("rescale")), scaled=scaled, dotted=dotted)
-        model = model_config(cfg)
-        for key, value in values.items():
-            section, name = key.split(".", 1)
-            if key == "model.class_path":
-                cfg.model.class_path = value
-            elif section == "model":
-                model[name] = value
-            elif name == "num_seeds" and cfg.get("seeds") is not None:
-                cfg.seeds = value
-            else:
-                cfg.data[name] = value
-        frames = (ckpt.get("RolloutDataModule") or {}).get("frames")
-        if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
-            print(resume_cli.resume_line(str(cfg.ckpt_path), frames, kept, changed), flush=True)
+        if pending is not None:
+            resume_cli.after_checkpoint_settings(self.config[sub], pending, self._argv, self._dotted)
 
     def parse_arguments(self, parser, args) -> None:
         """``--print_config`` prints the config with the callbacks and logger the run would use
@@ -420,7 +339,7 @@ class PPOCLI(LightningCLI):
         sub = self.config["subcommand"]
         cfg = self.config[sub]
         fill_data_seed(cfg)
-        run_dir = preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or "<time>")
+        run_dir = run_folder.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or "<time>")
         user_has_bar = any(_is_progress_bar(getattr(c, "class_path", "")) for c in cfg.trainer.get("callbacks") or [])
         logger = cfg.trainer.get("logger")
         entry = None
@@ -461,11 +380,11 @@ class PPOCLI(LightningCLI):
     @staticmethod
     def _slurm_resume_checkpoint(cfg) -> str | None:
         """A requeued SLURM job resumes by itself from its run folder's newest checkpoint
-        (`ppo_lightning.training.preemption.find_resume_checkpoint`)."""
+        (`ppo_lightning.interop.run_folder.find_resume_checkpoint`)."""
         name = preemption.slurm_run_name()
         if name is None:
             return None
-        found = preemption.find_resume_checkpoint(preemption.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or name))
+        found = run_folder.find_resume_checkpoint(run_folder.run_folder(cfg.run_dir, cfg.mlflow.experiment, cfg.mlflow.run_name or name))
         if found is not None:
             restart = os.environ.get("SLURM_RESTART_COUNT")
             print(f"SLURM job {name[len('slurm-'):]}{f' (restart {restart})' if restart else ''}: resuming from {found}",
@@ -500,9 +419,9 @@ class PPOCLI(LightningCLI):
             return
         ckpt = self.checkpoint_callback.last_model_path or "(none)"
         ranks = trainer.world_size > 1
-        group = getattr(dm, "group_states", None)  # vectorized seeds: every seed's return
+        group = dm.states if dm.members > 1 else None  # vectorized seeds: every seed's return
         returns = (", ".join(f"{st.episodes.mean_return(20):.1f}" for st in group) + (f" (members' seeds {dm.seeds})" if getattr(dm, "member_seeds", None) else f" (seeds {dm.seeds[0]}..{dm.seeds[-1]})")
-                   if group else f"{dm.episodes.mean_return(20):.1f}")
+                   if group else f"{dm.states[0].episodes.mean_return(20):.1f}")
         print(
             f"\nfinished: {dm.frames} frames{' (all ranks)' if ranks else ''}{' per seed' if group else ''}, "
             f"{dm.iteration} iterations, mean return of the last 20 episodes {returns}"

@@ -1,6 +1,7 @@
 """What the command line means for a resumed run, and settings the parser cannot take by itself.
 
-**Resume** (``--ckpt_path``): the checkpoint's model settings and the data settings that shape the run
+**Resume** (``--ckpt_path``; `before_checkpoint_settings` and `after_checkpoint_settings`, around
+LightningCLI's reading of the checkpoint's hyperparameters): the checkpoint's model settings and the data settings that shape the run
 (`DATA_RESTORED`: ``total_frames``, the batch sizes, gamma, ...) are the run's; the config's values
 give way to them. A setting given on the command line (``--model.X`` / ``--data.X`` / ``--model`` /
 ``--seeds``) that differs from the checkpoint's is a one-line error, unless it is declared safe to change
@@ -19,14 +20,20 @@ with the class that lacks it (a subclass given with ``--model``) and the closest
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import importlib
+import os
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ppo_lightning.core.configs import plain
+from ppo_lightning.core.errors import CheckpointError
+from ppo_lightning.interop.checkpoint_io import DATA_STATE_KEY, read_hparams, read_meta
+from ppo_lightning.run.trust import check_checkpoint_code
 
 # Dict-valued model settings whose entries take dotted command-line overrides.
 DICT_SETTINGS = ("objective_args", "value_loss_args", "aux_terms", "schedules", "loss", "ppg")
@@ -122,8 +129,6 @@ def apply_dotted(model_cfg, overrides: list[tuple[str, list[str], str]], only: s
 def with_checkpoint_class(argv: list[str]) -> list[str]:
     """With ``--ckpt_path`` of a module subclass's checkpoint and no ``--model`` class, ``--model <its
     class>`` before the first ``--model.X``: its own settings (``--model.max_clip_fraction``) parse on resume."""
-    from pathlib import Path
-
     if any(t == "--model" or t.startswith("--model=") for t in argv):
         return argv
     path = next((argv[i + 1] for i, t in enumerate(argv[:-1]) if t == "--ckpt_path"), None) or next(
@@ -131,10 +136,8 @@ def with_checkpoint_class(argv: list[str]) -> list[str]:
     if not path or not Path(path).is_file():
         return argv
     try:
-        import torch
-
-        hparams = torch.load(path, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters") or {}
-    except Exception:  # noqa: BLE001  (an unreadable file is reported by the checkpoint check, in one line)
+        hparams = read_hparams(path)
+    except CheckpointError:  # an unreadable file is reported by the checkpoint check, in one line
         return argv
     cls = hparams.get("_class_path")
     if not cls:
@@ -244,7 +247,7 @@ def reconcile(cfg_before: dict[str, Any], ckpt: dict[str, Any], given: set[str],
         section, name = key.split(".", 1)
         here = cfg_before.get(key, saved)
         if section == "model" and name in entries_only and key in given:
-            merged = {name: _plain(saved)}  # the checkpoint's dict with the command line's entries
+            merged = {name: plain(saved)}  # the checkpoint's dict with the command line's entries
             apply_dotted(merged, dotted, only={name})
             here = merged[name]
         if section == "model" and name in MODEL_LINKED:
@@ -299,3 +302,96 @@ def resume_line(path: str, frames: int | None, kept: list[str], changed: list[st
     if changed:
         line += f"; changed on the command line: {', '.join(changed)}"
     return line
+
+
+# ---------------------------------------------------------------------- the parsed config of a resumed run
+MODEL_CLASS_PATH = DEFAULT_MODEL
+# The model settings ``--scale`` writes (ppo_lightning.algos.scaling.apply_scale).
+SCALED_MODEL_KEYS = ("lr", "proximal_com", "adam_betas", "ppg")
+
+
+def model_config(cfg):
+    """The model's settings in a parsed config: ``model.init_args`` (the model is a class path and
+    its init arguments, `PPOLightningModule` or a subclass)."""
+    model = cfg.model
+    return model.init_args if "init_args" in model else model
+
+
+def fill_data_seed(cfg) -> None:
+    """``seed_everything`` also seeds the environments and the shuffling, unless ``data.seed`` is set."""
+    seed = cfg.get("seed_everything")
+    if cfg.data.get("seed") is None and isinstance(seed, int) and not isinstance(seed, bool):
+        cfg.data.seed = seed
+
+
+def settings_before(cfg) -> dict:
+    """The model and data settings as the config and the command line give them (before the
+    checkpoint's are read), by ``model.<name>`` / ``data.<name>``."""
+    fill_data_seed(cfg)
+    model = model_config(cfg)
+    out = {f"model.{k}": copy.deepcopy(plain(v)) for k, v in dict(model).items()}
+    out["model.class_path"] = class_name(cfg.model.get("class_path") or MODEL_CLASS_PATH)
+    out.update({f"data.{k}": copy.deepcopy(plain(v)) for k, v in dict(cfg.data).items()})
+    if cfg.get("seeds") is not None:
+        out["data.num_seeds"] = cfg.seeds
+    return out
+
+
+def before_checkpoint_settings(cfg) -> dict:
+    """Before LightningCLI puts the checkpoint's model hyperparameters over the config's: code the
+    checkpoint names is refused unless the user named it (`ppo_lightning.run.trust.check_checkpoint_code`);
+    the settings as given are kept for `after_checkpoint_settings`. Those of a run trained with
+    ``--scale c`` are already scaled, and the scaling would apply a second time (lr / c, center of
+    mass x c^2): with ``--scale``, the scaled keys keep the command line's c = 1 values, and
+    `ppo_lightning.training.rescale.check_resumed_scaled_settings` compares the result of scaling them
+    with the checkpoint's after the scaling."""
+    keep = None
+    if cfg.get("scale") is not None:
+        model = model_config(cfg)
+        keep = {k: copy.deepcopy(model[k]) for k in SCALED_MODEL_KEYS if k in model}
+    is_file = Path(cfg.ckpt_path).is_file()
+    check_checkpoint_code(cfg.ckpt_path, read_hparams(cfg.ckpt_path) if is_file else {}, cfg.as_dict(),
+                          bool(cfg.get("trust_code")))
+    return {"keep": keep, "before": settings_before(cfg) if is_file else None}
+
+
+def after_checkpoint_settings(cfg, pending: dict, argv: list[str], dotted: list[tuple[str, list[str], str]]) -> None:
+    """After LightningCLI read the checkpoint's hyperparameters: ``--scale``'s c = 1 values back, then
+    the checkpoint's model and data settings are the run's; a command-line setting that differs is an
+    error unless safe or in ``--resume_override`` (`reconcile`). Prints the one line of what came from
+    the checkpoint (`resume_line`)."""
+    for k, v in (pending["keep"] or {}).items():
+        model_config(cfg)[k] = v
+    before = pending["before"]
+    if before is None:
+        return
+    ckpt = read_meta(cfg.ckpt_path, mmap=True)
+    hparams = {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items() if k not in ("_instantiator", "_class_path")}
+    saved = {f"model.{k}": v for k, v in hparams.items()}
+    saved["model.class_path"] = class_name((ckpt.get("hyper_parameters") or {}).get("_class_path", MODEL_CLASS_PATH))
+    scaled = cfg.get("scale") is not None
+    if scaled:  # kept at the command line's c = 1 values and checked after scaling (rescale)
+        saved = {k: v for k, v in saved.items() if k.split(".", 1)[1] not in SCALED_MODEL_KEYS}
+    data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items() if k != "_instantiator"}
+    saved.update({f"data.{k}": v for k, v in data.items() if k in cfg.data})
+    given = explicit_settings(argv)
+    overrides = parse_overrides(cfg.get("resume_override"))
+    # a dict setting the command line changes only entry by entry: on the checkpoint's dict
+    dotted = [d for d in dotted if f"--model.{d[0]}" not in argv]
+    values, kept, changed = reconcile(
+        before, saved, given, overrides, resume_safe(before.get("model.class_path")),
+        rescale=bool(cfg.get("rescale")), scaled=scaled, dotted=dotted)
+    model = model_config(cfg)
+    for key, value in values.items():
+        section, name = key.split(".", 1)
+        if key == "model.class_path":
+            cfg.model.class_path = value
+        elif section == "model":
+            model[name] = value
+        elif name == "num_seeds" and cfg.get("seeds") is not None:
+            cfg.seeds = value
+        else:
+            cfg.data[name] = value
+    frames = (ckpt.get(DATA_STATE_KEY) or {}).get("frames")
+    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+        print(resume_line(str(cfg.ckpt_path), frames, kept, changed), flush=True)

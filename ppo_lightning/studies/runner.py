@@ -468,7 +468,7 @@ def _write_json(path: Path, data, what: str = "study record") -> None:
 def resume_spec(spec: RunSpec, run_dir: Path, checkpoint_frames: int | None = None) -> tuple[RunSpec, Path | None]:
     """The group's run with periodic checkpoints in ``run_dir``, and the ``last.ckpt`` to resume from when
     an attempt of the same run left one (another run's: the old folder is set aside and the group starts over)."""
-    from ppo_lightning.training.checkpointing import check_checkpoint_file  # start-up cost: only in a worker
+    from ppo_lightning.interop.checkpoint_io import check_checkpoint_file  # start-up cost: only in a worker
 
     # the group's frames per iteration: its envs x steps (its own value, else its configs' last), / --scale
     cfg: dict = {}

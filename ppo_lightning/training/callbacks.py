@@ -68,7 +68,7 @@ class FramesProgressBar(ProgressBar):
         dm = trainer.datamodule
         self._bar.update(dm.frames - self._shown)
         self._shown = dm.frames
-        ret = dm.episodes.mean_return(20)
+        ret = dm.states[0].episodes.mean_return(20)
         self._bar.set_postfix(it=dm.iteration, ret20=f"{ret:.1f}", refresh=False)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -111,7 +111,8 @@ class IterationCheckpoint(ModelCheckpoint):
 
 class TrackingState(Callback):
     """Keeps the MLflow run id (and the run folder) in every checkpoint, so that resuming with
-    ``--ckpt_path`` continues the same MLflow run (`read_tracking_state`)."""
+    ``--ckpt_path`` continues the same MLflow run (`ppo_lightning.interop.run_folder.read_tracking_state`,
+    which reads this entry by its class name)."""
 
     def __init__(self, run_dir: str | None = None) -> None:
         self.run_dir = run_dir
@@ -137,20 +138,6 @@ class TrackingState(Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         pass  # read before the logger exists (read_tracking_state); the new values stand
-
-
-def read_tracking_state(ckpt_path: str) -> dict:
-    """`TrackingState`'s entry of a checkpoint (``.ckpt`` file or sharded folder); {} if none."""
-    import torch
-
-    path = Path(ckpt_path)
-    meta = path / "meta.pt" if path.is_dir() else path
-    try:
-        checkpoint = torch.load(meta, map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - a bad checkpoint fails later, with Lightning's own message
-        return {}
-    state = (checkpoint.get("callbacks") or {}).get(TrackingState.__qualname__) if isinstance(checkpoint, dict) else None
-    return dict(state) if isinstance(state, dict) else {}
 
 
 EPISODE_METRIC_PREFIXES = ("episode/", "eval/")

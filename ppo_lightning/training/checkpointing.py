@@ -12,8 +12,8 @@ file next to the target, fsyncs it, ``os.replace``s it over the target (atomic o
 the folder, so the target is always either the previous complete checkpoint or the new one.
 
 FSDP2's sharded checkpoints (folders written by ``torch.distributed.checkpoint``) do not go through
-this plugin: `ppo_lightning.training.sharded` writes them atomically, `check_sharded_checkpoint`
-refuses incomplete ones.
+this plugin: `ppo_lightning.training.sharded` writes them atomically. Reading is
+`ppo_lightning.interop.checkpoint_io`'s (`check_checkpoint_file` refuses incomplete files and folders).
 
 Under data parallelism a save is collective: Lightning's ``Trainer.save_checkpoint`` has rank 0 write
 (DDP) and then every rank wait at a barrier, so a rank 0 that fails (a full disk) leaves the others
@@ -26,15 +26,13 @@ full disk, printed once per node, exit code 5).
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ppo_lightning.core.errors import CheckpointError, StorageFull, TrainingFault
-from ppo_lightning.interop.checkpoint_io import unsafe_pickle_text
+from ppo_lightning.core.errors import StorageFull, TrainingFault
+from ppo_lightning.interop.checkpoint_io import check_checkpoint_file, last_good_checkpoint, load_file
 from ppo_lightning.core.storage import atomic_replace, counted_bytes, free_bytes, out_of_space, space_error_text
 
 TMP_SUFFIX = ".tmp"
@@ -61,72 +59,6 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint
             raise StorageFull(what, path, counted_bytes(lambda f: torch.save(obj, f)), free_bytes(path.parent),
                               space_error_text(err), last_good_checkpoint(path.parent)) from None
         raise
-
-
-def last_good_checkpoint(folder: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint (``*.ckpt`` file or sharded folder) in ``folder``, or None."""
-    folder = Path(folder)
-    try:
-        found = [p for p in folder.glob("*.ckpt") if not p.name.startswith(".")]
-        found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-    except OSError:
-        return None
-    for p in found:
-        try:
-            check_checkpoint_file(p)
-        except (CheckpointError, OSError):
-            continue
-        return p
-    return None
-
-
-def check_checkpoint_file(path: str | os.PathLike) -> None:
-    """Raise `CheckpointError` (one line, naming the file) if ``path`` is not a complete checkpoint.
-
-    Cheap: reads the zip directory (a truncated file has none) and the archive's CRCs of the small
-    records, without unpickling anything. Folders (FSDP sharded checkpoints) must hold ``.metadata``.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if path.is_dir():
-        check_sharded_checkpoint(path)
-        return
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-            if not any(n.endswith("data.pkl") for n in names):
-                raise CheckpointError(f"checkpoint {path} is not a torch.save archive (no data.pkl)")
-    except (zipfile.BadZipFile, OSError, EOFError) as err:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {err})") from None
-
-
-def check_sharded_checkpoint(path: Path) -> None:
-    """A sharded (FSDP2) checkpoint folder must hold ``.metadata``, a complete ``meta.pt`` and every
-    shard file ``.metadata`` names, each at least as long as the records it holds."""
-    if not (path / ".metadata").exists():
-        raise CheckpointError(f"checkpoint folder {path} has no .metadata (not a complete sharded checkpoint)")
-    if not (path / "meta.pt").exists():
-        raise CheckpointError(f"checkpoint folder {path} has no meta.pt (not a complete sharded checkpoint)")
-    check_checkpoint_file(path / "meta.pt")
-    from ppo_lightning.interop.checkpoint_io import _safe_reader  # torch's reader unpickles .metadata unchecked
-
-    try:
-        metadata = _safe_reader(path).read_metadata()
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(f"checkpoint folder {path}: its .metadata is an unsafe pickle "
-                              f"({str(err).split('GLOBAL ')[-1].split()[0]}), refused and never run") from None
-    except Exception as err:  # noqa: BLE001 - any unreadable .metadata: one line
-        raise CheckpointError(f"checkpoint folder {path} has an unreadable .metadata ({type(err).__name__})") from None
-    need: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
-    for name, size in sorted(need.items()):
-        shard = path / name
-        have = shard.stat().st_size if shard.exists() else None
-        if have is None or have < size:
-            state = "missing" if have is None else f"truncated ({have} of {size} bytes)"
-            raise CheckpointError(f"checkpoint folder {path} is incomplete: shard {name} is {state}")
 
 
 def save_checkpoint_on_all_ranks(trainer, filepath, weights_only: bool | None = None,
@@ -182,17 +114,11 @@ def _atomic_checkpoint_io_class():
             atomic_torch_save(checkpoint, str(path).removeprefix("file://"))
 
         def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
-            if _is_local(path):
-                check_checkpoint_file(str(path).removeprefix("file://"))
-            try:
+            if not _is_local(path):
                 return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-            except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, FileNotFoundError) as err:
-
-                refused = unsafe_pickle_text(err, "checkpoint", path)  # a payload: say so (it never ran)
-                if refused is not None:
-                    raise CheckpointError(refused) from None
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise CheckpointError(f"checkpoint {path} does not load ({type(err).__name__}: {first})") from None
+            local = str(path).removeprefix("file://")
+            check_checkpoint_file(local)
+            return load_file(local, map_location=map_location, weights_only=weights_only is not False)
 
     AtomicCheckpointIO.__module__ = __name__
     return AtomicCheckpointIO

@@ -158,7 +158,7 @@ class SmallBatchDiagnostics(Callback):
                        f"above {high:.0%} with {epochs} epoch(s): steps too large for this batch size "
                        "(scale model.lr by 1/sqrt(c) with the batch, see --scale)"),
                 )
-        moments = getattr(dm, "advantage_moments", None)
+        moments = dm.states[0].advantage_moments if getattr(dm, "states", None) else None
         if moments is not None and moments.history:
             ratio = std_oscillation(moments.history, self.window)
             metrics["diagnostics/adv_std_oscillation"] = ratio if math.isfinite(ratio) else 1e9

@@ -21,7 +21,8 @@ configured otherwise; ``auto_requeue`` on by default) also requeues the job (``s
 after the checkpoint is written -- Lightning's own handler would save a checkpoint inside the
 signal handler, in the middle of an optimizer step, which does not resume exactly. The requeued
 job runs the same command: its default run folder is named after the job (``slurm-<id>``), so it
-finds ``last.ckpt`` (or a Lightning ``hpc_ckpt_N.ckpt``) there by itself (`find_resume_checkpoint`)
+finds ``last.ckpt`` (or a Lightning ``hpc_ckpt_N.ckpt``) there by itself
+(`ppo_lightning.interop.run_folder.find_resume_checkpoint`)
 and continues the same MLflow run.
 """
 
@@ -75,21 +76,6 @@ def run_name(name: str | None = None) -> str:
     """A run's name (MLflow's and its folder's): ``--mlflow.run_name``, else the SLURM job's (a requeued
     job finds its folder again), else the time."""
     return name or slurm_run_name() or time.strftime("%Y%m%d-%H%M%S")
-
-
-def run_folder(run_dir: str | Path | None, experiment: str, name: str, resumed_dir: str | Path | None = None) -> Path:
-    """A run's folder: ``--run_dir``; else the folder of the run a checkpoint resumes (``resumed_dir``:
-    its checkpoints are this run's); else ``runs/<experiment>/<name>``."""
-    return Path(run_dir or resumed_dir or Path("runs") / experiment / name)
-
-
-def find_resume_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest of ``<run_dir>/checkpoints/last.ckpt`` and Lightning's ``<run_dir>/hpc_ckpt_N.ckpt``
-    (by modification time), or None."""
-    run_dir = Path(run_dir)
-    candidates = [run_dir / "checkpoints" / "last.ckpt", *run_dir.glob("hpc_ckpt_*.ckpt")]
-    found = [p for p in candidates if p.exists()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def requeue_signal(trainer) -> int:

@@ -24,17 +24,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import Callback
 
 from ppo_lightning.algos.scaling import format_scale_table
 from ppo_lightning.core.configs import plain
-
-
-def read_checkpoint_meta(ckpt_path: str | Path) -> dict[str, Any]:
-    """The checkpoint's non-tensor part: the file, or a sharded folder's ``meta.pt``."""
-    path = Path(ckpt_path)
-    return torch.load(path / "meta.pt" if path.is_dir() else path, map_location="cpu", weights_only=True)
+from ppo_lightning.interop.checkpoint_io import read_meta
 
 
 def geometry(world: int, num_envs: int, rollout_steps: int, num_minibatches: int) -> dict[str, int]:
@@ -68,7 +62,7 @@ def saved_settings(meta: dict[str, Any]) -> dict[str, Any]:
 def plan(ckpt_path: str | Path, world: int, data, rescale: bool, rules: tuple[str, ...]) -> dict[str, Any]:
     """Compare the checkpoint's batch geometry with this run's. Returns the plan for `ElasticResume`
     (``c`` None: the same geometry); raises ValueError (one line) for a change without ``rescale``."""
-    meta = read_checkpoint_meta(ckpt_path)
+    meta = read_meta(ckpt_path)
     dm_state = meta.get("RolloutDataModule") or {}
     d = meta.get("datamodule_hyper_parameters") or {}
     old = geometry(len(dm_state.get("per_rank") or [None]), d.get("num_envs", data.num_envs),
@@ -208,8 +202,9 @@ def apply_settings(trainer, pl_module, settings: dict[str, Any], restart_ppg_pha
     dm = trainer.datamodule
     if dm is not None:
         span = float(settings["adv_norm_span"])
-        dm.advantage_norm_span = span
-        dm.advantage_moments.span, dm.advantage_moments.beta = span, ewma_beta_from_span(span)
+        dm.config.advantage_norm_span = span
+        for state in dm.states:
+            state.advantage_moments.span, state.advantage_moments.beta = span, ewma_beta_from_span(span)
         dm.hparams["advantage_norm_span"] = span
     phases = pl_module.ppg_phases
     if phases is not None and settings.get("ppg_n_pi") is not None:
@@ -226,7 +221,7 @@ def check_resumed_scaled_settings(ckpt_path: str | Path, model, scale: float) ->
     """With ``--ckpt_path`` and ``--scale``: the scaled settings (``model``: the model's config after
     the scaling) must be the checkpoint's, a resume continuing the run it was; another c or base needs
     ``--rescale``'s record of the change. One-line error naming the settings that differ."""
-    saved = read_checkpoint_meta(ckpt_path).get("hyper_parameters") or {}
+    saved = read_meta(ckpt_path).get("hyper_parameters") or {}
 
     def show(v):
         return "null" if v is None else (f"{float(v):.4g}" if not isinstance(v, (list, tuple)) else

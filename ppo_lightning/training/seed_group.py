@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 from ppo_lightning.algos.loss import MEMBER_LOSS_SETTINGS
-from ppo_lightning.data.seed_group import validate_member_hparams
+from ppo_lightning.data.config import validate_member_hparams
 from ppo_lightning.nets.seed_stack import SeedStack
 from ppo_lightning.training.mlflow_sender import create_run
 from ppo_lightning.training.tracking import SafeMLFlowLogger

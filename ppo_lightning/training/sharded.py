@@ -11,7 +11,7 @@ the window between them the only moment without a ``last.ckpt``). The ``ppo-ligh
 ``lightning.pytorch.strategies.ModelParallelStrategy``.
 
 A truncated or incomplete sharded checkpoint is refused in one line before anything loads
-(`ppo_lightning.training.checkpointing.check_checkpoint_file`).
+(`ppo_lightning.interop.checkpoint_io.check_checkpoint_file`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ppo_lightning.core.errors import StorageFull
 from ppo_lightning.core.storage import (free_bytes, fsync_tree, out_of_space, replace_folder, space_error_text,
                                         tree_bytes)
-from ppo_lightning.training.checkpointing import TMP_SUFFIX, last_good_checkpoint
+from ppo_lightning.interop.checkpoint_io import last_good_checkpoint
+from ppo_lightning.training.checkpointing import TMP_SUFFIX
 
 def _checkpoint_bytes(obj) -> int:
     """Bytes of the tensors in a checkpoint (a sharded tensor counts whole: what all ranks write)."""

@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppo_lightning.core.errors import StorageFull
-from ppo_lightning.core.storage import check_writable, resume_command
-from ppo_lightning.training.checkpointing import last_good_checkpoint
+from ppo_lightning.core.storage import check_writable
+from ppo_lightning.interop.run_folder import resume_command
+from ppo_lightning.interop.checkpoint_io import last_good_checkpoint
 
 # The checkpoint folder of the run in this process (set by `preflight`): where `storage_hint` looks for
 # the last good checkpoint when the fault came from elsewhere (the MLflow store).

@@ -50,7 +50,7 @@ class TrialReporter(Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         dm = trainer.datamodule
-        states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
+        states = dm.states
         self.frames = float(dm.frames)
         waiting = {slot for slot, _, _ in self.pending}  # queued for a refill: the new trial has no frames yet
         for slot, (curve, st) in enumerate(zip(self.curves, states)):
