@@ -146,12 +146,56 @@ def test_rliable_difference_covers_the_truth_and_verdicts_follow_the_ci():
     assert small["verdict"].startswith("a > b, and equal within ±0.05"), small["verdict"]
 
 
+class _LoopLibrary:
+    """rliable 1.2's ``get_interval_estimates`` and ``create_performance_profile`` as its source runs
+    them, one replicate at a time: per replicate, per array ``np.random.choice(runs, shape)`` indexed
+    with the fixed task indices (``StratifiedBootstrap`` / ``StratifiedIndependentBootstrap
+    .update_indices``), the statistic called on each replicate, arch's percentile interval
+    (``np.percentile`` of each column)."""
+
+    @staticmethod
+    def get_interval_estimates(data, fn, reps, random_state=None):
+        points, intervals = {}, {}
+        for key, arrays in data.items():
+            arrays = (arrays,) if isinstance(arrays, np.ndarray) else tuple(arrays)
+            strata = [np.ogrid[tuple(slice(n) for n in (0, *a.shape[1:]))][1:] for a in arrays]
+            values = []
+            for _ in range(reps):
+                sample = [a[(np.random.choice(a.shape[0], a.shape, replace=True), *st)] for a, st in zip(arrays, strata)]
+                values.append(np.asarray(fn(*sample), dtype=float))
+            values = np.array(values).reshape(reps, -1)
+            points[key] = fn(*arrays)
+            alpha = (1.0 - 0.95) / 2  # arch's percentiles: 100 alpha and 100 (1 - alpha), not 2.5 and 97.5
+            intervals[key] = np.array([np.percentile(values[:, i], [100 * alpha, 100 * (1.0 - alpha)])
+                                       for i in range(values.shape[1])]).T
+        return points, intervals
+
+    @classmethod
+    def create_performance_profile(cls, scores, taus, reps):
+        fn = lambda s: np.array([np.mean(s.reshape(-1) > t) for t in taus])  # noqa: E731  (rliable's profile_function)
+        return cls.get_interval_estimates(scores, fn, reps)
+
+
+def _rliable_library():
+    """``rliable.library`` where it imports, else `_LoopLibrary` (arch 7 on pandas 3)."""
+    try:
+        from rliable import library
+    except (ImportError, TypeError):  # arch 7: pandas' deprecate_kwarg(old, new) became (klass, old, new)
+        return _LoopLibrary
+    return library
+
+
 def test_the_vectorized_bootstrap_equals_rliables():
     """`stratified_bootstrap` evaluates rliable's replicates at once: the same points and intervals as
-    rliable's get_interval_estimates and create_performance_profile, bit for bit."""
+    rliable's get_interval_estimates and create_performance_profile, bit for bit. ``rliable.library``
+    imports arch 7, which does not import on the pinned pandas 3: the reference is then rliable's
+    algorithm run replicate by replicate (`_rliable_library`: its ``update_indices`` draws, arch's
+    percentile interval) with rliable's own statistics (``rliable.metrics``)."""
+    from rliable import metrics
+
     from ppo_lightning.studies import analysis as A
 
-    library, metrics = A.rliable()
+    library = _rliable_library()
     rng = np.random.default_rng(1)
     x, y, z = rng.normal(0.5, 0.2, (8, 3)), rng.normal(0.4, 0.2, (6, 3)), rng.normal(0.3, 0.2, (8, 3))
     curves = {"a": rng.normal(0, 1, (5, 2, 7)), "b": rng.normal(0, 1, (4, 2, 7))}

@@ -1,32 +1,37 @@
-"""Statistics of a study, from rliable where it has the method (Agarwal et al. 2021, "Deep RL at the
-edge of the statistical precipice"): interquartile mean and mean with stratified bootstrap CIs
-(runs resampled within each environment), probability of improvement, performance profiles and
-sample-efficiency curves with bands; and a few formulas rliable does not have, written here:
+"""Statistics of a study, each from the library that has the method:
 
-- `welch_diff_ci`: the CI of a difference of two arms from fewer than `MIN_SEEDS_FOR_BOOTSTRAP`
-  seeds. A percentile bootstrap can only resample the few values seen and comes out too narrow;
-  rliable offers only the bootstrap.
-- `tost`: two one-sided tests of equivalence within a margin (Schuirmann 1987) on the per-seed
-  scores, with Welch's t. rliable has no hypothesis tests.
-- `noninferiority`: the one-sided test that arm a is worse than arm b by less than a margin (the
-  lower half of TOST), for "at least as good as" claims such as a tuned setting against a hand-picked one.
-- `seeds_needed`: the seeds per arm a CI of a target half-width needs (normal approximation).
-- `welch_p` and `holm`: a per-environment effect's two-sided Welch p-value, and Holm's step-down
-  adjustment (Holm 1979) over a family of them (one comparison's environments on one metric), so that
-  a bold per-game claim holds at a family-wise 0.05.
-- `interaction`: how a factor (precision) changes an effect, ``(a2 - b2) - (a1 - b1)``, with its CI.
+- rliable (Agarwal et al. 2021, "Deep RL at the edge of the statistical precipice"): interquartile
+  mean and mean with stratified bootstrap CIs (runs resampled within each environment), probability
+  of improvement, performance profiles and sample-efficiency curves with bands. Its bootstrap is
+  evaluated here on every replicate at once (`stratified_bootstrap`: rliable's replicates, drawn in
+  its order, and arch's percentile interval); the library is imported only as ``rliable.metrics``
+  (numpy and scipy), because ``rliable.library`` imports arch 7, which does not import on the pinned
+  pandas 3 (arch 7 calls pandas' private ``deprecate_kwarg`` in its 2.x form).
+- scipy: `welch_diff_ci` and `welch_p`, Welch's t interval and two-sided p-value
+  (``scipy.stats.ttest_ind(..., equal_var=False)``), for the difference of two arms from fewer than
+  `MIN_SEEDS_FOR_BOOTSTRAP` seeds (a percentile bootstrap can only resample the few values seen and
+  comes out too narrow) and for each environment's effect.
+- statsmodels: `tost`, two one-sided tests of equivalence within a margin (Schuirmann 1987;
+  ``ttost_ind``, Welch's t); `noninferiority`, its lower half (``ttest_ind(..., alternative="larger")``),
+  for "at least as good as" claims such as a tuned setting against a hand-picked one; `holm`, Holm's
+  step-down adjustment (Holm 1979; ``multipletests(method="holm")``) over a family of p-values (one
+  comparison's environments on one metric), so that a bold per-game claim holds at a family-wise 0.05.
+
+Written here, as no library has them: `seeds_needed`, the seeds per arm a CI of a target half-width
+needs (normal approximation), and `interaction`, how a factor (precision) changes an effect,
+``(a2 - b2) - (a1 - b1)``, with its CI (Welch's t on the four arms' summed variances below 5 seeds).
 
 Every interval is 95%, from `REPS` stratified-bootstrap replicates (rliable's examples use 50,000;
 5,000 keeps a report within seconds); a difference never says "equal": only an equivalence test at
 the margin its study file states does.
 
-A seed's score on a metric is the mean over the comparison's environments of its normalized
-per-environment statistic (AUC or final return), as the paper pools games.
+A seed's score on a metric is the mean over the comparison's environments of its per-environment
+statistic (AUC or final return, in the study's ``score:`` units), as the paper pools games.
 """
 
 from __future__ import annotations
 
-import inspect
+import functools
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -40,110 +45,106 @@ REPS = 5000  # bootstrap replicates per interval (rliable's examples use 50,000;
 ALPHA = 0.05  # the level of every test: two-sided 95% CIs, TOST at 0.05, Holm at a family-wise 0.05
 
 
-def rliable():
-    """``(library, metrics)`` of rliable (the report evaluates rliable's bootstrap itself,
-    `stratified_bootstrap`; the library is for checking it against). rliable needs arch < 8 (arch 8 dropped ``random_state``,
-    which rliable passes); arch 7 calls pandas' private ``deprecate_kwarg(old, new)``, whose pandas 3
-    form takes the warning class first: give arch the form it calls."""
-    import pandas.util._decorators as decorators
+# ----------------------------------------------------------------------------------- scipy, statsmodels
+def _quiet(fn):
+    """``fn`` without scipy's "precision loss ... nearly identical" warning, which arms of runs that
+    agree to many digits (a precision-parity study) raise: the values are the formula's to 1e-9
+    there (tests/test_study_statistics.py), and a report's output stays its own."""
+    @functools.wraps(fn)
+    def quiet(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Precision loss occurred in moment calculation", category=RuntimeWarning)
+            return fn(*args, **kwargs)
 
-    original = decorators.deprecate_kwarg
-    if "klass" in inspect.signature(original).parameters:
-        def deprecate_kwarg(old, new=None, *args, **kwargs):
-            if isinstance(old, type):
-                return original(old, new, *args, **kwargs)
-            return original(FutureWarning, old, new, *args, **kwargs)
-        decorators.deprecate_kwarg = deprecate_kwarg
-        try:
-            from rliable import library, metrics
-        finally:
-            decorators.deprecate_kwarg = original
-    else:
-        from rliable import library, metrics
-    warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)  # arch 7, rliable's call
-    return library, metrics
+    return quiet
 
 
-# ----------------------------------------------------------------------------------- hand-written
-def welch_diff_ci(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:
-    """``(mean(a) - mean(b), low, high)``: Welch's t interval, with the Welch-Satterthwaite degrees
-    of freedom ``(va + vb)^2 / (va^2 / (na - 1) + vb^2 / (nb - 1))``, ``va = s_a^2 / n_a``."""
-    from scipy.stats import t
+def _arms(a: Sequence[float], b: Sequence[float]) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """``(a, b, mean(a) - mean(b), constant)`` as float arrays; ``constant``: both arms without spread
+    (Welch's statistic is then undefined, and the libraries answer NaN)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return a, b, float(a.mean() - b.mean()), bool(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size == 0)
+
+
+@_quiet
+def welch_diff_ci(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> tuple[float, float, float]:
+    """``(mean(a) - mean(b), low, high)``: Welch's t interval (Welch-Satterthwaite degrees of freedom),
+    ``scipy.stats.ttest_ind(a, b, equal_var=False).confidence_interval(1 - alpha)``. NaN bounds below 2
+    runs an arm; a point interval where neither arm varies."""
+    from scipy.stats import ttest_ind
 
     a, b = np.asarray(a, float), np.asarray(b, float)
     d = float(a.mean() - b.mean())
     if a.size < 2 or b.size < 2:
         return d, float("nan"), float("nan")
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    if va + vb == 0:
+    if _arms(a, b)[3]:
         return d, d, d
-    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    half = t.ppf(1 - alpha / 2, dof) * math.sqrt(va + vb)
-    return d, d - half, d + half
+    ci = ttest_ind(a, b, equal_var=False).confidence_interval(confidence_level=1 - alpha)
+    return d, float(ci.low), float(ci.high)
 
 
-def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
-    """``(mean(a) - mean(b), its standard error, Welch's degrees of freedom)``."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    d = float(a.mean() - b.mean())
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    se = math.sqrt(va + vb)
-    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if se > 0 else float("inf")
-    return d, se, dof
-
-
+@_quiet
 def noninferiority(a: Sequence[float], b: Sequence[float], margin: float) -> float:
     """p-value of the one-sided Welch test of H0: ``mean(a) - mean(b) <= -margin`` (a is worse than b
-    by the margin or more). Non-inferiority at level alpha when p < alpha, which is the lower bound of
-    the (1 - 2 alpha) Welch interval lying above ``-margin``."""
-    from scipy.stats import t
+    by the margin or more): statsmodels' ``ttest_ind(a, b, alternative="larger", usevar="unequal",
+    value=-margin)``. Non-inferiority at level alpha when p < alpha, which is the lower bound of the
+    (1 - 2 alpha) Welch interval lying above ``-margin``."""
+    from statsmodels.stats.weightstats import ttest_ind
 
     if margin <= 0:
         raise ValueError(f"noninferiority: the margin must be > 0, got {margin}")
-    d, se, dof = _welch(a, b)
-    if se == 0:
+    a, b, d, constant = _arms(a, b)
+    if constant:
         return 0.0 if d > -margin else 1.0
-    return float(t.sf((d + margin) / se, dof))
+    return float(ttest_ind(a, b, alternative="larger", usevar="unequal", value=-margin)[1])
 
 
+@_quiet
 def tost(a: Sequence[float], b: Sequence[float], margin: float) -> float:
     """p-value of two one-sided tests that ``|mean(a) - mean(b)| < margin`` (Welch's t): the larger
-    of the p-values of H0: d <= -margin and H0: d >= +margin. Equivalence at level alpha when
-    p < alpha, which is the (1 - 2 alpha) Welch interval lying inside (-margin, +margin)."""
+    of the p-values of H0: d <= -margin and H0: d >= +margin, statsmodels' ``ttost_ind(a, b, -margin,
+    margin, usevar="unequal")``. Equivalence at level alpha when p < alpha, which is the (1 - 2 alpha)
+    Welch interval lying inside (-margin, +margin)."""
+    from statsmodels.stats.weightstats import ttost_ind
+
     if margin <= 0:
         raise ValueError(f"tost: the margin must be > 0, got {margin}")
-    # H0: d >= +margin is H0: (b - a) <= -margin
-    return max(noninferiority(a, b, margin), noninferiority(b, a, margin))
+    a, b, d, constant = _arms(a, b)
+    if constant:
+        return 0.0 if -margin < d < margin else 1.0
+    return float(ttost_ind(a, b, -margin, margin, usevar="unequal")[0])
 
 
+@_quiet
 def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of Welch's t test of H0: ``mean(a) == mean(b)`` (NaN below 2 runs an arm)."""
-    from scipy.stats import t
+    """Two-sided p-value of Welch's t test of H0: ``mean(a) == mean(b)``, ``scipy.stats.ttest_ind(a, b,
+    equal_var=False)`` (NaN below 2 runs an arm; 0 or 1 where neither arm varies)."""
+    from scipy.stats import ttest_ind
 
     a, b = np.asarray(a, float), np.asarray(b, float)
     if a.size < 2 or b.size < 2:
         return float("nan")
-    d, se, dof = _welch(a, b)
-    if se == 0:
+    _, _, d, constant = _arms(a, b)
+    if constant:
         return 0.0 if d != 0 else 1.0
-    return float(2 * t.sf(abs(d) / se, dof))
+    return float(ttest_ind(a, b, equal_var=False).pvalue)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (Holm 1979) of one family of tests: sort ascending, the i-th
-    smallest (from 0) times ``m - i``, made non-decreasing, capped at 1. A test rejects at family-wise
-    level alpha where its adjusted p < alpha. NaN p-values (a test not made) stay NaN and do not
-    count in the family."""
+    """Holm's step-down adjusted p-values (Holm 1979) of one family of tests, statsmodels'
+    ``multipletests(p, method="holm")``: a test rejects at family-wise level alpha where its adjusted
+    p < alpha. NaN p-values (a test not made) stay NaN and do not count in the family."""
+    from statsmodels.stats.multitest import multipletests
+
     p = np.asarray(pvalues, dtype=float)
     out = np.full(p.shape, np.nan)
-    idx = [i for i in np.argsort(p, kind="stable") if np.isfinite(p[i])]
-    m, running = len(idx), 0.0
-    for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
+    made = np.isfinite(p)
+    if made.any():
+        out[made] = multipletests(p[made], method="holm")[1]
     return out.tolist()
 
 
+# ----------------------------------------------------------------------------------- written here
 def seeds_needed(sd: float, half_width: float, arms: int = 2) -> int:
     """Seeds per arm for a 95% CI of half-width ``half_width``: ``arms (z sd / h)^2`` (``arms=2``: the
     difference of two independent arms with the same sd; 1: one mean). At least 2."""
