@@ -75,7 +75,7 @@ def cpu_type() -> str:
     return cpu_short(cpu_label())
 
 
-ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception|Fault|Full)\b.*: )")
+ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception|Fault|Full|Input|Code)\b.*: )")  # ...Input, ...Code: UnsafeInput, UntrustedCode
 
 
 def first_error_line(log: str) -> str | None:
