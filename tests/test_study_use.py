@@ -79,6 +79,9 @@ def test_progress_lines_count_recorded_groups_whole_and_the_running_one_from_its
      "NumericalFault: non-finite loss at step 3"),
     ("some notice\nerror: model.lr: must be > 0, got -1\nTraceback (most recent call last):\nSystemExit: 2\n",
      "error: model.lr: must be > 0, got -1"),
+    ("Traceback (most recent call last):\n  File x\nppo_lightning.core.safety.UnsafeInput: --run_dir a and "
+     "--trainer.default_root_dir b name two run folders\n",
+     "UnsafeInput: --run_dir a and --trainer.default_root_dir b name two run folders"),
     ("all quiet\n", None),
 ])
 def test_the_first_error_line_of_a_worker_log(log, line):

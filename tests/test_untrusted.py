@@ -267,6 +267,18 @@ def test_a_study_whose_base_is_a_device_a_fifo_or_a_huge_file_is_one_line_in_sec
     assert not (tmp_path / "root").exists()
 
 
+def test_a_search_whose_base_is_a_device_or_a_fifo_is_one_line(tmp_path, capsys):
+    from ppo_lightning.cli.main import main
+
+    files = _special_files(tmp_path)
+    for name in ("/dev/zero", "a FIFO"):
+        t0 = time.perf_counter()
+        assert main(["tune", "--space", str(_space(tmp_path, base=str(files[name]))), "--run-root", str(tmp_path / "root")]) == 2
+        assert one_error_line(capsys.readouterr().out) == f"error: {files[name]}: {WHY[name]}; refusing to read it"
+        assert time.perf_counter() - t0 < 10, name
+    assert not (tmp_path / "root").exists()
+
+
 def test_a_study_setting_default_root_dir_is_refused_in_pre_flight(tmp_path, capsys):
     """The worker gives its group a run folder (``--run_dir``); a ``trainer.default_root_dir`` naming
     another is refused by the pre-flight's parse, as the worker would refuse it: one line, no worker."""

@@ -57,7 +57,7 @@ MEMBER_KEYS = (*MEMBER_OPTIONS, "model.decoupled", "scale_rules", "scale_adam_be
 ADAM_BETAS = [0.9, 0.999]
 
 
-ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception|Fault|Full)\b.*: )")
+ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception|Fault|Full|Input|Code)\b.*: )")  # ...Input, ...Code: UnsafeInput, UntrustedCode
 
 
 def first_error_line(log: str) -> str | None:
