@@ -62,7 +62,7 @@ def run(algo: str, seed: int, tmp: Path, extra: list[str] = ()) -> dict:
     crossing = Crossing()
     args = [
         "fit", "--config", str(ROOT / CONFIGS[algo]), "--seed_everything", str(seed), "--data.seed", str(seed),
-        "--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false",
+        "--mlflow.enabled", "false", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
         "--trainer.enable_checkpointing", "false", "--run_dir", str(tmp / f"{algo}-{seed}"), *extra,
     ]
     fit_main(args, extra_callbacks=[crossing])  # the crossing recorder rides along

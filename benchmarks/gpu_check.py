@@ -115,7 +115,7 @@ def run_phase(name: str, iterations: int, num_envs: int, rollout_steps: int) -> 
     run_dir = Path(os.environ.get("GPU_CHECK_RUN_DIR", tempfile.gettempdir())) / f"gpu_check_{name}"
     cli_mod.fit_main([
         "fit", "--config", str(ROOT / config), "--trainer.accelerator", "gpu", *strategy,
-        "--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false",
+        "--mlflow.enabled", "false", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
         "--trainer.enable_checkpointing", "false", "--run_dir", str(run_dir),
         "--data.num_envs", str(num_envs), "--data.rollout_steps", str(rollout_steps),
         "--data.total_frames", str(fpi * (iterations + 1)),

@@ -71,7 +71,7 @@ def project_run(env: str, members: int, iterations: int, seed: int = 0) -> float
     config, extra = CONFIGS[env]
     clock = Clock()
     args = ["fit", "--config", config, *extra, "--data.num_threads", "1", "--seed_everything", str(seed),
-            "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
+            "--mlflow.enabled", "false", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
             "--trainer.enable_progress_bar", "false", "--run_dir", f"/tmp/members_bench_{env}_{members}",
             "--seeds", str(members), "--trainer.precision", "32-true"]
     cli = fit_main([*args, "--data.total_frames", str(10**12), "--trainer.max_epochs", str(iterations + 1)],

@@ -69,7 +69,7 @@ def train_fps(game: str, iterations: int, ewma: bool, threads: int, num_envs: in
     args = ["fit", "--config", str(ROOT / "ppo_lightning" / "configs" / "minatar" / ("ppo_ewma.yaml" if ewma else "ppo.yaml")),
             "--data.env_id", f"minatar:{game}", "--data.total_frames", str(frames), "--data.num_threads", str(threads),
             "--data.num_envs", str(num_envs), "--data.rollout_steps", str(rollout_steps),
-            "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--run_dir", "/tmp/minatar_bench"]
+            "--mlflow.enabled", "false", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false", "--run_dir", "/tmp/minatar_bench"]
     import ppo_lightning.run.builder as cli_mod
 
     orig = cli_mod.PPOCLI.before_fit

@@ -57,7 +57,7 @@ def run_fit(args: list[str], clock) -> tuple[float, str, dict, object]:
             self.rows.append((clock() - self.t0, trainer.datamodule.frames - self.f0))
 
     timer = Timer()
-    cli = fit_main(["fit", *args, "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false",
+    cli = fit_main(["fit", *args, "--mlflow.enabled", "false", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
                     "--video_every", "null", "--trainer.enable_progress_bar", "false",
                     "--run_dir", tempfile.mkdtemp(prefix="precision_auto_")], extra_callbacks=[timer])
     rows = timer.rows[1:] or timer.rows

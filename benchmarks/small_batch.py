@@ -109,7 +109,7 @@ def project_run(c: int, iterations: int, seed: int, seeds: int = 1, precision: s
     frames = BASE_ENVS // c * STEPS * (iterations + 1)
     cli = fit_main(["fit", "--config", str(ROOT / "ppo_lightning/configs/minatar/ppo.yaml"), "--scale", str(c),
               "--data.total_frames", str(frames), "--data.num_threads", "1", "--seed_everything", str(seed),
-              "--mlflow.enabled", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
+              "--mlflow.enabled", "false", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false", "--video_every", "null",
               "--trainer.enable_progress_bar", "false", "--run_dir", "/tmp/small_batch_bench", "--seeds", str(seeds),
               "--trainer.precision", precision],
              extra_callbacks=[clock])

@@ -1032,3 +1032,32 @@ def test_executor_auto_is_slurm_only_where_a_controller_answers(tmp_path, monkey
     assert "controller does not answer; running the jobs as local processes" in capsys.readouterr().out
     (bin_ / "sinfo").write_text("#!/bin/sh\necho up\n")
     assert executor_cluster("auto") == "slurm" and executor_cluster("local") == "local"
+
+
+def test_a_shared_setting_an_arms_objective_ignores_is_a_warning_and_an_arms_own_is_refused(tmp_path, capsys):
+    """The study's ``fit`` gives every arm kl_form sq_logratio: the KL arm uses it, the clip arm's
+    objective ignores it: a warning names the arm, whose runs take the default (training the same);
+    the KL arm keeps it. An arm's own setting its objective ignores stops the pre-flight in one line."""
+    from ppo_lightning.algos.loss import LossSettings
+    from ppo_lightning.run.preflight import PreflightError
+    from ppo_lightning.studies import runner
+    from ppo_lightning.studies.preflight import check_study
+
+    defaults = LossSettings()
+    assert runner.OBJECTIVE_DEFAULTS == {k: getattr(defaults, k) for k in runner.OBJECTIVE_DEFAULTS}
+    arms = [{"name": "kl", "label": "KL", "fit": {"model.objective": "kl", "model.kl_beta": 0.5}},
+            {"name": "clip", "label": "clip", "fit": {"model.objective": "clip"}}]
+    comparisons = [{"claim": "x", "a": "kl", "b": "clip", "test": "difference"}]
+    study = load_study(tiny(tmp_path, fit={**TINY_FIT, "model.kl_form": "sq_logratio"}, arms=arms, comparisons=comparisons))
+    check_study(study)
+    err = capsys.readouterr().err
+    assert "arm clip's objective ignores model.kl_form 'sq_logratio' of the study's fit (shared by the arms)" in err
+    assert "arm kl's" not in err
+    spec = runner.cell_spec(study, "clip", "minatar:breakout", 0).argv()
+    assert spec[spec.index("--model.kl_form") + 1] == "analytic"
+    spec = runner.cell_spec(study, "kl", "minatar:breakout", 0).argv()
+    assert spec[spec.index("--model.kl_form") + 1] == "sq_logratio"
+    arms[1]["fit"]["model.kl_target"] = 0.02  # the clip arm's own
+    study = load_study(tiny(tmp_path, arms=arms, comparisons=comparisons))
+    with pytest.raises(PreflightError, match=r"arm clip on minatar:breakout: model.objective 'clip' ignores model.kl_target 0.02"):
+        check_study(study)

@@ -4,6 +4,7 @@ parser, each env built once (the shared checks: `ppo_lightning.run.preflight`)."
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ppo_lightning.run.preflight import PreflightError, _config_refs, check_env_once, check_run
@@ -27,6 +28,11 @@ def check_study(study, trust_code: bool = False) -> None:
         bad = first_nonfinite({**study.fit, **arm.fit})
         if bad is not None:
             raise PreflightError(f"{study.path}: arm {name}: {bad[0]} is {bad[1]!r}, not a finite number")
+    for name in study.arms:  # shared settings an arm's objective ignores: its runs take the defaults (runner.shared_unused)
+        for key, default in runner.shared_unused(study, name).items():
+            given = f"{study.fit[key]!r} of the study's fit" if key in study.fit else "of the base config"
+            print(f"warning: {study.path}: arm {name}'s objective ignores {key} {given} (shared by the arms): its "
+                  f"runs have {key} {default!r}, which trains the same", file=sys.stderr, flush=True)
     built: set[str] = set()
     for env in study.envs:
         for name in study.arms:

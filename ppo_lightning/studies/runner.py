@@ -40,6 +40,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ppo_lightning.algos import scaling
 from ppo_lightning.core.hardware import core_count, cpu_label
@@ -171,8 +172,41 @@ def cell_spec(study: Study, arm: str, env: str, seed: int) -> RunSpec:
     """One cell as a single run."""
     a = study.arms[arm]
     configs = [str(study.resolve(c)) for c in (*study.base, *a.configs)]
-    return RunSpec.from_settings(configs, {**study.fit, **a.fit, "trainer.enable_progress_bar": False},
+    return RunSpec.from_settings(configs, {**study.fit, **a.fit, **shared_unused(study, arm),
+                                           "trainer.enable_progress_bar": False},
                                  env=env, seed=seed, frames=study.frames)
+
+
+def shared_unused(study: Study, arm: str) -> dict[str, Any]:
+    """The loss settings the study's shared ``fit:`` or its base configs give an arm whose objective
+    ignores them (`ppo_lightning.algos.registry.unused_settings`: another value than the default), as
+    ``{option: default}``: the arm's runs take the default, which trains the same, and `check_study`
+    names them in a warning. A single run refuses such a setting; one shared by arms of different
+    objectives belongs to some of them. (The arm's own ``fit`` is not shared: its runs refuse it. An
+    objective given by import path and not imported yet is left to its runs.)"""
+    from ppo_lightning.algos.registry import OBJECTIVE_SETTINGS, get_objective, objective_names
+
+    a = study.arms[arm]
+    cfg = merge_configs([study.resolve(c) for c in (*study.base, *a.configs)]).get("model", {})
+    fit = {**study.fit, **a.fit}
+    name = fit.get("model.objective", cfg.get("objective", "clip"))
+    if name not in objective_names():
+        return {}
+    uses = get_objective(name).uses
+    out = {}
+    for setting in OBJECTIVE_SETTINGS:
+        key = f"model.{setting}"
+        if setting in uses or key in a.fit:
+            continue
+        value, default = fit.get(key, cfg.get(setting, OBJECTIVE_DEFAULTS[setting])), OBJECTIVE_DEFAULTS[setting]
+        if value != default:
+            out[key] = default
+    return out
+
+
+# The defaults of the loss settings an objective may ignore (`ppo_lightning.algos.loss.LossSettings`'s;
+# tests/test_studies.py checks them against it).
+OBJECTIVE_DEFAULTS = {"clip_eps": 0.2, "kl_beta": 1.0, "kl_target": 0.01, "kl_form": "analytic", "max_importance_ratio": None}
 
 
 def _base_config(study: Study, arm: str) -> dict:
@@ -236,6 +270,7 @@ def group_spec(study: Study, env: str, members: list[tuple[str, int]]) -> RunSpe
     shared_fit = {k: v for k, v in first.fit.items() if k not in MEMBER_KEYS}
     configs = [str(study.resolve(c)) for c in study.base]
     ewma = {"model.decoupled": True, "model.proximal_com": 8} if "proximal_com" in values else {}
+    shared_fit.update(shared_unused(study, arms[0]))  # the members share their objective (it is not a member setting)
     # the members' values are scaled already (`member_values`): the group applies no --scale rule of its own
     return RunSpec.from_settings(configs, {**study.fit, **shared_fit, **ewma, "scale_rules": "none",
                                            "trainer.enable_progress_bar": False},

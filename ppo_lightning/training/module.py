@@ -248,9 +248,11 @@ class PPOLightningModule(pl.LightningModule):
     def check_objective_settings(self) -> None:
         """A setting the objective ignores (`ppo_lightning.algos.registry.Objective.uses`), given another
         value than its default, members' own values or a schedule, is a one-line error before training:
-        the run would train without it. (A loss subclass with its own ``surrogate`` may read any.)"""
+        the run would train without it. (A loss subclass with its own ``surrogate``, and an auxiliary term
+        other than the built-in ``logit_l2``, may read any: nothing is refused then.)"""
         loss = self.loss_module
-        if type(loss).surrogate is not PPOFamilyLoss.surrogate:
+        own_terms = [hook.name for hook, _, _ in getattr(loss, "aux_specs", {}).values() if hook.name != "logit_l2"]
+        if type(loss).surrogate is not PPOFamilyLoss.surrogate or own_terms:
             return
         h = self.hparams
         unused = unused_settings(loss.objective_spec, self.loss_settings(), LOSS_SETTINGS,

@@ -134,6 +134,7 @@ class RunCSVLogger(CSVLogger):
     def __init__(self, save_dir: str | os.PathLike) -> None:
         super().__init__(save_dir, name="", version="")
         self._opened = False
+        self.write_failed = False  # a write failed: nothing more is written
 
     @property
     def log_dir(self) -> str:
@@ -169,7 +170,23 @@ class RunCSVLogger(CSVLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        super().log_metrics(metrics, frames_step(metrics, step))
+        if not self.write_failed:
+            super().log_metrics(metrics, frames_step(metrics, step))
+
+    @rank_zero_only
+    def save(self) -> None:
+        """Write the rows logged since the last save; a write that fails (a full disk) is said once and
+        the run goes on without the file, as it goes on without MLflow."""
+        if self.write_failed:
+            return
+        try:
+            super().save()
+        except OSError as err:
+            from ppo_lightning.core.storage import out_of_space, space_error_text
+
+            self.write_failed = True
+            what = space_error_text(err) if out_of_space(err) else f"{type(err).__name__}: {err}"
+            _warn(f"{what} while writing metrics {self.metrics_file}: no more metrics in this file; training goes on")
 
 
 def run_loggers(mlflow_logger: Logger | None, given: Any, run_dir: str | os.PathLike) -> list[Logger]:
