@@ -131,18 +131,10 @@ class RolloutDataModule(pl.LightningDataModule):
         """Frames trained so far, per seed, all ranks (`RolloutProgress`)."""
         return self.progress.frames
 
-    @frames.setter
-    def frames(self, value: int) -> None:
-        self.progress.frames = value
-
     @property
     def iteration(self) -> int:
         """Iterations started so far (`RolloutProgress`)."""
         return self.progress.iteration
-
-    @iteration.setter
-    def iteration(self, value: int) -> None:
-        self.progress.iteration = value
 
     @property
     def finished(self) -> bool:
@@ -178,6 +170,8 @@ class RolloutDataModule(pl.LightningDataModule):
                 for state, rng in zip(self.states, group.action_rng_states):
                     if state.action_generator is None:  # where the module's generator stands for this seed
                         state.set_action_rng_state(rng)
+            elif self.members > 1:
+                raise ValueError(f"data.num_seeds={self.members} needs a model of as many seeds (model.seeds {self.seeds})")
             self.source = self.make_source(module.network, self.trainer)
             self.source.phases = getattr(self.trainer.lightning_module, "ppg_phases", None)
             if self.source.phases is not None:  # a small phase buffer joins this rank's resume state
@@ -240,7 +234,7 @@ class RolloutDataModule(pl.LightningDataModule):
             trainer = getattr(self, "trainer", None)
             state = resume_state.select_rank_state(state["per_rank"], trainer.global_rank if trainer else 0,
                                                    self.elastic_resume)
-        self.frames, self.iteration = state["frames"], state["iteration"]
+        self.progress.frames, self.progress.iteration = state["frames"], state["iteration"]
         self.states[0].load_run_state_dict(state)  # a group's members: by the source, from resume["seed_group"]
         queue = state.get("staleness_queue")
         if queue is not None and self.staleness == 0:
