@@ -356,7 +356,8 @@ class MemberAdam(torch.optim.Adam):
     otherwise, so a slice of several members would put some of member k's elements in the other
     loop than its single run's tensor does. The state (``step``, ``exp_avg``, ``exp_avg_sq`` per
     parameter) and checkpoints are Adam's own. An lr schedule scales every member's lr by the group
-    lr's change (``param_groups[0]["lr"]`` starts at ``max(lrs)``). A group's fused Adam is this one,
+    lr's change (``param_groups[0]["lr"]`` starts at ``max(lrs)``; a member at that lr steps at the group's
+    lr itself, as its single run's Adam under the same schedule). A group's fused Adam is this one,
     members with one setting included (`SeedGroup.make_optimizer`)."""
 
     def __init__(self, params, lrs: list[float] | None, member_betas: list[tuple[float, float]] | None = None,
@@ -449,7 +450,7 @@ class MemberAdam(torch.optim.Adam):
             for ((lr, (beta1, beta2)), _), (ps, gs, ms, vs, steps) in by_setting.items():
                 # torch's own fused Adam op (what Adam(fused=True) calls after advancing the steps; a private
                 # name: tests/test_group_members.py checks each member against torch.optim.Adam)
-                torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=lr * scale if scale != 1.0 else lr,
+                torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=group["lr"] if lr == self.base_lr else lr * scale,
                                    beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
                                    maximize=False, grad_scale=None, found_inf=None)
         return loss
