@@ -2,12 +2,14 @@
 and buffers stacked ``[S, *shape]``.
 
 Used by `ppo_lightning.nets.seed_stack.SeedStack` for the members of a group on gymnasium envs
-(classic control, MuJoCo). Each layer is one batched matmul over the members
-(`ppo_lightning.nets.minatar_stacked`'s stacked linear, with its backward written out) instead of
-``torch.vmap`` over ``functional_call``, whose per-call cost (mostly Python) was paid on every step of a
-rollout, whose forwards see one observation per env: a 64-64 MLP's forward for 9 members of one row each
-took 0.46 ms through vmap and takes 0.08 ms here (forward and backward of 64 rows each: 2.09 -> 1.64 ms;
-EPYC-AVX512, one thread).
+(classic control, MuJoCo), instead of ``torch.vmap`` over ``functional_call``, whose per-call cost
+(mostly Python) was paid on every step of a rollout. Each layer is member k's ``F.linear`` on its own
+slices, the call its network's ``nn.Linear`` makes, so that a member's floats are its single run's
+whatever its group: one batched matmul over the members (``baddbmm``) sums in another order (a
+64 -> 1 head is a matrix-vector product in ``F.linear``; a few rows take another kernel), and MKL's
+sgemm rounds some shapes (2 or 3 rows of 11) by its operands' alignment, so a member's operands are
+copied to 64-byte-aligned memory, where a single run's freshly allocated tensors lie, when its slice
+is not (`_aligned`).
 The observation normalizer (`ppo_lightning.nets.obs_norm.RunningObservationNorm`) reads each member's
 own statistics. Kept apart from the network's own file, which `export-hf` copies into self-contained
 model code.
@@ -24,11 +26,36 @@ from torch import Tensor, nn
 from ppo_lightning.nets.actor_critic import ActorCritic
 
 
+ALIGNMENT = 64  # bytes: torch's CPU allocator aligns every tensor's memory so
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """``t``, or a copy in fresh (aligned) memory where ``t`` starts off a 64-byte boundary."""
+    return t if t.data_ptr() % ALIGNMENT == 0 else t.clone()
+
+
+class _AlignedGrad(torch.autograd.Function):
+    """The identity, whose backward hands its gradient on in aligned memory (`_aligned`): a member's slice
+    of the stacked output's gradient, which ``F.linear``'s backward multiplies."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return _aligned(grad)
+
+
 def _stacked_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """``x [S, B, in]`` through each member's Linear layer (``weight [S, out, in]``, ``bias [S, out]``) ->
-    ``[S, B, out]``: member k's ``F.linear`` on its own slices, the call its network's ``nn.Linear``
-    makes, so that its forward and (autograd's) backward are its network's bitwise."""
-    return torch.stack([F.linear(*t) for t in zip(x.unbind(0), weight.unbind(0), bias.unbind(0))])
+    ``[S, B, out]``: member k's ``F.linear`` on its own slices, each in aligned memory (see the module
+    doc), so that its forward and (autograd's) backward are its network's bitwise."""
+    outs = [F.linear(_aligned(xk), _aligned(wk), _aligned(bk)) for xk, wk, bk in zip(x.unbind(0), weight.unbind(0),
+                                                                                  bias.unbind(0))]
+    if torch.is_grad_enabled() and (outs[0].numel() * outs[0].element_size()) % ALIGNMENT:
+        outs = [_AlignedGrad.apply(y) for y in outs]  # member k's slice of the gradient starts off a boundary
+    return torch.stack(outs)
 
 
 def _body(body: nn.Sequential, prefix: str, p: dict[str, Tensor], x: Tensor) -> Tensor:

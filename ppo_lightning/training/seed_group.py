@@ -127,6 +127,10 @@ class SingleRun:
     def make_optimizer(self, h, params: list, fused: bool | None) -> torch.optim.Optimizer:
         return make_optimizer(h, params, fused)
 
+    def adam(self, params: list, lr: float, betas, eps: float, fused: bool | None) -> torch.optim.Optimizer:
+        """An Adam over ``params`` at ``lr``, ``betas``, ``eps`` (``fused``: the fused kernel is allowed)."""
+        return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas), fused=fused)
+
     def clip_gradients(self, module, gradient_clip_val, gradient_clip_algorithm) -> bool:
         """Whether the axis clipped the gradients itself (a single run: no, Lightning's clipping does)."""
         return False
@@ -181,18 +185,31 @@ class SeedGroup(SingleRun):
         return self.network
 
     def make_optimizer(self, h, params: list, fused: bool | None) -> torch.optim.Optimizer:
-        """The group's optimizer over its stacked ``params``: at the members' common lr / betas (or the
-        model's), or `MemberAdam` where members have their own (``fused``: the fused kernel is allowed)."""
+        """The group's optimizer over its stacked ``params``, each member's step its single run's: with
+        the fused kernel allowed (``fused``), `MemberAdam` (at the members' own lrs / betas, or their
+        common ones, or the model's); else SGD or the unfused Adam at the common values (elementwise
+        ops that round alike wherever a member's elements lie in the stacked tensor)."""
         if h.optimizer == "sgd" and (self.adam_members is not None or self.adam_betas is not None):
             raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need model.optimizer adam")
-        if self.adam_members is None:
+        if self.adam_members is None and (h.optimizer == "sgd" or not fused):
             return make_optimizer(h, params, fused, self.lr, self.adam_betas)
         if not fused:  # members' own lrs / betas: fused Adam per setting
             raise ValueError("member_hparams.lr / adam_betas (members' own Adam settings) need the fused Adam: not "
                              "with trainer.gradient_clip_val under mixed precision")
-        lr = h.lr if self.lr is None else self.lr
-        betas = h.adam_betas if self.adam_betas is None else self.adam_betas
-        return MemberAdam(params, *self.adam_members, lr=lr, eps=h.adam_eps, betas=betas)
+        return self.adam(params, h.lr if self.lr is None else self.lr,
+                         h.adam_betas if self.adam_betas is None else self.adam_betas, h.adam_eps, fused,
+                         *(self.adam_members or ()))
+
+    def adam(self, params: list, lr: float, betas, eps: float, fused: bool | None,
+             lrs: list[float] | None = None, member_betas: list | None = None) -> torch.optim.Optimizer:
+        """An Adam over the group's stacked ``params`` whose member k steps as its single run's Adam at
+        ``lr``, ``betas`` (or its own ``lrs[k]``, ``member_betas[k]``): `MemberAdam` where the fused
+        kernel is allowed, else the unfused Adam (elementwise ops, alike at any position)."""
+        if not fused:
+            return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas))
+        if lrs is None and member_betas is None:
+            lrs = [float(lr)] * self.members
+        return MemberAdam(params, lrs, member_betas, lr=lr, eps=eps, betas=tuple(betas))
 
     def clip_gradients(self, module, gradient_clip_val, gradient_clip_algorithm) -> bool:
         """Norm clipping per seed (`clip_grad_norm_`); other algorithms are Lightning's."""
@@ -313,13 +330,14 @@ class SeedGroup(SingleRun):
     @torch.no_grad()
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` per seed: each seed's gradient scaled by
-        ``min(1, max_norm / (its norm + 1e-6))``; returns the seeds' norms ``[S]``."""
+        ``min(1, max_norm / (its norm + 1e-6))``; returns the seeds' norms ``[S]``. Seed k's norm is
+        torch's for its single run (``get_total_norm`` of its gradient slices): one norm over every
+        member's gradients at once, a reduction over rows or a strided axis, sums in another order."""
         S = self.members
         grads = [p.grad for p in parameters if p.grad is not None]
         if not grads:
             return torch.zeros(S)
-        norms = torch.stack([torch.linalg.vector_norm(g.reshape(S, -1), 2, dim=1) for g in grads])
-        total = torch.linalg.vector_norm(norms, 2, dim=0)
+        total = torch.stack([torch.nn.utils.get_total_norm([g[k] for g in grads], 2.0) for k in range(S)])
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.reshape(S, *([1] * (g.dim() - 1))))
@@ -331,11 +349,16 @@ class MemberAdam(torch.optim.Adam):
     and betas ``member_betas[k]`` (None: the optimizer's ``lr`` / ``betas`` for every member).
 
     torch's fused Adam kernel is elementwise; it is called once per distinct (lr, betas) on the
-    members' slices (runs of consecutive members with one setting: contiguous views) of the
-    parameters, gradients and moments, after the step counts are advanced once. So member k's
-    update is the fused Adam step with its settings, and the state (``step``, ``exp_avg``,
-    ``exp_avg_sq`` per parameter) and checkpoints are Adam's own. An lr schedule scales every
-    member's lr by the group lr's change (``param_groups[0]["lr"]`` starts at ``max(lrs)``)."""
+    members' slices of the parameters, gradients and moments, each member's slice a tensor of the
+    kernel's lists, after the step counts are advanced once. So member k's update is its single
+    run's fused Adam step with its settings, bitwise: the kernel runs a tensor's elements through
+    its vectorized loop and the last ``numel % vector width`` through a scalar loop, which rounds
+    otherwise, so a slice of several members would put some of member k's elements in the other
+    loop than its single run's tensor does. The state (``step``, ``exp_avg``, ``exp_avg_sq`` per
+    parameter) and checkpoints are Adam's own. An lr schedule scales every member's lr by the group
+    lr's change (``param_groups[0]["lr"]`` starts at ``max(lrs)``; a member at that lr steps at the group's
+    lr itself, as its single run's Adam under the same schedule). A group's fused Adam is this one,
+    members with one setting included (`SeedGroup.make_optimizer`)."""
 
     def __init__(self, params, lrs: list[float] | None, member_betas: list[tuple[float, float]] | None = None,
                  lr: float = 1e-3, **kwargs) -> None:
@@ -348,14 +371,9 @@ class MemberAdam(torch.optim.Adam):
         self._plan_runs()
 
     def _plan_runs(self) -> None:
-        """Runs of consecutive members with one (lr, betas, step offset): one kernel call each."""
+        """Each member's (lr, betas, step offset); members with the same go to one kernel call."""
         offsets = self.param_groups[0].get("member_step_offsets") or [0] * len(self.settings)
-        self.runs: list[list] = []  # [first member, end, (lr, betas), step offset]
-        for k, (setting, off) in enumerate(zip(self.settings, offsets)):
-            if self.runs and self.runs[-1][2] == setting and self.runs[-1][3] == off:
-                self.runs[-1][1] = k + 1
-            else:
-                self.runs.append([k, k + 1, setting, off])
+        self.runs = [(k, setting, off) for k, (setting, off) in enumerate(zip(self.settings, offsets))]
 
     @classmethod
     def from_adam(cls, adam: torch.optim.Adam, num_members: int) -> "MemberAdam":
@@ -428,16 +446,16 @@ class MemberAdam(torch.optim.Adam):
             torch._foreach_add_([st["step"] for st in states], 1)
             scale = group["lr"] / self.base_lr  # an lr schedule's factor (1.0 without one)
             by_setting: dict[tuple, tuple[list, list, list, list, list]] = {}
-            for a, b, setting, off in self.runs:
+            for k, setting, off in self.runs:
                 views = by_setting.setdefault((setting, off), ([], [], [], [], []))
                 for p, st in zip(params, states):
                     for out, t in zip(views, (p, p.grad, st["exp_avg"], st["exp_avg_sq"])):
-                        out.append(t[a:b])
+                        out.append(t[k])
                     views[4].append(st["step"] if not off else st["step"] - off)  # a restarted member's own count
             for ((lr, (beta1, beta2)), _), (ps, gs, ms, vs, steps) in by_setting.items():
                 # torch's own fused Adam op (what Adam(fused=True) calls after advancing the steps; a private
                 # name: tests/test_group_members.py checks each member against torch.optim.Adam)
-                torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=lr * scale if scale != 1.0 else lr,
+                torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=group["lr"] if lr == self.base_lr else lr * scale,
                                    beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
                                    maximize=False, grad_scale=None, found_inf=None)
         return loss

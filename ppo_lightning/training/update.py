@@ -194,10 +194,6 @@ class PPGUpdate(Update):
     def _fusable(params: list) -> bool | None:
         return all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
 
-    @classmethod
-    def _adam(cls, params: list, lr: float, betas, eps: float) -> torch.optim.Adam:
-        return torch.optim.Adam(params, lr=lr, eps=eps, betas=tuple(betas), fused=cls._fusable(params))
-
     @staticmethod
     def optimizer_names(module) -> list[str]:
         """``["policy", "aux"]``, or ``["policy", "value", "aux"]`` when E_V != E_pi (reference ``opt_keys``)."""
@@ -219,7 +215,7 @@ class PPGUpdate(Update):
         opts, schedulers = [], []
         for name in names:
             if name == "aux":  # the auxiliary phase keeps ppg.aux_lr: the lr schedule is the policy's and value's
-                opts.append(self._adam(params, cfg["aux_lr"], cfg["aux_betas"], h.adam_eps))
+                opts.append(module.seed_axis.adam(params, cfg["aux_lr"], cfg["aux_betas"], h.adam_eps, self._fusable(params)))
                 continue
             opts.append(module.seed_axis.make_optimizer(h, params, self._fusable(params)))  # a group's members' own lrs
             scheduler = module.lr_scheduler_for(opts[-1])
