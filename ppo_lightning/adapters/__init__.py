@@ -13,6 +13,7 @@ when a pinned version moves).
 - `ppo_lightning.adapters.lightning`: MLflow logger's run name; LightningCLI's subcommand parsers;
   the Trainer a module is attached to (public, but raising where none is).
 
-May import: the one library each module adapts (lazily where the package's light commands must not
-load it), and the standard library; nothing of ppo_lightning.
+The lowest layer: every other may import it. May import: the one library each module adapts (lazily
+where the package's light commands must not load it), numpy and the standard library; nothing of
+ppo_lightning.
 """

@@ -10,6 +10,9 @@ from typing import Any
 
 VERIFIED = "2.6."
 
+# The private attributes read here (`check`).
+PRIVATE = ("_run_name", "_subcommands_action", "_name_parser_map")
+
 
 def attached_trainer(module: Any) -> Any:
     """The Trainer ``module`` is attached to, or None: Lightning's public ``trainer`` property raises

@@ -10,6 +10,9 @@ from typing import Any
 
 VERIFIED = "0.14."
 
+# The private attributes read here (`check`).
+PRIVATE = ("_carrier", "_env")
+
 
 def carried_step(collector: Any) -> Any:
     """The step a collector carries to its next rollout (observation, done flags, step counts,
