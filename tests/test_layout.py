@@ -138,6 +138,17 @@ def test_imports_inside_functions_are_few():
     assert len(inside) <= 40, f"{len(inside)} imports inside functions:\n" + "\n".join(inside)
 
 
+def test_the_harness_stands_on_the_run_api_and_core():
+    """studies/ and tuning/ (the harness) import of the library only `ppo_lightning.run` (the run API and
+    `ppo_lightning.run.harness`, what else they need of it) and `ppo_lightning.core`, even inside functions;
+    of a trained run they use `ppo_lightning.run.Run` and the module's documented member methods."""
+    allowed = ("run", "core", "studies", "tuning")
+    wrong = [f"{path.relative_to(PKG.parent)}:{line} {target}"
+             for layer in ("studies", "tuning") for path in (PKG / layer).rglob("*.py")
+             for target, _, line in _imports(path) if _layer(target) not in allowed]
+    assert not wrong, "the harness reaches past the run API:\n" + "\n".join(wrong)
+
+
 def test_the_light_commands_start_without_the_training_stack():
     """``configs``, ``study`` and ``tune`` (parsing, status, reports, pre-flight lines) import no torch:
     the training stack loads only where a run trains or its settings are checked."""

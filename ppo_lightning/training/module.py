@@ -412,6 +412,19 @@ class PPOLightningModule(pl.LightningModule):
         self.seed_axis.set_member_lrs(self, lrs)
 
     @property
+    def at_refill_point(self) -> bool:
+        """Whether `refill_member` may start a member before the next iteration: always for PPO; for
+        PPG where the next iteration starts a policy phase (the new member's phases are its run's)."""
+        return self.ppg_phases is None or self.ppg_phases.at_phase_start
+
+    def member_returns(self, last: int = 20) -> list[float]:
+        """Each member's mean return over its last ``last`` episodes (nan before its first), member
+        order; a single run's is one value."""
+        dm = attached_datamodule(self)
+        states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
+        return [float(st.episodes.mean_return(last)) for st in states]
+
+    @property
     def member_run_ids(self) -> list[str] | None:
         """The members' own MLflow run ids (a group's), or None: a single run's metrics are its run's."""
         runs = self.seed_axis.runs

@@ -44,7 +44,7 @@ from typing import Any
 
 from ppo_lightning.core.members import BY_NAME, MEMBER_OPTIONS
 from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml, safe_name
-from ppo_lightning.envs.minatar_scores import RETURN_RANGES
+from ppo_lightning.run.harness import RETURN_RANGES
 from ppo_lightning.run.spec import RUNNER_SETTINGS
 from ppo_lightning.studies.spec import find_root, merge_configs, ref_exists, resolve_ref
 
