@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "lightning", "torchrl", "tensordict", "mlflow", "gymnasium")
-API_PAGES = ("core", "envs", "nets", "algos", "data", "interop", "training", "cli", "studies", "tuning")
+API_PAGES = ("adapters", "core", "envs", "nets", "algos", "data", "interop", "training", "cli", "studies", "tuning")
 
 
 @pytest.fixture(scope="module")

@@ -79,11 +79,13 @@ def test_machine_info_is_plain_and_names_the_isa():
 
 
 def test_choice_is_logged_once(monkeypatch):
+    from ppo_lightning.training import precision
+
     lines = []
-    monkeypatch.setattr(hardware, "_logged", set())
-    monkeypatch.setattr(hardware, "_emit", lines.append)
+    monkeypatch.setattr(precision, "_logged", set())
+    monkeypatch.setattr(precision, "_emit", lines.append)
     for _ in range(3):
-        hardware.log_choice("model.proximal_precision auto on cpu", "fp32", "CPU without avx512_bf16")
+        precision.log_choice("model.proximal_precision auto on cpu", "fp32", "CPU without avx512_bf16")
     assert lines == ["model.proximal_precision auto on cpu: fp32 (CPU without avx512_bf16)"]
 
 

@@ -3,5 +3,5 @@ objectives by name (`registry`), the PPO-family loss module (`loss`), the EWMA p
 (`proximal`), PPG's phases (`ppg`), GAE and the normalizers (`advantages`), the batch-size-invariance
 rules (`scaling`), staleness (`staleness`), learning-rate schedules (`schedules`).
 
-May import: `core`, `nets`.
+May import: `adapters`, `core`, `nets`.
 """

@@ -10,8 +10,8 @@ weights seen so far, later an EWMA with decay beta. Its age is a center of mass 
 ``COM = beta / (1 - beta)`` (default 8, beta = 0.889).
 
 Why not `torch.optim.swa_utils.AveragedModel` or Lightning's `EMAWeightAveraging`: the update runs
-after every gradient step, so one fused ``torch._foreach_lerp_`` over the parameter list is what we
-want on the hot path; and Lightning's callback swaps the averaged weights into the model for
+after every gradient step, so one fused foreach lerp over the parameter list
+(`ppo_lightning.adapters.torch.foreach_lerp_`) is what we want on the hot path; and Lightning's callback swaps the averaged weights into the model for
 validation and at the end of fit, which is wrong for a proximal policy (it is an anchor, never the
 policy that acts).
 """
@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor, nn
 
+from ppo_lightning.adapters import torch as torch_ops
 from ppo_lightning.core.members import PerMember
 from ppo_lightning.nets.models import is_sharded, shard_network
 
@@ -57,7 +58,7 @@ def ewma_update_(proximal_params: list[Tensor], params: list[Tensor], beta: floa
     if not isinstance(beta, (list, tuple)):
         new_weight = beta * weight + 1.0
         if proximal_params:
-            torch._foreach_lerp_(proximal_params, [p.detach() for p in params], 1.0 / new_weight)
+            torch_ops.foreach_lerp_(proximal_params, [p.detach() for p in params], 1.0 / new_weight)
         return new_weight
     new_weights = [b * w + 1.0 for b, w in zip(beta, weight)]
     if proximal_params:
@@ -198,7 +199,7 @@ class ProximalPolicyEWMA:
 
     def _sync_forward_net(self) -> None:
         if self._forward_params:
-            torch._foreach_copy_(self._forward_params, self._prox_params)
+            torch_ops.foreach_copy_(self._forward_params, self._prox_params)
 
     def update(self) -> None:
         """Apply one EWMA step towards the current weights."""
@@ -223,7 +224,7 @@ class ProximalPolicyEWMA:
         if n:
             for copies in (self._prox_buffers[:n], self._prox_buffers[n:]):
                 if copies:
-                    torch._foreach_copy_(copies, self._buffers)
+                    torch_ops.foreach_copy_(copies, self._buffers)
 
     @torch.no_grad()
     def proximal_policy(self, obs: Tensor) -> tuple[Tensor, ...]:

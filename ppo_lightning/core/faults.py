@@ -40,6 +40,7 @@ from ppo_lightning.core.errors import (  # noqa: F401  (re-exported: the faults'
     UnwritablePath,
     human_bytes,
 )
+from ppo_lightning.adapters import torch as torch_ops
 from ppo_lightning.core.members import PerMember
 
 # ---------------------------------------------------------------------------- numerical faults
@@ -73,7 +74,7 @@ def _all_finite(tensors) -> bool:
                 continue
             found, one = _scratch(device)
             found.zero_()
-            torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
+            torch_ops.non_finite_check_(group, found, one)
             flags.append(found)
     if not flags:
         return True
@@ -98,6 +99,27 @@ def first_nonfinite_key(batch, keys=None) -> str | None:
     return None
 
 
+class TrainingLoop:
+    """What `NumericalGuard` asks of the loop that trains it: how many data-parallel ranks step, whether
+    a flag is set on any of them, and where training is (for its lines). This one is a single process
+    whose place is unknown; the training layer gives the guard one that reads its Trainer
+    (`ppo_lightning.training.update.TrainerLoop`)."""
+
+    world_size = 1
+
+    def any_rank(self, flag: bool) -> bool:
+        """True if ``flag`` is True on any rank (every rank calls this together)."""
+        return flag
+
+    def iteration(self) -> Any:
+        """The PPO iteration under way ("?" where unknown)."""
+        return "?"
+
+    def steps_taken(self) -> Any:
+        """The optimizer steps taken so far ("?" where unknown)."""
+        return "?"
+
+
 class NumericalGuard:
     """Skips a member's optimizer step when its loss or gradient is non-finite; stops training when
     every member is lost.
@@ -116,10 +138,13 @@ class NumericalGuard:
       are non-finite after a step (the learning rate is probably too large). A group's member whose
       parameters went non-finite has bad steps from then on.
     - Under data parallelism every rank skips the same steps.
+
+    ``loop`` (a `TrainingLoop`) says how many ranks step and where training is; the training layer sets it.
     """
 
     def __init__(self, max_bad_steps: int | None = 100, members: int = 1) -> None:
         self.max_bad_steps, self.members = max_bad_steps, members
+        self.loop = TrainingLoop()
         self.skipped = [0] * members  # bad steps over the whole run (restored from checkpoints)
         self.consecutive = [0] * members
         self.first_bad: list[str | None] = [None] * members  # first bad quantity of the current streak
@@ -148,10 +173,9 @@ class NumericalGuard:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
         bad = self._bad_members(loss, grads)
-        trainer = module._trainer
         what = None
-        if trainer is not None and trainer.world_size > 1:  # every rank skips the same steps
-            any_bad = trainer.strategy.reduce_boolean_decision(bool(bad), all=False)
+        if self.loop.world_size > 1:  # every rank skips the same steps
+            any_bad = self.loop.any_rank(bool(bad))
             if any_bad and not bad:
                 bad, what = list(range(self.members)), "a non-finite quantity on another data-parallel rank"
         batches, self._batches, self._restore, self._bad = self._batches, [], [], bad
@@ -160,7 +184,7 @@ class NumericalGuard:
                 self.consecutive[k], self.first_bad[k] = 0, None
         if not bad:
             return True
-        where = f"iteration {self._iteration(module)}, step {self._step(module)}"
+        where = f"iteration {self.loop.iteration()}, step {self._step()}"
         for k in bad:
             self.skipped[k] += 1
             self.consecutive[k] += 1
@@ -233,9 +257,8 @@ class NumericalGuard:
         if not params:
             return
         ok = _all_finite([p.detach() for p in params])
-        trainer = module._trainer
-        if trainer is not None and trainer.world_size > 1 and hasattr(params[0], "to_local"):  # shards differ
-            ok = not trainer.strategy.reduce_boolean_decision(not ok, all=False)
+        if self.loop.world_size > 1 and hasattr(params[0], "to_local"):  # shards differ
+            ok = not self.loop.any_rank(not ok)
         if ok:
             return
         if self.members > 1:
@@ -247,23 +270,16 @@ class NumericalGuard:
         name = next((names.get(id(p), "a parameter") for p in params if not _all_finite([p.detach()])), "(another rank's)")
         lr = optimizer.param_groups[0].get("lr")
         raise NumericalFault(
-            f"parameter {name!r} became non-finite after the optimizer step (iteration {self._iteration(module)}, "
-            f"step {self._step(module, taken=True)}, lr {lr:g}): the learning rate is probably too large; "
+            f"parameter {name!r} became non-finite after the optimizer step (iteration {self.loop.iteration()}, "
+            f"step {self._step(taken=True)}, lr {lr:g}): the learning rate is probably too large; "
             f"the last checkpoint is unaffected"
         )
 
-    @staticmethod
-    def _iteration(module) -> Any:
-        dm = getattr(module._trainer, "datamodule", None) if module._trainer is not None else None
-        return getattr(dm, "iteration", "?")
-
-    @staticmethod
-    def _step(module, taken: bool = False) -> Any:
-        """The step's index (0 the first); ``taken``: after the optimizer step, which the Trainer's
-        ``global_step`` already counts."""
-        if module._trainer is None:
-            return "?"
-        return module._trainer.global_step - 1 if taken else module._trainer.global_step
+    def _step(self, taken: bool = False) -> Any:
+        """The step's index (0 the first); ``taken``: after the optimizer step, which the loop's count
+        already holds."""
+        steps = self.loop.steps_taken()
+        return steps - 1 if taken and isinstance(steps, int) else steps
 
     def metrics(self) -> dict[str, Any]:
         return {"train/skipped_steps": PerMember(float(n) for n in self.skipped)}

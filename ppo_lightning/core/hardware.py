@@ -251,24 +251,6 @@ def resolve_trainer_precision(precision: object, accelerator: object = "auto",
     return ("bf16-mixed" if native else "32-true"), why
 
 
-_logged: set[tuple[str, str | None, str]] = set()
-
-
-def log_choice(what: str, choice: str | None, reason: str) -> None:
-    """Log a hardware-dependent choice once per process (same what, choice and reason)."""
-    key = (what, choice, reason)
-    if key not in _logged:
-        _logged.add(key)
-        _emit(f"{what}: {choice} ({reason})")
-
-
-def _emit(message: str) -> None:
-    # Lightning's rank-zero logger: shown at INFO on the console where Lightning logs, rank 0 only.
-    from lightning.pytorch.utilities import rank_zero_info
-
-    rank_zero_info(message)
-
-
 def machine_info() -> dict:
     """Plain description of the machine for benchmark output: CPU model, cores, the ISA flags that
     matter, bf16-native or not, torch's threads and CPU capability, CUDA devices."""

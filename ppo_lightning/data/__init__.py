@@ -4,6 +4,6 @@ state per seed (`seed_state`), device placement (`devices`), statistics pooled a
 per-rank resume state of envs and RNGs (`resume_state`), rollouts of envs that step as one batch
 without TorchRL's collector (`batched_rollout`), the data side of vectorized seed groups (`seed_group`).
 
-May import: `core`, `envs`, `nets`, `algos`.
+May import: `adapters`, `core`, `envs`, `nets`, `algos`.
 """
 

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from ppo_lightning.adapters import gymnasium as gym_arrays
+from ppo_lightning.adapters.torchrl import gym_env
 from ppo_lightning.data.batched_rollout import sample_members
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
 
@@ -41,7 +43,7 @@ class VectorGames:
     array_actions = True  # step_games takes the actions as one array (MinAtar's: a list)
 
     def __init__(self, env) -> None:
-        self.vec = env.base_env._env
+        self.vec = gym_env(env.base_env)
         self.num_envs = int(self.vec.num_envs)
         spec = env.observation_spec[OBS_KEY]
         self.obs_dtype = torch.empty((), dtype=spec.dtype).numpy().dtype
@@ -49,16 +51,11 @@ class VectorGames:
 
     def step_games(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``SyncVectorEnv.step`` of a DISABLED-autoreset vector env without its per-call work that nothing
-        here reads (the merge of the sub-envs' infos, a deep copy of the observations, the action
-        iterator): each sub-env steps on its row of ``actions`` and the vector env's own arrays are
-        written as its ``step`` writes them (its partial ``reset`` reads them). A median 22 us of a Hopper
-        member's ~200-300 us step (EPYC-AVX512, loaded: `benchmarks/vector_step.py`)."""
-        vec = self.vec
-        for i, env in enumerate(vec.envs):
-            vec._env_obs[i], vec._rewards[i], vec._terminations[i], vec._truncations[i], _ = env.step(actions[i])
-        vec._autoreset_envs = np.logical_or(vec._terminations, vec._truncations)
-        self._obs = np.stack(vec._env_obs).astype(self.obs_dtype, copy=False)
-        return vec._rewards.astype(np.float32), vec._terminations.copy(), vec._truncations.copy()
+        here reads (`ppo_lightning.adapters.gymnasium.step_rows`). A median 22 us of a Hopper member's
+        ~200-300 us step (EPYC-AVX512, loaded: `benchmarks/vector_step.py`)."""
+        obs, rewards, terminations, truncations = gym_arrays.step_rows(self.vec, actions)
+        self._obs = np.stack(obs).astype(self.obs_dtype, copy=False)
+        return rewards.astype(np.float32), terminations.copy(), truncations.copy()
 
     def reset_games(self, asked: np.ndarray) -> None:
         obs, _ = self.vec.reset(options={"reset_mask": np.asarray(asked, dtype=bool)})
@@ -72,7 +69,7 @@ def vector_games(env) -> VectorGames | None:
         import gymnasium as gym
     except ImportError:
         return None
-    vec = getattr(getattr(env, "base_env", None), "_env", None)
+    vec = gym_env(getattr(env, "base_env", None))
     if not isinstance(vec, gym.vector.SyncVectorEnv) or vec.autoreset_mode != gym.vector.AutoresetMode.DISABLED:
         return None
     return VectorGames(env)

@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from ppo_lightning.adapters.lightning import attached_trainer
 from ppo_lightning.envs import PROCGEN_PREFIX
 from ppo_lightning.envs.procgen_scores import normalized_return
 from ppo_lightning.core.errors import TrainingFault
@@ -62,7 +63,7 @@ def all_reduce_moments(n: float, mean: float, var: float) -> tuple[float, float,
 
 def mean_over_ranks(module, value: float) -> float:
     """Mean of a per-rank figure over the ranks whose value is finite (nan if none)."""
-    trainer = getattr(module, "_trainer", None)
+    trainer = attached_trainer(module)
     if trainer is None or trainer.world_size == 1 or _dist_world() == 1:
         return value
     ok = math.isfinite(value)
@@ -74,7 +75,7 @@ def mean_over_ranks(module, value: float) -> float:
 def pool_episode_metrics(module, dm, metrics: dict[str, float], last: int = 20) -> None:
     """Replace the per-rank episode figures by those of the episodes of all ranks (the last ``last``
     episodes of each rank; counts summed). No-op on one process."""
-    trainer = getattr(module, "_trainer", None)
+    trainer = attached_trainer(module)
     if trainer is None or trainer.world_size == 1 or _dist_world() == 1:
         return
     episodes = dm.states[0].episodes  # data parallelism runs single runs only

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ppo_lightning.adapters.torchrl import carried_step, gym_env
 from ppo_lightning.core.errors import CheckpointError
 
 # ---------------------------------------------------------------------------- plain encoding
@@ -258,7 +259,7 @@ def env_state(env: Any) -> dict[str, Any]:
             return {"kind": "raw", "restorable": False, "missing": [f"{type(base).__name__} ({err})"]}
     if hasattr(base, "get_state"):  # ProcgenTorchEnv
         return {"kind": "procgen", "state": base.get_state(), "restorable": True, "missing": []}
-    vec = getattr(base, "_env", None)  # TorchRL's GymWrapper keeps the gymnasium env here
+    vec = gym_env(base)  # the gymnasium env inside TorchRL's GymWrapper
     if vec is None or not hasattr(vec, "envs"):
         return {"kind": "unknown", "restorable": False, "missing": [type(base).__name__]}
     return {"kind": "gymnasium", **gym_vector_state(vec)}
@@ -274,13 +275,13 @@ def set_env_state(env: Any, state: dict[str, Any]) -> None:
     elif state["kind"] == "procgen":
         base.set_state(state["state"])
     else:
-        set_gym_vector_state(base._env, state)
+        set_gym_vector_state(gym_env(base), state)
 
 
 def collector_state(collector: Any) -> dict[str, Any]:
     """The step the collector carries to its next rollout (observation, done flags, step counts,
-    episode-return accumulators). TorchRL 0.14 keeps it as ``Collector._carrier``."""
-    carrier = getattr(collector, "_carrier", None)
+    episode-return accumulators): `ppo_lightning.adapters.torchrl.carried_step`."""
+    carrier = carried_step(collector)
     if carrier is None:
         raise RuntimeError("torchrl's Collector has no _carrier: exact resume needs updating for this torchrl version")
     return {"carrier": carrier.to_dict(), "batch_size": list(carrier.batch_size)}
@@ -289,7 +290,7 @@ def collector_state(collector: Any) -> dict[str, Any]:
 def set_collector_state(collector: Any, state: dict[str, Any]) -> None:
     from tensordict import TensorDict
 
-    collector._carrier.update(TensorDict(state["carrier"], batch_size=state["batch_size"]))
+    carried_step(collector).update(TensorDict(state["carrier"], batch_size=state["batch_size"]))
 
 
 def capture(source: Any, providers: dict[str, Stateful], pending: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from ppo_lightning.adapters.torchrl import carried_step
 from ppo_lightning.algos.advantages import make_gae
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
@@ -142,7 +143,7 @@ class SeedGroupSource(RolloutSource):
     # ---------------------------------------------------------------- state
     def resume_state(self) -> dict[str, Any]:
         envs = [resume_state.env_state(env) for env in self.envs]
-        carrier = self.collector._carrier  # [S, n]: each seed's carried step (its observation saved as "obs")
+        carrier = carried_step(self.collector)  # [S, n]: each seed's carried step (its observation saved as "obs")
         carriers = [{CARRIER_NAMES.get(k, k): v[s].clone() for k, v in carrier.items()} for s in range(len(self.envs))]
         return {"seed_group": {"seeds": [st.state_dict() for st in self.states], "envs": envs, "carriers": carriers,
                                # each member's observations its normalizer merges before the next rollout
@@ -162,7 +163,7 @@ class SeedGroupSource(RolloutSource):
         if all(e["restorable"] for e in state["envs"]):
             for env, e in zip(self.envs, state["envs"]):
                 resume_state.set_env_state(env, e)
-            carrier = self.collector._carrier
+            carrier = carried_step(self.collector)
             for s, saved in enumerate(state["carriers"]):
                 for k, v in saved.items():
                     carrier.get(OBS_KEY if k == "obs" else k)[s] = v

@@ -3,5 +3,5 @@ phasic (PPG) layouts (`impala_phasic`), the MinAtar CNN (`minatar_cnn`), observa
 (`obs_norm`), S networks stacked for vectorized seeds (`seed_stack`; the batched forms of the MinAtar
 CNN, `minatar_stacked`, and of the MLP actor-critic, `mlp_stacked`).
 
-May import: `core`.
+May import: `adapters`, `core`.
 """

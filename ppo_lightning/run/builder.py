@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
 
+from ppo_lightning.adapters.lightning import subcommand_parsers
 from ppo_lightning.training.callbacks import (
     MANAGED_CALLBACKS,
     FramesProgressBar,
@@ -357,7 +358,7 @@ class PPOCLI(LightningCLI):
         """Parse; a setting its class does not take (a misspelled ``--model.X`` of a subclass, ``--data.X``)
         is one line naming the class and the closest setting (`ppo_lightning.run.resume.unknown_setting`);
         other parse errors print as jsonargparse prints them. Then the dotted dict entries are applied."""
-        parsers = [parser, *getattr(getattr(parser, "_subcommands_action", None), "_name_parser_map", {}).values()]
+        parsers = [parser, *subcommand_parsers(parser)]
         saved = [p.exit_on_error for p in parsers]
         for p in parsers:
             p.exit_on_error = False

@@ -100,7 +100,9 @@ def _shipped(path: Path) -> bool:
         return False
 
 
-def _config_refs(paths: list[Path]) -> list[tuple[str, str, str]]:
+def config_refs(paths: list[Path]) -> list[tuple[str, str, str]]:
+    """The code references (class paths, env modules) of the config files ``paths`` that are not shipped
+    with the package (`ppo_lightning.core.safety.code_references`)."""
     refs = []
     for p in paths:
         if not _shipped(p):  # a config shipped in the package is the project's own

@@ -186,6 +186,16 @@ class Run:
     def run_dir(self) -> Path:
         return Path(self.trainer.default_root_dir)
 
+    @property
+    def frames(self) -> float:
+        """The frames the run trained (per member), as its data module counts them."""
+        return float(self.datamodule.frames)
+
+    @property
+    def precision(self) -> str:
+        """The precision the run trained in, as Lightning names it (``32-true``, ``bf16-mixed``)."""
+        return str(self.trainer.precision)
+
 
 def train(spec: RunSpec, callbacks=(), ckpt_path: str | Path | None = None) -> Run:
     """Builds and trains ``spec`` in this process (``ckpt_path``: resume from that checkpoint);

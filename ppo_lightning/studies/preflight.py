@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ppo_lightning.run.preflight import PreflightError, _config_refs, check_env_once, check_run
+from ppo_lightning.run.preflight import PreflightError, config_refs, check_env_once, check_run
 from ppo_lightning.core.safety import check_code, code_references, first_nonfinite
 from ppo_lightning.studies import runner
 
@@ -17,7 +17,7 @@ def study_code(study) -> list[tuple[str, str, str]]:
     refs = code_references({"fit": study.fit, "envs": list(study.envs)})
     for name, arm in study.arms.items():
         refs += code_references(arm.fit, f"arms.{name}.fit")
-    return refs + _config_refs([study.resolve(c) for c in dict.fromkeys([*study.base, *(c for a in study.arms.values()
+    return refs + config_refs([study.resolve(c) for c in dict.fromkeys([*study.base, *(c for a in study.arms.values()
                                                                                           for c in a.configs)])])
 
 

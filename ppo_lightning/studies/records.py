@@ -26,11 +26,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, normalized_return
 from ppo_lightning.core.hardware import CpuIdentity
 from ppo_lightning.core.storage import atomic_replace, free_bytes, out_of_space, space_error_text
 from ppo_lightning.core.errors import StorageFull
 from ppo_lightning.core.safety import load_json, read_csv
+from ppo_lightning.run.harness import REFERENCE_500K, RETURN_RANGES, normalized_return
 from ppo_lightning.studies.spec import Study
 
 CELL_FIELDS = ["study", "arm", "env", "seed", "frames", "auc_return", "final_return", "cpu", "precision",

@@ -42,10 +42,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ppo_lightning.algos import scaling
 from ppo_lightning.core.hardware import core_count, cpu_label
 from ppo_lightning.core.safety import load_json, load_yaml, open_nofollow
 from ppo_lightning.core.members import ALWAYS_MEMBER_SETTINGS, MEMBER_OPTIONS, OPTIONAL_MEMBER_OPTIONS
+from ppo_lightning.run.harness import check_checkpoint_file, probe_tracking_store, scale_member_settings
 from ppo_lightning.run.spec import Members, RunSpec, train
 from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
@@ -232,9 +232,9 @@ def member_values(study: Study, arm: str) -> tuple[str, dict] | None:
               "adam_betas": [float(b) for b in (get("model.adam_betas") or ADAM_BETAS)],
               **{k.split(".")[1]: float(get(k, d)) for k, d in LOSS_AND_RETURN_KEYS.items()}}
     c = float(fit.get("scale") or 1.0)
-    rules = scaling.parse_rules(str(fit.get("scale_rules", "all")), bool(fit.get("scale_adam_betas", False)))
     shared = {k: v for k, v in fit.items() if k not in MEMBER_KEYS}
-    return json.dumps(shared, sort_keys=True), scaling.scale_member(c, values, rules)
+    scaled = scale_member_settings(c, values, str(fit.get("scale_rules", "all")), bool(fit.get("scale_adam_betas", False)))
+    return json.dumps(shared, sort_keys=True), scaled
 
 
 @dataclass
@@ -503,8 +503,6 @@ def _write_json(path: Path, data, what: str = "study record") -> None:
 def resume_spec(spec: RunSpec, run_dir: Path, checkpoint_frames: int | None = None) -> tuple[RunSpec, Path | None]:
     """The group's run with periodic checkpoints in ``run_dir``, and the ``last.ckpt`` to resume from when
     an attempt of the same run left one (another run's: the old folder is set aside and the group starts over)."""
-    from ppo_lightning.interop.checkpoint_io import check_checkpoint_file  # start-up cost: only in a worker
-
     # the group's frames per iteration: its envs x steps (its own value, else its configs' last), / --scale
     cfg: dict = {}
     for c in spec.configs:
@@ -614,7 +612,7 @@ def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, 
         _write_json(attempts_file, [*earlier, {"wall_s": wall, "train_s": segments[-1] if segments else wall}])
         raise SystemExit(code)
     logger = run.trainer.logger
-    client, dm = logger.experiment, run.datamodule
+    client, frames = logger.experiment, run.frames
     segments = attempt_train_times(_elapsed_history(client, logger.run_id)) or [wall]
     # every attempt: the earlier ones recorded, any killed without a record (SIGKILL: only their elapsed
     # time in a run the attempts shared), and this one
@@ -622,7 +620,7 @@ def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, 
     attempts = len(earlier) + len(unrecorded) + 1
     train_s = sum(a["train_s"] for a in earlier) + sum(unrecorded) + segments[-1]
     wall = sum(a["wall_s"] for a in earlier) + sum(unrecorded) + wall
-    precision = str(run.trainer.precision)
+    precision = run.precision
     cpu = cpu_label()
     if parent_run_id:
         client.set_tag(logger.run_id, "mlflow.parentRunId", parent_run_id)
@@ -633,7 +631,7 @@ def _train_group(study: Study, group: Group, run_root: Path, tracking_uri: str, 
         fr, rets = hist("frames"), hist("episode/return_mean20")
         curve = sorted((fr[k], r) for k, r in rets.items() if k in fr)
         last100 = [v for _, v in sorted(hist("episode/return_mean100").items())]  # the PPO paper's score
-        cell = Cell(arm, group.env, seed, int(dm.frames), curve_auc(curve, dm.frames), final_value(curve, dm.frames), cpu,
+        cell = Cell(arm, group.env, seed, int(frames), curve_auc(curve, frames), final_value(curve, frames), cpu,
                     precision, wall / len(group.members), train_s / len(group.members), group.name, run_id, "run", curve,
                     attempts, last100[-1] if last100 else float("nan"))
         for k, v in {"study": study.name, "arm": arm, "env": group.env, "seed": seed, "cpu": cpu, "precision": precision,
@@ -749,8 +747,6 @@ def _parent_run(study: Study, tracking_uri: str, run_root: Path) -> str | None:
 def _find_or_make_parent_run(study: Study, tracking_uri: str, run_root: Path | None = None) -> str | None:
     try:
         from mlflow.tracking import MlflowClient
-
-        from ppo_lightning.training.tracking import probe_tracking_store  # start-up cost: MLflow only for run
 
         # a new experiment keeps its artifacts in the run root, not in ./mlruns of the working directory
         local = run_root is not None and tracking_uri.startswith("sqlite:")  # a server keeps its own artifact root

@@ -63,43 +63,63 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint
 
 def save_checkpoint_on_all_ranks(trainer, filepath, weights_only: bool | None = None,
                                  storage_options: Any | None = None) -> None:
-    """``Trainer.save_checkpoint`` whose ranks agree on a failed write before the closing barrier.
+    """``Trainer.save_checkpoint`` whose ranks agree on a failed write before its closing barrier.
 
-    Every rank takes part in one all-reduce (did a rank fail?) and, only after a failure, a second (was
-    it a full disk?); then each rank raises: the rank that failed its own error, the others a
+    The strategy's write (``strategy.save_checkpoint``, which ``Trainer.save_checkpoint`` calls
+    between dumping the checkpoint and the barrier) is wrapped for this call: every rank takes part
+    in one all-reduce (did a rank fail?) and, only after a failure, a second (was it a full disk?);
+    then each rank raises before the barrier: the rank that failed its own error, the others a
     `StorageFull` for the same checkpoint (or a `TrainingFault` saying that another rank could not
     write it). Both marked ``all_ranks``: one line per node. One process: Lightning's own method."""
     import lightning.pytorch as pl
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught as Exception
 
     strategy = trainer.strategy
     if trainer.world_size == 1 or trainer.model is None:
         return pl.Trainer.save_checkpoint(trainer, filepath, weights_only, storage_options)
+    own = "save_checkpoint" in vars(strategy)
+    write = strategy.save_checkpoint
+
+    def agreed_write(checkpoint, path, storage_options=None) -> None:
+        _write_on_all_ranks(strategy, write, checkpoint, path, storage_options)
+
+    strategy.save_checkpoint = agreed_write
+    try:
+        pl.Trainer.save_checkpoint(trainer, filepath, weights_only, storage_options)
+    finally:
+        if own:
+            strategy.save_checkpoint = write
+        else:
+            del strategy.save_checkpoint  # the strategy's class method again
+
+
+def _write_on_all_ranks(strategy, write, checkpoint, filepath, storage_options) -> None:
+    """``write(checkpoint, filepath)`` on every rank, then each rank raises if any failed (see
+    `save_checkpoint_on_all_ranks`)."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught as Exception
+
     failure: BaseException | None = None
-    with trainer.profiler.profile("save_checkpoint"):
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only)
-        try:
-            strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-        except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank learns of it below
-            failure = err
-        if strategy.reduce_boolean_decision(failure is not None, all=False):
-            full = strategy.reduce_boolean_decision(failure is not None and out_of_space(failure), all=False)
-            if isinstance(failure, TrainingFault):
-                failure.all_ranks = True
-                raise failure
-            path = Path(str(filepath))
-            if full:
-                if failure is not None:  # a write that is not ours (storage_options, a remote path): same line
-                    raise StorageFull("checkpoint", path, None, free_bytes(path.parent), space_error_text(failure),
-                                      last_good_checkpoint(path.parent), all_ranks=True) from None
-                raise StorageFull("checkpoint", path, None, free_bytes(path.parent), "no space left on device",
-                                  last_good_checkpoint(path.parent), all_ranks=True)
-            if failure is not None:
-                raise failure
-            fault = TrainingFault(f"another rank could not write checkpoint {path} (that rank printed why)")
-            fault.all_ranks = True
-            raise fault
-        strategy.barrier("Trainer.save_checkpoint")
+    try:
+        write(checkpoint, filepath, storage_options=storage_options)
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank learns of it below
+        failure = err
+    if not strategy.reduce_boolean_decision(failure is not None, all=False):
+        return
+    full = strategy.reduce_boolean_decision(failure is not None and out_of_space(failure), all=False)
+    if isinstance(failure, TrainingFault):
+        failure.all_ranks = True
+        raise failure
+    path = Path(str(filepath))
+    if full:
+        if failure is not None:  # a write that is not ours (storage_options, a remote path): same line
+            raise StorageFull("checkpoint", path, None, free_bytes(path.parent), space_error_text(failure),
+                              last_good_checkpoint(path.parent), all_ranks=True) from None
+        raise StorageFull("checkpoint", path, None, free_bytes(path.parent), "no space left on device",
+                          last_good_checkpoint(path.parent), all_ranks=True)
+    if failure is not None:
+        raise failure
+    fault = TrainingFault(f"another rank could not write checkpoint {path} (that rank printed why)")
+    fault.all_ranks = True
+    raise fault
 
 
 def _atomic_checkpoint_io_class():

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ppo_lightning.adapters.lightning import attached_datamodule
 from ppo_lightning.algos.schedules import Progress, check_schedules, schedule_factor
 from ppo_lightning.core.members import PerMember
 
@@ -69,7 +70,7 @@ class ScheduledCoefficients:
     def apply(self, module) -> dict[str, float]:
         """Set the loss's scheduled coefficients for this iteration: the configured value (a group's
         members' own, when they have them) times the factor. Returns the factors as metrics."""
-        dm = module.trainer.datamodule if module._trainer is not None else None
+        dm = attached_datamodule(module)
         loss, h = module.loss_module, module.hparams
         members: dict[str, list] = h.get("member_hparams") or {}
         metrics = {}
@@ -94,7 +95,7 @@ class ScheduledCoefficients:
             return None
 
         def lr_lambda(_epoch: int) -> float:
-            return self.factor("lr", module.trainer.datamodule if module._trainer is not None else None)
+            return self.factor("lr", attached_datamodule(module))
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
         return {"scheduler": scheduler, "interval": "epoch", "frequency": 1}

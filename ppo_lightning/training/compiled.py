@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from ppo_lightning.adapters import torch as torch_ops
+
 BACKENDS_HINT = "true (inductor) or a torch.compile backend name such as 'aot_eager'"
 
 
@@ -34,16 +36,12 @@ def validate_compile(value, ppg: bool = False) -> None:
         raise ValueError(f"model.compile must be false, {BACKENDS_HINT}; got {value!r}")
     if ppg:
         raise ValueError("model.compile is not supported with model.ppg yet (its phases call the network's other methods)")
-    import torch._dynamo
-
-    if backend not in torch._dynamo.list_backends(exclude_tags=()):
-        raise ValueError(f"model.compile: unknown torch.compile backend {backend!r}; known: {', '.join(torch._dynamo.list_backends())}")
+    if backend not in torch.compiler.list_backends(exclude_tags=()):
+        raise ValueError(f"model.compile: unknown torch.compile backend {backend!r}; known: {', '.join(torch.compiler.list_backends())}")
 
 
 def _graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+    return torch_ops.compiled_graphs()
 
 
 class CompiledLoss:

@@ -499,9 +499,9 @@ def create_run(client, experiment_name: str, tags: dict[str, str]) -> str:
         experiment_id = client.create_experiment(experiment_name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     else:
         experiment_id = experiment.experiment_id
-    from lightning.pytorch.loggers.mlflow import _get_resolve_tags  # MLflow's context tags, as Lightning adds them
+    from mlflow.tracking.context.registry import resolve_tags  # MLflow's context tags (user, source), as Lightning adds them
 
-    return client.create_run(experiment_id=experiment_id, tags=_get_resolve_tags()(tags)).info.run_id
+    return client.create_run(experiment_id=experiment_id, tags=resolve_tags(tags)).info.run_id
 
 
 def import_spool(path: str | os.PathLike, tracking_uri: str | None = None) -> tuple[str | None, int]:

@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.utilities.parsing import collect_init_args
 from tensordict import TensorDict, TensorDictBase
 
+from ppo_lightning.adapters.lightning import attached_datamodule, attached_trainer
 from ppo_lightning.core.configs import plain
 from ppo_lightning.data import parallel
 from ppo_lightning.core.faults import NumericalGuard, finite_mean
@@ -35,7 +36,7 @@ from ppo_lightning.training.compiled import validate_compile
 from ppo_lightning.training.seed_group import seed_axis, validate_seed_group
 from ppo_lightning.algos.ppg import validate_ppg_config
 from ppo_lightning.algos.proximal import validate_proximal_com
-from ppo_lightning.training.update import make_updater
+from ppo_lightning.training.update import TrainerLoop, make_updater
 from ppo_lightning.training.parts import make_anchor, make_compile_part, make_phases, make_ppg_part
 from ppo_lightning.algos.hooks import AUX_PREFIX
 from ppo_lightning.algos.settings import check_settings, schema_of
@@ -210,6 +211,7 @@ class PPOLightningModule(pl.LightningModule):
         self._fit_frames0 = 0
         # Skips non-finite steps per member, stops when every member had max_bad_steps in a row.
         self.numerical_guard = NumericalGuard(max_bad_steps, self.members)
+        self.numerical_guard.loop = TrainerLoop(self)
         # The optional parts' hooks run in this order (ppo_lightning.training.parts): PPG's buffer check,
         # then the compiled loss, then the anchor, at fit start.
         self.compile_part = make_compile_part(self.hparams.get("compile", False))
@@ -309,8 +311,9 @@ class PPOLightningModule(pl.LightningModule):
     def configure_callbacks(self):
         # Lightning calls this when it attaches the module, before it checks that a manual optimization's
         # Trainer neither clips nor accumulates: the update takes those settings (`Update.take_trainer_settings`).
-        if self._trainer is not None:
-            self.updater.take_trainer_settings(self, self._trainer)
+        trainer = attached_trainer(self)
+        if trainer is not None:
+            self.updater.take_trainer_settings(self, trainer)
         return [cb for part in self.parts for cb in part.callbacks()]
 
     def step_proximal(self) -> None:
@@ -366,7 +369,7 @@ class PPOLightningModule(pl.LightningModule):
     def lr_scheduler_for(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """``model.lr_schedule``'s or ``model.schedules.lr``'s scheduler of ``optimizer`` as a Lightning
         config stepped once per iteration; None for a constant lr (or before the data module is known)."""
-        dm = self.trainer.datamodule if self._trainer is not None else None
+        dm = attached_datamodule(self)
         if dm is None:
             return None
         if self.hparams.lr_schedule == "constant":
@@ -381,7 +384,7 @@ class PPOLightningModule(pl.LightningModule):
         """Whether Adam takes the fused kernel: one call per step instead of a Python loop over tensors
         (4x faster for the small CartPole MLP). Sharded (DTensor) parameters take the default path."""
         fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params) or None
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if fused and trainer is not None and trainer.precision != "32-true" and self.updater.clip_val:
             fused = None  # Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients
         return fused
@@ -416,6 +419,19 @@ class PPOLightningModule(pl.LightningModule):
     def set_member_lrs(self, lrs: list[float]) -> None:
         """Every member's lr from now on (members on lr schedules of their own)."""
         self.seed_axis.set_member_lrs(self, lrs)
+
+    @property
+    def at_refill_point(self) -> bool:
+        """Whether `refill_member` may start a member before the next iteration: always for PPO; for
+        PPG where the next iteration starts a policy phase (the new member's phases are its run's)."""
+        return self.ppg_phases is None or self.ppg_phases.at_phase_start
+
+    def member_returns(self, last: int = 20) -> list[float]:
+        """Each member's mean return over its last ``last`` episodes (nan before its first), member
+        order; a single run's is one value."""
+        dm = attached_datamodule(self)
+        states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
+        return [float(st.episodes.mean_return(last)) for st in states]
 
     @property
     def member_run_ids(self) -> list[str] | None:

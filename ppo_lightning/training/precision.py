@@ -36,11 +36,34 @@ import warnings
 from typing import Any, Literal, Optional, Union
 
 import lightning.pytorch as pl
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+from lightning.pytorch.utilities import rank_zero_info
 
-from ppo_lightning.core.hardware import (TRAINER_PRECISIONS, accelerator_device, bf16_native_cpu, log_choice,
+from ppo_lightning.core.hardware import (TRAINER_PRECISIONS, accelerator_device, bf16_native_cpu,
                                          resolve_trainer_precision)
 from ppo_lightning.training.checkpointing import save_checkpoint_on_all_ranks
+
+# The values ``Trainer(precision=...)`` takes (Lightning's own type of them is private); the
+# command line checks ``--trainer.precision`` against them. tests/test_adapters.py keeps them Lightning's.
+PRECISION_INPUT = Union[Literal[64, 32, 16],
+                        Literal["transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
+                                "bf16-mixed", "32-true", "64-true"],
+                        Literal["64", "32", "16", "bf16"]]
+
+_logged: set[tuple[str, str | None, str]] = set()
+
+
+def log_choice(what: str, choice: str | None, reason: str) -> None:
+    """Log a hardware-dependent choice once per process (same what, choice and reason)."""
+    key = (what, choice, reason)
+    if key not in _logged:
+        _logged.add(key)
+        _emit(f"{what}: {choice} ({reason})")
+
+
+def _emit(message: str) -> None:
+    # Lightning's rank-zero logger: shown at INFO on the console where Lightning logs, rank 0 only.
+    rank_zero_info(message)
+
 
 _ALIAS_TO_TRAINER = {"fp32": "32-true", "bf16": "bf16-mixed", "auto": "auto"}
 DEPRECATION = ("{name} is deprecated: the precision is Lightning's --trainer.precision "
@@ -152,7 +175,7 @@ class PPOTrainer(pl.Trainer):
     in Python with ``precision="auto"`` on a CPU, it measures at ``fit(model, datamodule=...)``
     (``precision_reason`` says how the precision was chosen)."""
 
-    def __init__(self, *args: Any, precision: Optional[Union[_PRECISION_INPUT, Literal["auto"]]] = None,
+    def __init__(self, *args: Any, precision: Optional[Union[PRECISION_INPUT, Literal["auto"]]] = None,
                  **kwargs: Any) -> None:
         accelerator = kwargs.get("accelerator", "auto")
         # "auto" on a CPU in one process: measured at fit(), when the network and data exist (the

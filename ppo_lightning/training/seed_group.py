@@ -56,6 +56,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ppo_lightning.adapters import torch as torch_ops
+from ppo_lightning.adapters.lightning import attached_trainer, mlflow_run_name
 from ppo_lightning.algos.loss import MEMBER_LOSS_SETTINGS
 from ppo_lightning.data.config import validate_member_hparams
 from ppo_lightning.nets.seed_stack import SeedStack
@@ -324,7 +327,8 @@ class SeedGroup(SingleRun):
         """End the members' MLflow runs; preempted, they are KILLED as the group's run (a resume continues them)."""
         from ppo_lightning.training.preemption import preempted  # start-up cost: only at teardown
 
-        stopped = module._trainer is not None and preempted(module.trainer) is not None
+        trainer = attached_trainer(module)
+        stopped = trainer is not None and preempted(trainer) is not None
         self.runs.finalize("KILLED" if stopped else "success")
 
     @torch.no_grad()
@@ -443,7 +447,7 @@ class MemberAdam(torch.optim.Adam):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 states.append(state)
-            torch._foreach_add_([st["step"] for st in states], 1)
+            torch_ops.foreach_add_([st["step"] for st in states], 1)
             scale = group["lr"] / self.base_lr  # an lr schedule's factor (1.0 without one)
             by_setting: dict[tuple, tuple[list, list, list, list, list]] = {}
             for k, setting, off in self.runs:
@@ -453,11 +457,9 @@ class MemberAdam(torch.optim.Adam):
                         out.append(t[k])
                     views[4].append(st["step"] if not off else st["step"] - off)  # a restarted member's own count
             for ((lr, (beta1, beta2)), _), (ps, gs, ms, vs, steps) in by_setting.items():
-                # torch's own fused Adam op (what Adam(fused=True) calls after advancing the steps; a private
-                # name: tests/test_group_members.py checks each member against torch.optim.Adam)
-                torch._fused_adam_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=group["lr"] if lr == self.base_lr else lr * scale,
-                                   beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
-                                   maximize=False, grad_scale=None, found_inf=None)
+                # torch's own fused Adam op, each member's slices with its own lr and betas
+                torch_ops.fused_adam_(ps, gs, ms, vs, steps, lr=group["lr"] if lr == self.base_lr else lr * scale,
+                                      beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"])
         return loss
 
 
@@ -485,7 +487,7 @@ class SeedRuns:
         self._run_ids = value
 
     def _start(self, module, parent) -> None:
-        name = parent._run_name or parent.run_id or "group"  # no request to the server in the loop
+        name = mlflow_run_name(parent) or parent.run_id or "group"  # no request to the server in the loop
         previous = self._run_ids  # a resumed group's runs (read before `loggers` takes over `run_ids`)
         self.loggers = []
         for k, seed in enumerate(self.seeds):
@@ -513,8 +515,9 @@ class SeedRuns:
             self.loggers.append(logger)
 
     def publish(self, module, per_seed: list[dict[str, float]]) -> None:
-        parent = module.trainer.logger if module._trainer is not None else None
-        if not isinstance(parent, SafeMLFlowLogger) or parent.failed or not module.trainer.is_global_zero:
+        trainer = attached_trainer(module)
+        parent = trainer.logger if trainer is not None else None
+        if not isinstance(parent, SafeMLFlowLogger) or parent.failed or not trainer.is_global_zero:
             return
         if self.loggers is None:
             self._start(module, parent)

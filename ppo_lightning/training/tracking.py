@@ -28,6 +28,9 @@ import contextlib
 import logging
 import os
 import sys
+from argparse import Namespace
+from collections.abc import MutableMapping
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +118,28 @@ def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(v, f"{key}/"))
         else:
             out[key] = v
+    return out
+
+
+def flat_params(params: Any, prefix: str = "") -> dict[str, Any]:
+    """Hyperparameters as one level of ``a/b`` names, as Lightning's loggers flatten them for MLflow:
+    a Namespace or a dataclass as its fields, a nested mapping as its entries under ``name/``, None
+    as nothing."""
+    if params is None:
+        return {}
+    if isinstance(params, Namespace):
+        params = vars(params)
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if is_dataclass(value) and not isinstance(value, type):
+            value = asdict(value)
+        elif isinstance(value, Namespace):
+            value = vars(value)
+        if isinstance(value, MutableMapping):
+            out.update(flat_params(value, f"{name}/"))
+        else:
+            out[name] = value
     return out
 
 
@@ -279,9 +304,7 @@ class SafeMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_hyperparams(self, params) -> None:
-        from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
-
-        flat = _flatten_dict(_convert_params(params))
+        flat = flat_params(params)
         self._submit({"kind": "params", "params": {k: str(v)[:250] for k, v in flat.items()}})
 
     @rank_zero_only

@@ -28,8 +28,10 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDictBase
 
+from ppo_lightning.adapters.lightning import attached_datamodule, attached_trainer
 from ppo_lightning.algos.loss import MAX_ENTRIES
 from ppo_lightning.algos.ppg import PHASE_TERMS, PhaseBatch
+from ppo_lightning.core.faults import TrainingLoop
 from ppo_lightning.data import parallel
 
 
@@ -66,6 +68,29 @@ def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward
         chunk_stats.append((w, stats))
         total_loss = total_loss + loss.detach()
     return loss, total_loss, combine_chunk_stats(chunk_stats)
+
+
+class TrainerLoop(TrainingLoop):
+    """The guard's view of the Trainer that fits ``module`` (`ppo_lightning.core.faults.TrainingLoop`):
+    its ranks, its strategy's all-reduce of a flag, the data module's iteration, the global step."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+
+    @property
+    def world_size(self) -> int:
+        trainer = attached_trainer(self.module)
+        return trainer.world_size if trainer is not None else 1
+
+    def any_rank(self, flag: bool) -> bool:
+        return attached_trainer(self.module).strategy.reduce_boolean_decision(flag, all=False)
+
+    def iteration(self) -> Any:
+        return getattr(attached_datamodule(self.module), "iteration", "?")
+
+    def steps_taken(self) -> Any:
+        trainer = attached_trainer(self.module)
+        return trainer.global_step if trainer is not None else "?"
 
 
 def one_clip_setting(trainer_clip: float | None, ppg_clip: float | None) -> float | None:
@@ -198,13 +223,14 @@ class PPGUpdate(Update):
     def optimizer_names(module) -> list[str]:
         """``["policy", "aux"]``, or ``["policy", "value", "aux"]`` when E_V != E_pi (reference ``opt_keys``)."""
         e_v = module.ppg_phases.cfg["epochs_value"]
-        dm = module.trainer.datamodule if module._trainer is not None else None
+        dm = attached_datamodule(module)
         separate = e_v is not None and dm is not None and e_v != dm.update_epochs
         return ["policy", "value", "aux"] if separate else ["policy", "aux"]
 
     def configure_optimizers(self, module) -> list[torch.optim.Optimizer]:
         h, cfg = module.hparams, module.ppg_phases.cfg
-        wrapped = module.trainer.model if module._trainer is not None else None
+        trainer = attached_trainer(module)
+        wrapped = trainer.model if trainer is not None else None
         if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and not wrapped.find_unused_parameters:
             raise ValueError("model.ppg under DDP: its policy steps leave the auxiliary value head unused; use "
                              "trainer.strategy ddp_find_unused_parameters_true (the CLI does so for 'ddp')")

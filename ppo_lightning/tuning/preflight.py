@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppo_lightning.run.preflight import PreflightError, _config_refs, check_env_once, check_run
+from ppo_lightning.run.preflight import PreflightError, config_refs, check_env_once, check_run
 from ppo_lightning.core.safety import check_code, code_references, first_nonfinite
 from ppo_lightning.tuning import runner
 
@@ -15,7 +15,7 @@ def space_code(space) -> list[tuple[str, str, str]]:
     """What a search-space file and its non-shipped configs would import."""
     choices = {name: list(p.choices) for name, p in space.params.items() if p.kind == "categorical"}
     refs = code_references({"fit": space.fit, "env": space.env, "params": choices})
-    return refs + _config_refs([space.resolve(c) for c in space.base])
+    return refs + config_refs([space.resolve(c) for c in space.base])
 
 
 def check_space(space, trust_code: bool = False, run_root: Path | None = None) -> None:

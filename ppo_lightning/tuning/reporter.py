@@ -9,7 +9,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from ppo_lightning.algos.schedules import lr_factor
+from ppo_lightning.run.harness import lr_factor
 
 
 class TrialReporter(Callback):
@@ -19,7 +19,7 @@ class TrialReporter(Callback):
     before the next iteration that starts a phase, the slot idling in between): the slot's curve starts
     again, counting its frames from there. With ``lr_schedule`` ``(name, frames)`` (the
     group itself at a constant lr), each member's lr before each iteration is its own lr times the
-    schedule's factor at its own iteration of a ``frames`` run (`ppo_lightning.algos.schedules.lr_factor`):
+    schedule's factor at its own iteration of a ``frames`` run (`ppo_lightning.run.harness.lr_factor`):
     a refilled member anneals from its start as its trial's single run does."""
 
     def __init__(self, members: int, on_iteration=None, lr_schedule: tuple[str, int] | None = None) -> None:
@@ -34,8 +34,7 @@ class TrialReporter(Callback):
         self.pending.append((slot, seed, values))
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        phases = pl_module.ppg_phases  # a PPG group refills where a phase starts: the new member's phases are its run's
-        if phases is None or phases.at_phase_start:
+        if pl_module.at_refill_point:
             for slot, seed, values in self.pending:
                 pl_module.refill_member(slot, seed, values)
                 self.curves[slot], self.starts[slot] = [], float(trainer.datamodule.frames)
@@ -49,14 +48,12 @@ class TrialReporter(Callback):
                                       for lr, i in zip(pl_module.hparams.member_hparams["lr"], own)])
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        dm = trainer.datamodule
-        states = dm.states
-        self.frames = float(dm.frames)
+        self.frames = float(trainer.datamodule.frames)
         waiting = {slot for slot, _, _ in self.pending}  # queued for a refill: the new trial has no frames yet
-        for slot, (curve, st) in enumerate(zip(self.curves, states)):
+        for slot, (curve, ret) in enumerate(zip(self.curves, pl_module.member_returns(20))):
             if slot in waiting:
                 self.starts[slot] = self.frames
             else:
-                curve.append((self.frames - self.starts[slot], float(st.episodes.mean_return(20))))
+                curve.append((self.frames - self.starts[slot], ret))
         if self.on_iteration is not None and self.on_iteration(self.frames):
             trainer.should_stop = True

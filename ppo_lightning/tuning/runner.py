@@ -53,11 +53,10 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from ppo_lightning.algos import scaling
 from ppo_lightning.core.storage import atomic_replace
-from ppo_lightning.envs.minatar_scores import normalized_return
 from ppo_lightning.core.members import BY_NAME, OPTIONAL_MEMBER_OPTIONS, member_metric
 from ppo_lightning.studies.records import curve_auc, final_value
+from ppo_lightning.run.harness import normalized_return, probe_tracking_store, scale_member_settings
 from ppo_lightning.run.spec import Members, RunSpec, train
 from ppo_lightning.tuning.space import MEMBER_PARAMS, Space
 
@@ -120,8 +119,8 @@ def scaled(space: Space, values: dict[str, Any]) -> dict[str, Any]:
     """A member's settings after the search's ``--scale`` rules, as a single run with them scales its own."""
 
     c = float(space.setting("scale") or 1.0)
-    rules = scaling.parse_rules(str(space.setting("scale_rules") or "all"), bool(space.setting("scale_adam_betas") or False))
-    return scaling.scale_member(c, values, rules)
+    return scale_member_settings(c, values, str(space.setting("scale_rules") or "all"),
+                                 bool(space.setting("scale_adam_betas") or False))
 
 
 def trial_fit(space: Space, params: dict[str, Any]) -> dict[str, Any]:
@@ -314,8 +313,6 @@ def parent_run(space: Space, run_root: Path, tracking_uri: str) -> str | None:
     marker = run_root / "mlflow_parent.json"
     try:
         from mlflow.tracking import MlflowClient  # start-up cost: MLflow only where a search runs
-
-        from ppo_lightning.training.tracking import probe_tracking_store  # the store's one-line check, as fit's
 
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -549,7 +546,7 @@ def train_group(space: Space, study, group: list[tuple[Any, dict[str, Any]]], ru
             if tell(trial, state=TrialState.FAIL):
                 study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
         raise SystemExit(run.exit_code)
-    frames = float(run.datamodule.frames)
+    frames = run.frames
     if frames < space.frames and not any(s == "COMPLETE" for s in states.values()):
         print(f"[tune] {name}: every trial pruned; the group stopped at {frames:.0f} of {space.frames} frames", flush=True)
     for number, (_, _, slot, _, _) in list(active.items()):  # the group's frames ran out (a single run at its budget)

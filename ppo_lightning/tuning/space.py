@@ -43,7 +43,7 @@ from typing import Any
 
 from ppo_lightning.core.members import BY_NAME, MEMBER_OPTIONS
 from ppo_lightning.core.safety import UnsafeInput, env_dirname, load_yaml
-from ppo_lightning.envs.minatar_scores import RETURN_RANGES
+from ppo_lightning.run.harness import RETURN_RANGES
 from ppo_lightning.studies import fields
 from ppo_lightning.studies.fields import resolve_ref
 from ppo_lightning.studies.spec import find_root, merge_configs
