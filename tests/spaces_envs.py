@@ -77,20 +77,24 @@ class SpacesToy(gym.Env):
         return self._last, reward, False, self.t >= self.length, self._info()
 
 
-BOX3 = spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+def box3() -> spaces.Box:  # a new space per env: a space carries its own generator
+    return spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+
 ENVS = {
     "DiscreteObs-v0": lambda: SpacesToy(spaces.Discrete(5), spaces.Discrete(2)),
     "MultiDiscreteObs-v0": lambda: SpacesToy(spaces.MultiDiscrete([3, 4]), spaces.Discrete(3)),
     "MultiBinary-v0": lambda: SpacesToy(spaces.MultiBinary(4), spaces.MultiBinary(3)),
     "DictObsMultiDiscreteAct-v0": lambda: SpacesToy(
-        spaces.Dict({"cell": spaces.Discrete(4), "pos": BOX3,
+        spaces.Dict({"cell": spaces.Discrete(4), "pos": box3(),
                      "more": spaces.Tuple((spaces.MultiBinary(2), spaces.MultiDiscrete([2, 3])))}),
         spaces.MultiDiscrete([3, 2])),
-    "TupleAct-v0": lambda: SpacesToy(BOX3, spaces.Tuple((spaces.Discrete(2), spaces.Box(-1.0, 1.0, (2,), np.float32)))),
-    "DictAct-v0": lambda: SpacesToy(spaces.Tuple((spaces.Discrete(3), BOX3)),
+    "TupleAct-v0": lambda: SpacesToy(box3(), spaces.Tuple((spaces.Discrete(2), spaces.Box(-1.0, 1.0, (2,), np.float32)))),
+    "DictAct-v0": lambda: SpacesToy(spaces.Tuple((spaces.Discrete(3), box3())),
                                    spaces.Dict({"move": spaces.Discrete(3), "fire": spaces.MultiBinary(2)})),
     "InfoMask-v0": lambda: SpacesToy(spaces.Discrete(6), spaces.Discrete(4), mask="info"),
-    "DictMask-v0": lambda: SpacesToy(spaces.Dict({"obs": BOX3, "action_mask": spaces.MultiBinary(5)}),
+    "DictMask-v0": lambda: SpacesToy(spaces.Dict({"obs": box3(), "action_mask": spaces.MultiBinary(5)}),
                                     spaces.MultiDiscrete([2, 3]), mask="dict"),
     "TextObs-v0": lambda: SpacesToy(spaces.Text(5), spaces.Discrete(2)),
 }
