@@ -1,6 +1,6 @@
 """Small gymnasium envs of every space kind, registered on import (``tests.spaces_envs:<Id>``).
 
-Each draws its observations from its observation space with its own seeded generator, ends after 8
+Each draws its observations from its observation space on its own seeded generator, ends after 8
 steps and rewards the first action leaf agreeing with the observation's first number's parity (a
 signal a policy can learn). The masked envs draw a random legal subset per step (at least one legal
 choice per categorical) and raise on an illegal action.
@@ -19,6 +19,24 @@ def _first_number(value) -> float:
     if isinstance(value, tuple):
         return _first_number(value[0])
     return float(np.asarray(value).reshape(-1)[0])
+
+
+def sample(space: gym.Space, rng: np.random.Generator):
+    """An element of ``space`` drawn on ``rng`` (the env's own generator: its state is the env's, which
+    exact resume saves; a space's own generator is structure, not saved)."""
+    if isinstance(space, spaces.Dict):
+        return {k: sample(s, rng) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(sample(s, rng) for s in space.spaces)
+    if isinstance(space, spaces.Discrete):
+        return np.int64(rng.integers(space.n))
+    if isinstance(space, spaces.MultiDiscrete):
+        return rng.integers(space.nvec).astype(space.dtype)
+    if isinstance(space, spaces.MultiBinary):
+        return rng.integers(0, 2, space.shape).astype(space.dtype)
+    if isinstance(space, spaces.Box):
+        return rng.uniform(space.low, space.high).astype(space.dtype)
+    return space.sample()
 
 
 class SpacesToy(gym.Env):
@@ -43,10 +61,11 @@ class SpacesToy(gym.Env):
         return np.concatenate(parts)
 
     def _obs(self):
-        obs = self.observation_space.sample() if self.mask != "dict" else None
         if self.mask == "dict":
             inner = {k: s for k, s in self.observation_space.spaces.items() if k != "action_mask"}
-            obs = {k: s.sample() for k, s in inner.items()}
+            obs = {k: sample(s, self.np_random) for k, s in inner.items()}
+        else:
+            obs = sample(self.observation_space, self.np_random)
         if self.mask is not None:
             self._legal = self._draw_mask()
             if self.mask == "dict":
@@ -58,7 +77,6 @@ class SpacesToy(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.observation_space.seed(int(self.np_random.integers(2**31)))
         self.t = 0
         self._last = self._obs()
         return self._last, self._info()

@@ -16,7 +16,7 @@ import numpy as np
 from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, TransformedEnv
 
 from ppo_lightning.core.faults import DEFAULT_ENV_TIMEOUT_S, make_guarded_env_class
-from ppo_lightning.envs.spaces import SpacesWrapper, describe_env
+from ppo_lightning.envs.spaces import SpacesWrapper, UnsupportedSpace, describe_env
 
 # What a gymnasium env family needs (the word in gymnasium's DependencyNotInstalled message or the
 # entry point's module) -> the package extra that installs it.
@@ -71,11 +71,11 @@ def missing_dependency_line(env_id: str, err: Exception) -> str:
     entry = str(getattr(gym.registry.get(env_id), "entry_point", "") or "")
     text = f"{entry} {err}".lower()
     extra = next((extra for word, extra in DEPENDENCY_EXTRAS.items() if word in text), None)
-    fix = (f"pip install 'ppo-lightning[{extra}]'" if extra
-           else "install what gymnasium names above")
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return f"data.env_id: {env_id} needs a package that is not installed ({first}); {fix}"
-
+    if extra is None:  # gymnasium's own advice
+        return f"data.env_id: {env_id} needs a package that is not installed: {first}"
+    what = first.split(",")[0].rstrip(".")  # "Box2D is not installed" (gymnasium's advice names its own extra)
+    return f"data.env_id: {env_id} cannot be made ({what}): pip install 'ppo-lightning[{extra}]'"
 
 def check_dependencies(env_id: str) -> None:
     """Import ``env_id``'s entry point (gymnasium's env module): a missing dependency is one ValueError
@@ -110,6 +110,8 @@ def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dic
     env = _make(registered, env_kwargs)
     try:
         obs, act, _ = describe_env(env)
+    except UnsupportedSpace as err:
+        raise UnsupportedSpace(f"data.env_id: {env_id}: {err}") from None
     finally:
         env.close()
     return obs, act

@@ -51,8 +51,8 @@ def describe(space: gym.Space, where: str) -> dict:
     if isinstance(space, gym.spaces.Tuple):
         return {"type": "tuple", "parts": [describe(s, f"{where}[{i}]") for i, s in enumerate(space.spaces)]}
     raise UnsupportedSpace(f"{where} is a {type(space).__name__} space, which cannot be used: supported are {SUPPORTED}. "
-                           "Wrap the env so that it gives one of them (gymnasium.wrappers.FlattenObservation, "
-                           "or your own gymnasium.ObservationWrapper / ActionWrapper)")
+                           "Wrap the env in a gymnasium.ObservationWrapper (an observation) or ActionWrapper (an "
+                           "action) of your own that maps it to one of them")
 
 
 def _leaves(space: gym.Space) -> list[gym.Space]:
