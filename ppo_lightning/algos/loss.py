@@ -34,6 +34,7 @@ from ppo_lightning.algos import objectives as F
 from ppo_lightning.algos.hooks import VALUE_LOSSES, TermInputs, ValueInputs, check_aux_terms
 from ppo_lightning.algos.registry import SurrogateInputs, get_objective, objective_names
 from ppo_lightning.core.members import LOSS_MEMBER_SETTINGS
+from ppo_lightning.nets.composite import composite_kl
 from ppo_lightning.nets.models import dist_param_keys, make_distribution
 
 KL_FORMS = ("analytic", "sq_logratio")
@@ -253,6 +254,8 @@ class PPOFamilyLoss(LossModule):
         """Exact ``KL[anchor || current]`` per sample from the two distributions' parameters."""
         if self.action_space["type"] == "discrete":
             return F.categorical_kl(anchor_params[0], params[0])
+        if self.action_space["type"] == "composite":  # the sum of the parts' KLs (ppo_lightning.nets.composite)
+            return composite_kl(self.action_space["space"], anchor_params[0], params[0])
         return F.diagonal_normal_kl(anchor_params[0], anchor_params[1], params[0], params[1])
 
     _kl = kl

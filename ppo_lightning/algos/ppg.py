@@ -158,7 +158,12 @@ def frame_bytes(observation_space: dict, action_space: dict) -> int:
     and the old policy's distribution parameters (float32)."""
     dtype = getattr(torch, observation_space.get("dtype", "float32"))
     obs = math.prod(observation_space["shape"]) * torch.empty((), dtype=dtype).element_size()
-    k = action_space["n"] if action_space["type"] == "discrete" else 2 * math.prod(action_space["shape"])
+    if action_space["type"] == "composite":  # one parameter tensor (ppo_lightning.nets.composite)
+        from ppo_lightning.nets.composite import leaf_layout
+
+        k = sum(p_size for *_, p_size in leaf_layout(action_space["space"]))
+    else:
+        k = action_space["n"] if action_space["type"] == "discrete" else 2 * math.prod(action_space["shape"])
     return int(obs + 4 + 4 * k)
 
 

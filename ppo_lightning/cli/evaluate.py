@@ -44,7 +44,8 @@ def load_source(source: str | os.PathLike, seed_index: int | None = None) -> tup
 
 def check_observations(env_id: str, env_kwargs: dict, observation_space: dict) -> None:
     env_obs, _ = env_spaces(env_id, env_kwargs)
-    if list(env_obs["shape"]) != list(observation_space["shape"]):
+    if list(env_obs["shape"]) != list(observation_space["shape"]) or (
+            env_obs.get("space") != observation_space.get("space")):
         raise ValueError(
             f"env {env_id} gives observations of shape {list(env_obs['shape'])}, the network reads "
             f"{list(observation_space['shape'])}"

@@ -67,6 +67,8 @@ def sample_members(action_space: dict, params: list[torch.Tensor], generators: l
     `ProbabilisticActor` calls ``rsample`` where the distribution has it, else ``sample``):
 
     - discrete (``Categorical.sample``, i.e. ``multinomial(probs, 1, True)``): `sample_per_seed`;
+    - composite (`ppo_lightning.nets.composite.CompositeDistribution.sample`): member k's distribution
+      sampled on ``generators[k]``;
     - continuous (``Normal.rsample``: ``loc + eps * scale`` with ``eps = empty(shape).normal_()``):
       ``eps[k].normal_(generator=g_k)`` on a contiguous slice of the same size, then the same
       elementwise arithmetic for all members at once.
@@ -74,6 +76,8 @@ def sample_members(action_space: dict, params: list[torch.Tensor], generators: l
     ``noise``: a buffer shaped like ``params[0]`` (overwritten)."""
     if action_space["type"] == "discrete":
         return sample_per_seed(make_distribution(action_space, *params).probs, generators, noise)
+    if action_space["type"] == "composite":  # CompositeDistribution.sample on each member's generator
+        return torch.stack([make_distribution(action_space, p).sample(generator=g) for p, g in zip(params[0], generators)])
     loc, scale = params
     for eps, g in zip(noise, generators):
         eps.normal_(generator=g)  # Normal.rsample's _standard_normal, on the member's generator

@@ -49,13 +49,16 @@ _PLAIN = (bool, int, float, str, type(None))
 
 
 def encode(value: Any) -> Any:
-    """A plain, ``weights_only``-loadable encoding of numbers, strings, numpy arrays / scalars /
-    generators, and lists, tuples and str-keyed dicts of those. Raises `NotRestorable` otherwise."""
+    """A plain, ``weights_only``-loadable encoding of numbers, strings, numpy arrays (numbers, bytes or
+    text) / scalars / generators, and lists, tuples and str- or int-keyed dicts of those. Raises `NotRestorable` otherwise."""
     if isinstance(value, _PLAIN):
         return value
     if isinstance(value, np.ndarray):
         if value.dtype == object:
             raise NotRestorable("object array")
+        if value.dtype.kind in "SU":  # bytes or text (FrozenLake's map): the characters, and the dtype
+            return {"__strarray__": {"text": np.char.decode(value, "latin-1").tolist() if value.dtype.kind == "S"
+                                     else value.tolist(), "dtype": value.dtype.str}}
         return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(value).copy())}
     if isinstance(value, np.generic):
         return {"__npscalar__": torch.from_numpy(np.asarray(value).copy())}
@@ -70,6 +73,8 @@ def encode(value: Any) -> Any:
         if any(k.startswith("__") and k.endswith("__") for k in value):
             raise NotRestorable("dict with reserved keys")
         return {k: encode(v) for k, v in value.items()}
+    if isinstance(value, dict) and all(isinstance(k, int) and not isinstance(k, bool) for k in value):
+        return {"__intdict__": [[k, encode(v)] for k, v in value.items()]}  # e.g. FrozenLake's transition table
     if isinstance(value, torch.Tensor):
         return {"__tensor__": value.detach().cpu().clone()}
     raise NotRestorable(type(value).__name__)
@@ -88,6 +93,12 @@ def decode(value: Any) -> Any:
         return value
     if "__ndarray__" in value:
         return value["__ndarray__"].numpy().copy()
+    if "__intdict__" in value:
+        return {int(k): decode(v) for k, v in value["__intdict__"]}
+    if "__strarray__" in value:
+        saved = value["__strarray__"]
+        text = np.array(saved["text"], dtype=str)
+        return np.char.encode(text, "latin-1").astype(saved["dtype"]) if "S" in saved["dtype"] else text.astype(saved["dtype"])
     if "__npscalar__" in value:
         return value["__npscalar__"].numpy()[()]
     if "__generator__" in value:

@@ -16,6 +16,11 @@ import numpy as np
 from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, TransformedEnv
 
 from ppo_lightning.core.faults import DEFAULT_ENV_TIMEOUT_S, make_guarded_env_class
+from ppo_lightning.envs.spaces import SpacesWrapper, UnsupportedSpace, describe_env
+
+# What a gymnasium env family needs (the word in gymnasium's DependencyNotInstalled message or the
+# entry point's module) -> the package extra that installs it.
+DEPENDENCY_EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
 
 
 def quiet_mujoco(env_id: str) -> None:
@@ -57,31 +62,67 @@ def check_gymnasium_id(env_id: str) -> str:
         close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
         hint = f" (similar: {', '.join(close)})" if close else ""
         raise ValueError(f"data.env_id: unknown gymnasium environment {env_id!r}{hint}")
+    check_dependencies(env_id)
     return env_id
 
 
+def missing_dependency_line(env_id: str, err: Exception) -> str:
+    """The one line for an env whose dependency is not installed: what is missing and the extra to install."""
+    entry = str(getattr(gym.registry.get(env_id), "entry_point", "") or "")
+    text = f"{entry} {err}".lower()
+    extra = next((extra for word, extra in DEPENDENCY_EXTRAS.items() if word in text), None)
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if extra is None:  # gymnasium's own advice
+        return f"data.env_id: {env_id} needs a package that is not installed: {first}"
+    what = first.split(",")[0].rstrip(".")  # "Box2D is not installed" (gymnasium's advice names its own extra)
+    return f"data.env_id: {env_id} cannot be made ({what}): pip install 'ppo-lightning[{extra}]'"
+
+def check_dependencies(env_id: str) -> None:
+    """Import ``env_id``'s entry point (gymnasium's env module): a missing dependency is one ValueError
+    naming the extra to install (`missing_dependency_line`) instead of gymnasium's traceback."""
+    spec = gym.registry.get(env_id)
+    entry = getattr(spec, "entry_point", None)
+    if not isinstance(entry, str):
+        return
+    try:
+        gym.envs.registration.load_env_creator(entry)
+    except (gym.error.DependencyNotInstalled, ImportError) as err:
+        raise ValueError(missing_dependency_line(env_id, err)) from None
+
+
 def space_to_dict(space: gym.Space) -> dict:
-    """A gymnasium space as a plain dict (JSON- and weights_only-safe)."""
+    """A ``Discrete`` or ``Box`` gymnasium space as a plain dict (JSON- and weights_only-safe); any
+    other space: `ppo_lightning.envs.spaces.describe`."""
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
     if isinstance(space, gym.spaces.Box):
         out = {"shape": [int(s) for s in space.shape], "dtype": str(np.dtype(space.dtype))}
         return out
-    raise ValueError(f"unsupported gymnasium space {space!r}: Discrete and Box are supported")
+    from ppo_lightning.envs.spaces import describe
+
+    return describe(space, "the space")
 
 
 def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dict]:
+    """(observation space, action space) as the network's plain dicts (`ppo_lightning.envs.spaces.describe_env`)."""
     registered = check_gymnasium_id(env_id)
     quiet_mujoco(registered)
-    env = gym.make(registered, **env_kwargs)
+    env = _make(registered, env_kwargs)
     try:
-        obs = space_to_dict(env.observation_space)
-        act = space_to_dict(env.action_space)
+        obs, act, _ = describe_env(env)
+    except UnsupportedSpace as err:
+        raise UnsupportedSpace(f"data.env_id: {env_id}: {err}") from None
     finally:
         env.close()
-    if "type" not in act:
-        act = {"type": "continuous", "shape": act["shape"]}
     return obs, act
+
+
+def _make(registered: str, env_kwargs: dict[str, Any]) -> gym.Env:
+    """``gym.make``, a missing dependency as one line (`missing_dependency_line`)."""
+    try:
+        return gym.make(registered, **env_kwargs)
+    except gym.error.DependencyNotInstalled as err:
+        raise ValueError(missing_dependency_line(registered, err)) from None
 
 
 def make_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
@@ -99,9 +140,13 @@ def build_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float 
     quiet_mujoco(registered)
     wrappers = []
     if isinstance(gym.spec(registered), gym.envs.registration.EnvSpec):
-        probe = gym.make(registered, **env_kwargs)
+        probe = _make(registered, env_kwargs)
         if isinstance(probe.action_space, gym.spaces.Box):
             wrappers.append(gym.wrappers.ClipAction)  # sample unbounded Gaussians, clip in the env
+        _, _, packed = describe_env(probe)
+        if packed:  # any other space or an action mask: one observation and one action vector
+            info_mask = "action_mask" in probe.reset(seed=0)[1]
+            wrappers.append(lambda env: SpacesWrapper(env, info_mask))
         probe.close()
     guarded = make_guarded_env_class()
 

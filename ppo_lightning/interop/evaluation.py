@@ -244,7 +244,9 @@ def _check_action_space(env_id: str, net_space: dict | None, env_space: dict) ->
         return
     if net_space.get("type") != env_space.get("type") or (
         net_space.get("type") == "discrete" and int(net_space["n"]) != int(env_space["n"])
-    ) or (net_space.get("type") == "continuous" and list(net_space["shape"]) != list(env_space["shape"])):
+    ) or (net_space.get("type") == "continuous" and list(net_space["shape"]) != list(env_space["shape"])) or (
+        net_space.get("type") == "composite" and net_space.get("space") != env_space.get("space")
+    ):
         raise ValueError(f"env {env_id} has action space {env_space}, the policy acts in {net_space}")
 
 

@@ -7,7 +7,10 @@ pass, used by the loss), ``policy`` (collection, proximal forward) and ``value``
 
 Spaces are plain dicts so they survive ``torch.load(weights_only=True)`` and JSON:
 ``{"type": "discrete", "n": 2}`` or ``{"type": "continuous", "shape": [k]}`` for actions,
-``{"shape": [...], "dtype": "float32" | "uint8"}`` for observations.
+``{"shape": [...], "dtype": "float32" | "uint8"}`` for observations. Any other gymnasium space (a
+``Discrete`` or ``Dict`` observation, a ``MultiDiscrete`` or ``Tuple`` action, an action mask) is packed
+into one vector and described under ``"space"`` (`ppo_lightning.nets.encoders`,
+`ppo_lightning.nets.composite`); `ppo_lightning.nets.spaces_net` reads it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
 def dist_param_keys(action_space: dict) -> tuple[str, ...]:
     """TensorDict keys of the action distribution's parameters."""
+    if action_space["type"] == "composite":  # one tensor, the leaves' parameters in order (nets.composite)
+        return ("params",)
     return ("logits",) if action_space["type"] == "discrete" else ("loc", "scale")
 
 
@@ -38,6 +43,10 @@ def make_distribution(action_space: dict, *params: Tensor) -> torch.distribution
     # well-formed by construction.
     if action_space["type"] == "discrete":
         return Categorical(logits=params[0], validate_args=False)
+    if action_space["type"] == "composite":
+        from ppo_lightning.nets.composite import CompositeDistribution
+
+        return CompositeDistribution(params[0], action_space["space"])
     return Independent(Normal(params[0], params[1], validate_args=False), 1, validate_args=False)
 
 
@@ -221,6 +230,11 @@ def make_policy_operator(net: nn.Module, action_space: dict, with_value: bool = 
     keys = list(dist_param_keys(action_space))
     method, out_keys = ("forward", [*keys, VALUE_KEY]) if with_value else ("policy", keys)
     module = TensorDictModule(_Method(net, method), in_keys=[OBS_KEY], out_keys=out_keys)
+    if action_space["type"] == "composite":
+        from ppo_lightning.nets.composite import CompositeDistribution
+
+        return ProbabilisticActor(module, in_keys=keys, distribution_class=CompositeDistribution,
+                                  distribution_kwargs={"space": action_space["space"]}, return_log_prob=True)
     dist_cls = Categorical if action_space["type"] == "discrete" else IndependentNormal
     return ProbabilisticActor(module, in_keys=keys, distribution_class=dist_cls, return_log_prob=True)
 

@@ -26,6 +26,7 @@ from ppo_lightning.nets.actor_critic import (  # noqa: F401  (the nets API other
 from ppo_lightning.nets.impala import ImpalaActorCritic
 from ppo_lightning.nets.impala_phasic import PhasicImpalaActorCritic
 from ppo_lightning.nets.minatar_cnn import MinAtarActorCritic
+from ppo_lightning.nets.spaces_net import SpacesActorCritic, needs_spaces_network
 
 def build_network(observation_space: dict, action_space: dict, network: dict[str, Any]) -> nn.Module:
     """Build the actor-critic named by ``network["name"]`` ("mlp", "impala_cnn" or "minatar_cnn")."""
@@ -34,6 +35,8 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
     if "precision" in network:  # deprecated (0.1): the Trainer's precision applies to every network
         network.pop("precision")
     if name == "mlp":
+        if needs_spaces_network(observation_space, action_space):  # any other gymnasium space, action masks
+            return SpacesActorCritic(observation_space, action_space, **network)
         return ActorCritic(observation_space, action_space, **network)
     if name == "impala_cnn":
         if "arch" in network or "aux_value_head" in network:  # PPG's layouts (ppo_lightning.nets.impala_phasic)
