@@ -30,8 +30,9 @@ def fit(tmp_path, env_id="CartPole-v1", env_kwargs=None, total_frames=4 * 64, ca
     dm = RolloutDataModule(env_id=env_id, env_kwargs=env_kwargs, num_envs=4, rollout_steps=16, num_minibatches=2,
                            update_epochs=2, total_frames=total_frames, seed=3, normalize_reward=True,
                            **(data_kwargs or {}))
-    model_kwargs = {"decoupled": True, "proximal_com": 4.0, "objective": "adaptive_kl", "kl_target": 1e-3,
-                    **model_kwargs}
+    model_kwargs = {"decoupled": True, "proximal_com": 4.0, "objective": "adaptive_kl", **model_kwargs}
+    if model_kwargs["objective"] == "adaptive_kl":  # its target (another objective ignores it: refused)
+        model_kwargs.setdefault("kl_target", 1e-3)
     model = PPOLightningModule(dm.observation_space, dm.action_space,
                                network=network or {"name": "mlp", "hidden_sizes": [16]}, **model_kwargs)
     ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_last=True,
