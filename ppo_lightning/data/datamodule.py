@@ -33,7 +33,7 @@ from ppo_lightning.envs import PROCGEN_PREFIX, is_procgen
 
 class RolloutDataModule(pl.LightningDataModule):
     """The Lightning face of the data side: it holds the run's `RolloutConfig` (``config``, whose
-    fields and properties read as the data module's own: ``dm.num_envs`` is ``dm.config.num_envs``),
+    fields and properties read and write as the data module's own: ``dm.num_envs`` is ``dm.config.num_envs``),
     one `SeedState` per seed (``states``: episodes, normalizers, shuffling; one for a single run) and
     the run's `RolloutProgress` (``frames``, ``iteration``), and builds the rollout source from them.
 
@@ -125,6 +125,12 @@ class RolloutDataModule(pl.LightningDataModule):
         if config is None or name.startswith("_"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in RolloutConfig.__dataclass_fields__ and "config" in self.__dict__:  # a setting: the config's
+            setattr(self.config, name, value)
+        else:
+            super().__setattr__(name, value)
 
     @property
     def frames(self) -> int:

@@ -62,7 +62,7 @@ def saved_settings(meta: dict[str, Any]) -> dict[str, Any]:
 def plan(ckpt_path: str | Path, world: int, data, rescale: bool, rules: tuple[str, ...]) -> dict[str, Any]:
     """Compare the checkpoint's batch geometry with this run's. Returns the plan for `ElasticResume`
     (``c`` None: the same geometry); raises ValueError (one line) for a change without ``rescale``."""
-    meta = read_meta(ckpt_path)
+    meta = read_meta(ckpt_path, mmap=True)
     dm_state = meta.get("RolloutDataModule") or {}
     d = meta.get("datamodule_hyper_parameters") or {}
     old = geometry(len(dm_state.get("per_rank") or [None]), d.get("num_envs", data.num_envs),
@@ -221,7 +221,7 @@ def check_resumed_scaled_settings(ckpt_path: str | Path, model, scale: float) ->
     """With ``--ckpt_path`` and ``--scale``: the scaled settings (``model``: the model's config after
     the scaling) must be the checkpoint's, a resume continuing the run it was; another c or base needs
     ``--rescale``'s record of the change. One-line error naming the settings that differ."""
-    saved = read_meta(ckpt_path).get("hyper_parameters") or {}
+    saved = read_meta(ckpt_path, mmap=True).get("hyper_parameters") or {}
 
     def show(v):
         return "null" if v is None else (f"{float(v):.4g}" if not isinstance(v, (list, tuple)) else
