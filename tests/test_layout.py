@@ -205,11 +205,6 @@ def _names_the_package_defines() -> set[str]:
     return names
 
 
-# Reads that another part of issue 63 removes (rliable's import monkeypatch goes with the statistics' move
-# to scipy and statsmodels, item 4): listed here so that no new one joins them unseen.
-PENDING_PRIVATE_READS = {("ppo_lightning/studies/analysis.py", "pandas.util._decorators")}
-
-
 def private_reads_of_dependencies(path: Path, ours: set[str], theirs: set[str]) -> list[str]:
     """``file:line what`` for each private name of another library that ``path`` reads or writes: an
     import of a private module or name, ``obj._name`` / ``getattr(obj, "_name")`` on anything but
@@ -248,8 +243,7 @@ def private_reads_of_dependencies(path: Path, ours: set[str], theirs: set[str]) 
               and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
               and theirs_or_unknown(node.args[1].value)):
             found.append((node.lineno, f"{node.func.id}(..., {node.args[1].value!r})"))
-    return [f"{rel}:{line} {what}" for line, what in found
-            if not any(rel == f and what.endswith(w) for f, w in PENDING_PRIVATE_READS)]
+    return [f"{rel}:{line} {what}" for line, what in found]
 
 
 def test_other_libraries_private_names_are_read_in_the_adapters_only():

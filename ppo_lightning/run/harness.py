@@ -16,7 +16,7 @@ from ppo_lightning.algos.scaling import parse_rules, scale_member
 from ppo_lightning.envs.minatar_scores import REFERENCE_500K, RETURN_RANGES, normalized_return
 
 __all__ = ["REFERENCE_500K", "RETURN_RANGES", "check_checkpoint_file", "lr_factor", "normalized_return",
-           "probe_tracking_store", "scale_member_settings"]
+           "objective_settings_unused", "probe_tracking_store", "scale_member_settings"]
 
 
 def scale_member_settings(c: float, values: dict[str, Any], rules: str = "all", adam_betas: bool = False) -> dict[str, Any]:
@@ -34,10 +34,22 @@ def lr_factor(name: str, iteration: int, total_frames: int, frames_per_iteration
     return factor(name, iteration, total_frames, frames_per_iteration)
 
 
+def objective_settings_unused(name: str) -> tuple[str, ...] | None:
+    """The loss settings an objective may ignore (`ppo_lightning.algos.registry.OBJECTIVE_SETTINGS`) that
+    objective ``name`` does ignore; None where no objective of that name is registered (an import path
+    not imported yet is left to its runs)."""
+    from ppo_lightning.algos import registry  # start-up cost: torch, where a study's arms are checked
+
+    if name not in registry.objective_names():
+        return None
+    uses = registry.get_objective(name).uses
+    return tuple(s for s in registry.OBJECTIVE_SETTINGS if s not in uses)
+
+
 def check_checkpoint_file(path: str | os.PathLike) -> None:
     """Raise `ppo_lightning.core.errors.CheckpointError` (one line) if ``path`` is not a complete
-    checkpoint (`ppo_lightning.training.checkpointing.check_checkpoint_file`)."""
-    from ppo_lightning.training.checkpointing import check_checkpoint_file as check  # start-up cost: only in a worker
+    checkpoint (`ppo_lightning.interop.checkpoint_io.check_checkpoint_file`)."""
+    from ppo_lightning.interop.checkpoint_io import check_checkpoint_file as check  # start-up cost: only in a worker
 
     check(path)
 

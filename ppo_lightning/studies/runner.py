@@ -45,7 +45,8 @@ from typing import Any
 from ppo_lightning.core.hardware import core_count, cpu_label
 from ppo_lightning.core.safety import load_json, load_yaml, open_nofollow
 from ppo_lightning.core.members import ALWAYS_MEMBER_SETTINGS, MEMBER_OPTIONS, OPTIONAL_MEMBER_OPTIONS
-from ppo_lightning.run.harness import check_checkpoint_file, probe_tracking_store, scale_member_settings
+from ppo_lightning.run.harness import (check_checkpoint_file, objective_settings_unused, probe_tracking_store,
+                                       scale_member_settings)
 from ppo_lightning.run.spec import Members, RunSpec, train
 from ppo_lightning.studies.records import Cell, atomic_write, curve_auc, export_cells, final_value, legacy_cells, write_export
 from ppo_lightning.studies.spec import Study, load_study, merge_configs
@@ -184,19 +185,14 @@ def shared_unused(study: Study, arm: str) -> dict[str, Any]:
     names them in a warning. A single run refuses such a setting; one shared by arms of different
     objectives belongs to some of them. (The arm's own ``fit`` is not shared: its runs refuse it. An
     objective given by import path and not imported yet is left to its runs.)"""
-    from ppo_lightning.algos.registry import OBJECTIVE_SETTINGS, get_objective, objective_names
-
     a = study.arms[arm]
     cfg = merge_configs([study.resolve(c) for c in (*study.base, *a.configs)]).get("model", {})
     fit = {**study.fit, **a.fit}
-    name = fit.get("model.objective", cfg.get("objective", "clip"))
-    if name not in objective_names():
-        return {}
-    uses = get_objective(name).uses
+    unused = objective_settings_unused(fit.get("model.objective", cfg.get("objective", "clip")))
     out = {}
-    for setting in OBJECTIVE_SETTINGS:
+    for setting in unused or ():
         key = f"model.{setting}"
-        if setting in uses or key in a.fit:
+        if key in a.fit:
             continue
         value, default = fit.get(key, cfg.get(setting, OBJECTIVE_DEFAULTS[setting])), OBJECTIVE_DEFAULTS[setting]
         if value != default:

@@ -429,9 +429,7 @@ class PPOLightningModule(pl.LightningModule):
     def member_returns(self, last: int = 20) -> list[float]:
         """Each member's mean return over its last ``last`` episodes (nan before its first), member
         order; a single run's is one value."""
-        dm = attached_datamodule(self)
-        states = getattr(dm, "group_states", None) or [dm]  # a single run keeps its episodes on the data module
-        return [float(st.episodes.mean_return(last)) for st in states]
+        return [float(st.episodes.mean_return(last)) for st in attached_datamodule(self).states]
 
     @property
     def member_run_ids(self) -> list[str] | None:
