@@ -24,7 +24,8 @@ Printed per run:
 Then the ratio wall(1 worker) / wall(2 workers) (target >= 1.7 on 2 cores), and the cells compared:
 a cell whose group has the same members in both plans must be bitwise the same (a group trains the
 same in a process of its own or after another group); a cell the two plans group differently is
-listed apart (a member's floats depend on its group's members: see docs/experiments/index.md). The
+listed apart (a MinAtar member trained alone, a group of one, rounds otherwise than in a group: see
+docs/experiments/index.md). The
 wall clock measures other jobs too: run it on a quiet machine. The last line is one JSON object.
 """
 

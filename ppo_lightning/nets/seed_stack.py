@@ -12,8 +12,9 @@ A network class may have its own batched form for S seeds in `STACKED_FORMS`: th
 convolutions) and the MLP actor-critic (`ppo_lightning.nets.mlp_stacked`: vmap's per-call cost
 dominated a rollout's forwards); otherwise (a subclass, any other network) ``torch.vmap`` runs the module.
 
-Elementwise code needs no change to act per seed: Adam over stacked parameters is S independent
-Adams, and the EWMA proximal update is S independent EWMAs.
+Elementwise code acts per seed over the stacked tensors (the EWMA proximal update is S independent
+EWMAs), except where a kernel rounds an element by its place in the tensor: torch's fused Adam runs
+each member's slice on its own (`ppo_lightning.training.seed_group.MemberAdam`).
 """
 
 from __future__ import annotations

@@ -10,15 +10,23 @@ generator seeded with it, then the network built); the generator's state right a
 single run samples its first actions from, handed to the data side as seed k's action generator
 (`ppo_lightning.data.seed_group`).
 
-Per seed, by construction rather than by bookkeeping:
+Per seed, by construction rather than by bookkeeping, each with its single run's kernels on its own
+slices wherever a kernel over the stacked tensors would round otherwise, so that a member's floats do
+not depend on its group: with the MLP (`ppo_lightning.nets.mlp_stacked`) member k of any group ends
+bitwise as its seed alone (32-true, one CPU type; `tests/test_group_invariance.py`), with the MinAtar
+CNN's batched form to float tolerance:
 
 - the loss: the loss module runs once on ``[S, B]`` minibatches with per-seed reductions
   (``PPOFamilyLoss(stacked_seeds=True)``: each loss term and diagnostic is ``[S]``); the optimized
   loss is the *sum* of the seeds' losses, so seed k's gradient is the gradient of its own loss alone;
-- Adam: elementwise, so one Adam over the stacked parameters is S independent Adams (the step
-  count is shared: all seeds step together);
+- Adam: `MemberAdam`, torch's fused Adam kernel on each member's own slices (the kernel rounds a
+  tensor's last elements in a scalar loop, the rest in a vector loop: on one stacked tensor a member's
+  elements would fall otherwise than in its single run's), so S independent Adams, each its single
+  run's bitwise (the step count is shared: all seeds step together); without the fused kernel, the
+  unfused Adam over the stacked parameters;
 - the EWMA proximal weights: elementwise too (`ppo_lightning.algos.proximal.ewma_update_`);
-- gradient-norm clipping (``trainer.gradient_clip_val``): each seed's gradient by its own norm;
+- gradient-norm clipping (``trainer.gradient_clip_val``): each seed's gradient by its own norm,
+  computed as its single run's (`SeedGroup.clip_grad_norm_`);
 - numerical faults: the module's `ppo_lightning.core.faults.NumericalGuard` checks each member's loss
   and gradient slices; a bad member's step is undone (its parameter and Adam-moment slices restored)
   and counted for that member, while the other members' steps proceed untouched;
