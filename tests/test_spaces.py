@@ -178,7 +178,17 @@ def _train_and_save(env_id: str, tmp_path: Path) -> Path:
     return ckpt
 
 
-@pytest.mark.parametrize("env_id", ["DictObsMultiDiscreteAct-v0", "DictMask-v0", "InfoMask-v0"])
+def test_an_info_mask_policy_evaluates_legally():
+    """Taxi's convention (``info["action_mask"]``), sampled and greedy, on an env that raises on an illegal action."""
+    from ppo_lightning.interop.evaluation import evaluate_policy
+
+    model, _, _ = run("InfoMask-v0", 0, 1, 1)
+    for deterministic in (False, True):
+        result = evaluate_policy(model.network, "InfoMask-v0", episodes=4, deterministic=deterministic)
+        assert len(result["returns"]) == 4
+
+
+@pytest.mark.parametrize("env_id", ["DictObsMultiDiscreteAct-v0", "DictMask-v0"])
 def test_composite_policies_evaluate_and_export_to_automodel(env_id, tmp_path):
     """Trained, evaluated (sampled and greedy: the masked envs raise on an illegal action) and exported;
     the exported folder loads with AutoModel where ppo_lightning cannot be imported, its outputs the
