@@ -112,6 +112,28 @@ def test_every_space_kind_trains_alone_and_member_k_is_seed_k(env_id):
     assert assert_member_is_alone(env_id, 2) < 1e-5
 
 
+def test_lockstep_collection_of_a_masked_composite_env():
+    """The members' envs stepped through TorchRL's env (not `VectorGames`): member k is still seed k."""
+    assert assert_member_is_alone("DictMask-v0", 2, data_kwargs={"batched_rollout": False},
+                                  collector="LockstepRollout") < 1e-5
+
+
+def test_every_entry_point_of_the_network_masks_the_same_logits():
+    """policy (collection, proximal), forward (the loss's current policy) and forward_aux (PPG) give the
+    illegal choices `MASKED_LOGIT`; the behavior logits are the policy's as collected."""
+    from ppo_lightning.envs import env_spaces
+    from ppo_lightning.nets.models import build_network
+
+    obs_space, act_space = env_spaces("DictMask-v0")
+    net = build_network(obs_space, act_space, {"name": "mlp", "hidden_sizes": [8], "aux_value_head": True,
+                                               "arch": "detach"})
+    obs = torch.rand(6, obs_space["shape"][0])
+    obs[:, -5:] = torch.tensor([[1, 0, 0, 1, 1], [0, 1, 1, 1, 0]] * 3, dtype=torch.float32)
+    illegal = obs[:, -5:] < 0.5
+    for params in (net.policy(obs)[0], net(obs)[0], net.forward_aux(obs)[0]):
+        assert (params[illegal] == MASKED_LOGIT).all() and (params[~illegal] > MASKED_LOGIT / 2).all()
+
+
 @pytest.mark.parametrize("settings", [
     {"objective": "kl"}, {"objective": "adaptive_kl"}, {"decoupled": True, "proximal_com": 4.0},
     {"decoupled": True, "proximal_com": 4.0, "objective": "kl", "kl_form": "analytic"},
@@ -156,7 +178,17 @@ def _train_and_save(env_id: str, tmp_path: Path) -> Path:
     return ckpt
 
 
-@pytest.mark.parametrize("env_id", ["DictObsMultiDiscreteAct-v0", "DictMask-v0", "InfoMask-v0"])
+def test_an_info_mask_policy_evaluates_legally():
+    """Taxi's convention (``info["action_mask"]``), sampled and greedy, on an env that raises on an illegal action."""
+    from ppo_lightning.interop.evaluation import evaluate_policy
+
+    model, _, _ = run("InfoMask-v0", 0, 1, 1)
+    for deterministic in (False, True):
+        result = evaluate_policy(model.network, "InfoMask-v0", episodes=4, deterministic=deterministic)
+        assert len(result["returns"]) == 4
+
+
+@pytest.mark.parametrize("env_id", ["DictObsMultiDiscreteAct-v0", "DictMask-v0"])
 def test_composite_policies_evaluate_and_export_to_automodel(env_id, tmp_path):
     """Trained, evaluated (sampled and greedy: the masked envs raise on an illegal action) and exported;
     the exported folder loads with AutoModel where ppo_lightning cannot be imported, its outputs the

@@ -44,8 +44,13 @@ def load_source(source: str | os.PathLike, seed_index: int | None = None) -> tup
 
 def check_observations(env_id: str, env_kwargs: dict, observation_space: dict) -> None:
     env_obs, _ = env_spaces(env_id, env_kwargs)
-    if list(env_obs["shape"]) != list(observation_space["shape"]) or (
-            env_obs.get("space") != observation_space.get("space")):
+    if list(env_obs["shape"]) == list(observation_space["shape"]) and (
+            env_obs.get("space") != observation_space.get("space") or
+            env_obs.get("action_mask") != observation_space.get("action_mask")):
+        raise ValueError(f"env {env_id} gives observations of space {env_obs.get('space')} (action mask: "
+                         f"{env_obs.get('action_mask', 0)}), the network reads {observation_space.get('space')} "
+                         f"(action mask: {observation_space.get('action_mask', 0)})")
+    if list(env_obs["shape"]) != list(observation_space["shape"]):
         raise ValueError(
             f"env {env_id} gives observations of shape {list(env_obs['shape'])}, the network reads "
             f"{list(observation_space['shape'])}"

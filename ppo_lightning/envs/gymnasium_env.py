@@ -109,12 +109,19 @@ def gymnasium_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[dict, dic
     quiet_mujoco(registered)
     env = _make(registered, env_kwargs)
     try:
-        obs, act, _ = describe_env(env)
-    except UnsupportedSpace as err:
-        raise UnsupportedSpace(f"data.env_id: {env_id}: {err}") from None
+        obs, act, _ = _describe(env, env_id)
     finally:
         env.close()
     return obs, act
+
+
+def _describe(env: gym.Env, env_id: str) -> tuple[dict, dict, bool]:
+    """`describe_env`, an unsupported space's line naming ``env_id``."""
+    try:
+        return describe_env(env)
+    except UnsupportedSpace as err:
+        message = f"data.env_id: {env_id}: {err}"
+    raise UnsupportedSpace(message)  # outside the handler: no chained cause (the CLI prints the innermost)
 
 
 def _make(registered: str, env_kwargs: dict[str, Any]) -> gym.Env:
@@ -143,7 +150,7 @@ def build_gymnasium_env(env_id: str, num_envs: int, seed: int, timeout_s: float 
         probe = _make(registered, env_kwargs)
         if isinstance(probe.action_space, gym.spaces.Box):
             wrappers.append(gym.wrappers.ClipAction)  # sample unbounded Gaussians, clip in the env
-        _, _, packed = describe_env(probe)
+        _, _, packed = _describe(probe, env_id)
         if packed:  # any other space or an action mask: one observation and one action vector
             info_mask = "action_mask" in probe.reset(seed=0)[1]
             wrappers.append(lambda env: SpacesWrapper(env, info_mask))

@@ -207,6 +207,7 @@ def describe_env(env: gym.Env) -> tuple[dict, dict, bool]:
     <description>}`` plus ``"action_mask": m`` with a mask, and a composite action ``{"type": "composite",
     "shape": [size], "space": <description>}``."""
     obs_space, act_space = env.observation_space, env.action_space
+    describe(obs_space, "the observation space")  # an unsupported space: its line before the env runs
     action = describe(act_space, "the action space")
     info_mask = info_has_mask(env)
     if plain(env, info_mask):

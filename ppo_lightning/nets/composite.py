@@ -26,9 +26,9 @@ from torch import Tensor
 
 from ppo_lightning.nets.encoders import space_leaves
 
-# The logit of an illegal action: exp(MASKED_LOGIT - logsumexp) is 0 in float32, and a finite value
-# keeps 0 * log p at 0 in the entropy and the KL (-inf would give nan).
 MASKED_LOGIT = -1e9
+"""The logit of an illegal action: ``exp(MASKED_LOGIT - logsumexp)`` is 0 in float32, and a finite value
+keeps ``0 * log p`` at 0 in the entropy and the KL (-inf would give nan)."""
 
 
 def mask_logits(logits: Tensor, mask: Tensor | None) -> Tensor:
