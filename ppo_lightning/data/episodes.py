@@ -12,6 +12,8 @@ from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY
 
 # Keys a minibatch carries to the loss (besides the distribution parameters).
 BATCH_KEYS = (OBS_KEY, "action", "action_log_prob", VALUE_KEY, "advantage", "value_target")
+# An env's record of whole games beside its training episodes (``next``: game_over, game_return, game_length)
+GAME_OVER = "game_over"
 
 
 class EpisodeStats:
@@ -23,13 +25,19 @@ class EpisodeStats:
         self.count = 0
 
     def add_rollout(self, rollout: TensorDictBase) -> None:
-        done = rollout.get(("next", "done")).squeeze(-1)
+        """The episodes that ended in ``rollout``: at ``done``, with RewardSum's and StepCounter's sums;
+        or, for an env that trains on other episodes than its games (Atari: a life lost ends one, rewards
+        clipped; `ppo_lightning.envs.atari_env`), the whole games it reports (``game_over``,
+        ``game_return``, ``game_length``)."""
+        games = ("next", GAME_OVER) in rollout.keys(include_nested=True)
+        keys = (GAME_OVER, "game_return", "game_length") if games else ("done", "episode_reward", "step_count")
+        done = rollout.get(("next", keys[0])).squeeze(-1)
         if not done.any():
             return
         # Time-major order, so that "most recent" means most recent across envs.
         order = done.T
-        self.returns.extend(rollout.get(("next", "episode_reward")).squeeze(-1).T[order].tolist())
-        self.lengths.extend(rollout.get(("next", "step_count")).squeeze(-1).T[order].tolist())
+        self.returns.extend(rollout.get(("next", keys[1])).squeeze(-1).T[order].tolist())
+        self.lengths.extend(rollout.get(("next", keys[2])).squeeze(-1).T[order].tolist())
         self.count += int(done.sum())
 
     def mean_return(self, last: int = 20) -> float:
