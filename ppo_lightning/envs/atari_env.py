@@ -201,10 +201,9 @@ class AtariTorchEnv(EnvBase):
         self._length[over] = 0
         self._lives[:] = lives
         self._next_obs[:] = obs
-        ended = terminated | truncated
         self._obs[:] = obs
-        if ended.any():
-            self._obs[ended] = info["final_obs"][ended]
+        if over.any():  # reset in the same step: the final observation (only there: it is not set elsewhere)
+            self._obs[over] = info["final_obs"][over]
         clipped = np.sign(reward) if self.reward_clipping else reward
         return clipped.astype(np.float32), terminated.astype(bool), (truncated & ~terminated).astype(bool)
 
