@@ -134,7 +134,7 @@ def main() -> None:
         plot()
 
 
-def plot(out: Path = ROOT / "docs" / "experiments" / "atari-cpu.png", window: int = 20) -> None:
+def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20) -> None:
     """Each run's return (mean of its last ``window`` games) against frames, the two arms side by side;
     prints a markdown table of the last value of each run."""
     import matplotlib
