@@ -113,3 +113,18 @@ def test_atari_trains_alone_and_as_a_group_member_k_equals_seed_k():
         collector="BatchedRollout", trainer_kwargs={"gradient_clip_val": 0.5}, network={"name": "nature_cnn"},
         lr=2.5e-4, clip_eps=0.1, value_clip_eps=0.1, value_coef=1.0, entropy_coef=0.01)
     assert worst < 1e-5
+
+
+def test_evaluate_scores_whole_games(tmp_path):
+    """``evaluate`` on an Atari checkpoint counts games (all lives) and their unclipped scores."""
+    import torch
+
+    from ppo_lightning.interop.evaluation import evaluate_policy
+    from ppo_lightning.nets.models import build_network
+
+    obs, act = env_spaces("ALE/Breakout-v5")
+    torch.manual_seed(0)
+    net = build_network(obs, act, {"name": "auto"})
+    result = evaluate_policy(net, "ALE/Breakout-v5", episodes=2, num_envs=2, seed=0)
+    assert len(result["returns"]) == 2
+    assert all(length > 100 for length in result["lengths"])  # five lives of a random policy, not one

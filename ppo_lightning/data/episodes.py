@@ -16,6 +16,16 @@ BATCH_KEYS = (OBS_KEY, "action", "action_log_prob", VALUE_KEY, "advantage", "val
 GAME_OVER = "game_over"
 
 
+def episode_keys(next_td: TensorDictBase) -> tuple[str, str, str]:
+    """The keys of ``next`` that mark the episodes a user reads, their returns and their lengths: ``done``
+    with RewardSum's and StepCounter's sums; or, for an env that trains on other episodes than its games
+    (Atari: a life lost ends one, rewards clipped; `ppo_lightning.envs.atari_env`), the whole games it
+    reports (``game_over``, ``game_return``, ``game_length``)."""
+    if GAME_OVER in next_td.keys():
+        return GAME_OVER, "game_return", "game_length"
+    return "done", "episode_reward", "step_count"
+
+
 class EpisodeStats:
     """Returns and lengths of the episodes that ended, most recent last."""
 
@@ -25,12 +35,8 @@ class EpisodeStats:
         self.count = 0
 
     def add_rollout(self, rollout: TensorDictBase) -> None:
-        """The episodes that ended in ``rollout``: at ``done``, with RewardSum's and StepCounter's sums;
-        or, for an env that trains on other episodes than its games (Atari: a life lost ends one, rewards
-        clipped; `ppo_lightning.envs.atari_env`), the whole games it reports (``game_over``,
-        ``game_return``, ``game_length``)."""
-        games = ("next", GAME_OVER) in rollout.keys(include_nested=True)
-        keys = (GAME_OVER, "game_return", "game_length") if games else ("done", "episode_reward", "step_count")
+        """The episodes that ended in ``rollout`` (`episode_keys`)."""
+        keys = episode_keys(rollout.get("next"))
         done = rollout.get(("next", keys[0])).squeeze(-1)
         if not done.any():
             return
