@@ -13,8 +13,9 @@ envs are reset by ``reset(env_id)`` (a partial reset: no extra step, no fake tra
 one batch (``step_games`` / ``reset_games``), so `ppo_lightning.data.batched_rollout` drives it, for a single
 run and for a group's members. Exact resume: the simulators' states are not saved (the envs restart).
 
-envpool is not installed by ``make`` (it and its asset packages are about 500 MB): ``pip install
-envpool==1.2.5`` (it pulls ``envpool-assets`` and ``envpool-assets-mujoco-large``).
+envpool is not installed by ``make``: with its asset packages (``envpool-assets``,
+``envpool-assets-mujoco-large``) it is about 500 MB, and it asks for ``glfw>=2.10`` where constraints.txt pins
+1.12, so it is no extra of the project: ``pip install envpool==1.2.5`` into the virtualenv (it upgrades glfw).
 """
 
 from __future__ import annotations
