@@ -176,8 +176,12 @@ class ConvActorCritic(nn.Module):
         elif self.layout == "hwc":
             x = x.permute(0, 3, 1, 2)  # NHWC memory = NCHW channels_last
         scale = x.dtype == torch.uint8
-        x = x.to(self.policy_head.weight.dtype)
-        return (x * (1.0 / 255.0) if scale else x), lead
+        # channels_last: oneDNN's faster convolutions, forward and backward (a Nature CNN step of 256 Atari
+        # frames ~1.2x on the AVX-512 EPYC); one copy with the dtype conversion
+        # (not under torch.vmap, a group's stacked members: no channels_last for its batched tensors)
+        batched = torch._C._functorch.is_batchedtensor(x)
+        x = x.to(self.policy_head.weight.dtype, memory_format=torch.preserve_format if batched else torch.channels_last)
+        return (x.mul_(1.0 / 255.0) if scale else x), lead  # a fresh tensor where scaled
 
     def _dist_params(self, features: Tensor, lead) -> tuple[Tensor, ...]:
         out = self.policy_head(features).float().reshape(*lead, -1)  # float32 under any autocast
