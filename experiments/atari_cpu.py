@@ -142,7 +142,7 @@ def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True, sharey=True)
     rows = []
     for ax, arm, title in zip(axes, ("ours", "cleanrl"), ("ppo-lightning atari/ppo", "CleanRL ppo_atari.py")):
         for path in sorted(RECORDS.glob(f"{arm}_seed*.jsonl")):
