@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	# torch first and pinned: the CPU wheel; a looser pin would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev,hf,mujoco,docs,studies]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,hf,mujoco,atari,docs,studies]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,9 +1,13 @@
-"""docs/guides/environments.md, run: its Python blocks are the user's ``my_envs.py`` (and ``my_encoders.py``,
+"""docs/guides/environments.md, run. Spaces, masks, your own env: its Python blocks are the user's ``my_envs.py`` (and ``my_encoders.py``,
 the block that starts with that name), each ``bash`` command runs through the CLI as printed (fit on a
-tiny frame budget), with exit code 2 and the fragments of its ``text`` block where that block is an error."""
+tiny frame budget), with exit code 2 and the fragments of its ``text`` block where that block is an error.
+Pixels and Atari: each python block is executed, and each ``ppo-lightning fit`` command of their bash blocks is
+parsed and validated by the CLI (``--print_config``: nothing trains)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shlex
 import sys
@@ -23,7 +27,9 @@ TINY_FIT = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false
 
 
 def guide_blocks() -> list[tuple[str, str]]:
-    return re.findall(r"^```(\w+)\n(.*?)^```", GUIDE.read_text(), re.S | re.M)
+    """The blocks of every section but Pixels and Atari (`section_blocks` runs theirs)."""
+    page = re.sub(r"\n## (Pixels|Atari)\n.*?(?=\n## )", "\n", GUIDE.read_text(), flags=re.S)
+    return re.findall(r"^```(\w+)\n(.*?)^```", page, re.S | re.M)
 
 
 def _has_box2d() -> bool:
@@ -94,3 +100,32 @@ def test_the_encoder_block_replaces_the_discrete_encoder(user_folder):
     assert isinstance(net.encoder.parts[0], my_encoders.Embedding) and net.encoder.out_dim == 8 + 1
     logits, value = net(torch.tensor([[4.0, 0.5], [0.0, -1.0]]))
     assert logits.shape == (2, 3) and value.shape == (2, 1)
+
+
+def section_blocks(title: str) -> list[tuple[str, str]]:
+    page = GUIDE.read_text()
+    body = page.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```(\w*)\n(.*?)^```", body, re.S | re.M)
+
+
+@pytest.mark.parametrize("title", ["Pixels", "Atari"])
+def test_python_blocks_run(title):
+    for lang, text in section_blocks(title):
+        if lang == "python":
+            exec(compile(text, f"{GUIDE.name}:{title}", "exec"), {})
+
+
+def test_atari_commands_parse():
+    pytest.importorskip("ale_py")
+    from ppo_lightning.run.builder import fit_main
+
+    commands = [line.split("#")[0].strip() for lang, text in section_blocks("Atari") if lang == "bash"
+                for line in text.splitlines() if line.startswith("ppo-lightning fit")]
+    assert len(commands) == 3
+    for command in commands:
+        args = shlex.split(command)[1:]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+            fit_main([*args, "--print_config"])
+        assert stop.value.code in (0, None)
+        assert "env_id: ALE/" in out.getvalue()

@@ -1,7 +1,7 @@
 """The YAML configs shipped with the package, and what ``--config`` accepts.
 
 The configs travel in the wheel as package data, ``ppo_lightning/configs/<family>/<name>.yaml``
-(``cartpole``, ``minatar``, ``procgen``, ``mujoco``), so an installed package trains the paper's
+(``cartpole``, ``minatar``, ``procgen``, ``mujoco``, ``atari``), so an installed package trains the paper's
 configurations without a clone of the repository, as RL Baselines3 Zoo ships its hyperparameters.
 ``--config`` takes a path or a shipped name such as ``cartpole/ppo_ewma``; ``ppo-lightning configs``
 lists the names.
@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("cartpole", "minatar", "procgen", "mujoco")
+FAMILIES = ("cartpole", "minatar", "procgen", "mujoco", "atari")
 
 
 def plain(value: Any, json_safe: bool = False) -> Any:

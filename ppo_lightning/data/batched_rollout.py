@@ -163,6 +163,11 @@ class BatchedRollout:
         space = self.action_space
         noise = None
         arrays = getattr(bases[0], "array_actions", False)
+        # whole games beside the training episodes (Atari: `ppo_lightning.envs.atari_env`)
+        games = getattr(bases[0], "GAME_RECORD", False)
+        if games:
+            game_np = {"game_over": np.empty((T, S, n), dtype=bool), "game_return": np.empty((T, S, n), dtype=np.float32),
+                       "game_length": np.empty((T, S, n), dtype=np.int64)}
         for t in range(T):
             *params, value = self.network(obs_t[t, 0] if single else obs_t[t])
             if single:
@@ -188,6 +193,9 @@ class BatchedRollout:
             for k, (actions, base) in enumerate(zip(action.numpy() if arrays else action.tolist(), bases)):
                 reward_np[t, k], term_np[t, k], trunc_np[t, k] = base.step_games(actions)
                 next_np[t, k] = base._obs
+                if games:
+                    for key, buf in game_np.items():
+                        buf[t, k] = getattr(base, key)
             done = term_np[t] | trunc_np[t]
             ep, sc = ep_np[t] + reward_np[t], sc_np[t] + 1  # RewardSum, StepCounter
             next_ep_np[t], next_sc_np[t] = ep, sc
@@ -215,6 +223,7 @@ class BatchedRollout:
         ep_b, sc_b = seed_major(ep_np[:T], True), seed_major(sc_np[:T], True)
         next_ep_b, next_sc_b = seed_major(next_ep_np, True), seed_major(next_sc_np, True)
         done_b = term_b | trunc_b
+        game_b = {key: seed_major(buf, True) for key, buf in game_np.items()} if games else {}
         out = []
         for k in range(S):
             zeros = torch.zeros((n, T, 1), dtype=torch.bool)
@@ -225,6 +234,7 @@ class BatchedRollout:
                  "episode_reward": ep_b[k], "step_count": sc_b[k],
                  "next": TensorDict({OBS_KEY: next_b[k], "reward": reward_b[k], "done": done_b[k],
                                      "terminated": term_b[k], "truncated": trunc_b[k],
-                                     "episode_reward": next_ep_b[k], "step_count": next_sc_b[k]}, batch_size=[n, T])},
+                                     "episode_reward": next_ep_b[k], "step_count": next_sc_b[k],
+                                     **{key: b[k] for key, b in game_b.items()}}, batch_size=[n, T])},
                 batch_size=[n, T]))
         return out

@@ -2,7 +2,8 @@
 
 ``"CartPole-v1"`` or any registered gymnasium id -> `ppo_lightning.envs.gymnasium_env`;
 ``"procgen:<game>"`` -> `ppo_lightning.envs.procgen_env` (issue 3);
-``"minatar:<game>"`` -> `ppo_lightning.envs.minatar_env`. Every env is batched over
+``"minatar:<game>"`` -> `ppo_lightning.envs.minatar_env`; ``"ALE/<Game>-v5"`` (Atari, ale-py) ->
+`ppo_lightning.envs.atari_env`. Every env is batched over
 ``num_envs`` on its first dimension, reports ``episode_reward`` and ``step_count`` in ``next`` and
 resets through TorchRL (no fake transitions from a vector env's autoreset).
 
@@ -17,6 +18,7 @@ from typing import Any
 
 PROCGEN_PREFIX = "procgen:"
 MINATAR_PREFIX = "minatar:"
+ATARI_PREFIX = "ALE/"
 
 
 def is_procgen(env_id: str) -> bool:
@@ -27,6 +29,10 @@ def is_minatar(env_id: str) -> bool:
     return env_id.startswith(MINATAR_PREFIX)
 
 
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith(ATARI_PREFIX)
+
+
 def _family(env_id: str):
     """(the family's module, the id within the family). Each family module has ``check(name)``,
     ``spaces(name, env_kwargs)``, ``make(name, num_envs, seed, env_kwargs, timeout_s)`` and
@@ -35,6 +41,10 @@ def _family(env_id: str):
         from ppo_lightning.envs import minatar_env as family  # optional at run time: only for minatar ids
 
         return family, env_id[len(MINATAR_PREFIX):]
+    if is_atari(env_id):  # optional at run time: ale-py, the `atari` extra
+        from ppo_lightning.envs import atari_env as family
+
+        return family, env_id[len(ATARI_PREFIX):]
     if is_procgen(env_id):
         # optional at run time, seconds to import (gym, gym3): only for procgen ids
         from ppo_lightning.envs import procgen_env as family

@@ -179,11 +179,33 @@ def check(name: str) -> None:
     check_gymnasium_id(name)
 
 
+BACKENDS = ("gymnasium", "envpool")
+
+
+def split_backend(name: str, env_kwargs: dict) -> tuple[str, dict]:
+    """(``data.env_kwargs.backend``: ``gymnasium``, the default, or ``envpool`` for MuJoCo tasks,
+    `ppo_lightning.envs.envpool_env`; the other settings)."""
+    env_kwargs = dict(env_kwargs)
+    backend = env_kwargs.pop("backend", "gymnasium")
+    if backend not in BACKENDS:
+        raise ValueError(f"data.env_kwargs.backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "envpool":
+        from ppo_lightning.envs.envpool_env import check_envpool_task
+
+        check_envpool_task(name)
+    return backend, env_kwargs
+
+
 def spaces(name: str, env_kwargs: dict) -> tuple[dict, dict]:
-    return gymnasium_spaces(name, env_kwargs)
+    return gymnasium_spaces(name, split_backend(name, env_kwargs)[1])  # the same spaces with either backend
 
 
 def make(name: str, num_envs: int, seed: int, env_kwargs: dict, timeout_s: float | None = None):
+    backend, env_kwargs = split_backend(name, env_kwargs)
+    if backend == "envpool":
+        from ppo_lightning.envs.envpool_env import make_envpool_env
+
+        return make_envpool_env(name, num_envs=num_envs, seed=seed, **env_kwargs)
     if timeout_s is not None:
         env_kwargs = {**env_kwargs, "timeout_s": timeout_s}
     return make_gymnasium_env(name, num_envs=num_envs, seed=seed, **env_kwargs)
@@ -193,5 +215,6 @@ def recordable(name: str, num_envs: int, seed: int, env_kwargs: dict):
     """The env and env 0's ``render()``, off-screen."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame (classic control) renders off-screen
     os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders headless (GLFW needs a display)
+    env_kwargs = split_backend(name, env_kwargs)[1]  # videos: gymnasium renders (the same task)
     env, vec = build_gymnasium_env(name, num_envs=num_envs, seed=seed, **{"render_mode": "rgb_array", **env_kwargs})
     return env, lambda: vec.envs[0].render()

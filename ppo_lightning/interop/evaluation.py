@@ -34,6 +34,7 @@ import torch
 from lightning.pytorch import Callback
 from tensordict import TensorDict
 
+from ppo_lightning.data.episodes import episode_keys
 from ppo_lightning.data.resume_state import env_state, set_env_state
 from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_procgen, make_env, make_recordable_env
 from ppo_lightning.envs.procgen_scores import normalized_return
@@ -155,10 +156,11 @@ class HeldOutEvaluation(Callback):
             dist = make_distribution(action_space, *network.policy(obs))
             td.set("action", (dist.mode if self.deterministic else dist.sample()).cpu())
             out, td = env.step_and_maybe_reset(td)
-            done = out.get(("next", "done")).reshape(-1)
+            ended, ret_key, len_key = episode_keys(out.get("next"))  # whole games for Atari
+            done = out.get(("next", ended)).reshape(-1)
             if done.any():
-                returns += out.get(("next", "episode_reward")).reshape(-1)[done].tolist()
-                lengths += out.get(("next", "step_count")).reshape(-1)[done].tolist()
+                returns += out.get(("next", ret_key)).reshape(-1)[done].tolist()
+                lengths += out.get(("next", len_key)).reshape(-1)[done].tolist()
         self._tds[name] = td
         if not returns:
             return {"episodes": 0.0}
@@ -326,10 +328,11 @@ def evaluate_policy(
                     ) from None
                 td.set("action", action)
                 out, td = env.step_and_maybe_reset(td)
-                done = out.get(("next", "done")).reshape(-1).tolist()
+                ended, ret_key, len_key = episode_keys(out.get("next"))  # whole games for Atari
+                done = out.get(("next", ended)).reshape(-1).tolist()
                 if any(done):
-                    ep_ret = out.get(("next", "episode_reward")).reshape(-1).tolist()
-                    ep_len = out.get(("next", "step_count")).reshape(-1).tolist()
+                    ep_ret = out.get(("next", ret_key)).reshape(-1).tolist()
+                    ep_len = out.get(("next", len_key)).reshape(-1).tolist()
                     for i, d in enumerate(done):
                         if d and counts[i] < targets[i]:
                             counts[i] += 1

@@ -27,10 +27,14 @@ from ppo_lightning.nets.impala import ImpalaActorCritic
 from ppo_lightning.nets.impala_phasic import PhasicImpalaActorCritic
 from ppo_lightning.nets.minatar_cnn import MinAtarActorCritic
 from ppo_lightning.nets.spaces_net import SpacesActorCritic, needs_spaces_network
+from ppo_lightning.nets.pixel_cnn import NatureActorCritic, SmallActorCritic, resolve_network
+
+NETWORK_NAMES = ("auto", "mlp", "impala_cnn", "minatar_cnn", "nature_cnn", "small_cnn")
 
 def build_network(observation_space: dict, action_space: dict, network: dict[str, Any]) -> nn.Module:
-    """Build the actor-critic named by ``network["name"]`` ("mlp", "impala_cnn" or "minatar_cnn")."""
-    network = dict(network)
+    """Build the actor-critic named by ``network["name"]`` (`NETWORK_NAMES`; ``auto``: the one
+    `ppo_lightning.nets.pixel_cnn.choose_network` picks for the observation space)."""
+    network = dict(resolve_network(observation_space, network)[0])
     name = network.pop("name", "mlp")
     if "precision" in network:  # deprecated (0.1): the Trainer's precision applies to every network
         network.pop("precision")
@@ -44,4 +48,8 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
         return ImpalaActorCritic(observation_space, action_space, **network)
     if name == "minatar_cnn":  # the MinAtar paper's conv(16, 3x3) + dense 128
         return MinAtarActorCritic(observation_space, action_space, **network)
-    raise ValueError(f"model.network.name must be 'mlp', 'impala_cnn' or 'minatar_cnn', got {name!r}")
+    if name == "nature_cnn":  # the DQN paper's CNN (Atari; images of 36x36 and more)
+        return NatureActorCritic(observation_space, action_space, **network)
+    if name == "small_cnn":  # smaller images
+        return SmallActorCritic(observation_space, action_space, **network)
+    raise ValueError(f"model.network.name must be one of {', '.join(NETWORK_NAMES)}, got {name!r}")

@@ -59,13 +59,17 @@ from ppo_lightning.run.resume import MODEL_CLASS_PATH, fill_data_seed, model_con
 
 class SaveRunConfig(SaveConfigCallback):
     """Write the resolved config into the run folder (MLflow's logger has no local log_dir) and
-    attach it to the MLflow run."""
+    attach it to the MLflow run. ``model.network`` is the one the model built (``name: auto`` resolved
+    to the chosen network, `ppo_lightning.nets.pixel_cnn.resolve_network`)."""
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / self.config_filename
         refuse_symlink(path, "the run's config")  # a planted link: its target is never overwritten
+        network = getattr(pl_module, "hparams", {}).get("network")
+        if network is not None and "model" in self.config:  # the network the model built (``auto`` resolved)
+            model_config(self.config)["network"] = copy.deepcopy(dict(network))
         self.parser.save(self.config, str(path), skip_none=False, overwrite=True)
         if isinstance(trainer.logger, SafeMLFlowLogger):
             trainer.logger.log_file(path)

@@ -26,7 +26,7 @@ from ppo_lightning.data import parallel
 from ppo_lightning.core.faults import NumericalGuard, finite_mean
 from ppo_lightning.core.members import PerMember, name_members
 from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, LossSettings, PPOFamilyLoss, check_loss_output
-from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, shard_network
+from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, resolve_network, shard_network
 from ppo_lightning.training.precision import take_precision_aliases
 from ppo_lightning.algos import ppg as ppg_lib
 from ppo_lightning.algos.schedules import LR_SCHEDULES
@@ -45,6 +45,16 @@ from ppo_lightning.training.coefficients import ScheduledCoefficients, values_in
 
 # Our `transfer_batch_to_device` is meant to apply with a data module; Lightning warns on every fit.
 warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device`")
+
+
+_SAID: set[str] = set()
+
+
+def say_once(line: str) -> None:
+    """Print ``line`` the first time this process is given it (a choice made for the user)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, flush=True)
 
 
 def migrate_optimizer_steps(checkpoint: dict[str, Any]) -> None:
@@ -66,6 +76,8 @@ class PPOLightningModule(pl.LightningModule):
         network: ``{"name": "mlp", "hidden_sizes": [64, 64], "activation": "tanh",
             "shared_trunk": False}`` or ``{"name": "impala_cnn", ...}``; ``arch`` ("dual", "shared",
             "detach") and ``aux_value_head`` select PPG's layouts (`ppo_lightning.nets.models.resolve_arch`).
+            ``{"name": "auto", ...}`` (the default): a CNN for image observations, ``nature_cnn`` or
+            ``small_cnn`` by size, else the MLP (`ppo_lightning.nets.pixel_cnn.resolve_network`; printed once).
         loss: the loss module's factory, ``{class_path: ..., init_args: {...}}``: a subclass of
             `ppo_lightning.algos.loss.PPOFamilyLoss` (e.g. one overriding ``surrogate``), built by
             `make_loss` with the loss settings (``loss_settings``) and its ``init_args``. None: ``PPOFamilyLoss``.
@@ -144,7 +156,11 @@ class PPOLightningModule(pl.LightningModule):
         super().__init__()
         loss_settings.pop("_class_path", None)  # a subclass's, given back by load_from_checkpoint
         settings = LossSettings(**loss_settings)  # model.objective, model.clip_eps, ... (checked)
-        network = dict(network or {"name": "mlp"})
+        # ``name: auto`` (and no network at all): the network for the observation space, an image's CNN
+        # (ppo_lightning.nets.pixel_cnn); the choice is saved with the hyperparameters and in config.yaml
+        network, choice = resolve_network(observation_space or {}, dict(network or {"name": "auto"}))
+        if choice is not None:
+            say_once(choice)
 
         take_precision_aliases({"network": network, "proximal_precision": proximal_precision})
 
