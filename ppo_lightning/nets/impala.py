@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ppo_lightning.adapters import torch as torch_ops
+from ppo_lightning.adapters.torch import has_onednn_conv_relu, is_batched, onednn_conv_relu
 from ppo_lightning.core.hardware import bf16_native_cpu
 
 _ONEDNN_BF16: bool | None = None
@@ -79,7 +79,7 @@ def max_pool_3x3_s2(x: Tensor) -> Tensor:
     as two separable passes over strided views (1.3-1.6x faster on CPU channels_last, fp32 and bf16)."""
     h, w = x.shape[-2:]
     # under torch.vmap (the members of a seed group, `ppo_lightning.nets.seed_stack`) ``out=`` has no batching rule
-    if (torch.is_grad_enabled() and x.requires_grad) or h % 2 or w % 2 or torch_ops.is_batched(x):
+    if (torch.is_grad_enabled() and x.requires_grad) or h % 2 or w % 2 or is_batched(x):
         return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
     # Output row i covers input rows 2i-1, 2i, 2i+1 (row -1 is padding): the max of the even and
     # odd rows, then from i = 1 on also the previous odd row (written in place). Then the columns.
@@ -95,14 +95,14 @@ def max_pool_3x3_s2(x: Tensor) -> Tensor:
 # The ReLU after a residual block's first conv as a oneDNN post-op of that conv (the op inductor
 # emits for conv + relu; `ppo_lightning.adapters.torch.onednn_conv_relu`). Same values bit for bit
 # (tested). False: a separate in-place ReLU (benchmarks/proximal_cost.py --paths onednn,onednn_unfused).
-_FUSE_CONV_RELU: bool = torch_ops.has_onednn_conv_relu()
+_FUSE_CONV_RELU: bool = has_onednn_conv_relu()
 
 
 def _onednn_conv(x: Tensor, conv: nn.Conv2d, relu: bool = False) -> Tensor:
     """``conv(x)`` (``relu(conv(x))`` if ``relu``) for a oneDNN tensor ``x`` (the module's dense bf16
     weights; a oneDNN tensor out)."""
     if relu and _FUSE_CONV_RELU:
-        return torch_ops.onednn_conv_relu(x, conv)
+        return onednn_conv_relu(x, conv)
     y = torch.mkldnn_convolution(x, conv.weight, conv.bias, conv.padding, conv.stride, conv.dilation, conv.groups)
     return y.relu_() if relu else y
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ppo_lightning.nets.actor_critic import orthogonal_init_, resolve_arch
+from ppo_lightning.adapters.torch import is_batched
 
 # (out_channels, kernel, stride, padding) per convolution
 NATURE_CONVS = ((32, 8, 4, 0), (64, 4, 2, 0), (64, 3, 1, 0))
@@ -179,7 +180,7 @@ class ConvActorCritic(nn.Module):
         # channels_last: oneDNN's faster convolutions, forward and backward (a Nature CNN step of 256 Atari
         # frames ~1.2x on the AVX-512 EPYC); one copy with the dtype conversion
         # (not under torch.vmap, a group's stacked members: no channels_last for its batched tensors)
-        batched = torch._C._functorch.is_batchedtensor(x)
+        batched = is_batched(x)
         x = x.to(self.policy_head.weight.dtype, memory_format=torch.preserve_format if batched else torch.channels_last)
         return (x.mul_(1.0 / 255.0) if scale else x), lead  # a fresh tensor where scaled
 

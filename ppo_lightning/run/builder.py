@@ -12,6 +12,7 @@ the model.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
