@@ -384,7 +384,7 @@ def paper_table(study: Study, cells: dict, reps: int = analysis.REPS) -> list[st
             f"the mean over the {len(study.envs)} envs and the seeds with every env, 95% stratified bootstrap, {reps:,} "
             f"replicates, at {analysis.MIN_SEEDS_FOR_BOOTSTRAP} or more seeds an arm; below that the mean, n and each "
             "run's score):", "",
-            "| arm | paper | here: mean [95% CI] | IQM [95% CI] | seeds | cells |", "|---|---|---|---|---|---|"]
+            "| arm | paper | here: mean [95% CI] (or n and the runs) | IQM [95% CI] | seeds | cells |", "|---|---|---|---|---|---|"]
     for arm, a in study.arms.items():
         paper = "" if a.paper is None else f"{a.paper:.2f}"
         used = [c for c in cells.values() if c.arm == arm]
