@@ -23,7 +23,7 @@ TINY_FIT = {"data.num_envs": 4, "data.rollout_steps": 16, "data.num_minibatches"
 
 def tiny(tmp_path: Path, **over) -> Path:
     d = {"study": "tiny", "base": BASE, "fit": TINY_FIT, "envs": ["minatar:breakout"], "seeds": {"count": 1, "first": 0},
-         "frames": 256, "score": "raw",
+         "frames": 256, "score": "raw", "target_half_width": 0.05,
          "arms": [{"name": "ppo_ewma", "label": "PPO-EWMA", "fit": {"model.decoupled": True, "model.proximal_com": 4}},
                   {"name": "ppo_hi", "label": "PPO, lr 1e-3", "fit": {"model.lr": 0.001}}],
          "comparisons": [{"claim": "EWMA equals PPO", "a": "ppo_ewma", "b": "ppo_hi", "test": "equivalence", "margin": 1.0}]}
@@ -229,7 +229,7 @@ def test_report_regenerates_a_committed_500k_verdict(tmp_path):
 
     study = load_study(ROOT / "experiments" / "studies" / "minatar_fig4_500k.yaml")
     text = report(study, tmp_path, plots=False)
-    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA") and "| AUC |" in line and "seaquest |" in line
+    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA (COM 8), lr 4e-3 differs from PPO") and "| AUC |" in line and "seaquest |" in line
                and "stratified bootstrap)" in line)
     assert "+0.033" in row and "(8 vs 8 seeds" in row  # the committed pooled AUC +0.033 [-0.007, +0.074]
     assert "bf16-mixed on Xeon-AMX" in row
@@ -795,9 +795,9 @@ def test_a_study_with_selection_and_confirmation_seeds_reports_both(tmp_path):
     assert [c.seeds for c in study.confirmation()] == [tuple(range(100, 106))]
     text = report(study, tmp_path / "out", plots=False)
     assert "selection (0-5)" in text and "fresh (100-105, 32-true)" in text and "lr chosen on seeds 0-5" in text
-    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | selection (0-5) | **+"))
+    row = next(line for line in text.splitlines() if line.startswith("| EWMA beats PPO (PPO-EWMA vs PPO, lr 1e-3) | AUC | selection (0-5) | **+"))
     assert row.endswith("| **holds** |"), row
-    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | fresh (100-105, 32-true) | **+"))
+    row = next(line for line in text.splitlines() if line.startswith("| EWMA beats PPO (PPO-EWMA vs PPO, lr 1e-3) | AUC | fresh (100-105, 32-true) | **+"))
     assert row.endswith("| **holds** |"), row
     games = {line.split(" | ")[2]: line for line in text.splitlines() if line.count(" | ") == 5 and "| AUC | " in line}
     assert games["breakout"].endswith("| **holds** |") and games["asterix"].endswith("| does not hold |")
@@ -824,7 +824,7 @@ def test_two_confirming_studies_in_two_precisions_measure_the_precision_apart_fr
     text = report(load_study(sel), tmp_path / "out", plots=False)
     assert "fresh (100-105, 32-true)" in text and "fresh (100-105, bf16-mixed)" in text
     assert "`f16.yaml` sets `trainer.precision` bf16-mixed (here: 32-true)" in text  # what else differs, said
-    row = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | selection (0-5)"))
+    row = next(line for line in text.splitlines() if line.startswith("| EWMA beats PPO (PPO-EWMA vs PPO, lr 1e-3) | AUC | selection (0-5)"))
     assert row.endswith("| **holds** |")  # it holds on both fresh sets
     factor = next(line for line in text.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | **-0.1"))
     a, b, claim = factor.split(" | ")[2:5]
@@ -926,7 +926,7 @@ def test_a_report_that_drops_a_comparison_fails(tmp_path, monkeypatch):
     path = _study_with_cells(tmp_path, "s", {"count": 5, "first": 0}, {"minatar:breakout": 0.1, "minatar:asterix": 0.1},
                              missing={("ppo_hi", "minatar:asterix", s) for s in range(5)})
     text = R.report(load_study(path), tmp_path / "out", plots=False)  # no seed of b has both envs: a pending row, not none
-    assert "| PPO-EWMA vs PPO, lr 1e-3 | AUC |" in text and "pending: 5 and 0 seeds" in text
+    assert "| EWMA beats PPO (PPO-EWMA vs PPO, lr 1e-3) | AUC |" in text and "pending: 5 and 0 seeds" in text
     full = _study_with_cells(tmp_path, "t", {"count": 5, "first": 0}, {"minatar:breakout": 0.1, "minatar:asterix": 0.1})
     original = R.analyse
     monkeypatch.setattr(R, "analyse", lambda *a, **k: original(*a, **k)[:-1])
@@ -947,12 +947,12 @@ def test_an_interim_report_pools_only_the_envs_it_names_and_leaves_the_whole_rep
     path = _study_with_cells(tmp_path, "s", {"count": 5, "first": 0}, {"minatar:breakout": 0.3, "minatar:asterix": -0.3})
     out = tmp_path / "out"
     whole = R.report(load_study(path), out, plots=False)
-    row = next(line for line in whole.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | breakout + asterix"))
+    row = next(line for line in whole.splitlines() if line.startswith("| EWMA beats PPO (PPO-EWMA vs PPO, lr 1e-3) | AUC | breakout + asterix"))
     assert "no difference resolved" in row, row
     assert study_main(["report", str(path), "--envs", "minatar:breakout", "--out", str(out), "--no-plots"]) == 0
     interim = (out / "s_over_1_envs.md").read_text()
     assert interim.startswith("**Interim: over 1 of the study's 2 envs** (minatar:breakout); left out: minatar:asterix")
-    row = next(line for line in interim.splitlines() if line.startswith("| PPO-EWMA vs PPO, lr 1e-3 | AUC | breakout |"))
+    row = next(line for line in interim.splitlines() if line.startswith("| EWMA beats PPO (PPO-EWMA vs PPO, lr 1e-3) | AUC | breakout |"))
     assert "| **+0.3" in row and "a > b" in row, row
     assert (out / "s.md").read_text() == whole  # the whole study's report is not touched
     study = load_study(path)
@@ -1007,7 +1007,7 @@ def test_table1_scores_as_the_paper_random_zero_best_one_with_known_answers():
     text = markdown(study, results, cells, {})
     assert covered(study, text) == []
     row = next(line for line in text.splitlines() if line.startswith("| No clipping or penalty | -0.39 |"))
-    assert f"{-0.39 / 0.82:.2f} [" in row, row
+    assert f"{-0.39 / 0.82:.2f} (n = 3: " in row, row  # 3 seeds: the mean, n and the runs, no interval
     assert next(line for line in text.splitlines() if line.startswith("| Clipping, eps = 0.2 | 0.82 |")).split(" | ")[2].startswith("1.00")
     best = [r for r in results if r.a == "clip_0.2"]
     assert len(best) == 10 and all(r.verdict.startswith("a > b") for r in best)

@@ -23,7 +23,7 @@ TINY_FIT = {"data.num_envs": 4, "data.rollout_steps": 16, "data.num_minibatches"
 
 def study_file(folder: Path, **over) -> Path:
     d = {"study": "use", "base": "minatar/ppo", "fit": TINY_FIT, "envs": ["minatar:breakout"],
-         "seeds": {"count": 2, "first": 0}, "frames": 256, "score": "raw",
+         "seeds": {"count": 2, "first": 0}, "frames": 256, "score": "raw", "target_half_width": 0.05,
          "arms": [{"name": "ppo", "label": "PPO", "fit": {"model.lr": 0.001}},
                   {"name": "ppo_ewma", "label": "PPO-EWMA", "fit": {"model.decoupled": True, "model.proximal_com": 4}}],
          "comparisons": [{"claim": "EWMA differs from PPO", "a": "ppo_ewma", "b": "ppo", "test": "difference"}]}
@@ -51,7 +51,7 @@ def test_a_study_file_outside_the_repository_reports_with_the_shipped_references
     write_export(study, [Cell(a, "minatar:breakout", s, 256, 2.0 + s + (a == "ppo_ewma"), 3.0, curve=curve)
                          for a in study.arms for s in study.seeds])
     text = report(study, tmp_path / "out", plots=False)
-    assert "| PPO-EWMA vs PPO | AUC | breakout |" in text and "Scores: minatar-500k" in text
+    assert "| EWMA differs from PPO (PPO-EWMA vs PPO) | AUC | breakout |" in text and "Scores: minatar-500k" in text
 
 
 def test_progress_lines_count_recorded_groups_whole_and_the_running_one_from_its_file(tmp_path):
@@ -178,3 +178,39 @@ def test_the_effects_plot_keeps_every_label_whole_and_splits_long_files(tmp_path
     assert [p.name for p in paths] == ["x_effects.png", "x_effects_2.png"] and all(p.exists() for p in paths)
     assert [len(labels) for labels in seen] == [24, 8]
     assert all(t.replace("\n", " ").startswith("PPO-EWMA vs PPO [s") for labels in seen for t in labels)
+
+
+def test_a_raw_score_study_reports_in_returns_with_its_stated_half_width(tmp_path):
+    """Issue 65: a raw-score study that compares arms states its target half-width (in returns); the
+    report names the units, gives each claim's text in its row and, for an arm of 2 seeds, no interval
+    but "n = 2" and the two runs."""
+    from ppo_lightning.studies.records import Cell, write_export
+    from ppo_lightning.studies.report import report
+    from ppo_lightning.studies.spec import StudyError
+
+    d = {"study": "raw", "base": "minatar/ppo", "fit": TINY_FIT, "envs": ["minatar:breakout"], "seeds": {"count": 2, "first": 0},
+         "frames": 256, "arms": [{"name": "ppo", "label": "PPO"}, {"name": "hi", "label": "PPO, lr 1e-3", "fit": {"model.lr": 0.001}}],
+         "comparisons": [{"claim": "a higher lr learns faster", "a": "hi", "b": "ppo", "test": "difference"}]}
+    path = tmp_path / "raw.yaml"
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(StudyError, match=r"^.*raw\.yaml: target_half_width: required with score: raw where the file compares arms"):
+        load_study(path)
+    path.write_text(yaml.safe_dump({**d, "comparisons": []}))  # nothing compared: nothing to resolve, no target needed
+    assert load_study(path).target_half_width is None
+    path.write_text(yaml.safe_dump({**d, "target_half_width": 25}))
+    study = load_study(path)
+    assert study.units == "raw return" and study.target_half_width == 25
+    runs = {("ppo", 0): 10.0, ("ppo", 1): 14.0, ("hi", 0): 30.0, ("hi", 1): 36.0}
+    write_export(study, [Cell(a, "minatar:breakout", s, 256, v, v, curve=[(128.0, v), (256.0, v)]) for (a, s), v in runs.items()])
+    text = report(study, tmp_path / "out", plots=False)
+    assert "normalized score" not in text
+    assert "difference of means (a - b) of the raw return" in text and "target 25 (raw return)" in text
+    header = next(line for line in text.splitlines() if line.startswith("| claim (a vs b) |"))
+    assert "effect (a - b) [95% CI], raw return" in header and header.endswith("| seeds/arm for ±25 |")
+    row = next(line for line in text.splitlines() if line.startswith("| a higher lr learns faster (PPO, lr 1e-3 vs PPO) | AUC |"))
+    # 2 seeds an arm: Welch's t, half-width t(0.975, 1.74 dof) sqrt(36/2 / 2 + 8 / 2) = 17.9 returns, within the 25 stated
+    assert "**+21.000 [+3.066, +38.934]** (2 vs 2 seeds; Welch t" in row and "CI half-width" not in row
+    arms = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith(("| PPO |", "| PPO, lr 1e-3 |"))}
+    assert arms["| PPO"].startswith("| PPO | 2 | 12.000 (n = 2: 10.000, 14.000) |  | 12.000 (n = 2: 10.000, 14.000) |  |")
+    assert arms["| PPO, lr 1e-3"].startswith("| PPO, lr 1e-3 | 2 | 33.000 (n = 2: 30.000, 36.000) |")
+    assert "Arms (all 1 envs; raw return;" in text

@@ -152,12 +152,17 @@ def covered(study: Study, text: str) -> list[str]:
     none may be missing (`report` refuses to write a report that drops one)."""
     labels = {a: arm.label for a, arm in study.arms.items()}
     return [f"{c.claim} ({METRIC_NAME[m]})" for c in study.comparisons for m in c.metrics
-            if f"| {labels[c.a]} vs {labels[c.b]} | {METRIC_NAME[m]} |" not in text]
+            if f"| {c.claim} ({labels[c.a]} vs {labels[c.b]}) | {METRIC_NAME[m]} |" not in text]
 
 
 def _ci(v: float, lo: float, hi: float, bold: bool = False) -> str:
     s = f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     return f"**{s}**" if bold else s
+
+
+def _claim(r: analysis.Result, labels: dict[str, str]) -> str:
+    """A comparison's row name: the claim as its study file states it, then its arms."""
+    return f"{r.claim} ({labels[r.a]} vs {labels[r.b]})"
 
 
 def _envs(envs) -> str:
@@ -167,7 +172,8 @@ def _envs(envs) -> str:
 def rules(study: Study) -> str:
     """The rules every row of the report uses, stated once in its header."""
     tests = {c.test for c in study.comparisons}
-    parts = [f"Effects: difference of means (a - b) of the normalized score, 95% CIs: rliable's stratified bootstrap "
+    units = study.units + (" (each environment's own returns, not normalized)" if study.score == "raw" else "")
+    parts = [f"Effects: difference of means (a - b) of the {units}, 95% CIs: rliable's stratified bootstrap "
              f"({analysis.REPS:,} replicates) at 5 or more seeds an arm, else Welch's t."]
     if "difference" in tests:
         parts.append("Difference: `a > b` / `a < b` where the 95% CI excludes 0 (bold), else `no difference resolved`.")
@@ -176,8 +182,9 @@ def rules(study: Study) -> str:
                      "margin m the study file states at p < 0.05; no other row says equal.")
     if "noninferiority" in tests:
         parts.append("Non-inferiority: `a not worse than b by m` where the one-sided Welch test at the file's margin m gives p < 0.05.")
-    parts.append(f"A row whose CI half-width exceeds the study's target {study.target_half_width:g} says so; the last "
-                 "column is the seeds per arm that target would need.")
+    if study.target_half_width is not None:
+        parts.append(f"A row whose CI half-width exceeds the study's target {study.target_half_width:g} ({study.units}) "
+                     "says so; the last column is the seeds per arm that target would need.")
     if study.records is not None and study.records.committed is not None:
         parts.append("The committed verdict is the one the records' own summary CSV "
                      f"(`{study.records.committed.name}`, written by the scripts that ran them) states, beside this report's.")
@@ -266,14 +273,14 @@ def confirmation_table(study: Study, sel: list[analysis.Result],
                "column names them: where seed sets differ in precision or CPU, a gap between them mixes selection "
                "with those)." + (" Settings besides the seeds that differ from this study's: " + "; ".join(diffs) + "."
                                   if diffs else ""), "",
-             "| claim | metric | seeds | effect (a - b) [95% CI] | verdict | cells | on fresh seeds |",
+             f"| claim (a vs b) | metric | seeds | effect (a - b) [95% CI], {study.units} | verdict | cells | on fresh seeds |",
              "|---|---|---|---|---|---|---|"]
     by = [{(r.claim, r.a, r.b, r.metric): r for r in fresh} for _, fresh, _ in confirms]
     for r in sel:
         key = (r.claim, r.a, r.b, r.metric)
         each = [holds_on_fresh(r, b.get(key)) for b in by]
         h = overall([v for v in each if v != "not run on fresh seeds"] or each)
-        name = f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} |"
+        name = f"| {_claim(r, labels)} | {METRIC_NAME[r.metric]} |"
         lines.append(f"{name} selection ({study.seed_range}) | {_effect_cell(r)} | {r.verdict} | {getattr(r, 'cells', '')} | "
                      f"{'**holds**' if h == 'holds' else h} |")
         for (conf, _, cc), b, v in zip(confirms, by, each):
@@ -282,7 +289,7 @@ def confirmation_table(study: Study, sel: list[analysis.Result],
                          f"{getattr(f, 'cells', '') if f else '-'} | {'**holds**' if v == 'holds' else v} |")
     envs = list(dict.fromkeys(e for r in sel for e in r.per_env))
     if envs:
-        lines += ["", "Per environment on every seed set (effect a - b [95% CI], Holm-adjusted Welch p over the family of "
+        lines += ["", f"Per environment on every seed set (effect a - b [95% CI], {study.units}, Holm-adjusted Welch p over the family of "
                   "one comparison's environments on one metric; a per-game claim holds where the adjusted p < 0.05 on the "
                   "selection seeds and on the fresh ones, with the same sign):", "",
                   "| comparison | metric | env | selection (" + study.seed_range + ") | "
@@ -372,17 +379,16 @@ def paper_table(study: Study, cells: dict, reps: int = analysis.REPS) -> list[st
         if len(m):
             scores[arm] = m
     est = analysis.interval_estimates({a: m for a, m in scores.items() if len(m) >= 2}, reps=reps) if scores else {}
-    rows = ["", f"Beside the paper ({METRIC_NAME[metric]}, normalized per env; the mean over the {len(study.envs)} envs and "
-            f"the seeds with every env, 95% stratified bootstrap, {reps:,} replicates):", "",
-            "| arm | paper | here: mean [95% CI] | IQM [95% CI] | seeds | cells |", "|---|---|---|---|---|---|"]
+    rows = ["", f"Beside the paper ({METRIC_NAME[metric]}, {'raw return' if study.score == 'raw' else 'normalized per env'}; "
+            f"the mean over the {len(study.envs)} envs and the seeds with every env, 95% stratified bootstrap, {reps:,} "
+            f"replicates, at {analysis.MIN_SEEDS_FOR_BOOTSTRAP} or more seeds an arm; below that the mean, n and each "
+            "run's score):", "",
+            "| arm | paper | here: mean [95% CI] (or n and the runs) | IQM [95% CI] | seeds | cells |", "|---|---|---|---|---|---|"]
     for arm, a in study.arms.items():
         paper = "" if a.paper is None else f"{a.paper:.2f}"
         used = [c for c in cells.values() if c.arm == arm]
-        if arm in est:
-            (v, lo, hi), (q, qlo, qhi) = est[arm]["mean"], est[arm]["iqm"]
-            here, iqm = f"{v:.2f} [{lo:.2f}, {hi:.2f}]", f"{q:.2f} [{qlo:.2f}, {qhi:.2f}]"
-        elif arm in scores:
-            here, iqm = f"{scores[arm].mean():.2f}", ""
+        if arm in scores:
+            here, iqm = (arm_summary(scores[arm], est.get(arm), stat, 2) for stat in ("mean", "iqm"))
         else:
             here, iqm = "pending", ""
         rows.append(f"| {a.label} | {paper} | {here} | {iqm} | {len(scores.get(arm, []))} | {holds_under(used) or 'none yet'} |")
@@ -428,7 +434,7 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
             each = [holds_on_fresh(r, b.get(key)) for b in by]
             confirmed[key] = overall([v for v in each if v != "not run on fresh seeds"] or each)
         lines += [f"On the selection seeds ({study.seed_range}), per stratum:", ""]
-    lines += [] if not results else [f"| claim | metric | pooled over | effect (a - b) [95% CI] | P(a > b) | verdict | committed verdict (records' summary) | cells | seeds/arm for ±{study.target_half_width:g} |",
+    lines += [] if not results else [f"| claim (a vs b) | metric | pooled over | effect (a - b) [95% CI], {study.units} | P(a > b) | verdict | committed verdict (records' summary) | cells | seeds/arm for ±{study.target_half_width:g} |",
                                      "|---|---|---|---|---|---|---|---|---|"]
     changed = []
     for r in results:
@@ -448,7 +454,7 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
         effect = ("pending" if getattr(r, "pending", False) else
                   f"{_ci(r.effect, r.low, r.high, (r.low > 0 or r.high < 0) and confirmed.get(key, 'holds') in ('holds', 'not run on fresh seeds'))} "
                   f"({r.n_a} vs {r.n_b} seeds; {r.method})")
-        lines.append(f"| {labels[r.a]} vs {labels[r.b]} | {METRIC_NAME[r.metric]} | {_envs(r.envs)} | "
+        lines.append(f"| {_claim(r, labels)} | {METRIC_NAME[r.metric]} | {_envs(r.envs)} | "
                      f"{effect} | {pi} | {verdict} | {old} | {getattr(r, 'cells', '')} | {r.seeds_for_target or ''} |")
     if changed:
         lines += ["", "Where these intervals change a committed verdict: " + "; ".join(
@@ -474,7 +480,7 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
                          f"{norm(c.env, c.final_return):.3f} | {c.precision} on {cpu_short(c.cpu)} |")
     multi = [r for r in results if r.per_env]
     if multi:
-        lines += ["", f"Per environment (effect a - b [95% CI], {analysis.REPS:,} bootstrap replicates; p: Welch's two-sided "
+        lines += ["", f"Per environment (effect a - b [95% CI], {study.units}, {analysis.REPS:,} bootstrap replicates; p: Welch's two-sided "
                   "t test, Holm-adjusted over the family of one comparison's environments on one metric; bold where "
                   "the adjusted p < 0.05):", "",
                   "| comparison | metric | " + " | ".join(env_game(e) for e in study.envs) + " |",
@@ -493,12 +499,29 @@ def markdown(study: Study, results: list[analysis.Result], cells: dict, plots: d
     return "\n".join(lines) + "\n"
 
 
+def arm_summary(m: np.ndarray, est: dict | None, stat: str, digits: int) -> str:
+    """One arm's ``stat`` ("mean" or "iqm") of its seeds x envs scores ``m``: with its 95% CI where
+    the arm has `analysis.MIN_SEEDS_FOR_BOOTSTRAP` seeds or more (``est``: `analysis.interval_estimates`'
+    entry); below that the mean, ``n = k`` and each run's score (a percentile bootstrap of 2 runs is
+    their min and max: no interval), and no IQM; one run: its score."""
+    if est is not None and len(m) >= analysis.MIN_SEEDS_FOR_BOOTSTRAP:
+        v, lo, hi = est[stat]
+        return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    if stat != "mean":
+        return ""
+    runs = m.mean(axis=1)
+    return f"{runs.mean():.{digits}f}" + (f" (n = {len(runs)}: {', '.join(f'{v:.{digits}f}' for v in runs)})" if len(runs) > 1 else "")
+
+
 def arm_table(study: Study, cells: dict, reps: int = analysis.REPS) -> list[str]:
-    """Per arm, over the seeds with every env of the study: mean and IQM of the normalized AUC and final
-    return with 95% stratified-bootstrap CIs (rliable); with one seed, its score."""
+    """Per arm, over the seeds with every env of the study: mean and IQM of the AUC and final return
+    (in the study's score) with 95% stratified-bootstrap CIs (rliable) where the arm has the seeds for
+    one (`arm_summary`); else the mean, ``n = k`` and the runs; with one seed, its score."""
     norm = normalizer(study, cells)
-    rows = ["", f"Arms (all {len(study.envs)} envs; mean and interquartile mean over runs, 95% stratified bootstrap, "
-            f"{reps:,} replicates):", "", "| arm | seeds | AUC mean | AUC IQM | final mean | final IQM | cells |", "|---|---|---|---|---|---|---|"]
+    rows = ["", f"Arms (all {len(study.envs)} envs; {study.units}; mean and interquartile mean over runs, 95% stratified "
+            f"bootstrap, {reps:,} replicates, at {analysis.MIN_SEEDS_FOR_BOOTSTRAP} or more seeds an arm; below that "
+            "the mean, n and each run's score):", "",
+            "| arm | seeds | AUC mean | AUC IQM | final mean | final IQM | cells |", "|---|---|---|---|---|---|---|"]
     scores: dict[str, dict[str, np.ndarray]] = {"auc": {}, "final": {}}
     for arm in study.arms:
         mine = [c for c in cells.values() if c.arm == arm]
@@ -512,10 +535,7 @@ def arm_table(study: Study, cells: dict, reps: int = analysis.REPS) -> list[str]
             continue
         n = len(scores["auc"][arm])
         def fmt(metric, stat):
-            if arm in est[metric]:
-                v, lo, hi = est[metric][arm][stat]
-                return f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
-            return f"{scores[metric][arm].mean():.3f}" if stat == "mean" else ""
+            return arm_summary(scores[metric][arm], est[metric].get(arm), stat, 3)
         used = [c for c in cells.values() if c.arm == arm]
         rows.append(f"| {label} | {n} | {fmt('auc', 'mean')} | {fmt('auc', 'iqm')} | {fmt('final', 'mean')} | "
                     f"{fmt('final', 'iqm')} | {holds_under(used)} |")
@@ -673,7 +693,7 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         made[key] = path
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
-    for part, chunk in enumerate(chunks):  # performance profiles: the fraction of runs above each normalized AUC (rliable)
+    for part, chunk in enumerate(chunks):  # performance profiles: the fraction of runs above each AUC (rliable)
         color = arm_colors(chunk)
         scores = {}
         for arm in chunk:
@@ -689,7 +709,7 @@ def plot(study: Study, cells: dict, results: list[analysis.Result], out: Path, p
         for arm in scores:
             ax.plot(taus, prof[arm], color=color[arm], label=f"{labels[arm]} (n={len(scores[arm])})")
             ax.fill_between(taus, bands[arm][0], bands[arm][1], color=color[arm], alpha=0.2)
-        ax.set(xlabel="normalized AUC (tau)", ylabel="fraction of runs with AUC > tau", title="performance profiles" + part_of(part, chunk))
+        ax.set(xlabel=("AUC, raw return" if study.score == "raw" else "normalized AUC") + " (tau)", ylabel="fraction of runs with AUC > tau", title="performance profiles" + part_of(part, chunk))
         # beside the axes where many arms would cover the curves
         ax.legend(fontsize=6, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if len(scores) > 6 else {}))
         fig.text(0.01, 0.005, f"cells: {cpus}; 95% stratified bootstrap bands (rliable)", fontsize=5)

@@ -10,7 +10,7 @@ seeds: {count: 8, first: 0}
 frames: 500000                        # the budget per run, in environment frames
 score: minatar-500k                   # how returns are normalized: raw | minatar | minatar-500k
 pool: [cpu]                           # factors a verdict may pool cells across: cpu, precision
-target_half_width: 0.05               # the CI half-width a verdict is resolved at
+target_half_width: 0.05               # the CI half-width a verdict is resolved at, in the score's units
 arms:
   - {name: ppo, label: "PPO", fit: {model.lr: 0.004}}
   - {name: ppo_ewma, label: "PPO-EWMA (COM 8)", fit: {model.lr: 0.004, model.decoupled: true, model.proximal_com: 8}}
@@ -59,6 +59,10 @@ from ppo_lightning.studies import fields
 from ppo_lightning.studies.fields import resolve_ref
 
 SCORES = ("raw", "minatar", "minatar-500k", "random-best")
+# What a score is measured in, as the report's headers name it.
+SCORE_UNITS = {"raw": "raw return", "minatar": "normalized score", "minatar-500k": "normalized score",
+               "random-best": "normalized score"}
+DEFAULT_TARGET_HALF_WIDTH = 0.05  # of a normalized score (0 to 1); a raw score has no default
 POOLABLE = ("cpu", "precision")
 TESTS = ("difference", "equivalence", "noninferiority")
 METRICS = ("auc", "final", "last100")  # last100: mean return of the run's last 100 episodes (the PPO paper's score)
@@ -78,7 +82,9 @@ STUDY_FIELDS = (
               "paper's Table 1: per env, the random policy 0 and the best of `score_ref.best_of` 1)"),
     ("score_ref", False, "`score: random-best`'s references (below)"),
     ("pool", False, "factors a verdict may pool cells across: `cpu`, `precision` (default: none)"),
-    ("target_half_width", False, "the CI half-width the rows are checked against: a wider CI says so in its row (default 0.05)"),
+    ("target_half_width", False, "the CI half-width the rows are checked against, in the units of `score`: a wider CI "
+                          "says so in its row (default 0.05 of a normalized score; required with `score: raw` where "
+                          "the file compares arms: a return's scale is the environment's)"),
     ("arms", True, "the settings compared: a list of arms (below)"),
     ("comparisons", False, "the claims tested: a list of comparisons (below)"),
     ("records", False, "committed records of earlier runs read as cells (below)"),
@@ -199,7 +205,7 @@ class Study:
     frames: int
     score: str
     pool: tuple[str, ...]
-    target_half_width: float
+    target_half_width: float | None  # in the units of `score` (None: a raw-score study that compares nothing)
     arms: dict[str, Arm]
     comparisons: tuple[Comparison, ...]
     records: Records | None
@@ -211,6 +217,11 @@ class Study:
     def confirmation(self) -> "list[Study]":
         """The confirming studies (`load_study` of each ``confirm.study``), in the file's order."""
         return [] if self.confirm is None else [load_study(p) for p in self.confirm.paths]
+
+    @property
+    def units(self) -> str:
+        """What the study's scores are measured in (`SCORE_UNITS`): "raw return", "normalized score"."""
+        return SCORE_UNITS[self.score]
 
     @property
     def seed_range(self) -> str:
@@ -314,8 +325,8 @@ def parse_study(data: Any, path: Path) -> Study:
     pool = tuple(data.get("pool") or ())
     for p in pool:
         _need(p in POOLABLE, where, f"pool: {p!r} is not a factor; pool across {', '.join(POOLABLE)}")
-    target = data.get("target_half_width", 0.05)
-    _need(isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0, where,
+    target = data.get("target_half_width")
+    _need(target is None or isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0, where,
           f"target_half_width: a positive number, got {target!r}")
     shared = _fit(data.get("fit"), where, "fit")
 
@@ -418,6 +429,11 @@ def parse_study(data: Any, path: Path) -> Study:
         _need(len(set(paths)) == len(paths), where, "confirm.study: listed twice")
         confirm = Confirm(tuple(paths))
     score_ref = None
+    if target is None:  # in the units of the score: a normalized score's default, a raw one's stated
+        _need(score != "raw" or not comparisons, where,
+              "target_half_width: required with score: raw where the file compares arms (the CI half-width a verdict "
+              "is resolved at, in raw return units: e.g. 20 for CartPole-v1's returns of up to 500)")
+        target = None if score == "raw" else DEFAULT_TARGET_HALF_WIDTH
     if score == "random-best":
         sr = data.get("score_ref")
         _need(isinstance(sr, dict), where, "score_ref: score random-best needs {random: CSV, best_of: [arms], metric}")
@@ -443,7 +459,7 @@ def parse_study(data: Any, path: Path) -> Study:
         _need("score_ref" not in data, where, "score_ref: only score random-best has one")
     return Study(path=path, name=name, title=str(data.get("title") or name), base=base, fit=shared, envs=envs,
                  seeds=seed_tuple, frames=frames, score=score, pool=pool,
-                 target_half_width=float(target), arms=arms, comparisons=tuple(comparisons), records=records, root=root,
+                 target_half_width=None if target is None else float(target), arms=arms, comparisons=tuple(comparisons), records=records, root=root,
                  selection=selection.strip(), confirm=confirm, score_ref=score_ref)
 
 
