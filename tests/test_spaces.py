@@ -102,7 +102,7 @@ def test_masked_logits_never_sample_an_illegal_action_and_entropy_is_over_the_le
 
 # ------------------------------------------------------------------------------------------------ training
 KINDS = ["DiscreteObs-v0", "MultiDiscreteObs-v0", "MultiBinary-v0", "DictObsMultiDiscreteAct-v0", "TupleAct-v0",
-         "DictAct-v0", "InfoMask-v0", "DictMask-v0"]
+         "DictAct-v0", "InfoMask-v0", "DictMask-v0", "StartDiscrete-v0"]
 
 
 @pytest.mark.parametrize("env_id", KINDS)

@@ -130,7 +130,8 @@ def _flat_mask(mask) -> np.ndarray:
 def plain(env: gym.Env, info_mask: bool) -> bool:
     """Whether ``env`` needs no `SpacesWrapper`: a ``Box`` observation, a ``Discrete`` or ``Box`` action, no mask."""
     return (isinstance(env.observation_space, gym.spaces.Box) and not info_mask
-            and isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box)))
+            and isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
+            and int(getattr(env.action_space, "start", 0)) == 0)
 
 
 def info_has_mask(env: gym.Env) -> bool:
@@ -182,8 +183,8 @@ class SpacesWrapper(gym.Wrapper):
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def _unpack(self, action):
-        if not self.composite_action:
-            return action
+        if not self.composite_action:  # a Discrete action's index from 0 (gymnasium's start added back)
+            return action + int(self.env.action_space.start) if isinstance(self.env.action_space, gym.spaces.Discrete) else action
         values, start, leaves = np.asarray(action, dtype=np.float32).reshape(-1), 0, []
         for space, size in zip(self.action_leaves.spaces, self.action_sizes):
             leaves.append(_unpack_leaf(space, values[start:start + size]))
