@@ -29,9 +29,9 @@ def sample(space: gym.Space, rng: np.random.Generator):
     if isinstance(space, spaces.Tuple):
         return tuple(sample(s, rng) for s in space.spaces)
     if isinstance(space, spaces.Discrete):
-        return np.int64(rng.integers(space.n))
+        return np.int64(space.start + rng.integers(space.n))
     if isinstance(space, spaces.MultiDiscrete):
-        return rng.integers(space.nvec).astype(space.dtype)
+        return (space.start + rng.integers(space.nvec)).astype(space.dtype)
     if isinstance(space, spaces.MultiBinary):
         return rng.integers(0, 2, space.shape).astype(space.dtype)
     if isinstance(space, spaces.Box):
@@ -119,3 +119,6 @@ ENVS = {
 for _name, _make in ENVS.items():
     if _name not in gym.registry:
         gym.register(_name, entry_point=_make)
+if "StartDiscrete-v0" not in gym.registry:  # gymnasium's start: actions -1, 0, 1 and observations 10..14
+    gym.register("StartDiscrete-v0", entry_point=lambda: SpacesToy(spaces.Discrete(5, start=10),
+                                                                   spaces.Discrete(3, start=-1)))

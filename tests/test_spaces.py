@@ -102,7 +102,7 @@ def test_masked_logits_never_sample_an_illegal_action_and_entropy_is_over_the_le
 
 # ------------------------------------------------------------------------------------------------ training
 KINDS = ["DiscreteObs-v0", "MultiDiscreteObs-v0", "MultiBinary-v0", "DictObsMultiDiscreteAct-v0", "TupleAct-v0",
-         "DictAct-v0", "InfoMask-v0", "DictMask-v0"]
+         "DictAct-v0", "InfoMask-v0", "DictMask-v0", "StartDiscrete-v0"]
 
 
 @pytest.mark.parametrize("env_id", KINDS)
@@ -110,6 +110,13 @@ def test_every_space_kind_trains_alone_and_member_k_is_seed_k(env_id):
     """Two iterations alone and as a group of 2: member k is seed k alone (the masked envs raise on an
     illegal action, so every sampled action was legal)."""
     assert assert_member_is_alone(env_id, 2) < 1e-5
+
+
+def test_box_observations_of_a_composite_action_env_normalize():
+    """A Box observation stays as it is with a composite action, so the network's observation
+    normalization applies (each member with its own statistics)."""
+    net = {"name": "mlp", "hidden_sizes": [16, 16], "activation": "tanh", "normalize_observation": True}
+    assert assert_member_is_alone("TupleAct-v0", 2, network=net) < 1e-5
 
 
 def test_lockstep_collection_of_a_masked_composite_env():
@@ -242,14 +249,17 @@ def test_composite_policies_evaluate_and_export_to_automodel(env_id, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ what is missing
-def _cli(args: list[str], tmp_path: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(extra_path or ""), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", "ppo_lightning", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+def _cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """``ppo-lightning ARGS`` in process: (exit code, stdout, stderr)."""
+    from ppo_lightning.cli.main import main
+
+    capsys.readouterr()
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
-def test_missing_dependency_is_one_line_naming_the_extra(tmp_path):
+def test_missing_dependency_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):
     """An env whose module raises gymnasium's DependencyNotInstalled (as LunarLander without Box2D does):
     one line naming the extra, exit 2, no traceback."""
     (tmp_path / "needs_box2d_env.py").write_text(
@@ -259,13 +269,13 @@ def test_missing_dependency_is_one_line_naming_the_extra(tmp_path):
     (tmp_path / "register_box2d_env.py").write_text(
         "import gymnasium as gym\n"
         "gym.register('NeedsBox2D-v0', entry_point='needs_box2d_env:Env')\n")
-    out = _cli(["fit", "--config", "cartpole/ppo", "--data.env_id", "register_box2d_env:NeedsBox2D-v0"], tmp_path,
-               tmp_path)
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
-    line = out.stderr.strip().splitlines()[-1]
-    assert line == ("error: data.env_id: NeedsBox2D-v0 cannot be made (Box2D is not installed): "
-                    "pip install 'ppo-lightning[box2d]'")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _cli(["fit", "--config", "cartpole/ppo", "--data.env_id", "register_box2d_env:NeedsBox2D-v0"], capsys)
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("error: data.env_id: NeedsBox2D-v0 cannot be made (Box2D is not installed): "
+                                            "pip install 'ppo-lightning[box2d]'")
     try:
         import Box2D  # noqa: F401
     except ImportError:  # and the real one, where Box2D is missing
@@ -288,11 +298,12 @@ def test_unsupported_space_names_what_is_supported_and_the_wrapper():
     assert "gymnasium.ObservationWrapper" in message
 
 
-def test_frozenlake_trains_from_the_cartpole_config(tmp_path):
+def test_frozenlake_trains_from_the_cartpole_config(tmp_path, monkeypatch, capsys):
     """FrozenLake-v1 (a Discrete observation) with ``--config cartpole/ppo``: trains and evaluates."""
-    out = _cli(["fit", "--config", "cartpole/ppo", "--data.env_id", "FrozenLake-v1", "--data.total_frames", "512",
-                "--trainer.default_root_dir", str(tmp_path), "--video_every", "null"], tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    out = _cli(["evaluate", str(tmp_path / "checkpoints/last.ckpt"), "--episodes", "2"], tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "FrozenLake-v1: 2 episodes" in out.stdout
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _cli(["fit", "--config", "cartpole/ppo", "--data.env_id", "FrozenLake-v1", "--data.total_frames", "512",
+                         "--run_dir", "run", "--mlflow.enabled", "false", "--video_every", "null"], capsys)
+    assert code == 0, err[-3000:]
+    code, out, err = _cli(["evaluate", "run/checkpoints/last.ckpt", "--episodes", "2"], capsys)
+    assert code == 0, err[-3000:]
+    assert "FrozenLake-v1: 2 episodes" in out

@@ -6,7 +6,8 @@ as it is. Any other env is wrapped in `SpacesWrapper`, which
 
 - packs each observation into one float32 vector: the leaves of the space (``Box``, ``Discrete``,
   ``MultiDiscrete``, ``MultiBinary``, inside ``Dict`` / ``Tuple`` to any depth) in order, each leaf's raw
-  values (a ``Discrete`` leaf its index from 0), then the action mask where there is one;
+  values (a ``Discrete`` leaf its index from 0), then the action mask where there is one (a ``Box``
+  observation without a mask stays as it is);
 - unpacks each action vector into the env's action (a ``Discrete`` action stays an index; a
   ``MultiDiscrete``, ``MultiBinary``, ``Tuple`` or ``Dict`` action is one vector, its leaves in order;
   ``Box`` leaves are clipped to their bounds, as `gymnasium.wrappers.ClipAction` does for a ``Box`` action).
@@ -130,7 +131,8 @@ def _flat_mask(mask) -> np.ndarray:
 def plain(env: gym.Env, info_mask: bool) -> bool:
     """Whether ``env`` needs no `SpacesWrapper`: a ``Box`` observation, a ``Discrete`` or ``Box`` action, no mask."""
     return (isinstance(env.observation_space, gym.spaces.Box) and not info_mask
-            and isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box)))
+            and isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
+            and int(getattr(env.action_space, "start", 0)) == 0)
 
 
 def info_has_mask(env: gym.Env) -> bool:
@@ -157,8 +159,11 @@ class SpacesWrapper(gym.Wrapper):
         if (self.dict_mask or self.info_mask) and not self.mask_size:
             raise UnsupportedSpace(f"the env has an action mask and a {type(env.action_space).__name__} action space: "
                                    "masks apply to Discrete and MultiDiscrete actions (and their Dict / Tuple)")
+        # a Box observation without a mask stays as it is (normalizable; a composite action alone is unpacked)
+        self.pack_obs = not (isinstance(obs_space, gym.spaces.Box) and not self.mask_size)
         size = sum(_leaf_size(s) for s in self.obs_leaves.spaces) + self.mask_size
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+        if self.pack_obs:
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
         self.composite_action = not isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
         if self.composite_action:
             self.action_leaves = gym.spaces.Tuple(_leaves(env.action_space))
@@ -166,6 +171,8 @@ class SpacesWrapper(gym.Wrapper):
             self.action_space = gym.spaces.Box(-np.inf, np.inf, (sum(self.action_sizes),), np.float32)
 
     def _pack(self, obs, info) -> np.ndarray:
+        if not self.pack_obs:
+            return obs
         if self.dict_mask:
             mask = obs[MASK_KEY]
             obs = {k: v for k, v in obs.items() if k != MASK_KEY}
@@ -182,8 +189,8 @@ class SpacesWrapper(gym.Wrapper):
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def _unpack(self, action):
-        if not self.composite_action:
-            return action
+        if not self.composite_action:  # a Discrete action's index from 0 (gymnasium's start added back)
+            return action + int(self.env.action_space.start) if isinstance(self.env.action_space, gym.spaces.Discrete) else action
         values, start, leaves = np.asarray(action, dtype=np.float32).reshape(-1), 0, []
         for space, size in zip(self.action_leaves.spaces, self.action_sizes):
             leaves.append(_unpack_leaf(space, values[start:start + size]))
@@ -224,7 +231,10 @@ def describe_env(env: gym.Env) -> tuple[dict, dict, bool]:
     from ppo_lightning.nets.encoders import raw_size
 
     size = sum(raw_size(leaf) for leaf in space_leaves(inner)) + mask
-    obs = {"shape": [size], "dtype": "float32", "space": inner}
+    if isinstance(obs_space, gym.spaces.Box) and not mask:  # as it is (`SpacesWrapper.pack_obs`)
+        obs = {"shape": inner["shape"], "dtype": inner["dtype"]}
+    else:
+        obs = {"shape": [size], "dtype": "float32", "space": inner}
     if mask:
         obs["action_mask"] = mask
     if isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):

@@ -37,9 +37,11 @@ class SpacesActorCritic(ActorCritic):
                  activation: str = "tanh", shared_trunk: bool = False, arch: str | None = None,
                  aux_value_head: bool = False, normalize_observation: bool = False) -> None:
         encoder = ObservationEncoder(observation_space)
-        if normalize_observation and observation_space.get("space") is not None:
-            raise ValueError("model.network.normalize_observation normalizes Box observations; this env's observations "
-                             f"are {observation_space['space']['type']} (normalize them in a gymnasium wrapper of your env)")
+        if normalize_observation and (observation_space.get("space") is not None or encoder.mask_size):
+            kind = (observation_space.get("space") or {}).get("type", "box")
+            raise ValueError("model.network.normalize_observation normalizes Box observations without an action mask; "
+                             f"this env's observations are {kind}{' with a mask' if encoder.mask_size else ''} "
+                             "(normalize them in a gymnasium wrapper of your env)")
         kind = action_space["type"]
         if kind == "composite":
             heads, stds = head_sizes(action_space["space"])
