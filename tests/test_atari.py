@@ -99,6 +99,16 @@ def test_torchrl_env_records_whole_games():
     assert (nxt["game_return"][~games] == 0).all() and (nxt["game_length"][games] > 100).all()
 
 
+def test_video_frames_are_rgb():
+    """The frames a training video records (env 0's newest preprocessed frame, as RGB)."""
+    from ppo_lightning.envs import make_recordable_env
+
+    env, frame = make_recordable_env("ALE/Pong-v5", 2, 0, {})
+    env.rand_step(env.reset())
+    shot = frame()
+    assert shot.shape == (84, 84, 3) and shot.dtype == np.uint8 and shot.any()
+
+
 def test_atari_trains_alone_and_as_a_group_member_k_equals_seed_k():
     """The atari/ppo recipe at a tiny size (2 envs x 8 steps, 2 iterations): member k of a group of 2 trains
     as seed k alone (the MinAtar path: the games step as one batch)."""

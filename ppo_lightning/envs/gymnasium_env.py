@@ -16,6 +16,7 @@ import numpy as np
 from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, TransformedEnv
 
 from ppo_lightning.core.faults import DEFAULT_ENV_TIMEOUT_S, make_guarded_env_class
+from ppo_lightning.envs import envpool_env  # envpool itself is imported only for backend: envpool
 from ppo_lightning.envs.spaces import SpacesWrapper, UnsupportedSpace, describe_env
 
 # What a gymnasium env family needs (the word in gymnasium's DependencyNotInstalled message or the
@@ -190,9 +191,7 @@ def split_backend(name: str, env_kwargs: dict) -> tuple[str, dict]:
     if backend not in BACKENDS:
         raise ValueError(f"data.env_kwargs.backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "envpool":
-        from ppo_lightning.envs.envpool_env import check_envpool_task
-
-        check_envpool_task(name)
+        envpool_env.check_envpool_task(name)
     return backend, env_kwargs
 
 
@@ -203,9 +202,7 @@ def spaces(name: str, env_kwargs: dict) -> tuple[dict, dict]:
 def make(name: str, num_envs: int, seed: int, env_kwargs: dict, timeout_s: float | None = None):
     backend, env_kwargs = split_backend(name, env_kwargs)
     if backend == "envpool":
-        from ppo_lightning.envs.envpool_env import make_envpool_env
-
-        return make_envpool_env(name, num_envs=num_envs, seed=seed, **env_kwargs)
+        return envpool_env.make_envpool_env(name, num_envs=num_envs, seed=seed, **env_kwargs)
     if timeout_s is not None:
         env_kwargs = {**env_kwargs, "timeout_s": timeout_s}
     return make_gymnasium_env(name, num_envs=num_envs, seed=seed, **env_kwargs)
