@@ -307,3 +307,16 @@ def test_frozenlake_trains_from_the_cartpole_config(tmp_path, monkeypatch, capsy
     code, out, err = _cli(["evaluate", "run/checkpoints/last.ckpt", "--episodes", "2"], capsys)
     assert code == 0, err[-3000:]
     assert "FrozenLake-v1: 2 episodes" in out
+
+
+def test_logit_l2_ignores_the_masked_logits():
+    """The ``logit_l2`` auxiliary term reads a masked policy's legal logits (illegal ones count as 0)."""
+    from types import SimpleNamespace
+
+    from ppo_lightning.algos.hooks import logit_l2
+    from ppo_lightning.nets.composite import mask_logits
+
+    logits = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.5, 0.5]])
+    mask = torch.tensor([[True, False, True], [True, True, True]])
+    got = logit_l2(SimpleNamespace(dist_params=[mask_logits(logits, mask)]))
+    torch.testing.assert_close(got, torch.tensor([0.5 * (1 + 9) / 3, 0.5 * 0.25]))

@@ -24,6 +24,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch import Tensor
 
 from ppo_lightning.algos import objectives as F
@@ -178,5 +179,9 @@ def huber(v: ValueInputs, delta: float = 1.0) -> Tensor:
 # ---------------------------------------------------------------------- built-in auxiliary terms
 @register_aux_term("logit_l2")
 def logit_l2(t: TermInputs) -> Tensor:
-    """``0.5 * mean_a(logits^2)`` per sample (a discrete policy's first distribution parameter)."""
-    return 0.5 * t.dist_params[0].pow(2).mean(-1)
+    """``0.5 * mean_a(logits^2)`` per sample (a discrete policy's first distribution parameter); the
+    masked logits of illegal actions (`ppo_lightning.nets.composite.MASKED_LOGIT`) count as 0."""
+    from ppo_lightning.nets.composite import MASKED_LOGIT
+
+    logits = t.dist_params[0]
+    return 0.5 * torch.where(logits > MASKED_LOGIT / 2, logits, 0.0).pow(2).mean(-1)

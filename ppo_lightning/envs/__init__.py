@@ -1,6 +1,7 @@
 """Environment factories: a small spec (an id string plus keyword arguments) -> a batched TorchRL env.
 
-``"CartPole-v1"`` or any registered gymnasium id -> `ppo_lightning.envs.gymnasium_env`;
+``"CartPole-v1"`` or any registered gymnasium id -> `ppo_lightning.envs.gymnasium_env` (any space:
+`ppo_lightning.envs.spaces` packs it into one observation and one action vector);
 ``"procgen:<game>"`` -> `ppo_lightning.envs.procgen_env` (issue 3);
 ``"minatar:<game>"`` -> `ppo_lightning.envs.minatar_env`; ``"ALE/<Game>-v5"`` (Atari, ale-py) ->
 `ppo_lightning.envs.atari_env`. Every env is batched over
