@@ -50,6 +50,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.algos import objectives as F
 from ppo_lightning.core.members import PerMember
+from ppo_lightning.envs.space_layout import leaf_layout
 from ppo_lightning.nets.models import OBS_KEY, dist_param_keys
 
 # The paper's / reference's defaults (openai/ppo-ewma train.py; Cobbe et al. 2021).
@@ -159,8 +160,6 @@ def frame_bytes(observation_space: dict, action_space: dict) -> int:
     dtype = getattr(torch, observation_space.get("dtype", "float32"))
     obs = math.prod(observation_space["shape"]) * torch.empty((), dtype=dtype).element_size()
     if action_space["type"] == "composite":  # one parameter tensor (ppo_lightning.nets.composite)
-        from ppo_lightning.nets.composite import leaf_layout
-
         k = sum(p_size for *_, p_size in leaf_layout(action_space["space"]))
     else:
         k = action_space["n"] if action_space["type"] == "discrete" else 2 * math.prod(action_space["shape"])

@@ -17,7 +17,7 @@ from torchrl.envs import Compose, GymWrapper, RewardSum, StepCounter, Transforme
 
 from ppo_lightning.core.faults import DEFAULT_ENV_TIMEOUT_S, make_guarded_env_class
 from ppo_lightning.envs import envpool_env  # envpool itself is imported only for backend: envpool
-from ppo_lightning.envs.spaces import SpacesWrapper, UnsupportedSpace, describe_env
+from ppo_lightning.envs.spaces import SpacesWrapper, UnsupportedSpace, describe, describe_env
 
 # What a gymnasium env family needs (the word in gymnasium's DependencyNotInstalled message or the
 # entry point's module) -> the package extra that installs it.
@@ -99,8 +99,6 @@ def space_to_dict(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Box):
         out = {"shape": [int(s) for s in space.shape], "dtype": str(np.dtype(space.dtype))}
         return out
-    from ppo_lightning.envs.spaces import describe
-
     return describe(space, "the space")
 
 

@@ -26,7 +26,7 @@ import math
 import gymnasium as gym
 import numpy as np
 
-from ppo_lightning.nets.encoders import space_leaves
+from ppo_lightning.envs.space_layout import leaf_layout, raw_size, space_leaves
 
 MASK_KEY = "action_mask"
 SUPPORTED = ("Box, Discrete, MultiDiscrete, MultiBinary, and Dict / Tuple of these (observations and actions; "
@@ -228,7 +228,6 @@ def describe_env(env: gym.Env) -> tuple[dict, dict, bool]:
     if (dict_mask or info_mask) and not mask:
         raise UnsupportedSpace(f"the env has an action mask and a {type(act_space).__name__} action space: "
                                "masks apply to Discrete and MultiDiscrete actions (and their Dict / Tuple)")
-    from ppo_lightning.nets.encoders import raw_size
 
     size = sum(raw_size(leaf) for leaf in space_leaves(inner)) + mask
     if isinstance(obs_space, gym.spaces.Box) and not mask:  # as it is (`SpacesWrapper.pack_obs`)
@@ -239,7 +238,6 @@ def describe_env(env: gym.Env) -> tuple[dict, dict, bool]:
         obs["action_mask"] = mask
     if isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
         return obs, _plain_action(action), True
-    from ppo_lightning.nets.composite import leaf_layout
 
     layout = leaf_layout(action)
     return obs, {"type": "composite", "shape": [sum(a_size for _, _, a_size, _, _ in layout)], "space": action}, True

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, Independent, Normal
 
 from ppo_lightning.nets.obs_norm import RunningObservationNorm
+from ppo_lightning.nets.composite import CompositeDistribution
 
 OBS_KEY = "observation"
 VALUE_KEY = "state_value"
@@ -44,8 +45,6 @@ def make_distribution(action_space: dict, *params: Tensor) -> torch.distribution
     if action_space["type"] == "discrete":
         return Categorical(logits=params[0], validate_args=False)
     if action_space["type"] == "composite":
-        from ppo_lightning.nets.composite import CompositeDistribution
-
         return CompositeDistribution(params[0], action_space["space"])
     return Independent(Normal(params[0], params[1], validate_args=False), 1, validate_args=False)
 
@@ -231,8 +230,6 @@ def make_policy_operator(net: nn.Module, action_space: dict, with_value: bool = 
     method, out_keys = ("forward", [*keys, VALUE_KEY]) if with_value else ("policy", keys)
     module = TensorDictModule(_Method(net, method), in_keys=[OBS_KEY], out_keys=out_keys)
     if action_space["type"] == "composite":
-        from ppo_lightning.nets.composite import CompositeDistribution
-
         return ProbabilisticActor(module, in_keys=keys, distribution_class=CompositeDistribution,
                                   distribution_kwargs={"space": action_space["space"]}, return_log_prob=True)
     dist_cls = Categorical if action_space["type"] == "discrete" else IndependentNormal

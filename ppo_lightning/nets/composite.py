@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor
 
-from ppo_lightning.nets.encoders import space_leaves
+from ppo_lightning.envs.space_layout import leaf_layout, space_leaves
 
 MASKED_LOGIT = -1e9
 """The logit of an illegal action: ``exp(MASKED_LOGIT - logsumexp)`` is 0 in float32, and a finite value
@@ -36,27 +36,6 @@ def mask_logits(logits: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return logits
     return torch.where(mask, logits, torch.full_like(logits, MASKED_LOGIT))
-
-
-def leaf_layout(space: dict) -> list[tuple[dict, int, int, int, int]]:
-    """(leaf, action offset, action size, parameter offset, parameter size) for every leaf."""
-    out, a, p = [], 0, 0
-    for leaf in space_leaves(space):
-        kind = leaf["type"]
-        if kind == "discrete":
-            a_size, p_size = 1, int(leaf["n"])
-        elif kind == "multi_discrete":
-            a_size, p_size = len(leaf["nvec"]), sum(int(n) for n in leaf["nvec"])
-        elif kind == "multi_binary":
-            a_size = p_size = int(leaf["n"])
-        elif kind == "box":
-            a_size = int(math.prod(leaf["shape"]))
-            p_size = 2 * a_size
-        else:
-            raise ValueError(f"unknown action space type {kind!r}")
-        out.append((leaf, a, a_size, p, p_size))
-        a, p = a + a_size, p + p_size
-    return out
 
 
 def head_sizes(space: dict) -> tuple[int, int]:

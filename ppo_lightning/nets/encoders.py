@@ -25,31 +25,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-LEAF_TYPES = ("box", "discrete", "multi_discrete", "multi_binary")
+from ppo_lightning.envs.space_layout import LEAF_TYPES, raw_size, space_leaves
 
 
-def space_leaves(space: dict) -> list[dict]:
-    """The leaves of a described space, depth first in the order of its parts."""
-    kind = space["type"]
-    if kind == "dict":
-        return [leaf for _, part in space["parts"] for leaf in space_leaves(part)]
-    if kind == "tuple":
-        return [leaf for part in space["parts"] for leaf in space_leaves(part)]
-    return [space]
-
-
-def raw_size(leaf: dict) -> int:
-    """How many numbers a leaf takes in the packed vector."""
-    kind = leaf["type"]
-    if kind == "box":
-        return int(math.prod(leaf["shape"]))
-    if kind == "discrete":
-        return 1
-    if kind == "multi_discrete":
-        return len(leaf["nvec"])
-    if kind == "multi_binary":
-        return int(leaf["n"])
-    raise ValueError(f"unknown space type {kind!r} (known: {', '.join(LEAF_TYPES)}, dict, tuple)")
 
 
 def one_hot(index: Tensor, n: int) -> Tensor:

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from ppo_lightning.nets.actor_critic import ActorCritic
-from ppo_lightning.nets.composite import assemble_params, head_sizes, mask_logits
+from ppo_lightning.envs.space_layout import leaf_layout
+from ppo_lightning.nets.composite import assemble_params, categorical_groups, head_sizes, mask_logits
 from ppo_lightning.nets.encoders import ObservationEncoder
 
 
@@ -65,8 +66,6 @@ class SpacesActorCritic(ActorCritic):
 
     @staticmethod
     def _categorical_logits(action_space: dict) -> int:
-        from ppo_lightning.nets.composite import categorical_groups, leaf_layout
-
         if action_space["type"] == "discrete":
             return int(action_space["n"])
         if action_space["type"] == "composite":

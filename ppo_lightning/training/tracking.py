@@ -39,7 +39,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.fabric.loggers.logger import rank_zero_experiment
 
 from ppo_lightning.core.errors import UnwritablePath
-from ppo_lightning.core.storage import atomic_path, check_writable, user_cache_folder
+from ppo_lightning.core.storage import atomic_path, check_writable, out_of_space, space_error_text, user_cache_folder
 from ppo_lightning.training.storage_faults import sqlite_path
 from ppo_lightning.training.mlflow_sender import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowSender, configure_http,
                                                   create_run, is_unreachable, load_spool, local_artifact_folder,
@@ -207,8 +207,6 @@ class RunCSVLogger(CSVLogger):
         try:
             super().save()
         except OSError as err:
-            from ppo_lightning.core.storage import out_of_space, space_error_text
-
             self.write_failed = True
             what = space_error_text(err) if out_of_space(err) else f"{type(err).__name__}: {err}"
             _warn(f"{what} while writing metrics {self.metrics_file}: no more metrics in this file; training goes on")
