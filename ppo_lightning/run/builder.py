@@ -41,7 +41,7 @@ from ppo_lightning.training.tracking import DEFAULT_TRACKING_URI, SafeMLFlowLogg
 from ppo_lightning.algos import scaling
 from ppo_lightning.training.preemption import Preemption, SignalStop
 from ppo_lightning.training.update import one_clip_setting
-from ppo_lightning.core.configs import resolve_config_args
+from ppo_lightning.core.configs import plain, resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
 from ppo_lightning.training.checkpointing import AtomicCheckpointIO, check_checkpoint_file
@@ -316,9 +316,9 @@ class PPOCLI(LightningCLI):
         checkpoint's are read), by ``model.<name>`` / ``data.<name>``."""
         fill_data_seed(cfg)
         model = model_config(cfg)
-        out = {f"model.{k}": copy.deepcopy(resume_cli._plain(v)) for k, v in dict(model).items()}
+        out = {f"model.{k}": copy.deepcopy(plain(v)) for k, v in dict(model).items()}
         out["model.class_path"] = resume_cli.class_name(cfg.model.get("class_path") or MODEL_CLASS_PATH)
-        out.update({f"data.{k}": copy.deepcopy(resume_cli._plain(v)) for k, v in dict(cfg.data).items()})
+        out.update({f"data.{k}": copy.deepcopy(plain(v)) for k, v in dict(cfg.data).items()})
         if cfg.get("seeds") is not None:
             out["data.num_seeds"] = cfg.seeds
         return out
@@ -351,7 +351,7 @@ class PPOCLI(LightningCLI):
                 cfg.model.class_path = value
             elif section == "model":
                 if name in dotted and key in given and f"--{key}" not in self._argv:  # only entries changed: on the checkpoint's dict
-                    model[name] = copy.deepcopy(resume_cli._plain(hparams.get(name)))
+                    model[name] = copy.deepcopy(plain(hparams.get(name)))
                     resume_cli.apply_dotted(model, self._dotted, only={name})
                 else:
                     model[name] = value
