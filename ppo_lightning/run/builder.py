@@ -44,7 +44,7 @@ from ppo_lightning.training.tracking import (DEFAULT_TRACKING_URI, RunCSVLogger,
 from ppo_lightning.algos import scaling
 from ppo_lightning.training.preemption import Preemption, SignalStop
 from ppo_lightning.training.update import one_clip_setting
-from ppo_lightning.core.configs import resolve_config_args
+from ppo_lightning.core.configs import plain, resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
 from ppo_lightning.interop import run_folder
