@@ -9,9 +9,9 @@
     run.model, run.datamodule, run.trainer, run.exit_code
 
 ``fit``, studies and tuning all describe their runs this way. A spec reaches the run builder
-(`ppo_lightning.run.builder`, LightningCLI's parser and classes) in its ``fit`` form (`RunSpec.argv`),
-so that a spec and a command line are parsed, validated and trained by the same code, and every spec
-has a ``ppo-lightning fit`` line that reproduces it (`RunSpec.command`).
+(`ppo_lightning.run.builder`, LightningCLI's parser and classes) as values (`RunSpec.values`: its
+configs, then its settings), parsed, validated and trained by the same code as a command line, and
+every spec has a ``ppo-lightning fit`` line that trains the same run (`RunSpec.argv`, `RunSpec.command`).
 """
 
 from __future__ import annotations
@@ -158,6 +158,15 @@ class RunSpec:
             out += [f"--{key}={fit_value(value)}"] if key.endswith("+") else [f"--{key}", fit_value(value)]
         return out + [f"--{CALLBACKS_APPEND}={c}" for c in self.callbacks]
 
+    def values(self) -> dict[str, Any]:
+        """The spec as the builder takes it as values (`ppo_lightning.run.builder.fit_main`): ``config``,
+        the configs merged in order as ``--config`` merges them, then each setting (`settings`) by its
+        dotted name, then the callbacks joined. The same run as `argv`'s."""
+        out: dict[str, Any] = {"config": list(self.configs), **self.settings()}
+        if self.callbacks:
+            out[CALLBACKS_APPEND] = self.callbacks[0] if len(self.callbacks) == 1 else list(self.callbacks)
+        return out
+
     def command(self) -> str:
         """The ``ppo-lightning fit`` line that trains this spec."""
         return shlex.join(["ppo-lightning", "fit", *self.argv()])
@@ -205,6 +214,6 @@ def train(spec: RunSpec, callbacks=(), ckpt_path: str | Path | None = None) -> R
         fit_main,  # start-up cost: Lightning and TorchRL load when a run trains
     )
 
-    extra = ["--ckpt_path", str(ckpt_path)] if ckpt_path is not None else []
-    cli = fit_main(["fit", *spec.argv(), *extra], extra_callbacks=list(callbacks))
+    extra = {"ckpt_path": str(ckpt_path)} if ckpt_path is not None else {}
+    cli = fit_main({"fit": {**spec.values(), **extra}}, extra_callbacks=list(callbacks))
     return Run(cli.trainer, cli.model, cli.datamodule, int(getattr(cli, "exit_code", None) or 0))
