@@ -95,7 +95,9 @@ def test_a_spec_as_values_parses_to_the_config_of_its_fit_line(tmp_path, monkeyp
         {**TINY, "model.lr": 1e-3, "model.network": {"name": "auto", "hidden_sizes": [32], "activation": "relu"},
          "model.value_loss": "huber", "model.value_loss_args.delta": 0.5, "model.schedules.lr": "linear", "data.env_kwargs": {"max_episode_steps": 50},
          "trainer.gradient_clip_val": None, "mlflow.experiment": "x", "scale_rules": "lr,com",
-         "trainer.callbacks+": "lightning.pytorch.callbacks.LearningRateMonitor", "run_dir": "r"},
+         "trainer.callbacks+": ["lightning.pytorch.callbacks.LearningRateMonitor",
+                                '{"class_path": "lightning.pytorch.callbacks.Timer", "init_args": {"interval": "epoch"}}'],
+         "run_dir": "r"},
         env="CartPole-v1", seed=3, frames=256, members=Members([3, 4], {"lr": [1e-3, 2e-3]}))
     cli = _check_cli_class()
     by_line, by_values = fit_main(["fit", *spec.argv()], cli_class=cli), fit_main({"fit": spec.values()}, cli_class=cli)
@@ -104,4 +106,6 @@ def test_a_spec_as_values_parses_to_the_config_of_its_fit_line(tmp_path, monkeyp
     model = a["fit"]["model"]["init_args"]
     assert model["value_loss_args"] == {"delta": 0.5} and model["schedules"] == {"lr": "linear"} and model["lr"] == 1e-3
     assert [c["class_path"] for c in a["fit"]["trainer"]["callbacks"]] == [
-        "lightning.pytorch.callbacks.EarlyStopping", "lightning.pytorch.callbacks.LearningRateMonitor"]
+        "lightning.pytorch.callbacks.EarlyStopping", "lightning.pytorch.callbacks.LearningRateMonitor",
+        "lightning.pytorch.callbacks.Timer"]
+    assert a["fit"]["trainer"]["callbacks"][-1]["init_args"]["interval"] == "epoch"

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ppo_lightning.core.members import validate_member_values
 
 SECTIONS = ("model", "data", "trainer")
@@ -71,7 +73,8 @@ class RunSpec:
     - ``options``: the run's own top-level settings (``scale``, ``scale_rules``, ``run_dir``,
       ``mlflow.experiment``, ``video_every``, ``log_every_frames``, ``checkpoint_every``, ``ckpt_path``);
     - ``members``: seeds and per-member settings of a vectorized group (None: one seed);
-    - ``callbacks``: class paths of callbacks the config's callbacks are joined by.
+    - ``callbacks``: class paths (or a mapping's text: ``{"class_path": ..., "init_args": {...}}``) of
+      callbacks the config's callbacks are joined by.
     """
 
     configs: tuple[str, ...] = ()
@@ -163,8 +166,10 @@ class RunSpec:
         the configs merged in order as ``--config`` merges them, then each setting (`settings`) by its
         dotted name, then the callbacks joined. The same run as `argv`'s."""
         out: dict[str, Any] = {"config": list(self.configs), **self.settings()}
-        if self.callbacks:
-            out[CALLBACKS_APPEND] = self.callbacks[0] if len(self.callbacks) == 1 else list(self.callbacks)
+        # a callback is a class path or, as on the command line, a mapping's text (class_path, init_args)
+        callbacks = [yaml.safe_load(c) if str(c).lstrip().startswith("{") else c for c in self.callbacks]
+        if callbacks:
+            out[CALLBACKS_APPEND] = callbacks[0] if len(callbacks) == 1 else callbacks
         return out
 
     def command(self) -> str:
