@@ -85,9 +85,12 @@ def test_the_first_run_guides_run_api_block_runs_as_printed(tmp_path, monkeypatc
 
 
 def test_a_spec_as_values_parses_to_the_config_of_its_fit_line(tmp_path, monkeypatch):
+    import jsonargparse
+
     from ppo_lightning.core.configs import plain
     from ppo_lightning.run.builder import fit_main
     from ppo_lightning.run.preflight import _check_cli_class
+    from ppo_lightning.run.trust import parse_error_line
 
     monkeypatch.chdir(tmp_path)
     spec = RunSpec.from_settings(
@@ -109,3 +112,7 @@ def test_a_spec_as_values_parses_to_the_config_of_its_fit_line(tmp_path, monkeyp
         "lightning.pytorch.callbacks.EarlyStopping", "lightning.pytorch.callbacks.LearningRateMonitor",
         "lightning.pytorch.callbacks.Timer"]
     assert a["fit"]["trainer"]["callbacks"][-1]["init_args"]["interval"] == "epoch"
+    # a number that is not finite: refused by name, as the command line's text nan is
+    with pytest.raises(jsonargparse.ArgumentError) as err:
+        fit_main({"fit": spec.with_settings({"data.gamma": float("nan")}).values()}, cli_class=cli)
+    assert parse_error_line(str(err.value)) == "data.gamma: Expected a finite number. Got value: nan"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import sys
 import warnings
@@ -380,6 +381,9 @@ class PPOCLI(LightningCLI):
         [sub_parser] = subcommand_parsers(parser)  # fit's (`subcommands`)
 
         def parse() -> None:
+            for key, value in values.items():  # as the parser refuses the text nan or inf for a number
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise jsonargparse.ArgumentError(None, f'Parser key "{key}":\n  Expected a finite number. Got value: {value}')
             cfg = jsonargparse.Namespace()
             for path in configs:
                 jsonargparse.ActionConfigFile.apply_config(sub_parser, cfg, "config", str(path))
