@@ -94,7 +94,7 @@ def test_a_spec_as_values_parses_to_the_config_of_its_fit_line(tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     spec = RunSpec.from_settings(
-        ["cartpole/ppo", "cartpole/ppo_ewma"],
+        ["cartpole/ppo", "cartpole/ppo_ewma"], {"model.class_path": "ppo_lightning.training.module.PPOLightningModule"} |
         {**TINY, "model.lr": 1e-3, "model.network": {"name": "auto", "hidden_sizes": [32], "activation": "relu"},
          "model.value_loss": "huber", "model.value_loss_args.delta": 0.5, "model.schedules.lr": "linear", "data.env_kwargs": {"max_episode_steps": 50},
          "trainer.gradient_clip_val": None, "mlflow.experiment": "x", "scale_rules": "lr,com",

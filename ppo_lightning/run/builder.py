@@ -376,8 +376,11 @@ class PPOCLI(LightningCLI):
         self._argv = [f"--{key}" for key in given]  # the settings given, by name
         values, self._dotted = resume_cli.split_dotted_values(given)
         cls = None if "model.class_path" in given else resume_cli.checkpoint_class(given.get("ckpt_path"))
-        if cls is not None:
-            values = {"model.class_path": cls, **values}
+        # the model is a class path and its init arguments: ``model.X`` is ``model.init_args.X`` (as
+        # ``--model.X v`` parses), after the checkpoint's class where one is taken (``--model <class>``)
+        values = {**({"model.class_path": cls} if cls is not None else {}), **{
+            f"model.init_args.{k[len('model.'):]}" if k.startswith("model.") and k != "model.class_path"
+            and not k.startswith("model.init_args.") else k: v for k, v in values.items()}}
         [sub_parser] = subcommand_parsers(parser)  # fit's (`subcommands`)
 
         def parse() -> None:
@@ -390,7 +393,7 @@ class PPOCLI(LightningCLI):
             cfg = sub_parser.parse_object(values, namespace=cfg)
             self.config = parser.parse_object({"subcommand": sub, sub: cfg})
 
-        self._parse_one_line(parser, parse, config_model_class=given.get("model.class_path"))
+        self._parse_one_line(parser, parse, config_model_class=given.get("model.class_path") or cls)
         self._check_checkpoint()
 
     def _parse_one_line(self, parser, args, config_model_class: str | None = None) -> None:
