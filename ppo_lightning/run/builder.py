@@ -1,7 +1,8 @@
 """The run builder: LightningCLI's parser and classes with our defaults (`PPOCLI`), and `fit_main`,
-which builds and trains one run from ``fit`` arguments. The ``fit`` command (`ppo_lightning.cli.fit`)
-and the run API (`ppo_lightning.run.spec.train`) both come here, so a command line and a `RunSpec`
-are validated and trained by the same code.
+which builds and trains one run from ``fit`` arguments (a command line) or values
+(``{"fit": RunSpec.values()}``). The ``fit`` command (`ppo_lightning.cli.fit`) and the run API
+(`ppo_lightning.run.spec.train`) both come here, so a command line and a `RunSpec` are validated and
+trained by the same code.
 
 The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model``
 (`PPOLightningModule`, or a subclass: ``--model my_pkg.MyModule`` / ``model.class_path``, whose
