@@ -285,6 +285,21 @@ def test_resume_refuses_a_changed_setting_allows_declared_ones_and_restores_tota
     # the optimizer's state holds the lr: no change on resume, even when asked
     assert main(base + ckpt + ["--model.lr", "0.1", "--resume_override", "model.lr"]) == 2
     assert "--model.lr: the optimizer's state, restored from the checkpoint, holds it" in capsys.readouterr().err
+    # the same rules for a run handed as values (`ppo_lightning.run.train`): the checkpoint's class (its own
+    # setting parses), a dotted entry on the checkpoint's dict, the names given
+    from ppo_lightning.run import RunSpec, train
+
+    spec = RunSpec.from_settings([CARTPOLE], {
+        "mlflow.enabled": False, "trainer.enable_progress_bar": False, "data.num_envs": 4, "data.rollout_steps": 16,
+        "data.num_minibatches": 2, "data.update_epochs": 1, "checkpoint_every": 1, "video_every": None, "run_dir": "run",
+        "trust_code": True, "model.objective_args.c": 3.0, "resume_override": "model.objective_args",
+        "model.max_clip_fraction": 0.2, "data.total_frames": 320})
+    with pytest.raises(ValueError, match="^--model.lr 0.1 differs from the checkpoint's"):
+        train(spec.with_settings({"model.lr": 0.1}), ckpt_path="run/checkpoints/last.ckpt")
+    resumed = train(spec, ckpt_path="run/checkpoints/last.ckpt").model
+    assert type(resumed).__name__ == "ClipWatch" and resumed.loss_module.objective_args == {"c": 3.0}
+    assert ("changed on the command line: model.objective_args {c: 2.0} -> {c: 3.0}, model.max_clip_fraction 0.1 -> 0.2, "
+            "data.total_frames 256 -> 320") in capsys.readouterr().out
 
 
 def test_a_checkpoint_from_before_the_registry_resumes(tmp_path):

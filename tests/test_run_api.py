@@ -82,3 +82,37 @@ def test_the_first_run_guides_run_api_block_runs_as_printed(tmp_path, monkeypatc
     assert run.exit_code == 0 and run.datamodule.frames == 2048 and run.run_id
     assert run.model.network.seed_state_dict(2).keys() == run.model.network.seed_state_dict(0).keys()  # 3 members
     assert namespace["spec"].command().startswith("ppo-lightning fit --config cartpole/ppo")
+
+
+def test_a_spec_as_values_parses_to_the_config_of_its_fit_line(tmp_path, monkeypatch):
+    import jsonargparse
+
+    from ppo_lightning.core.configs import plain
+    from ppo_lightning.run.builder import fit_main
+    from ppo_lightning.run.preflight import _check_cli_class
+    from ppo_lightning.run.trust import parse_error_line
+
+    monkeypatch.chdir(tmp_path)
+    spec = RunSpec.from_settings(
+        ["cartpole/ppo", "cartpole/ppo_ewma"], {"model.class_path": "ppo_lightning.training.module.PPOLightningModule"} |
+        {**TINY, "model.lr": 1e-3, "model.network": {"name": "auto", "hidden_sizes": [32], "activation": "relu"},
+         "model.value_loss": "huber", "model.value_loss_args.delta": 0.5, "model.schedules.lr": "linear", "data.env_kwargs": {"max_episode_steps": 50},
+         "trainer.gradient_clip_val": None, "mlflow.experiment": "x", "scale_rules": "lr,com",
+         "trainer.callbacks+": ["lightning.pytorch.callbacks.LearningRateMonitor",
+                                '{"class_path": "lightning.pytorch.callbacks.Timer", "init_args": {"interval": "epoch"}}'],
+         "run_dir": "r"},
+        env="CartPole-v1", seed=3, frames=256, members=Members([3, 4], {"lr": [1e-3, 2e-3]}))
+    cli = _check_cli_class()
+    by_line, by_values = fit_main(["fit", *spec.argv()], cli_class=cli), fit_main({"fit": spec.values()}, cli_class=cli)
+    a, b = plain(by_line.config), plain(by_values.config)
+    assert a == b
+    model = a["fit"]["model"]["init_args"]
+    assert model["value_loss_args"] == {"delta": 0.5} and model["schedules"] == {"lr": "linear"} and model["lr"] == 1e-3
+    assert [c["class_path"] for c in a["fit"]["trainer"]["callbacks"]] == [
+        "lightning.pytorch.callbacks.EarlyStopping", "lightning.pytorch.callbacks.LearningRateMonitor",
+        "lightning.pytorch.callbacks.Timer"]
+    assert a["fit"]["trainer"]["callbacks"][-1]["init_args"]["interval"] == "epoch"
+    # a number that is not finite: refused by name, as the command line's text nan is
+    with pytest.raises(jsonargparse.ArgumentError) as err:
+        fit_main({"fit": spec.with_settings({"data.gamma": float("nan")}).values()}, cli_class=cli)
+    assert parse_error_line(str(err.value)) == "data.gamma: Expected a finite number. Got value: nan"

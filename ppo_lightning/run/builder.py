@@ -1,7 +1,8 @@
 """The run builder: LightningCLI's parser and classes with our defaults (`PPOCLI`), and `fit_main`,
-which builds and trains one run from ``fit`` arguments. The ``fit`` command (`ppo_lightning.cli.fit`)
-and the run API (`ppo_lightning.run.spec.train`) both come here, so a command line and a `RunSpec`
-are validated and trained by the same code.
+which builds and trains one run from ``fit`` arguments (a command line) or values
+(``{"fit": RunSpec.values()}``). The ``fit`` command (`ppo_lightning.cli.fit`) and the run API
+(`ppo_lightning.run.spec.train`) both come here, so a command line and a `RunSpec` are validated and
+trained by the same code.
 
 The YAML has the usual LightningCLI sections: ``trainer`` (pl.Trainer), ``model``
 (`PPOLightningModule`, or a subclass: ``--model my_pkg.MyModule`` / ``model.class_path``, whose
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import sys
 import warnings
@@ -44,7 +46,7 @@ from ppo_lightning.training.tracking import (DEFAULT_TRACKING_URI, RunCSVLogger,
 from ppo_lightning.algos import scaling
 from ppo_lightning.training.preemption import Preemption, SignalStop
 from ppo_lightning.training.update import one_clip_setting
-from ppo_lightning.core.configs import plain, resolve_config_args
+from ppo_lightning.core.configs import checked_config, plain, resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
 from ppo_lightning.interop import run_folder
@@ -325,21 +327,17 @@ class PPOCLI(LightningCLI):
         (built from the options as `instantiate_trainer` does, without creating anything). A
         ``--ckpt_path`` is checked first: LightningCLI reads the checkpoint's hyperparameters right
         after parsing, so an incomplete file is refused here, in one line (ppo_lightning.training.checkpointing)."""
-        argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
-        self._argv, self._dotted = argv or [], []
-        if argv is not None:  # --model.objective_args.eps_high 0.3: one entry of a dict setting
-            argv, self._dotted = resume_cli.split_dotted(argv)
-            argv = resume_cli.with_checkpoint_class(argv)  # a subclass's checkpoint: its settings parse
-            args = argv
-        flags = [a for a in argv or [] if a == "--print_config" or a.startswith("--print_config=")]
+        if isinstance(args, dict):  # `fit_main`'s values (`ppo_lightning.run.spec.RunSpec.values`)
+            return self._parse_values(parser, args)
+        argv = list(sys.argv[1:] if args is None else args)
+        self._argv = argv  # the settings given (`ppo_lightning.run.resume.explicit_settings`)
+        # --model.objective_args.eps_high 0.3: one entry of a dict setting
+        argv, self._dotted = resume_cli.split_dotted(argv)
+        args = argv = resume_cli.with_checkpoint_class(argv)  # a subclass's checkpoint: its settings parse
+        flags = [a for a in argv if a == "--print_config" or a.startswith("--print_config=")]
         if not flags:
             self._parse_one_line(parser, args)
-            sub = self.config.get("subcommand")
-            if sub == "fit" and not self.config[sub].get("ckpt_path"):
-                self.config[sub].ckpt_path = self._slurm_resume_checkpoint(self.config[sub])
-            ckpt_path = self.config[sub].get("ckpt_path") if sub else None
-            if ckpt_path:
-                check_checkpoint_file(ckpt_path)
+            self._check_checkpoint()
             return
         self._parse_one_line(parser, [a for a in argv if a not in flags])
         sub = self.config["subcommand"]
@@ -359,7 +357,47 @@ class PPOCLI(LightningCLI):
         sys.stdout.write(yaml.safe_dump(full[sub], sort_keys=False))
         sys.exit(0)
 
-    def _parse_one_line(self, parser, args) -> None:
+    def _check_checkpoint(self) -> None:
+        sub = self.config.get("subcommand")
+        if sub == "fit" and not self.config[sub].get("ckpt_path"):
+            self.config[sub].ckpt_path = self._slurm_resume_checkpoint(self.config[sub])
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if ckpt_path:
+            check_checkpoint_file(ckpt_path)
+
+    def _parse_values(self, parser, args: dict) -> None:
+        """Parse ``{subcommand: {"config": [paths], dotted setting: value, ...}}`` as the command line
+        ``<subcommand> --config path ... --setting value ...`` parses: the configs merged in order by
+        the subcommand's parser (`jsonargparse.ActionConfigFile`), the settings over them as values (a
+        class given by the checkpoint, `ppo_lightning.run.resume.checkpoint_class`, under them), the
+        dotted entries of dict settings applied after. The resume checks read the settings' names."""
+        [(sub, given)] = args.items()
+        given = dict(given)
+        configs = given.pop("config", None) or []
+        self._argv = [f"--{key}" for key in given]  # the settings given, by name
+        values, self._dotted = resume_cli.split_dotted_values(given)
+        cls = None if "model.class_path" in given else resume_cli.checkpoint_class(given.get("ckpt_path"))
+        # the model is a class path and its init arguments: ``model.X`` is ``model.init_args.X`` (as
+        # ``--model.X v`` parses), after the checkpoint's class where one is taken (``--model <class>``)
+        values = {**({"model.class_path": cls} if cls is not None else {}), **{
+            f"model.init_args.{k[len('model.'):]}" if k.startswith("model.") and k != "model.class_path"
+            and not k.startswith("model.init_args.") else k: v for k, v in values.items()}}
+        [sub_parser] = subcommand_parsers(parser)  # fit's (`subcommands`)
+
+        def parse() -> None:
+            for key, value in values.items():  # as the parser refuses the text nan or inf for a number
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise jsonargparse.ArgumentError(None, f'Parser key "{key}":\n  Expected a finite number. Got value: {value}')
+            cfg = jsonargparse.Namespace()
+            for path in configs:
+                jsonargparse.ActionConfigFile.apply_config(sub_parser, cfg, "config", str(path))
+            cfg = sub_parser.parse_object(values, namespace=cfg)
+            self.config = parser.parse_object({"subcommand": sub, sub: cfg})
+
+        self._parse_one_line(parser, parse, config_model_class=given.get("model.class_path") or cls)
+        self._check_checkpoint()
+
+    def _parse_one_line(self, parser, args, config_model_class: str | None = None) -> None:
         """Parse; a setting its class does not take (a misspelled ``--model.X`` of a subclass, ``--data.X``)
         is one line naming the class and the closest setting (`ppo_lightning.run.resume.unknown_setting`);
         other parse errors print as jsonargparse prints them. Then the dotted dict entries are applied."""
@@ -368,9 +406,10 @@ class PPOCLI(LightningCLI):
         for p in parsers:
             p.exit_on_error = False
         try:
-            super().parse_arguments(parser, args)
+            args() if callable(args) else super().parse_arguments(parser, args)
         except jsonargparse.ArgumentError as err:
-            message = resume_cli.unknown_setting(args) if isinstance(args, list) else None
+            message = resume_cli.unknown_setting(self._argv if callable(args) else args, config_model_class) \
+                if callable(args) or isinstance(args, list) else None
             if message:
                 raise ValueError(message) from None
             for p, flag in zip(parsers, saved):
@@ -476,9 +515,13 @@ def resolve_config_precision(cfg) -> None:
     # ``auto`` stays until the network and data are built (`PPOCLI.resolve_run_precision` measures it)
 
 
-def fit_main(args: list[str] | None = None, extra_callbacks=(), cli_class: type[PPOCLI] | None = None) -> PPOCLI:
+def fit_main(args: list[str] | dict | None = None, extra_callbacks=(), cli_class: type[PPOCLI] | None = None) -> PPOCLI:
     # --config takes a path or a shipped name (cartpole/ppo_ewma): resolved before LightningCLI reads it
-    args = resolve_config_args(trust.trust_args(list(sys.argv[1:] if args is None else args)))
+    if isinstance(args, dict):  # values (`RunSpec.values`): each config resolved and checked as --config's
+        args = {sub: {**given, "config": [str(checked_config(c)) for c in given.get("config") or []]}
+                for sub, given in args.items()}
+    else:
+        args = resolve_config_args(trust.trust_args(list(sys.argv[1:] if args is None else args)))
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     quiet_library_notices()
     # --help shows each loss setting's meaning: the attribute docstrings of ppo_lightning.algos.loss.LossSettings

@@ -68,7 +68,7 @@ def check_run(spec: RunSpec, where: str, run_dir: str | Path | None = None) -> N
     logging.disable(logging.INFO)  # Lightning's "Seed set to ..." per cell: its handler holds the real stderr
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            builder.fit_main(["fit", *spec.argv()], cli_class=_check_cli_class())
+            builder.fit_main({"fit": spec.values()}, cli_class=_check_cli_class())  # as `run.train` hands it
     except jsonargparse.ArgumentError as err:
         raise PreflightError(f"{where}: {parse_error_line(str(err))}") from None
     except (ValueError, TypeError, TrainingFault) as err:

@@ -106,6 +106,20 @@ def split_dotted(argv: list[str]) -> tuple[list[str], list[tuple[str, list[str],
     return rest, overrides
 
 
+def split_dotted_values(settings: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, list[str], Any]]]:
+    """`split_dotted` for dotted settings given as values (``{"model.objective_args.eps_high": 0.3}``)."""
+    rest, overrides = {}, []
+    for key, value in settings.items():
+        parts = key.split(".")[1:] if key.startswith("model.") else []
+        if parts[:1] == ["init_args"]:
+            parts = parts[1:]
+        if len(parts) >= 2 and parts[0] in DICT_SETTINGS:
+            overrides.append((parts[0], parts[1:], value))
+        else:
+            rest[key] = value
+    return rest, overrides
+
+
 def apply_dotted(model_cfg, overrides: list[tuple[str, list[str], str]], only: set[str] | None = None) -> None:
     """Set each override's entry in its dict setting (created where null), keeping the other entries.
     ``only``: the settings to apply (all by default)."""
@@ -122,8 +136,19 @@ def apply_dotted(model_cfg, overrides: list[tuple[str, list[str], str]], only: s
             if not isinstance(child, dict):
                 raise ValueError(f"--model.{name}.{'.'.join(path)}: model.{name}.{part} is not a mapping ({child!r})")
             node = child
-        node[path[-1]] = yaml.safe_load(text)
+        node[path[-1]] = yaml.safe_load(text) if isinstance(text, str) else copy.deepcopy(text)
         model_cfg[name] = root
+
+
+def checkpoint_class(path) -> str | None:
+    """The module class a checkpoint names (``_class_path``), or None (no file, an unreadable one)."""
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        hparams = read_hparams(path)
+    except CheckpointError:  # an unreadable file is reported by the checkpoint check, in one line
+        return None
+    return str(hparams["_class_path"]) if hparams.get("_class_path") else None
 
 
 def with_checkpoint_class(argv: list[str]) -> list[str]:
@@ -133,17 +158,11 @@ def with_checkpoint_class(argv: list[str]) -> list[str]:
         return argv
     path = next((argv[i + 1] for i, t in enumerate(argv[:-1]) if t == "--ckpt_path"), None) or next(
         (t.split("=", 1)[1] for t in argv if t.startswith("--ckpt_path=")), None)
-    if not path or not Path(path).is_file():
-        return argv
-    try:
-        hparams = read_hparams(path)
-    except CheckpointError:  # an unreadable file is reported by the checkpoint check, in one line
-        return argv
-    cls = hparams.get("_class_path")
+    cls = checkpoint_class(path)
     if not cls:
         return argv
     i = next((j for j, t in enumerate(argv) if t.startswith("--model.")), len(argv))
-    return argv[:i] + ["--model", str(cls)] + argv[i:]
+    return argv[:i] + ["--model", cls] + argv[i:]
 
 
 # ---------------------------------------------------------------------- unknown settings, in one line

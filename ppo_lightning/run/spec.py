@@ -9,9 +9,9 @@
     run.model, run.datamodule, run.trainer, run.exit_code
 
 ``fit``, studies and tuning all describe their runs this way. A spec reaches the run builder
-(`ppo_lightning.run.builder`, LightningCLI's parser and classes) in its ``fit`` form (`RunSpec.argv`),
-so that a spec and a command line are parsed, validated and trained by the same code, and every spec
-has a ``ppo-lightning fit`` line that reproduces it (`RunSpec.command`).
+(`ppo_lightning.run.builder`, LightningCLI's parser and classes) as values (`RunSpec.values`: its
+configs, then its settings), parsed, validated and trained by the same code as a command line, and
+every spec has a ``ppo-lightning fit`` line that trains the same run (`RunSpec.argv`, `RunSpec.command`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ppo_lightning.core.members import validate_member_values
 
@@ -71,7 +73,8 @@ class RunSpec:
     - ``options``: the run's own top-level settings (``scale``, ``scale_rules``, ``run_dir``,
       ``mlflow.experiment``, ``video_every``, ``log_every_frames``, ``checkpoint_every``, ``ckpt_path``);
     - ``members``: seeds and per-member settings of a vectorized group (None: one seed);
-    - ``callbacks``: class paths of callbacks the config's callbacks are joined by.
+    - ``callbacks``: class paths (or a mapping's text: ``{"class_path": ..., "init_args": {...}}``) of
+      callbacks the config's callbacks are joined by.
     """
 
     configs: tuple[str, ...] = ()
@@ -158,6 +161,17 @@ class RunSpec:
             out += [f"--{key}={fit_value(value)}"] if key.endswith("+") else [f"--{key}", fit_value(value)]
         return out + [f"--{CALLBACKS_APPEND}={c}" for c in self.callbacks]
 
+    def values(self) -> dict[str, Any]:
+        """The spec as the builder takes it as values (`ppo_lightning.run.builder.fit_main`): ``config``,
+        the configs merged in order as ``--config`` merges them, then each setting (`settings`) by its
+        dotted name, then the callbacks joined. The same run as `argv`'s."""
+        out: dict[str, Any] = {"config": list(self.configs), **self.settings()}
+        # a callback is a class path or, as on the command line, a mapping's text (class_path, init_args)
+        callbacks = [yaml.safe_load(c) if str(c).lstrip().startswith("{") else c for c in self.callbacks]
+        if callbacks:
+            out[CALLBACKS_APPEND] = callbacks[0] if len(callbacks) == 1 else callbacks
+        return out
+
     def command(self) -> str:
         """The ``ppo-lightning fit`` line that trains this spec."""
         return shlex.join(["ppo-lightning", "fit", *self.argv()])
@@ -205,6 +219,6 @@ def train(spec: RunSpec, callbacks=(), ckpt_path: str | Path | None = None) -> R
         fit_main,  # start-up cost: Lightning and TorchRL load when a run trains
     )
 
-    extra = ["--ckpt_path", str(ckpt_path)] if ckpt_path is not None else []
-    cli = fit_main(["fit", *spec.argv(), *extra], extra_callbacks=list(callbacks))
+    extra = {"ckpt_path": str(ckpt_path)} if ckpt_path is not None else {}
+    cli = fit_main({"fit": {**spec.values(), **extra}}, extra_callbacks=list(callbacks))
     return Run(cli.trainer, cli.model, cli.datamodule, int(getattr(cli, "exit_code", None) or 0))
