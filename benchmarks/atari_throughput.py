@@ -7,7 +7,7 @@ minibatches as Table 5, CleanRL its default 4 epochs: ``--cleanrl-epochs 3`` giv
 thread each, Breakout. Each runs ``--iterations`` iterations; the first is the warm-up and the rest are timed by
 their CPU time (``time.process_time`` of the process: on a loaded machine CPU time is what a core gives, wall time
 is not). CleanRL runs unmodified in a subprocess (`benchmarks/cleanrl_atari.py`, which says what it needs);
-``DIR`` holds its gymnasium 0.29, stable-baselines3-free wrappers (``cleanrl_utils``) and OpenCV.
+``DIR`` holds its gymnasium 0.29, its Atari wrappers (``cleanrl_utils``) and OpenCV.
 Prints one JSON line per arm and the ratio.
 """
 

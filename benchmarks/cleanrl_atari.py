@@ -3,10 +3,10 @@
     python benchmarks/cleanrl_atari.py ppo_atari.py --threads 1 --record out.jsonl -- --env-id BreakoutNoFrameskip-v4 ...
 
 The script is third-party (vwxyzjn/cleanrl, MIT) and not part of this repository; fetch ``cleanrl/ppo_atari.py``
-from the public repository. It was written for gymnasium 0.29 and imports ``tyro``, TensorBoard and
-stable-baselines3's Atari wrappers (which need ``opencv-python-headless``). Put gymnasium 0.29.1,
-stable-baselines3 and opencv in a folder of their own on ``PYTHONPATH`` for this process only
-(``pip install --no-deps --target DIR gymnasium==0.29.1 stable-baselines3==2.3.2 opencv-python-headless``).
+and ``cleanrl_utils/atari_wrappers.py`` (its Atari wrappers, as ``DIR/cleanrl_utils/``) from the public
+repository. It was written for gymnasium 0.29 and imports ``tyro`` and TensorBoard; gymnasium's resize wrapper
+needs OpenCV. Put gymnasium 0.29.1, ``cleanrl_utils`` and OpenCV in a folder of their own on ``PYTHONPATH`` for
+this process only (``pip install --no-deps --target DIR gymnasium==0.29.1 opencv-python-headless==4.10.0.84``).
 
 From outside the script: ``tyro.cli`` is a stand-in that reads ``--name value`` pairs after ``--`` into the
 script's ``Args`` (dashes for underscores, typed by the field's default); ``SummaryWriter`` is a stand-in that

@@ -12,11 +12,11 @@ Ours resumes from its run folder's ``last.ckpt`` (written every 10 iterations) w
 run the same command again after a stop. CleanRL's script has no checkpoints: a stopped CleanRL run starts
 again from frame 0 (its record is rewritten).
 
-CleanRL (vwxyzjn/cleanrl, MIT) is third-party and not in this repository: fetch ``cleanrl/ppo_atari.py`` from
-the public repository. It was written for gymnasium 0.29 and needs ``stable-baselines3`` (its Atari wrappers)
-and ``opencv-python-headless``: ``pip install --no-deps --target DIR gymnasium==0.29.1 stable-baselines3==2.3.2
-opencv-python-headless`` and ``--pythonpath DIR`` (only the CleanRL process sees DIR). From outside the script
-(`benchmarks/cleanrl_atari.py`): ``tyro`` and TensorBoard are replaced by stand-ins (the settings given here; the
+CleanRL (vwxyzjn/cleanrl, MIT) is third-party and not in this repository: fetch ``cleanrl/ppo_atari.py`` and
+``cleanrl_utils/atari_wrappers.py`` from the public repository. The script was written for gymnasium 0.29 and
+needs OpenCV: ``pip install --no-deps --target DIR gymnasium==0.29.1 opencv-python-headless==4.10.0.84``, the
+wrappers as ``DIR/cleanrl_utils/``, and ``--pythonpath DIR`` (only the CleanRL process sees DIR). From outside
+the script (`benchmarks/cleanrl_atari.py`): ``tyro`` and TensorBoard are replaced by stand-ins (the settings given here; the
 scalars it writes go to the record), torch's threads are set, and ale-py's ids are registered with that gymnasium.
 Its env id is ``BreakoutNoFrameskip-v4`` (no sticky actions, frame skip by its wrappers), the game ours plays as
 ``ALE/Breakout-v5`` with ``repeat_action_probability: 0``.
