@@ -48,8 +48,8 @@ def test_auto_resolves_per_cpu(cpu, flags, capability, expected, why):
 
 def test_a_pinned_bf16_mixed_on_a_cpu_with_emulated_bf16_is_kept_and_said_once(cpu, monkeypatch):
     lines = []
-    monkeypatch.setattr(hardware, "_emit", lines.append)
-    monkeypatch.setattr(hardware, "_logged", set())
+    monkeypatch.setattr(prec, "_emit", lines.append)
+    monkeypatch.setattr(prec, "_logged", set())
     for flags, said in ((AMX, False), (AVX512_NO_AMX, False), (AVX2, True)):  # only where bf16 is emulated
         cpu(flags, "AVX512" if flags != AVX2 else "AVX2")
         lines.clear()
@@ -201,7 +201,7 @@ def test_cli_resolves_auto_before_the_trainer_and_maps_the_deprecated_aliases(tm
     cfg = Path(__file__).resolve().parents[1] / "ppo_lightning/configs/cartpole/ppo_ewma.yaml"
     tiny = ["--mlflow.enabled", "false", "--trainer.enable_progress_bar", "false", "--data.total_frames", "256",
             "--data.num_threads", "1"]
-    hardware._logged.clear()
+    prec._logged.clear()
     cpu(AVX512_NO_AMX)
     cli = fit_main(["fit", "--config", str(cfg), *tiny, "--run_dir", str(tmp_path / "a"), "--trainer.precision", "auto"])
     assert cli.trainer.precision == "32-true"
@@ -241,7 +241,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.delenv(prec.PROBE_ENV, raising=False)
     monkeypatch.setattr(hardware, "cpu_model", lambda: "Test CPU")
     monkeypatch.setattr(hardware, "cpu_flags", lambda: AVX2)
-    monkeypatch.setattr(hardware, "_logged", set())
+    monkeypatch.setattr(prec, "_logged", set())
     return path
 
 

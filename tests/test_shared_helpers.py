@@ -84,7 +84,7 @@ def test_one_config_to_plain_converter():
     assert safe == {"r": 2.5, "nan": None, "inf": None, "path": "/x", "n": None}
     json.dumps(safe, allow_nan=False)
     for path in PACKAGE.rglob("*.py"):  # no converter of its own anywhere (module, resume, rescale, export, builder had one)
-        assert "def _plain" not in path.read_text() and "._plain(" not in path.read_text(), path
+        assert "def _plain(" not in path.read_text() and "._plain(" not in path.read_text(), path
 
 
 def _user_fn(v, delta: float = 1.0):

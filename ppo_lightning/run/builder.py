@@ -132,6 +132,34 @@ class HeldLogLines(logging.Filter):
         self.held = []
 
 
+def nested_entries(values: dict, cfg) -> dict:
+    """``values`` with each entry of a dict-valued setting (``model.init_args.network.hidden: 16``,
+    ``data.env_kwargs.x: 1``) set in that setting's dict as the configs left it (``model.init_args.network:
+    {..., hidden: 16}``), as ``--model.network.hidden 16`` sets it on the command line. A setting whose
+    value is not a dict is left to the parser."""
+    out, entries = {}, {}
+    for key, value in values.items():
+        depth = 3 if key.startswith("model.init_args.") else 2 if key.startswith("data.") else 0
+        parts = key.split(".")
+        if depth and len(parts) > depth:
+            entries.setdefault(".".join(parts[:depth]), []).append((parts[depth:], value))
+        else:
+            out[key] = value
+    for head, items in entries.items():
+        current = out.get(head, cfg.get(head) if head.rsplit(".", 1)[0] in cfg else None)
+        root = plain(current) if current is not None else {}
+        if not isinstance(root, dict):
+            out.update({f"{head}.{'.'.join(path)}": value for path, value in items})
+            continue
+        for path, value in items:
+            node = root
+            for part in path[:-1]:
+                node = node.setdefault(part, {}) if isinstance(node.get(part), dict) or part not in node else node[part]
+            node[path[-1]] = value
+        out[head] = root
+    return out
+
+
 class PPOCLI(LightningCLI):
     """LightningCLI with our defaults: MLflow tracking, a frames progress bar, periodic checkpoints.
 
@@ -391,7 +419,7 @@ class PPOCLI(LightningCLI):
             cfg = jsonargparse.Namespace()
             for path in configs:
                 jsonargparse.ActionConfigFile.apply_config(sub_parser, cfg, "config", str(path))
-            cfg = sub_parser.parse_object(values, namespace=cfg)
+            cfg = sub_parser.parse_object(nested_entries(values, cfg), namespace=cfg)
             self.config = parser.parse_object({"subcommand": sub, sub: cfg})
 
         self._parse_one_line(parser, parse, config_model_class=given.get("model.class_path") or cls)
