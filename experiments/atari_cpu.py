@@ -73,12 +73,12 @@ def run_ours(seed: int, frames: int, threads: int) -> None:
 
         def on_train_epoch_end(self, trainer, pl_module) -> None:
             dm = trainer.datamodule
-            count = dm.episodes.count
+            count = dm.states[0].episodes.count
             if self.seen is None:
                 self.seen = count if last.exists() else 0
             new = count - self.seen
             self.seen = count
-            returns = list(dm.episodes.returns)[-new:] if new > 0 else []
+            returns = list(dm.states[0].episodes.returns)[-new:] if new > 0 else []
             with open(path, "a") as f:
                 for r in returns:
                     f.write(json.dumps({"frames": int(dm.frames), "return": float(r)}) + "\n")
@@ -160,7 +160,7 @@ def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20) -> None
         ax.grid(alpha=0.3)
         ax.legend()
     axes[0].set_ylabel(f"{GAME} return, mean of last {window} games")
-    fig.suptitle(f"{GAME}, PPO paper settings, 1 thread each (AMD EPYC, AVX-512 + AVX512_BF16, no AMX)", fontsize=9)
+    fig.suptitle(f"{GAME}, PPO paper settings, 1 thread each (AMD EPYC, AVX2 only: EPYC-AVX2)", fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
