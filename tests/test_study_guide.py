@@ -5,7 +5,6 @@ each command of the page's bash blocks runs there, `ppo-lightning` being this ch
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -13,33 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from guide_helpers import examples
 from ppo_lightning.studies.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guides" / "studies.md"
-FILE_HEADER = re.compile(r"^# (\S+\.yaml): ")
-
-
-def blocks(page: str) -> list[tuple[str, str]]:
-    """The fenced code blocks of a page: (language, text)."""
-    return re.findall(r"^```(\w*)\n(.*?)^```", page, re.S | re.M)
-
-
-def examples() -> list[tuple[str, str, list[str]]]:
-    """(file name, study file text, the commands of the bash block that follows it)."""
-    out, current = [], None
-    for lang, text in blocks(GUIDE.read_text()):
-        head = FILE_HEADER.match(text)
-        if lang == "yaml" and head:
-            current = (head.group(1), text)
-        elif lang == "bash" and current is not None:
-            out.append((*current, [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]))
-            current = None
-    return out
 
 
 def test_the_guide_shows_its_examples_as_the_repository_has_them():
-    found = examples()
+    found = examples(GUIDE)
     assert [name for name, _, _ in found] == ["cartpole_two_lrs.yaml", "minatar_two_arms.yaml"]
     for name, text, commands in found:
         assert text == (ROOT / "experiments" / "studies" / "examples" / name).read_text(), name
@@ -49,7 +30,7 @@ def test_the_guide_shows_its_examples_as_the_repository_has_them():
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("example", ["cartpole_two_lrs.yaml", "minatar_two_arms.yaml"])
 def test_a_worked_example_runs_as_printed_outside_the_repository(example, tmp_path):
-    name, text, commands = next(e for e in examples() if e[0] == example)
+    name, text, commands = next(e for e in examples(GUIDE) if e[0] == example)
     (tmp_path / name).write_text(text)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for command in commands:

@@ -7,7 +7,6 @@ summary the guide shows for the committed Breakout search is what the command pr
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -16,34 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from guide_helpers import blocks, examples
 from ppo_lightning.tuning.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guides" / "tuning.md"
-FILE_HEADER = re.compile(r"^# (\S+\.yaml): ")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def blocks(page: str) -> list[tuple[str, str]]:
-    """The fenced code blocks of a page: (language, text)."""
-    return re.findall(r"^```(\w*)\n(.*?)^```", page, re.S | re.M)
-
-
-def examples() -> list[tuple[str, str, list[str]]]:
-    """(file name, space file text, the commands of the bash block that follows it)."""
-    out, current = [], None
-    for lang, text in blocks(GUIDE.read_text()):
-        head = FILE_HEADER.match(text)
-        if lang == "yaml" and head:
-            current = (head.group(1), text)
-        elif lang == "bash" and current is not None:
-            out.append((*current, [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]))
-            current = None
-    return out
-
-
 def test_the_guide_shows_its_example_as_the_repository_has_it():
-    found = examples()
+    found = examples(GUIDE)
     assert [name for name, _, _ in found] == ["cartpole_lr.yaml"]
     for name, text, commands in found:
         assert text == (ROOT / "experiments" / "tuning" / "examples" / name).read_text(), name
@@ -52,7 +33,7 @@ def test_the_guide_shows_its_example_as_the_repository_has_it():
 
 @pytest.mark.timeout(900)
 def test_the_worked_example_runs_as_printed_outside_the_repository(tmp_path):
-    name, text, commands = examples()[0]
+    name, text, commands = examples(GUIDE)[0]
     (tmp_path / name).write_text(text)
     space = load_space(tmp_path / name)
     assert space.fit["video_every"] is None  # a search's fit takes what a study's does
