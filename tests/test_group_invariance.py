@@ -95,6 +95,20 @@ def test_a_batched_matmul_rounds_a_member_otherwise_than_its_linear_layer():
     assert differ
 
 
+def _step_together(optimizer, stacked, alone, steps: int) -> None:
+    """``steps`` random gradient steps: ``optimizer`` on the stacked ``[S, 1]`` tensor, fused Adam on each
+    member's copy, each member given its row of the same gradient."""
+    opts = [torch.optim.Adam([a], lr=2e-3, eps=1e-5, fused=True) for a in alone]
+    for _ in range(steps):
+        g = torch.randn(len(alone), 1) * 1e-2
+        stacked.grad = g.clone()
+        for k, a in enumerate(alone):
+            a.grad = g[k].clone()
+        optimizer.step()
+        for o in opts:
+            o.step()
+
+
 def test_fused_adam_rounds_a_tensors_tail_otherwise():
     """Why `MemberAdam` hands the fused kernel each member's own slices: the kernel's vectorized loop and
     its scalar loop for a tensor's last ``numel % 16`` elements round an update otherwise, so a [16, 1] bias
@@ -104,16 +118,7 @@ def test_fused_adam_rounds_a_tensors_tail_otherwise():
     S, steps, differ = 16, 40, 0
     stacked = torch.randn(S, 1, requires_grad=True)
     alone = [stacked[k].detach().clone().requires_grad_() for k in range(S)]
-    opt = torch.optim.Adam([stacked], lr=2e-3, eps=1e-5, fused=True)
-    opts = [torch.optim.Adam([a], lr=2e-3, eps=1e-5, fused=True) for a in alone]
-    for _ in range(steps):
-        g = torch.randn(S, 1) * 1e-2
-        stacked.grad = g.clone()
-        for k in range(S):
-            alone[k].grad = g[k].clone()
-        opt.step()
-        for o in opts:
-            o.step()
+    _step_together(torch.optim.Adam([stacked], lr=2e-3, eps=1e-5, fused=True), stacked, alone, steps)
     differ = sum(not torch.equal(stacked[k], alone[k]) for k in range(S))
     assert differ > 0
     assert max((stacked[k] - alone[k]).abs().item() for k in range(S)) < 1e-6
@@ -122,16 +127,7 @@ def test_fused_adam_rounds_a_tensors_tail_otherwise():
 
     stacked2 = torch.nn.Parameter(torch.randn(S, 1))
     alone2 = [torch.nn.Parameter(stacked2[k].detach().clone()) for k in range(S)]
-    member_adam = MemberAdam([stacked2], [2e-3] * S, eps=1e-5)
-    opts = [torch.optim.Adam([a], lr=2e-3, eps=1e-5, fused=True) for a in alone2]
-    for _ in range(steps):
-        g = torch.randn(S, 1) * 1e-2
-        stacked2.grad = g.clone()
-        for k in range(S):
-            alone2[k].grad = g[k].clone()
-        member_adam.step()
-        for o in opts:
-            o.step()
+    _step_together(MemberAdam([stacked2], [2e-3] * S, eps=1e-5), stacked2, alone2, steps)
     assert all(torch.equal(stacked2[k], alone2[k]) for k in range(S))
 
 
