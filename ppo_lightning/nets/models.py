@@ -27,6 +27,7 @@ from ppo_lightning.nets.impala import ImpalaActorCritic
 from ppo_lightning.nets.impala_phasic import PhasicImpalaActorCritic
 from ppo_lightning.nets.minatar_cnn import MinAtarActorCritic
 from ppo_lightning.nets.spaces_net import SpacesActorCritic, needs_spaces_network
+from ppo_lightning.nets.recurrent import RecurrentActorCritic
 from ppo_lightning.nets.pixel_cnn import NatureActorCritic, SmallActorCritic, resolve_network
 
 NETWORK_NAMES = ("auto", "mlp", "impala_cnn", "minatar_cnn", "nature_cnn", "small_cnn")
@@ -38,6 +39,11 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
     name = network.pop("name", "mlp")
     if "precision" in network:  # deprecated (0.1): the Trainer's precision applies to every network
         network.pop("precision")
+    if network.get("core") is not None:  # an LSTM or GRU core after the encoder (ppo_lightning.nets.recurrent)
+        if name != "mlp":
+            raise ValueError(f"model.network.core (a recurrent core) takes the mlp encoder for now, got name {name!r}")
+        return RecurrentActorCritic(observation_space, action_space, **network)
+    network.pop("core", None), network.pop("core_size", None)
     if name == "mlp":
         if needs_spaces_network(observation_space, action_space):  # any other gymnasium space, action masks
             return SpacesActorCritic(observation_space, action_space, **network)

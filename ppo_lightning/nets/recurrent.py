@@ -1,0 +1,254 @@
+"""Recurrent actor-critics: an LSTM or GRU core between the observation encoder and the heads.
+
+``model.network.core: lstm | gru`` (``core_size``: its hidden size, default 64) turns any network into
+a recurrent one: the observation goes through the network's encoder (the MLP body over the packed
+observation of any gymnasium space), then through the core, then the policy and value heads. ``arch``
+keeps its meaning: ``dual`` gives the policy and the value their own encoder and core, ``shared`` one
+of each for both heads, ``detach`` one of each with the value head reading the core through a
+stop-gradient (PPG).
+
+The recurrent state of one env is one flat float32 vector of `RecurrentActorCritic.state_size`
+numbers (each core's ``h``, then an LSTM's ``c``; the policy core's, then the value core's), so that
+collection, checkpoints, exports and member groups carry it as any other tensor. It is reset to
+zeros before the first step of every episode: ``is_init`` (True at an episode's first step) says
+where.
+
+Every method takes the state and ``is_init`` beside the observation:
+
+- ``step(obs [*, ...], state [*, D], is_init [*]) -> (*dist_params, value, new_state)``: one step
+  (collection, evaluation, an exported model);
+- ``forward / policy / value / forward_aux(obs [*, B, L, ...], state [*, B, D], is_init [*, B, L])``:
+  B sequences of L steps, each unrolled from its start state with resets where ``is_init`` is True
+  (training: the loss's current, proximal and PPG's policies over the same segments). The outputs are
+  ``[*, B, L, ...]``; the state at the end is not returned (training never needs it).
+
+The cores are written here (`lstm_cell`, `gru_cell`, `RecurrentCore`) rather than taken from
+``torch.nn.LSTM`` or TorchRL's ``LSTMModule``: a member group runs S copies of the network through
+``torch.func.functional_call`` per member (`ppo_lightning.nets.seed_stack`), the episode resets fall
+inside a sequence (``nn.LSTM`` unrolls a whole sequence from one state, so TorchRL splits the
+trajectories and pads them), and the exported model must run without this package. The weights use
+``nn.LSTM``'s names and gate order, and the tests compare the cells with ``nn.LSTMCell`` and
+``nn.GRUCell``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ppo_lightning.nets.actor_critic import ACTIVATIONS, _init_linear, mlp, orthogonal_init_, resolve_arch
+from ppo_lightning.nets.composite import assemble_params, head_sizes, mask_logits
+from ppo_lightning.nets.encoders import ObservationEncoder
+from ppo_lightning.nets.obs_norm import RunningObservationNorm
+
+STATE_KEY = "recurrent_state"  # [.., D]: the state going into this step (zeros at an episode's first step)
+IS_INIT_KEY = "is_init"  # [..]: this step is the first of an episode (the state is reset before it)
+CORES = ("lstm", "gru")
+
+
+def lstm_cell(x_proj: Tensor, h: Tensor, c: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> tuple[Tensor, Tensor]:
+    """One LSTM step (``nn.LSTMCell``'s equations and gate order i, f, g, o).
+
+    ``x_proj = W_ih x + b_ih`` (``[*, 4H]``, computed for every step of a sequence at once);
+    ``gates = x_proj + W_hh h + b_hh``; ``i, f, o = sigmoid``, ``g = tanh``;
+    ``c' = f c + i g``; ``h' = o tanh(c')``. Returns ``(h', c')``."""
+    gates = x_proj + F.linear(h, weight_hh, bias_hh)
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def gru_cell(x_proj: Tensor, h: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:
+    """One GRU step (``nn.GRUCell``'s equations and gate order r, z, n).
+
+    ``x_proj = W_ih x + b_ih`` (``[*, 3H]``); ``hp = W_hh h + b_hh``; ``r = sigmoid(x_r + hp_r)``,
+    ``z = sigmoid(x_z + hp_z)``, ``n = tanh(x_n + r hp_n)``; ``h' = (1 - z) n + z h``."""
+    hp = F.linear(h, weight_hh, bias_hh)
+    xr, xz, xn = x_proj.chunk(3, dim=-1)
+    hr, hz, hn = hp.chunk(3, dim=-1)
+    r = torch.sigmoid(xr + hr)
+    z = torch.sigmoid(xz + hz)
+    n = torch.tanh(xn + r * hn)
+    return (1 - z) * n + z * h
+
+
+class RecurrentCore(nn.Module):
+    """An LSTM or GRU layer over sequences with resets (module docstring). Weights as ``nn.LSTM``'s
+    layer 0 (``weight_ih [G H, in]``, ``weight_hh [G H, H]``, ``bias_ih``, ``bias_hh``; G = 4 or 3),
+    initialised as CleanRL's ``ppo_atari_lstm.py``: orthogonal (gain 1), zero biases."""
+
+    def __init__(self, kind: str, in_dim: int, hidden: int) -> None:
+        super().__init__()
+        if kind not in CORES:
+            raise ValueError(f"model.network.core must be one of {CORES} (or null), got {kind!r}")
+        self.kind, self.hidden = kind, int(hidden)
+        gates = 4 if kind == "lstm" else 3
+        self.weight_ih = nn.Parameter(torch.empty(gates * hidden, in_dim))
+        self.weight_hh = nn.Parameter(torch.empty(gates * hidden, hidden))
+        self.bias_ih = nn.Parameter(torch.zeros(gates * hidden))
+        self.bias_hh = nn.Parameter(torch.zeros(gates * hidden))
+        orthogonal_init_(self.weight_ih, 1.0)
+        orthogonal_init_(self.weight_hh, 1.0)
+
+    @property
+    def state_size(self) -> int:
+        return 2 * self.hidden if self.kind == "lstm" else self.hidden
+
+    def forward(self, x: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, Tensor]:
+        """``x [*, L, in]``, ``state [*, state_size]``, ``is_init [*, L]`` -> (outputs ``[*, L, H]``,
+        the state after the last step). The state is zeroed before every step where ``is_init``."""
+        x_proj = F.linear(x, self.weight_ih, self.bias_ih)  # every step's input projection at once
+        keep = (~is_init.bool()).unsqueeze(-1).to(state.dtype)
+        outs = []
+        for t in range(x.shape[-2]):
+            state = state * keep[..., t, :]
+            if self.kind == "lstm":
+                h, c = lstm_cell(x_proj[..., t, :], *state.split(self.hidden, dim=-1), self.weight_hh, self.bias_hh)
+                state = torch.cat((h, c), dim=-1)
+            else:
+                h = state = gru_cell(x_proj[..., t, :], state, self.weight_hh, self.bias_hh)
+            outs.append(h)
+        return torch.stack(outs, dim=-2), state
+
+
+class RecurrentActorCritic(nn.Module):
+    """Encoder -> LSTM/GRU core -> policy and value heads, for any action space (module docstring).
+
+    The encoder is the MLP body (``hidden_sizes``, ``activation``) over the observation as
+    `ppo_lightning.nets.encoders.ObservationEncoder` reads it (a plain ``Box`` flattened, a packed
+    space leaf by leaf, an action mask split off); heads as the feed-forward networks' (policy gain
+    0.01, value 1.0, PPG's auxiliary value head on the policy core)."""
+
+    recurrent = True
+
+    def __init__(self, observation_space: dict, action_space: dict, hidden_sizes: tuple[int, ...] = (64,),
+                 activation: str = "tanh", shared_trunk: bool = False, arch: str | None = None,
+                 aux_value_head: bool = False, normalize_observation: bool = False, core: str = "lstm",
+                 core_size: int = 64) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.action_space = action_space
+        self.arch = resolve_arch(arch, shared_trunk)
+        self.shared_trunk = self.arch != "dual"
+        kind = action_space["type"]
+        self.discrete, self.composite = kind == "discrete", kind == "composite"
+        if self.composite:
+            out_dim, stds = head_sizes(action_space["space"])
+        else:
+            out_dim = action_space["n"] if self.discrete else int(math.prod(action_space["shape"]))
+            stds = 0 if self.discrete else out_dim
+        self.encoder = ObservationEncoder(observation_space)
+        self.mask_size = self.encoder.mask_size
+        if normalize_observation and (observation_space.get("space") is not None or self.mask_size):
+            raise ValueError("model.network.normalize_observation normalizes Box observations without an action mask")
+        self.obs_norm = RunningObservationNorm(self.encoder.out_dim) if normalize_observation else None
+        in_dim = self.encoder.out_dim
+        self.policy_body, feat = mlp(in_dim, tuple(hidden_sizes), activation)
+        self.policy_core = RecurrentCore(core, feat, core_size)
+        if self.shared_trunk:
+            self.value_body = self.value_core = None
+        else:
+            self.value_body, value_feat = mlp(in_dim, tuple(hidden_sizes), activation)
+            self.value_core = RecurrentCore(core, value_feat, core_size)
+        self.policy_head = _init_linear(nn.Linear(core_size, out_dim), 0.01)
+        self.value_head = _init_linear(nn.Linear(core_size, 1), 1.0)
+        self.log_std = nn.Parameter(torch.zeros(stds)) if stds else None
+        self.aux_value_head = _init_linear(nn.Linear(core_size, 1), 1.0) if aux_value_head else None
+        self.obs_ndim = len(observation_space["shape"])
+
+    # ---------------------------------------------------------------- state
+    @property
+    def state_size(self) -> int:
+        """D: the numbers of one env's recurrent state."""
+        cores = [self.policy_core] + ([self.value_core] if self.value_core is not None else [])
+        return sum(c.state_size for c in cores)
+
+    def initial_state(self, *batch_shape: int, device=None) -> Tensor:
+        """Zeros ``[*batch_shape, D]`` (float32): the state before an episode's first step."""
+        return torch.zeros((*batch_shape, self.state_size), dtype=torch.float32, device=device)
+
+    # ---------------------------------------------------------------- the unrolled pass
+    def _encode(self, obs: Tensor) -> tuple[Tensor, Tensor | None]:
+        x, mask = self.encoder(obs)
+        return (x if self.obs_norm is None else self.obs_norm(x)), mask
+
+    def _unroll(self, obs: Tensor, state: Tensor, is_init: Tensor, value: bool = True
+                ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """(policy core outputs ``[*, L, H]``, value core outputs or None, mask, state after) for
+        ``obs [*, L, ...]``."""
+        x, mask = self._encode(obs)
+        split = self.policy_core.state_size
+        policy_state, value_state = state[..., :split], state[..., split:]
+        p_out, p_last = self.policy_core(self.policy_body(x), policy_state, is_init)
+        if self.value_core is None:
+            v_out = (p_out.detach() if self.arch == "detach" else p_out) if value else None
+            return p_out, v_out, mask, p_last
+        if not value:
+            return p_out, None, mask, torch.cat((p_last, value_state), dim=-1)
+        v_out, v_last = self.value_core(self.value_body(x), value_state, is_init)
+        return p_out, v_out, mask, torch.cat((p_last, v_last), dim=-1)
+
+    def _params(self, features: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
+        out = self.policy_head(features).float()  # float32 under any autocast (the loss's ratios)
+        if self.composite:
+            return (assemble_params(self.action_space["space"], out, self.log_std, mask),)
+        if self.discrete:
+            return (mask_logits(out, mask),)
+        return (out, self.log_std.exp().expand_as(out))
+
+    # ---------------------------------------------------------------- sequences (training)
+    def forward(self, obs: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, ...]:
+        """Distribution parameters and value ``[*, B, L, ...]`` of B sequences of L steps."""
+        p, v, mask, _ = self._unroll(obs, state, is_init)
+        return (*self._params(p, mask), self.value_head(v).float())
+
+    def policy(self, obs: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, ...]:
+        p, _, mask, _ = self._unroll(obs, state, is_init, value=False)
+        return self._params(p, mask)
+
+    def value(self, obs: Tensor, state: Tensor, is_init: Tensor) -> Tensor:
+        _, v, _, _ = self._unroll(obs, state, is_init)
+        return self.value_head(v).float()
+
+    def forward_aux(self, obs: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, ...]:
+        if self.aux_value_head is None:
+            raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
+        p, v, mask, _ = self._unroll(obs, state, is_init)
+        return (*self._params(p, mask), self.value_head(v).float(), self.aux_value_head(p).float())
+
+    # ---------------------------------------------------------------- one step (collection, evaluation)
+    def step(self, obs: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, ...]:
+        """One step: ``obs [*, ...]``, ``state [*, D]``, ``is_init [*]`` -> (*dist params, value
+        ``[*, 1]``, the state after the step ``[*, D]``)."""
+        p, v, mask, last = self._unroll(obs.unsqueeze(-self.obs_ndim - 1), state, is_init.unsqueeze(-1))
+        params = self._params(p.squeeze(-2), None if mask is None else mask.squeeze(-2))
+        return (*params, self.value_head(v.squeeze(-2)).float(), last)
+
+
+def is_recurrent(network: nn.Module) -> bool:
+    """Whether ``network`` (or a group's stacked network of it) has a recurrent core."""
+    return bool(getattr(network, "recurrent", False))
+
+
+def sequence_inputs(batch) -> tuple[Tensor, Tensor, Tensor]:
+    """(observations ``[*, B, L, ...]``, start states ``[*, B, D]``, ``is_init [*, B, L]``) of a
+    minibatch of B segments of L steps (``batch_size [*, B, L]``): each segment's stored state at its
+    first step."""
+    from ppo_lightning.nets.actor_critic import OBS_KEY
+
+    return batch.get(OBS_KEY), batch.get(STATE_KEY)[..., 0, :], batch.get(IS_INIT_KEY)
+
+
+def call(network: nn.Module, method: str, batch) -> tuple[Tensor, ...] | Tensor:
+    """``network.<method>`` over a minibatch: the observations alone for a feed-forward network, the
+    segments (`sequence_inputs`) for a recurrent one (``method``: forward, policy, value, forward_aux)."""
+    from ppo_lightning.nets.actor_critic import OBS_KEY
+
+    fn = network if method == "forward" else getattr(network, method)
+    if is_recurrent(network):
+        return fn(*sequence_inputs(batch))
+    return fn(batch.get(OBS_KEY))
