@@ -64,6 +64,13 @@ def recurrent_value(step):
     return value
 
 
+def segments(rollout: TensorDictBase, length: int) -> TensorDictBase:
+    """A rollout ``[envs, time]`` cut into ``[envs * time / length, length]``: env e's steps
+    ``j * length ... (j + 1) * length - 1`` are segment ``e * time / length + j``."""
+    envs, time_steps = rollout.batch_size
+    return rollout.reshape(envs * (time_steps // length), length)
+
+
 def stack_members(items: list[TensorDictBase]) -> TensorDictBase:
     """The members' items on a leading member dimension ``[S, ...]``; one member's as a view (a stack
     copies: a Procgen batch is ~200 MB)."""
@@ -258,12 +265,16 @@ class RolloutSource:
 
     def prepare(self, rollout: TensorDictBase, state=None) -> TensorDictBase:
         """Flatten to [envs*time], keep the keys the loss reads, normalize advantages (with the
-        moments of ``state``, one of `states`; default: the first)."""
+        moments of ``state``, one of `states`; default: the first). A recurrent network's rollout is
+        cut into segments instead (`segments`): ``[envs*time/L, L]`` with the states and ``is_init``."""
         moments = (state or self.states[0]).advantage_moments
         keys = [*BATCH_KEYS, *self.param_keys]
         if "proximal" in rollout.keys():  # supplied by the staleness queue (decoupled mode)
             keys.append("proximal")
-        flat = rollout.select(*keys).reshape(-1)
+        if self.recurrent:
+            flat = segments(rollout.select(*keys, STATE_KEY, IS_INIT_KEY), self.config.sequence_steps)
+        else:
+            flat = rollout.select(*keys).reshape(-1)
         adv = flat.get("advantage")
         faults.update_moments_finite(moments, adv)  # never absorbs a NaN
         if self.config.normalize_advantage:
@@ -276,6 +287,8 @@ class RolloutSource:
         flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
         if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
             keys = self.phases.stored_keys
+            if self.recurrent:  # the auxiliary phase replays the rollouts from their stored states
+                keys = (*keys, *(k for k in (STATE_KEY, IS_INIT_KEY) if k not in keys))
             stored = lambda: torch.stack([r.select(*keys).to("cpu") for r in rollouts])  # noqa: E731  [S, envs, time]
             yield from self.phases.iteration_batches(stored, [st.shuffle_generator for st in self.states],
                                                      lambda e: self._epoch_minibatches(flats, e), self.config)
@@ -284,7 +297,8 @@ class RolloutSource:
 
     def _epoch_minibatches(self, flats: list[TensorDictBase], epochs: int):
         """Minibatches of ``epochs`` epochs, ``[S, minibatch_size]`` (S = 1 for a single run); each
-        member's epoch shuffle from its own generator."""
+        member's epoch shuffle from its own generator. A recurrent network's: ``[S, B, L]``, B segments
+        of L steps (``prepare``), the epoch shuffle permuting the segments."""
         n = flats[0].shape[0]
         size = n // self.config.num_minibatches
         for _ in range(epochs):
