@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ppo_lightning.nets.composite import MASKED_LOGIT
-from ppo_lightning.nets.models import build_network
+from ppo_lightning.nets.models import build_network, resolve_network
 from ppo_lightning.nets.recurrent import (RecurrentActorCritic, RecurrentCore, gru_cell, is_recurrent, lstm_cell)
 from ppo_lightning.nets.seed_stack import SeedStack
 
@@ -184,6 +184,25 @@ def test_detach_and_the_auxiliary_value_head(case):
         _net(case, "lstm", "detach")[0].forward_aux(obs, state, is_init)
 
 
+@pytest.mark.parametrize("case", ["mlp_masked", "small_cnn", "impala_cnn"])
+def test_any_leading_dimensions(case):
+    """Sequences ``[*, B, L, ...]`` and steps ``[*, ...]`` with two leading dimensions, and one step of a
+    single observation, give what the flat batch gives."""
+    net, obs_space = _net(case, "gru", "dual")
+    obs, state, is_init = _inputs(net, obs_space, B=4)
+    with torch.no_grad():
+        flat = net(obs, state, is_init)
+        nested = net(obs.view(2, 2, *obs.shape[1:]), state.view(2, 2, -1), is_init.view(2, 2, -1))
+        for a, b in zip(flat, nested):
+            torch.testing.assert_close(a, b.reshape(a.shape))
+        step = net.step(obs[:, 0], state, is_init[:, 0])
+        nested = net.step(obs[:, 0].view(2, 2, *obs.shape[2:]), state.view(2, 2, -1), is_init[:, 0].view(2, 2))
+        single = net.step(obs[3, 0], state[3], is_init[3, 0])
+        for a, b, c in zip(step, nested, single):
+            torch.testing.assert_close(a, b.reshape(a.shape))
+            torch.testing.assert_close(a[3], c)
+
+
 # ---------------------------------------------------------------------------------------- member groups
 @pytest.mark.parametrize("case,core,arch", [("mlp_composite", "lstm", "dual"), ("mlp_masked", "gru", "shared"),
                                             ("small_cnn", "lstm", "shared"), ("minatar_cnn", "gru", "dual"),
@@ -243,6 +262,9 @@ def test_built_from_network_dicts():
                             "arch": "dual", "aux_value_head": True})
     assert impala.arch == "dual" and impala.state_size == 12 and impala.aux_value_head is not None
     assert [n for n, _ in impala.named_children()][:4] == ["policy_body", "policy_core", "value_body", "value_core"]
+    # name: auto keeps the core whichever network it picks; the other kind's settings are named as unused
+    _, line = resolve_network(image, {"name": "auto", "core": "lstm", "core_size": 8, "hidden_sizes": [8]})
+    assert "hidden_sizes" in line and "core" not in line
 
 
 @pytest.mark.parametrize("network,message", [
