@@ -62,7 +62,8 @@ def _observations(space: dict, *lead: int, gen: torch.Generator) -> torch.Tensor
 def _net(case: str, core: str, arch: str, seed: int = 0, **extra) -> tuple[nn.Module, dict]:
     obs_space, act_space, network = CASES[case]
     torch.manual_seed(seed)
-    return build_network(obs_space, act_space, {**network, "core": core, "core_size": 6, "arch": arch, **extra}), obs_space
+    network = {**network, "core": core, "core_size": 6, "arch": arch, **extra}
+    return build_network(obs_space, act_space, network), obs_space
 
 
 def _inputs(net, obs_space: dict, B: int = 3, L: int = 5, seed: int = 1):
@@ -85,7 +86,8 @@ def test_cells_compute_torch_lstm_and_gru_cells():
     ref_h, ref_c = lstm(x, (h, c))
     torch.testing.assert_close(ours_h, ref_h)
     torch.testing.assert_close(ours_c, ref_c)
-    torch.testing.assert_close(gru_cell(F.linear(x, gru.weight_ih, gru.bias_ih), h, gru.weight_hh, gru.bias_hh), gru(x, h))
+    ours = gru_cell(F.linear(x, gru.weight_ih, gru.bias_ih), h, gru.weight_hh, gru.bias_hh)
+    torch.testing.assert_close(ours, gru(x, h))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -234,8 +236,8 @@ def test_member_k_of_a_group_is_seed_k_alone_bit_for_bit(case, core, arch):
             own = nets[k].step(obs[k, :, 0].clone(), state[k].clone(), is_init[k, :, 0].clone())
             assert all(torch.equal(a, b[k]) for a, b in zip(own, group))
         torch.testing.assert_close(stack.value_of_seed(1, *alone(1)), nets[1].value(*alone(1)), rtol=0, atol=0)
-        assert all(torch.equal(a, b) for a, b in zip(stack.call_seed(2, "step", obs[2, :, 0], state[2], is_init[2, :, 0]),
-                                                     nets[2].step(obs[2, :, 0], state[2], is_init[2, :, 0])))
+        one = (obs[2, :, 0], state[2], is_init[2, :, 0])
+        assert all(torch.equal(a, b) for a, b in zip(stack.call_seed(2, "step", *one), nets[2].step(*one)))
     # gradients: the loss of every member at once, each member's part its own network's
     sum(t.sum() for t in stack.forward_aux(obs, state, is_init)).backward()
     grads = {n: p.grad for n, p in stack.inner.named_parameters()}
@@ -293,7 +295,8 @@ def test_the_exported_network_code_builds_every_recurrent_encoder():
     exec(compile(network_source(), "networks_ppo_lightning.py", "exec"), bundled)
     for case, (obs_space, act_space, network) in CASES.items():
         net, _ = _net(case, "lstm", "dual")
-        copy = bundled["build_network"](obs_space, act_space, {**network, "core": "lstm", "core_size": 6, "arch": "dual"})
+        network = {**network, "core": "lstm", "core_size": 6, "arch": "dual"}
+        copy = bundled["build_network"](obs_space, act_space, network)
         copy.load_state_dict(net.state_dict())
         obs, state, is_init = _inputs(net, obs_space)
         for a, b in zip(net.step(obs[:, 0], state, is_init[:, 0]), copy.step(obs[:, 0], state, is_init[:, 0])):
