@@ -208,13 +208,16 @@ def test_any_leading_dimensions(case):
 # ---------------------------------------------------------------------------------------- member groups
 @pytest.mark.parametrize("case,core,arch", [("mlp_composite", "lstm", "dual"), ("mlp_masked", "gru", "shared"),
                                             ("small_cnn", "lstm", "shared"), ("minatar_cnn", "gru", "dual"),
-                                            ("impala_cnn", "lstm", "dual")])
+                                            ("impala_cnn", "lstm", "dual"), ("mlp_box_normalized", "gru", "detach")])
 def test_member_k_of_a_group_is_seed_k_alone_bit_for_bit(case, core, arch):
     """`SeedStack` of recurrent networks: forward, policy, value, forward_aux and step with a leading [S],
     their outputs and the parameters' gradients member k's network's own, bit for bit."""
     S = 3
     nets, obs_space = zip(*(_net(case, core, arch, seed=s, aux_value_head=True) for s in range(S)))
     obs_space = obs_space[0]
+    for s, net in enumerate(nets):
+        if net.obs_norm is not None:  # each member's own statistics (buffers)
+            net.obs_norm.update(torch.randn(50, *obs_space["shape"]) * (s + 1) + s)
     stack = SeedStack(list(nets))
     assert is_recurrent(stack) and stack.state_size == nets[0].state_size
     assert stack.initial_state(S, 4).shape == (S, 4, nets[0].state_size)
