@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ppo_lightning.nets.composite import MASKED_LOGIT
-from ppo_lightning.nets.models import build_network
+from ppo_lightning.nets.models import build_network, resolve_network
 from ppo_lightning.nets.recurrent import (RecurrentActorCritic, RecurrentCore, gru_cell, is_recurrent, lstm_cell)
 from ppo_lightning.nets.seed_stack import SeedStack
 
@@ -62,7 +62,8 @@ def _observations(space: dict, *lead: int, gen: torch.Generator) -> torch.Tensor
 def _net(case: str, core: str, arch: str, seed: int = 0, **extra) -> tuple[nn.Module, dict]:
     obs_space, act_space, network = CASES[case]
     torch.manual_seed(seed)
-    return build_network(obs_space, act_space, {**network, "core": core, "core_size": 6, "arch": arch, **extra}), obs_space
+    network = {**network, "core": core, "core_size": 6, "arch": arch, **extra}
+    return build_network(obs_space, act_space, network), obs_space
 
 
 def _inputs(net, obs_space: dict, B: int = 3, L: int = 5, seed: int = 1):
@@ -85,7 +86,8 @@ def test_cells_compute_torch_lstm_and_gru_cells():
     ref_h, ref_c = lstm(x, (h, c))
     torch.testing.assert_close(ours_h, ref_h)
     torch.testing.assert_close(ours_c, ref_c)
-    torch.testing.assert_close(gru_cell(F.linear(x, gru.weight_ih, gru.bias_ih), h, gru.weight_hh, gru.bias_hh), gru(x, h))
+    ours = gru_cell(F.linear(x, gru.weight_ih, gru.bias_ih), h, gru.weight_hh, gru.bias_hh)
+    torch.testing.assert_close(ours, gru(x, h))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -184,16 +186,38 @@ def test_detach_and_the_auxiliary_value_head(case):
         _net(case, "lstm", "detach")[0].forward_aux(obs, state, is_init)
 
 
+@pytest.mark.parametrize("case", ["mlp_masked", "small_cnn", "impala_cnn"])
+def test_any_leading_dimensions(case):
+    """Sequences ``[*, B, L, ...]`` and steps ``[*, ...]`` with two leading dimensions, and one step of a
+    single observation, give what the flat batch gives."""
+    net, obs_space = _net(case, "gru", "dual")
+    obs, state, is_init = _inputs(net, obs_space, B=4)
+    with torch.no_grad():
+        flat = net(obs, state, is_init)
+        nested = net(obs.view(2, 2, *obs.shape[1:]), state.view(2, 2, -1), is_init.view(2, 2, -1))
+        for a, b in zip(flat, nested):
+            torch.testing.assert_close(a, b.reshape(a.shape))
+        step = net.step(obs[:, 0], state, is_init[:, 0])
+        nested = net.step(obs[:, 0].view(2, 2, *obs.shape[2:]), state.view(2, 2, -1), is_init[:, 0].view(2, 2))
+        single = net.step(obs[3, 0], state[3], is_init[3, 0])
+        for a, b, c in zip(step, nested, single):
+            torch.testing.assert_close(a, b.reshape(a.shape))
+            torch.testing.assert_close(a[3], c)
+
+
 # ---------------------------------------------------------------------------------------- member groups
 @pytest.mark.parametrize("case,core,arch", [("mlp_composite", "lstm", "dual"), ("mlp_masked", "gru", "shared"),
                                             ("small_cnn", "lstm", "shared"), ("minatar_cnn", "gru", "dual"),
-                                            ("impala_cnn", "lstm", "dual")])
+                                            ("impala_cnn", "lstm", "dual"), ("mlp_box_normalized", "gru", "detach")])
 def test_member_k_of_a_group_is_seed_k_alone_bit_for_bit(case, core, arch):
     """`SeedStack` of recurrent networks: forward, policy, value, forward_aux and step with a leading [S],
     their outputs and the parameters' gradients member k's network's own, bit for bit."""
     S = 3
     nets, obs_space = zip(*(_net(case, core, arch, seed=s, aux_value_head=True) for s in range(S)))
     obs_space = obs_space[0]
+    for s, net in enumerate(nets):
+        if net.obs_norm is not None:  # each member's own statistics (buffers)
+            net.obs_norm.update(torch.randn(50, *obs_space["shape"]) * (s + 1) + s)
     stack = SeedStack(list(nets))
     assert is_recurrent(stack) and stack.state_size == nets[0].state_size
     assert stack.initial_state(S, 4).shape == (S, 4, nets[0].state_size)
@@ -215,8 +239,8 @@ def test_member_k_of_a_group_is_seed_k_alone_bit_for_bit(case, core, arch):
             own = nets[k].step(obs[k, :, 0].clone(), state[k].clone(), is_init[k, :, 0].clone())
             assert all(torch.equal(a, b[k]) for a, b in zip(own, group))
         torch.testing.assert_close(stack.value_of_seed(1, *alone(1)), nets[1].value(*alone(1)), rtol=0, atol=0)
-        assert all(torch.equal(a, b) for a, b in zip(stack.call_seed(2, "step", obs[2, :, 0], state[2], is_init[2, :, 0]),
-                                                     nets[2].step(obs[2, :, 0], state[2], is_init[2, :, 0])))
+        one = (obs[2, :, 0], state[2], is_init[2, :, 0])
+        assert all(torch.equal(a, b) for a, b in zip(stack.call_seed(2, "step", *one), nets[2].step(*one)))
     # gradients: the loss of every member at once, each member's part its own network's
     sum(t.sum() for t in stack.forward_aux(obs, state, is_init)).backward()
     grads = {n: p.grad for n, p in stack.inner.named_parameters()}
@@ -243,6 +267,9 @@ def test_built_from_network_dicts():
                             "arch": "dual", "aux_value_head": True})
     assert impala.arch == "dual" and impala.state_size == 12 and impala.aux_value_head is not None
     assert [n for n, _ in impala.named_children()][:4] == ["policy_body", "policy_core", "value_body", "value_core"]
+    # name: auto keeps the core whichever network it picks; the other kind's settings are named as unused
+    _, line = resolve_network(image, {"name": "auto", "core": "lstm", "core_size": 8, "hidden_sizes": [8]})
+    assert "hidden_sizes" in line and "core" not in line
 
 
 @pytest.mark.parametrize("network,message", [
@@ -271,7 +298,8 @@ def test_the_exported_network_code_builds_every_recurrent_encoder():
     exec(compile(network_source(), "networks_ppo_lightning.py", "exec"), bundled)
     for case, (obs_space, act_space, network) in CASES.items():
         net, _ = _net(case, "lstm", "dual")
-        copy = bundled["build_network"](obs_space, act_space, {**network, "core": "lstm", "core_size": 6, "arch": "dual"})
+        network = {**network, "core": "lstm", "core_size": 6, "arch": "dual"}
+        copy = bundled["build_network"](obs_space, act_space, network)
         copy.load_state_dict(net.state_dict())
         obs, state, is_init = _inputs(net, obs_space)
         for a, b in zip(net.step(obs[:, 0], state, is_init[:, 0]), copy.step(obs[:, 0], state, is_init[:, 0])):

@@ -87,8 +87,9 @@ def choose_network(observation_space: dict) -> str:
 
 def resolve_network(observation_space: dict, network: dict) -> tuple[dict, str | None]:
     """(the network config, a line to print or None). ``name: auto`` becomes `choose_network`'s
-    choice; the chosen kind's settings are kept (an image's ``layout`` filled in), the other kind's
-    dropped and named in the line. Any other name is returned as is (it overrides the choice)."""
+    choice; the chosen kind's settings are kept (an image's ``layout`` filled in; a recurrent core's
+    ``core`` and ``core_size`` with either), the other kind's dropped and named in the line. Any other
+    name is returned as is (it overrides the choice)."""
     network = dict(network)
     if network.get("name", "mlp") != "auto":
         return network, None

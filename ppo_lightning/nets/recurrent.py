@@ -201,8 +201,9 @@ class RecurrentActorCritic(nn.Module):
         observation needs (`_read`): the MLP's observation encoder and normalizer, an image layout."""
         name = self.encoder_name
         if name == "mlp":
-            if settings["activation"] not in ACTIVATIONS:
-                raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {settings['activation']!r}")
+            activation = settings["activation"]
+            if activation not in ACTIVATIONS:
+                raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
             self.encoder = ObservationEncoder(observation_space)
             self.mask_size = self.encoder.mask_size
             if settings["normalize_observation"]:
@@ -210,7 +211,7 @@ class RecurrentActorCritic(nn.Module):
                     raise ValueError("model.network.normalize_observation normalizes Box observations without an "
                                      "action mask")
                 self.obs_norm = RunningObservationNorm(self.encoder.out_dim)
-            in_dim, hidden, activation = self.encoder.out_dim, tuple(settings["hidden_sizes"]), settings["activation"]
+            in_dim, hidden = self.encoder.out_dim, tuple(settings["hidden_sizes"])
             return lambda: mlp(in_dim, hidden, activation)
         if name in ("nature_cnn", "small_cnn"):
             convs = NATURE_CONVS if name == "nature_cnn" else SMALL_CONVS

@@ -90,7 +90,10 @@ class SeedStack(nn.Module):
         inner = self.inner
         params, buffers = self._named_tensors()
         if is_recurrent(inner):  # member by member (see the module doc)
-            outs = [self._member_call(k, method, *(x[k] for x in inputs)) for k in range(self.members)]
+            # unbind: one autograd node per tensor gathers the members' gradients (not S zero-filled copies)
+            p_k, b_k = ({n: t.unbind(0) for n, t in d.items()} for d in (params, buffers))
+            outs = [self._member_call(method, {n: t[k] for n, t in p_k.items()}, {n: t[k] for n, t in b_k.items()},
+                                      *(x[k] for x in inputs)) for k in range(self.members)]
             if isinstance(outs[0], Tensor):
                 return torch.stack(outs)
             return tuple(torch.stack(parts) for parts in zip(*outs))
@@ -105,14 +108,13 @@ class SeedStack(nn.Module):
 
         return torch.vmap(one, randomness="error")(params, buffers, *inputs)
 
-    def _member_call(self, k: int, method: str, *inputs: Tensor):
-        """Member ``k``'s ``method`` on its own inputs (no seed dimension): its network's call on its
-        slices of the weights, each operand in aligned memory, the outputs' gradients handed back in
-        aligned memory (`ppo_lightning.nets.mlp_stacked`)."""
+    def _member_call(self, method: str, params: dict[str, Tensor], buffers: dict[str, Tensor], *inputs: Tensor):
+        """One member's ``method`` on its own inputs (no seed dimension) with its slices of the weights
+        (``params``, ``buffers``): its network's call, each operand in aligned memory, the outputs'
+        gradients handed back in aligned memory (`ppo_lightning.nets.mlp_stacked`)."""
         inner = self.inner
-        params, buffers = self._named_tensors()
-        params = {n: _aligned(p[k]) for n, p in params.items()}
-        buffers = {n: _aligned(b[k]) for n, b in buffers.items()}
+        params = {n: _aligned(p) for n, p in params.items()}
+        buffers = {n: _aligned(b) for n, b in buffers.items()}
         with _swapped(inner, method):
             out = functional_call(inner, (params, buffers), tuple(_aligned(x) for x in inputs))
         if not torch.is_grad_enabled():
@@ -147,7 +149,9 @@ class SeedStack(nn.Module):
     def call_seed(self, k: int, method: str, *inputs: Tensor):
         """Seed ``k``'s ``method`` on ``inputs`` without the seed dimension."""
         if is_recurrent(self.inner):
-            return self._member_call(k, method, *inputs)
+            params, buffers = self._named_tensors()
+            return self._member_call(method, {n: p[k] for n, p in params.items()},
+                                     {n: b[k] for n, b in buffers.items()}, *inputs)
         inner = self.inner
         params = {n: p[k] for n, p in inner.named_parameters()}
         buffers = {n: b[k] for n, b in inner.named_buffers()}
