@@ -195,11 +195,12 @@ def is_sharded(network: nn.Module) -> bool:
 
 
 def shard_network(network: nn.Module, mesh) -> nn.Module:
-    """``fully_shard`` an actor-critic (FSDP2) so that ``forward``, ``policy`` and ``value`` all work."""
+    """``fully_shard`` an actor-critic (FSDP2) so that ``forward``, ``policy``, ``value`` (and a recurrent
+    network's ``step``) all work."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     fully_shard(network, mesh=mesh)
-    for method in ("policy", "value", "forward_aux"):
+    for method in ("policy", "value", "forward_aux", "step"):
         if hasattr(network, method):
             register_fsdp_forward_method(network, method)
     return network
