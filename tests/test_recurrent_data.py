@@ -334,6 +334,32 @@ def test_a_group_bootstraps_and_resumes_each_members_states_as_its_single_run():
             assert torch.equal(got[2][k].get(key), again[k].get(key)), (k, key)
 
 
+@pytest.mark.parametrize("env_id, kwargs, loop", CASES)
+def test_a_stacked_groups_rollouts_are_its_members_single_runs_bitwise(env_id, kwargs, loop):
+    """The group's own stacked network (`ppo_lightning.nets.seed_stack.SeedStack`, member by member for a
+    recurrent network) in every group loop: member k's rollouts with bootstrap values and advantages are
+    seed k's single run's, key by key, bitwise."""
+    from ppo_lightning.nets.seed_stack import SeedStack
+
+    refs, nets, rngs = [], [], []
+    for k in range(2):
+        dm, net, source = recurrent_source(env_id, seed=k, net_seed=k, **kwargs)
+        rngs.append(torch.get_rng_state())
+        refs.append([source.rollouts()[0] for _ in range(2)])
+        nets.append(net)
+    gdm = RolloutDataModule(env_id=env_id, num_envs=3, rollout_steps=40, num_minibatches=3, seed=0, num_seeds=2,
+                            num_threads=1, **kwargs)
+    for st, rng in zip(gdm.states, rngs):
+        st.set_action_rng_state(rng)
+    group = gdm.make_source(SeedStack(nets))
+    assert type(group.collector).__name__ == loop
+    got = [group.rollouts() for _ in range(2)]
+    for k in range(2):
+        for a, members in zip(refs[k], got):
+            for key in a.keys(True, True):
+                assert torch.equal(a.get(key), members[k].get(key)), (k, key)
+
+
 # ---------------------------------------------------------------------------- whole runs (the loss of issue 64's training side)
 
 RECURRENT_RUN = ["--config", "ppo_lightning/configs/cartpole/ppo_ewma.yaml",
