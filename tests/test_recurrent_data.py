@@ -332,3 +332,83 @@ def test_a_group_bootstraps_and_resumes_each_members_states_as_its_single_run():
     for k in range(2):
         for key in got[2][k].keys(True, True):
             assert torch.equal(got[2][k].get(key), again[k].get(key)), (k, key)
+
+
+@pytest.mark.parametrize("env_id, kwargs, loop", CASES)
+def test_a_stacked_groups_rollouts_are_its_members_single_runs_bitwise(env_id, kwargs, loop):
+    """The group's own stacked network (`ppo_lightning.nets.seed_stack.SeedStack`, member by member for a
+    recurrent network) in every group loop: member k's rollouts with bootstrap values and advantages are
+    seed k's single run's, key by key, bitwise."""
+    from ppo_lightning.nets.seed_stack import SeedStack
+
+    refs, nets, rngs = [], [], []
+    for k in range(2):
+        dm, net, source = recurrent_source(env_id, seed=k, net_seed=k, **kwargs)
+        rngs.append(torch.get_rng_state())
+        refs.append([source.rollouts()[0] for _ in range(2)])
+        nets.append(net)
+    gdm = RolloutDataModule(env_id=env_id, num_envs=3, rollout_steps=40, num_minibatches=3, seed=0, num_seeds=2,
+                            num_threads=1, **kwargs)
+    for st, rng in zip(gdm.states, rngs):
+        st.set_action_rng_state(rng)
+    group = gdm.make_source(SeedStack(nets))
+    assert type(group.collector).__name__ == loop
+    got = [group.rollouts() for _ in range(2)]
+    for k in range(2):
+        for a, members in zip(refs[k], got):
+            for key in a.keys(True, True):
+                assert torch.equal(a.get(key), members[k].get(key)), (k, key)
+
+
+# ---------------------------------------------------------------------------- whole runs (the loss of issue 64's training side)
+
+RECURRENT_RUN = ["--config", "ppo_lightning/configs/cartpole/ppo_ewma.yaml",
+                 "--model.network", '{"name": "mlp", "hidden_sizes": [16], "core": "lstm", "core_size": 8}',
+                 "--mlflow.enabled", "false", "--video_every", "null", "--trainer.enable_progress_bar", "false",
+                 "--checkpoint_every", "1", "--data.num_envs", "4", "--data.rollout_steps", "16",
+                 "--data.sequence_length", "8", "--data.num_minibatches", "2", "--data.update_epochs", "2",
+                 "--data.num_threads", "1"]
+
+
+def test_a_recurrent_run_killed_mid_rollout_resumes_bitwise(tmp_path):
+    """An LSTM run SIGKILLed inside an env step of a rollout (episodes and states mid-way) and after an
+    optimizer step, each time resumed from last.ckpt, ends with bitwise the uninterrupted run's weights
+    and optimizer state: the carried states and ``is_init`` are in the checkpoint."""
+    import signal
+    import subprocess
+    import sys
+
+    from test_robust import ENV, ROOT, final_state
+
+    from ppo_lightning.run.builder import fit_main
+
+    args = ["fit", *[str(ROOT / a) if a.endswith(".yaml") else a for a in RECURRENT_RUN], "--data.total_frames", str(8 * 64)]
+    fit_main([*args, "--run_dir", str(tmp_path / "reference")])
+    ckpt = tmp_path / "killed/checkpoints/last.ckpt"
+    for i, (phase, iteration, extra) in enumerate([("collect", 3, {}), ("update", 5, {"step": 2})]):
+        killer = {"class_path": "robust_helpers.KillAt", "init_args": {"phase": phase, "iteration": iteration, **extra}}
+        out = subprocess.run([sys.executable, "-m", "ppo_lightning.cli.main", *args, "--run_dir", str(tmp_path / "killed"),
+                              *(["--ckpt_path", str(ckpt)] if i else []), f"--trainer.callbacks+={killer}".replace("'", '"')],
+                             env=ENV, capture_output=True, text=True, timeout=600)
+        assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+        carrier = torch.load(ckpt, weights_only=True)["RolloutDataModule"]["per_rank"][0]["resume"]["collector"]["carrier"]
+        assert not carrier[IS_INIT_KEY].all() and carrier[STATE_KEY].abs().sum() > 0  # states mid-episode
+    out = subprocess.run([sys.executable, "-m", "ppo_lightning.cli.main", *args, "--run_dir", str(tmp_path / "killed"),
+                          "--ckpt_path", str(ckpt)], env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref, got = final_state(tmp_path / "reference/checkpoints/last.ckpt"), final_state(ckpt)
+    assert ref[0].keys() == got[0].keys() and all(torch.equal(ref[0][k], got[0][k]) for k in ref[0])
+    for k, state in ref[1].items():
+        assert all(torch.equal(v, got[1][k][name]) for name, v in state.items())
+    assert all(torch.equal(v, got[2]["proximal"][k]) for k, v in ref[2]["proximal"].items())
+
+
+def test_a_recurrent_group_resumes_exactly(tmp_path):
+    """A group of 2 LSTM members stopped after 2 iterations and resumed to 4 ends bitwise as the
+    uninterrupted group (each member's carried states in the checkpoint's ``carriers``)."""
+    from test_seed_group import assert_same_training_state, uninterrupted_and_resumed
+
+    a, b = uninterrupted_and_resumed(["fit", *RECURRENT_RUN, "--seeds", "2", "--trainer.precision", "32-true"], tmp_path, 4 * 64)
+    assert_same_training_state(a, b)
+    carriers = a["RolloutDataModule"]["per_rank"][0]["resume"]["seed_group"]["carriers"]
+    assert len(carriers) == 2 and all(c[STATE_KEY].abs().sum() > 0 for c in carriers)

@@ -49,14 +49,19 @@ LOG_PROB_KEY = "action_log_prob"
 
 
 def validate_staleness(staleness, mode: str, *, decoupled: bool | None = None,
-                       proximal_com: float | None = None) -> None:
-    """Fail before training, naming the field. Model fields are checked only when given."""
+                       proximal_com: float | None = None, recurrent: bool | None = None) -> None:
+    """Fail before training, naming the field. Model fields are checked only when given (``recurrent``:
+    whether the network has a recurrent core; a delayed rollout's states were the stale network's, and
+    `relabel` recomputes no sequence, so staleness is refused there)."""
     if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
         raise ValueError(f"data.staleness must be an integer >= 0 (iterations of delay), got {staleness!r}")
     if mode not in STALENESS_MODES:
         raise ValueError(f"data.staleness_mode must be one of {STALENESS_MODES}, got {mode!r}")
     if staleness == 0:
         return
+    if recurrent:
+        raise ValueError(f"data.staleness={staleness} is not supported with a recurrent network "
+                         f"(model.network.core): set data.staleness to 0")
     if mode == "decoupled" and decoupled is False:
         raise ValueError(
             "data.staleness_mode=decoupled needs model.decoupled=true (the loss must read the recent policy "

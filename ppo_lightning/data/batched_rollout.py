@@ -211,7 +211,7 @@ class BatchedRollout:
                 state_buf[t], init_buf[t] = state, is_init
                 *params, value, state = self.network.step(obs, state[0] if single else state,
                                                           is_init[0] if single else is_init)
-                state = state.unsqueeze(0) if single else state
+                state = (state.unsqueeze(0) if single else state).float()  # float32 under any autocast
                 next_state_buf[t] = state
             else:
                 *params, value = self.network(obs)

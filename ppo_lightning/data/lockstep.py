@@ -148,6 +148,7 @@ class LockstepRollout:
             if recurrent:
                 state = state_into_step(inputs(STATE_KEY), inputs(IS_INIT_KEY))
                 *params, value, next_state = self.network.step(obs, state, inputs(IS_INIT_KEY))
+                next_state = next_state.float()  # float32 under any autocast
             else:
                 *params, value = self.network(obs)
             if self.single:
@@ -181,4 +182,6 @@ class LockstepRollout:
                 records[k].append(out)
         self._carrier = carriers[0] if self.single else torch.stack(carriers)
         rollouts = [torch.stack(r, dim=-1).contiguous() for r in records]  # [n, T], as the collector's
+        if device != env_device:  # GAE and the minibatches run on the network's device
+            rollouts = [r.to(device) for r in rollouts]
         return rollouts

@@ -9,7 +9,8 @@ adaptive beta, normalizers, staleness queue, episode windows), that needs, on ev
 - the environments' own state: each gymnasium sub-env's wrapper chain as plain data (`env_state`),
   Procgen's through ``get_state``/``set_state`` (`ProcgenTorchEnv.get_state`);
 - the collector's carried step (current observation, done flags, step counts, episode-return
-  accumulators): TorchRL's ``Collector`` keeps it as ``_carrier``;
+  accumulators; a recurrent network's state of every env and whether its next step starts an
+  episode): TorchRL's ``Collector`` keeps it as ``_carrier``, and so do this package's loops;
 - any state a new algorithm registers (`register`), e.g. PPG's phase buffer.
 
 All of it is encoded as tensors, numbers, strings, lists and dicts, so checkpoints still load with
@@ -291,7 +292,8 @@ def set_env_state(env: Any, state: dict[str, Any]) -> None:
 
 def collector_state(collector: Any) -> dict[str, Any]:
     """The step the collector carries to its next rollout (observation, done flags, step counts,
-    episode-return accumulators): `ppo_lightning.adapters.torchrl.carried_step`."""
+    episode-return accumulators, a recurrent network's states and ``is_init``):
+    `ppo_lightning.adapters.torchrl.carried_step`."""
     carrier = carried_step(collector)
     if carrier is None:
         raise RuntimeError("torchrl's Collector has no _carrier: exact resume needs updating for this torchrl version")

@@ -25,7 +25,8 @@ gymnasium vector env per member, stepped directly by the same loop
 (`ppo_lightning.data.lockstep.VectorGames`); ``procgen:<game>`` (or any env with
 ``data.batched_rollout: false``) is one TorchRL env per member (`ppo_lightning.data.lockstep.LockstepRollout`).
 Observation normalization (inside the network) is per member: member k's normalizer merges its own
-rollouts' observations, as alone.
+rollouts' observations, as alone. A recurrent network's states are carried per member and env by the
+same loops (one ``step`` of the stacked network per time step), and saved with each member's carried step.
 
 Members with their own hyperparameters (``data.member_seeds``, ``data.member_hparams``): member k
 is the single run with seed ``seeds[k]`` and the values ``member_hparams[name][k]``; a seed may

@@ -18,7 +18,7 @@ from torch import Tensor
 from torchrl.collectors import Collector
 
 from ppo_lightning.algos.advantages import RewardNormalizer, make_gae, next_values
-from ppo_lightning.algos.staleness import StalenessQueue, relabel
+from ppo_lightning.algos.staleness import StalenessQueue, relabel, validate_staleness
 from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.config import RolloutConfig
@@ -48,9 +48,7 @@ def check_recurrent_settings(config: RolloutConfig, recurrent: bool) -> None:
             raise ValueError("data.sequence_length cuts rollouts into sequences for a recurrent network "
                              "(model.network.core: lstm or gru); this network is feed-forward: leave it null")
         return
-    if config.staleness:
-        raise ValueError(f"data.staleness={config.staleness} is not supported with a recurrent network "
-                         f"(model.network.core): set data.staleness to 0")
+    validate_staleness(config.staleness, config.staleness_mode, recurrent=True)
     config.check_segments()
 
 
@@ -87,6 +85,11 @@ class RolloutSource:
     network, a plain module, flattens the leading dimensions of its input as it does for a rollout's
     ``[envs]`` and GAE's ``[envs, time]``). A group's subclass collects all its members' rollouts at
     once; the rest of the iteration is this class's.
+
+    A recurrent network (`ppo_lightning.nets.recurrent`): the rollouts carry the state into every step
+    and ``is_init`` (the loops of `recurrent_collector`), V(next observation) takes the state after the
+    step (`recurrent_value`), and the minibatches are ``[S, B, L]``: B segments of L =
+    ``data.sequence_length`` consecutive steps of one env (`segments`), shuffled as segments.
     """
 
     def __init__(self, config: RolloutConfig, states: list[SeedState], network: torch.nn.Module,
