@@ -411,3 +411,18 @@ def test_small_batch_diagnostics_read_a_segment_batch_as_its_samples():
     diag = SmallBatchDiagnostics()
     diag.on_train_batch_start(None, None, batch, 0)
     assert diag._minibatch_stds == [pytest.approx(float(batch["advantage"].flatten().std()))]
+
+
+def test_rescale_keeps_a_recurrent_runs_segment_length():
+    """``--rescale`` (elastic resume) of a recurrent run: another world size or num_envs is fine, another
+    segment length is one line; a feed-forward run is not concerned."""
+    from ppo_lightning.training.rescale import check_sequence_length
+
+    meta = {"hyper_parameters": {"network": {"name": "mlp", "core": "lstm"}}}
+    old = {"world": 1, "num_envs": 8, "rollout_steps": 32, "num_minibatches": 4}
+    check_sequence_length(meta, {"sequence_length": 8}, old, Namespace(sequence_length=8, rollout_steps=32))
+    check_sequence_length(meta, {"sequence_length": None}, old, Namespace(sequence_length=32, rollout_steps=64))
+    with pytest.raises(ValueError, match=r"segments are 32 steps, the config's 64 \(set data.sequence_length=32\)$"):
+        check_sequence_length(meta, {"sequence_length": None}, old, Namespace(sequence_length=None, rollout_steps=64))
+    check_sequence_length({"hyper_parameters": {"network": {"name": "mlp"}}}, {}, old,
+                          Namespace(sequence_length=None, rollout_steps=64))
