@@ -1,5 +1,5 @@
 """A few iterations of ``fit`` with an LSTM on CartPole for every objective (clip, decoupled, PPO-EWMA,
-KL, adaptive KL), PPG and ``--scale``, end to end: collection (the data side) stores each step's state, training
+KL, adaptive KL), PPG and ``--scale``, alone and in a group, end to end: collection (the data side) stores each step's state, training
 recomputes the segments from their stored start states. Checked: the first gradient step of a run
 sees the policy that collected the data exactly (ratio 1, approximate KL 0: the recomputation is the
 collection's), as does the first auxiliary step of PPG (KL to the old policy 0)."""
@@ -7,6 +7,7 @@ collection's), as does the first auxiliary step of PPG (KL to the old policy 0).
 from __future__ import annotations
 
 import pytest
+import torch
 from lightning.pytorch import Callback
 
 from ppo_lightning.run.builder import fit_main
@@ -59,3 +60,19 @@ def test_a_few_iterations_with_an_lstm(name, tmp_path):
     assert first["approx_kl_proximal"] == pytest.approx(0.0, abs=1e-9)  # the EWMA starts as the network
     if name == "ppg":
         assert steps.first_aux["pol_distance"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("name", ["ewma", "ppg"])
+def test_member_k_of_a_group_trains_as_seed_k_alone_with_an_lstm(name, tmp_path):
+    """A group of 2 (seeds 1, 2) against seed 2 alone, PPO-EWMA with micro-batches and PPG with its
+    auxiliary phase: member 1's weights equal the single run's bitwise."""
+    config, settings = RUNS[name]
+    if name == "ewma":
+        settings = ["--model.micro_batch_size", "8"]
+    common = ["fit", "--config", config, *BASE, *settings]
+    group = fit_main([*common, "--data.seed", "1", "--data.num_seeds", "2", "--run_dir", str(tmp_path / "group")]).model
+    alone = fit_main([*common, "--seed_everything", "2", "--data.seed", "2", "--run_dir", str(tmp_path / "alone")]).model
+    ref, got = alone.network.state_dict(), group.network.seed_state_dict(1)
+    assert ref.keys() == got.keys()
+    for key in ref:
+        assert torch.equal(got[key], ref[key]), key
