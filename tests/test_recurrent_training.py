@@ -1,8 +1,9 @@
 """A few iterations of ``fit`` with an LSTM on CartPole for every objective (clip, decoupled, PPO-EWMA,
-KL, adaptive KL), PPG and ``--scale``, alone and in a group, end to end: collection (the data side) stores each step's state, training
-recomputes the segments from their stored start states. Checked: the first gradient step of a run
-sees the policy that collected the data exactly (ratio 1, approximate KL 0: the recomputation is the
-collection's), as does the first auxiliary step of PPG (KL to the old policy 0)."""
+KL, adaptive KL), PPG and ``--scale``, end to end: collection (the data side) stores each step's
+state, training recomputes the segments from their stored start states. Checked: the first gradient
+step of a run sees the policy that collected the data exactly (ratio 1, approximate KL 0: the
+recomputation is the collection's), as does the first auxiliary step of PPG (KL to the old policy
+0); a group's member k trains as seed k alone, bitwise."""
 
 from __future__ import annotations
 
