@@ -3,7 +3,7 @@ KL, adaptive KL), PPG and ``--scale``, end to end: collection (the data side) st
 state, training recomputes the segments from their stored start states. Checked: the first gradient
 step of a run sees the policy that collected the data exactly (ratio 1, approximate KL 0: the
 recomputation is the collection's), as does the first auxiliary step of PPG (KL to the old policy
-0); a group's member k trains as seed k alone, bitwise."""
+0); a group's member k trains as seed k alone, bitwise; PPG resumes mid-phase bitwise."""
 
 from __future__ import annotations
 
@@ -75,5 +75,22 @@ def test_member_k_of_a_group_trains_as_seed_k_alone_with_an_lstm(name, tmp_path)
     alone = fit_main([*common, "--seed_everything", "2", "--data.seed", "2", "--run_dir", str(tmp_path / "alone")]).model
     ref, got = alone.network.state_dict(), group.network.seed_state_dict(1)
     assert ref.keys() == got.keys()
+    for key in ref:
+        assert torch.equal(got[key], ref[key]), key
+
+
+def test_ppg_resumes_in_the_middle_of_a_policy_phase_bitwise_with_an_lstm(tmp_path):
+    """The phase buffer keeps the stored states (in the checkpoint): a PPG run resumed after the first of
+    its two policy iterations ends on the uninterrupted run's weights, bitwise."""
+    config, settings = RUNS["ppg"]
+    i = BASE.index("--trainer.enable_checkpointing")
+    common = ["fit", "--config", config, *BASE[:i], *BASE[i + 2:], *settings, "--checkpoint_every", "1",
+              "--data.total_frames", "256"]
+    full = fit_main([*common, "--run_dir", str(tmp_path / "full")]).model
+    ckpt = tmp_path / "full" / "checkpoints" / "iteration-00001.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["ppg"]["phase_iteration"] == 1 and saved["ppg"]["buffer_in_checkpoint"]
+    resumed = fit_main([*common, "--run_dir", str(tmp_path / "resumed"), "--ckpt_path", str(ckpt)]).model
+    ref, got = full.network.state_dict(), resumed.network.state_dict()
     for key in ref:
         assert torch.equal(got[key], ref[key]), key
