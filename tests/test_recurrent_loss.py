@@ -388,3 +388,41 @@ def test_scale_refuses_what_would_cut_a_segment_in_one_line():
     # a feed-forward config is scaled as ever (the rollout length may be divided)
     cfg, _ = scaled(2, 16, None, 1, 4, core=None)
     assert (cfg.data.num_envs, cfg.data.rollout_steps) == (1, 8)
+
+
+# ------------------------------------------------------------------------------ guard and diagnostics
+def test_the_guard_names_a_segment_batch_bad_input():
+    """A non-finite advantage in one step of one segment: the step is skipped and the guard names the input."""
+    m = module()
+    batch = segments(rollout(perturbed(m.network, 0.3, seed=1), DISCRETE), L=4)
+    batch["advantage"][0, 3, 2] = float("nan")
+    opt = torch.optim.Adam(m.network.parameters())
+    m.numerical_guard.check_batch(batch)
+    loss, _ = m.loss_and_stats(batch)
+    loss.sum().backward()
+    assert not m.numerical_guard.after_backward(m, opt, loss)
+    assert m.numerical_guard.first_bad[0].startswith("non-finite minibatch input 'advantage'")
+
+
+def test_small_batch_diagnostics_read_a_segment_batch_as_its_samples():
+    from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
+
+    batch = segments(rollout(make_net(), DISCRETE), L=4)
+    diag = SmallBatchDiagnostics()
+    diag.on_train_batch_start(None, None, batch, 0)
+    assert diag._minibatch_stds == [pytest.approx(float(batch["advantage"].flatten().std()))]
+
+
+def test_rescale_keeps_a_recurrent_runs_segment_length():
+    """``--rescale`` (elastic resume) of a recurrent run: another world size or num_envs is fine, another
+    segment length is one line; a feed-forward run is not concerned."""
+    from ppo_lightning.training.rescale import check_sequence_length
+
+    meta = {"hyper_parameters": {"network": {"name": "mlp", "core": "lstm"}}}
+    old = {"world": 1, "num_envs": 8, "rollout_steps": 32, "num_minibatches": 4}
+    check_sequence_length(meta, {"sequence_length": 8}, old, Namespace(sequence_length=8, rollout_steps=32))
+    check_sequence_length(meta, {"sequence_length": None}, old, Namespace(sequence_length=32, rollout_steps=64))
+    with pytest.raises(ValueError, match=r"segments are 32 steps, the config's 64 \(set data.sequence_length=32\)$"):
+        check_sequence_length(meta, {"sequence_length": None}, old, Namespace(sequence_length=None, rollout_steps=64))
+    check_sequence_length({"hyper_parameters": {"network": {"name": "mlp"}}}, {}, old,
+                          Namespace(sequence_length=None, rollout_steps=64))

@@ -32,6 +32,7 @@ import warnings
 
 from lightning.pytorch.callbacks import Callback
 
+from ppo_lightning.nets.recurrent import IS_INIT_KEY
 
 class SmallBatchDiagnosticsWarning(UserWarning):
     pass
@@ -131,6 +132,8 @@ class SmallBatchDiagnostics(Callback):
         if adv is None:
             return
         adv = adv.detach().float()
+        if IS_INIT_KEY in batch.keys():  # a recurrent run's segments [S, B, L(, 1)]: its samples [S, B * L]
+            adv = adv.reshape(*batch.batch_size[:-2], -1)
         if adv.dim() > 1 and adv.shape[-1] == 1:  # [B, 1]; a seed group's [S, B, 1]
             adv = adv.squeeze(-1)
         if adv.dim() and adv.shape[-1] > 1:  # a seed group: the mean of the seeds' stds

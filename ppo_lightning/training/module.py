@@ -101,7 +101,9 @@ class PPOLightningModule(pl.LightningModule):
             IMPALA CNN on CPU, 64-128 is also 1.6x faster than one 2048-sample pass (activations
             stay in cache; benchmarks/impala_step.py). The proximal forward still runs once per
             minibatch. None: the whole minibatch at once. Per-step diagnostics are then
-            size-weighted means over chunks (maxima for ``importance_ratio_max``).
+            size-weighted means over chunks (maxima for ``importance_ratio_max``). With a recurrent
+            network the chunks are whole segments: a multiple of the segment length L
+            (``data.sequence_length``; one-line error otherwise).
         max_bad_steps: optimizer steps with a non-finite input, loss or gradient are skipped and
             counted (``train/skipped_steps``); this many in a row stop training with an error naming
             the first bad quantity (`ppo_lightning.core.faults.NumericalGuard`). None: never stop.
@@ -407,7 +409,8 @@ class PPOLightningModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ training
     def add_proximal(self, batch: TensorDictBase) -> TensorDictBase:
-        """Write the proximal policy's distribution parameters under ``proximal``."""
+        """Write the proximal policy's distribution parameters under ``proximal`` (a recurrent
+        network's: over the minibatch's segments from their stored start states, `ppo_lightning.algos.proximal`)."""
         if "proximal" in batch.keys():
             return batch  # supplied by the data side (staleness experiments)
         params = self.anchor.proximal_params(batch, self.param_keys)
@@ -468,8 +471,8 @@ class PPOLightningModule(pl.LightningModule):
     def loss_and_stats(
         self, batch: TensorDictBase, terms: tuple[str, ...] = LOSS_TERMS
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of a (micro)batch ``[S, B]`` (the sum of ``terms``: ``[S]``, one per member; S = 1
-        for a single run) and its diagnostics by name: every entry of the loss's output, detached, as
+        """The loss of a (micro)batch ``[S, B]`` (a recurrent network's ``[S, B, L]`` segments; the sum
+        of ``terms``: ``[S]``, one per member; S = 1 for a single run) and its diagnostics by name: every entry of the loss's output, detached, as
         float32, ``[S]`` (a scalar entry counts for every member)."""
         if self.loss_module.decoupled:
             batch = self.add_proximal(batch)

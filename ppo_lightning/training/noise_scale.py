@@ -16,6 +16,12 @@ an iteration (``|G_small|^2`` averaged over them) and ``G_big`` their mean, the 
 whole rollout batch. The minibatch gradients are taken at the successive parameters of the first
 epoch (the optimizer steps between them): a small approximation, also made by the paper's
 measurements on PPO.
+
+With a recurrent network a minibatch is B segments of L steps (`ppo_lightning.nets.recurrent`); its
+gradient is the gradient of the mean over its ``B L`` samples, as a feed-forward minibatch's, and the
+batch sizes count samples: ``B_simple`` reads in samples (the steps of a segment are correlated, so
+the independent unit is the segment: ``B_simple / L`` in segments). The ratio ``b_big / b_small``,
+the number of minibatches, is the same in either unit.
 """
 
 from __future__ import annotations

@@ -143,6 +143,8 @@ def resolve_auto(precision: Any, accelerator: Any, model: Any, datamodule: Any, 
         reason = f"{flags_why}; ISA-flag rule: {PROBE_ENV}=0"
     elif minibatch is None or getattr(model, "network", None) is None:
         reason = f"{flags_why}; ISA-flag rule: no network and minibatch to measure"
+    elif getattr(model.network, "recurrent", False):  # the probe times one feed-forward step of a minibatch
+        reason = f"{flags_why}; ISA-flag rule: the probe does not time a recurrent network's sequences"
     else:
         # start-up cost: the probe (and torch's thread settings) only where auto measures
         from ppo_lightning.core.threads import configure_threads
