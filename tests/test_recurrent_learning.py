@@ -75,3 +75,45 @@ def test_cartpole_novel_batched_env_observes_two_entries():
         assert td["observation"].shape == (3, 2)
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------- the shipped recurrent CartPole configs
+def _sequences_merged() -> bool:
+    import dataclasses
+
+    from ppo_lightning.data.config import RolloutConfig
+
+    return "sequence_length" in {f.name for f in dataclasses.fields(RolloutConfig)}
+
+
+needs_sequences = pytest.mark.skipif(not _sequences_merged(), reason="training on sequences (issue 64) not merged")
+
+
+def _fit(tmp_path, config: str, *extra: str):
+    from ppo_lightning.run.builder import fit_main
+
+    return fit_main(["fit", "--config", config, "--mlflow.enabled", "false", "--run_dir", str(tmp_path),
+                     "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+                     "--trainer.enable_checkpointing", "false", "--data.update_epochs", "2",
+                     "--data.total_frames", "512", *extra])
+
+
+@needs_sequences
+@pytest.mark.parametrize("config, decoupled", [("cartpole/ppo_lstm", False), ("cartpole/ppo_ewma_lstm", True)])
+def test_recurrent_cartpole_configs_train_two_iterations(tmp_path, config, decoupled):
+    """The configs as shipped (epochs cut to 2): the registered env, an LSTM, 2 iterations of 256 frames."""
+    from ppo_lightning.nets.recurrent import is_recurrent
+
+    cli = _fit(tmp_path, config)
+    dm, module = cli.datamodule, cli.model
+    assert dm.config.env_id == CARTPOLE_NOVEL_ID
+    assert is_recurrent(module.network) and module.network.state_size == 2 * 2 * 64  # (h, c) of two LSTMs of 64
+    assert module.hparams.decoupled is decoupled
+    assert dm.frames == 512 and cli.trainer.global_step == 2 * 2  # 2 iterations x 2 epochs x 1 minibatch
+    assert np.isfinite(dm.states[0].episodes.mean_return(20))
+
+
+def test_feed_forward_cartpole_config_trains_on_the_partially_observed_env(tmp_path):
+    """benchmarks/recurrent_cartpole.py's MLP baseline: cartpole/ppo with --data.env_id set to the task."""
+    cli = _fit(tmp_path, "cartpole/ppo", "--data.env_id", CARTPOLE_NOVEL_ID)
+    assert cli.datamodule.frames == 512 and not getattr(cli.model.network, "recurrent", False)
