@@ -60,7 +60,8 @@ class Recorder(pl.Callback):
     """Frames, wall and CPU time when the criterion first holds; the mean of the last 20 episodes after
     every iteration; the training's wall and CPU time."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "", every: int = 0) -> None:
+        self.name, self.every = name, every  # print progress every `every` iterations (0: never)
         self.t0 = self.cpu0 = None
         self.crossing = None
         self.curve: list[list[float]] = []
@@ -77,17 +78,20 @@ class Recorder(pl.Callback):
             self.curve.append([dm.frames, round(mean20, 2)])
         if self.crossing is None and mean20 >= THRESHOLD:
             self.crossing = {"frames_to_475": dm.frames, "wall_s_to_475": round(wall, 2), "cpu_s_to_475": round(cpu, 2)}
+        if self.every and len(self.curve) % self.every == 0 and self.curve:
+            print(f"  {self.name}: {dm.frames:,} frames, mean of the last 20 episodes {mean20:.1f}, {wall:.0f} s", flush=True)
         self.end = {"frames": dm.frames, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                     "episodes": len(dm.states[0].episodes.returns),
                     "final_mean20": None if mean20 != mean20 else round(mean20, 2)}
 
 
-def run_ours(impl: str, seed: int, frames: int, full: bool, tmp: Path) -> dict:
+def run_ours(impl: str, seed: int, frames: int, full: bool, tmp: Path, every: int = 0, extra_args=()) -> dict:
     """One training run of ``impl``'s config, one torch thread."""
     from ppo_lightning.run.builder import fit_main
 
     config, extra = OURS[impl]
-    recorder = Recorder()
+    recorder = Recorder(f"{impl} seed {seed}", every)
+    extra = [*extra, *extra_args]
     args = ["fit", "--config", config, "--seed_everything", str(seed), "--data.seed", str(seed),
             "--data.total_frames", str(frames), "--data.num_threads", "1", "--mlflow.enabled", "false",
             "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
@@ -179,6 +183,17 @@ def plot(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def fit_args(settings: list[str]) -> list[str]:
+    """``["model.lr=0.002"]`` -> ``["--model.lr", "0.002"]``."""
+    out = []
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --set takes KEY=VALUE, got {item!r}")
+        out += [f"--{key}", value]
+    return out
+
+
 def read(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
@@ -194,6 +209,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sb3-stop", action="store_true", help="sb3: stop after the rollout where 475 is first reached")
     parser.add_argument("--sb3-json", nargs="+", type=Path, default=[],
                         help="records from the sb3 worker's saved outputs (one JSON line each) instead of running it")
+    parser.add_argument("--progress", type=int, default=0, help="ours: print the mean every N iterations (0: never)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="ARG",
+                        help="ours: KEY=VALUE fit settings for every run, e.g. model.lr=0.002 (a variant of the configs; recorded)")
     parser.add_argument("--out", type=Path, help="the JSONL records are appended to")
     parser.add_argument("--plot", type=Path, help="the figure (default: --out with .png)")
     parser.add_argument("--plot-only", type=Path, help="only plot and summarize this JSONL")
@@ -239,7 +257,7 @@ def main(argv=None) -> int:
                     if not args.sb3_json:
                         keep(run_sb3(args.sb3_python, seed, args.sb3_stop))
                 else:
-                    keep(run_ours(impl, seed, args.frames, args.full, Path(tmp)))
+                    keep(run_ours(impl, seed, args.frames, args.full, Path(tmp), args.progress, fit_args(args.set)))
     everything = read(out)
     plot(everything, args.plot or out.with_suffix(".png"))
     print(json.dumps({"cpu": args.cpu_label, "this_call": summary(records), "file": summary(everything)}))
