@@ -4,7 +4,9 @@
 `ppo_lightning.envs.spaces` packs it into one observation and one action vector);
 ``"procgen:<game>"`` -> `ppo_lightning.envs.procgen_env` (issue 3);
 ``"minatar:<game>"`` -> `ppo_lightning.envs.minatar_env`; ``"ALE/<Game>-v5"`` (Atari, ale-py) ->
-`ppo_lightning.envs.atari_env`. Every env is batched over
+`ppo_lightning.envs.atari_env`; ``"ppo_lightning/CartPoleNoVel-v1"`` (CartPole without the
+velocities, a memory task) is a gymnasium id that importing this package registers
+(`ppo_lightning.envs.partial`). Every env is batched over
 ``num_envs`` on its first dimension, reports ``episode_reward`` and ``step_count`` in ``next`` and
 resets through TorchRL (no fake transitions from a vector env's autoreset).
 
@@ -16,6 +18,10 @@ likewise (it pulls TorchRL), so that `minatar_scores` reads without the training
 from __future__ import annotations
 
 from typing import Any
+
+from ppo_lightning.envs import partial as _partial  # gymnasium and numpy only
+
+_partial.register()  # the package's own gymnasium ids, known to every path that checks or builds an env
 
 PROCGEN_PREFIX = "procgen:"
 MINATAR_PREFIX = "minatar:"
