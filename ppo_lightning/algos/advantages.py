@@ -16,6 +16,8 @@ from tensordict import TensorDictBase
 from torch import Tensor
 from torchrl.objectives.value import GAE
 
+from ppo_lightning.nets.recurrent import STATE_KEY
+
 
 def make_gae(gamma: float | Tensor, gae_lambda: float | Tensor, device: torch.device | str = "cpu") -> GAE:
     """TorchRL's GAE on precomputed values; ``done`` cuts the trace, only ``terminated`` drops the
@@ -26,12 +28,17 @@ def make_gae(gamma: float | Tensor, gae_lambda: float | Tensor, device: torch.de
     return GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False, vectorized=vectorized)
 
 
+NEXT_STATE_KEY = ("next", STATE_KEY)  # a recurrent network's state after each step
+
+
 @torch.no_grad()
 def next_values(rollout: TensorDictBase, value_fn, value_key: str = "state_value") -> Tensor:
     """V(next observation) for a rollout shaped [envs, time], reusing the next step's value.
 
     ``value_fn(obs) -> [..., 1]`` is called on the final observations of ended episodes and of the
-    rollout's last step only.
+    rollout's last step only. A recurrent network's rollout carries the state after every step
+    (``("next", "recurrent_state")``): ``value_fn(obs, state)`` then gets the state after the step
+    that led to each of those observations (the episode's own, never the reset one).
     """
     value = rollout.get(value_key)
     done = rollout.get(("next", "done")).squeeze(-1)
@@ -41,7 +48,10 @@ def next_values(rollout: TensorDictBase, value_fn, value_key: str = "state_value
     need[:, -1] = True
     next_obs = rollout.get(("next", "observation"))
     if need.any():
-        nxt[need] = value_fn(next_obs[need]).to(nxt.dtype)
+        inputs = (next_obs[need],)
+        if NEXT_STATE_KEY in rollout.keys(include_nested=True):
+            inputs += (rollout.get(NEXT_STATE_KEY)[need],)
+        nxt[need] = value_fn(*inputs).to(nxt.dtype)
     return nxt
 
 

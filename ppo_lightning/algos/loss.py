@@ -17,6 +17,13 @@ the terms of the loss to minimize (the module sums `LOSS_TERMS`; PPG's phases su
 the adaptive beta). Every reduction is over the samples, the inputs' last dimension: a minibatch
 ``[S, B]`` (S = 1 for a single run) gives one value per member (``[S]``; a scalar entry is taken as
 every member's), a ``[B]`` batch of a caller's own gives scalars.
+
+A recurrent network's minibatch (`ppo_lightning.nets.recurrent`) is ``[S, B, L]``: B segments of L
+consecutive steps, with each step's stored ``recurrent_state`` and ``is_init``. The network runs over
+the segments (``nets.recurrent.call``: each unrolled from the state stored at its first step, reset
+where ``is_init``), then the minibatch and the outputs are flattened to ``[S, B * L]`` samples
+(`flatten_segments`) and the same equations follow; the proximal parameters under ``proximal`` come
+over the same segments (`ppo_lightning.training.module.PPOLightningModule.add_proximal`).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from ppo_lightning.algos.registry import SurrogateInputs, get_objective, objecti
 from ppo_lightning.core.members import LOSS_MEMBER_SETTINGS
 from ppo_lightning.nets.composite import composite_kl
 from ppo_lightning.nets.models import dist_param_keys, make_distribution
+from ppo_lightning.nets.recurrent import call, is_recurrent
 
 KL_FORMS = ("analytic", "sq_logratio")
 # Loss settings a seed group's members may each have their own of (`PPOFamilyLoss.set_member_settings`;
@@ -68,6 +76,15 @@ def check_loss_output(out, members: int | None = None) -> None:
         if shape not in ((), (members,) if members else ()):
             want = f"a scalar or [{members}] (one per member)" if members else "a scalar"
             raise ValueError(f"the loss module's entry {key!r} has shape {list(shape)}, not {want}")
+
+
+def flatten_segments(batch: TensorDictBase, params: list[torch.Tensor], value: torch.Tensor
+                     ) -> tuple[TensorDictBase, list[torch.Tensor], torch.Tensor]:
+    """A recurrent minibatch ``[*, B, L]`` (B segments of L steps) and the network's outputs on it
+    (``[*, B, L, ...]``) as ``[*, B * L]`` samples, segment after segment: the layout of a
+    feed-forward minibatch, over whose last dimension the loss reduces."""
+    d = batch.batch_dims
+    return (batch.flatten(d - 2, d - 1), [p.flatten(d - 2, d - 1) for p in params], value.flatten(d - 2, d - 1))
 
 
 @dataclass
@@ -154,7 +171,8 @@ class PPOFamilyLoss(LossModule):
     """PPO losses of Schulman et al. (2017) and their decoupled forms (Hilton et al. 2021).
 
     Args:
-        network: an actor-critic whose ``forward(obs)`` returns ``(*dist_params, value)``.
+        network: an actor-critic whose ``forward(obs)`` returns ``(*dist_params, value)`` (a recurrent
+            one's ``forward(obs, state, is_init)`` over segments, `ppo_lightning.nets.recurrent`).
         action_space: plain dict (see `ppo_lightning.nets.models`).
         settings: the loss settings, `LossSettings` (the module's ``model.<name>`` settings): the
             objective (``adaptive_kl``'s beta is adapted once per iteration by `update_kl_beta`, never
@@ -288,8 +306,14 @@ class PPOFamilyLoss(LossModule):
         def mean(x: torch.Tensor) -> torch.Tensor:
             return x.mean(dim)
 
+        if is_recurrent(self.network):
+            # [*, B, L] segments, each unrolled from its stored start state (ppo_lightning.nets.recurrent),
+            # then the batch and the outputs flattened to [*, B * L] samples for the unchanged math below
+            *params, value = call(self.network, "forward", tensordict)
+            tensordict, params, value = flatten_segments(tensordict, params, value)
+        else:
+            *params, value = self.network(tensordict.get(keys.observation))
         action = tensordict.get(keys.action)
-        *params, value = self.network(tensordict.get(keys.observation))
         dist = make_distribution(self.action_space, *params)
         log_prob = dist.log_prob(action)
         behavior_log_prob = tensordict.get(keys.behavior_log_prob)

@@ -51,7 +51,9 @@ from tensordict import TensorDict, TensorDictBase
 from ppo_lightning.algos import objectives as F
 from ppo_lightning.core.members import PerMember
 from ppo_lightning.envs.space_layout import leaf_layout
+from ppo_lightning.nets import recurrent
 from ppo_lightning.nets.models import OBS_KEY, dist_param_keys
+from ppo_lightning.nets.recurrent import IS_INIT_KEY, STATE_KEY
 
 # The paper's / reference's defaults (openai/ppo-ewma train.py; Cobbe et al. 2021).
 PPG_DEFAULTS: dict[str, Any] = {
@@ -154,21 +156,23 @@ def ppg_network_config(network: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- memory
-def frame_bytes(observation_space: dict, action_space: dict) -> int:
+def frame_bytes(observation_space: dict, action_space: dict, state_size: int = 0) -> int:
     """Bytes one stored frame takes in the phase buffer: observation (native dtype), value target,
-    and the old policy's distribution parameters (float32)."""
+    the old policy's distribution parameters (float32) and, for a recurrent network, the stored state
+    (``state_size`` float32) and ``is_init`` (a bool)."""
     dtype = getattr(torch, observation_space.get("dtype", "float32"))
     obs = math.prod(observation_space["shape"]) * torch.empty((), dtype=dtype).element_size()
     if action_space["type"] == "composite":  # one parameter tensor (ppo_lightning.nets.composite)
         k = sum(p_size for *_, p_size in leaf_layout(action_space["space"]))
     else:
         k = action_space["n"] if action_space["type"] == "discrete" else 2 * math.prod(action_space["shape"])
-    return int(obs + 4 + 4 * k)
+    return int(obs + 4 + 4 * k + (4 * state_size + 1 if state_size else 0))
 
 
-def phase_buffer_bytes(observation_space: dict, action_space: dict, num_envs: int, rollout_steps: int, n_pi: int) -> int:
+def phase_buffer_bytes(observation_space: dict, action_space: dict, num_envs: int, rollout_steps: int, n_pi: int,
+                       state_size: int = 0) -> int:
     """Size of one auxiliary phase's buffer, per data-parallel rank."""
-    return n_pi * num_envs * rollout_steps * frame_bytes(observation_space, action_space)
+    return n_pi * num_envs * rollout_steps * frame_bytes(observation_space, action_space, state_size)
 
 
 def available_memory_bytes() -> int | None:
@@ -184,36 +188,54 @@ def available_memory_bytes() -> int | None:
 
 
 def check_phase_buffer_memory(hparams, data, processes: int = 1, available: int | None = None,
-                              fraction: float = 0.8) -> int:
+                              fraction: float = 0.8, state_size: int = 0) -> int:
     """Raise (naming the fields to change) if the phase buffers of ``processes`` ranks on this host
-    would not fit in ``fraction`` of the available memory; returns the per-rank size in bytes."""
+    would not fit in ``fraction`` of the available memory (``state_size``: a recurrent network's D);
+    returns the per-rank size in bytes."""
     cfg = resolve_ppg_config(hparams.get("ppg"))
     if cfg is None or cfg["n_aux_epochs"] == 0:
         return 0
-    need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps, cfg["n_pi"])
+    need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps, cfg["n_pi"],
+                              state_size)
     need *= int(getattr(data, "members", 1))  # a vectorized seed group keeps every seed's
     available = available_memory_bytes() if available is None else available
     if available is not None and need * processes > fraction * available:
         gib = 2.0**30
         raise ValueError(
             f"PPG phase buffer: model.ppg.n_pi={cfg['n_pi']} x data.num_envs={data.num_envs} x "
-            f"data.rollout_steps={data.rollout_steps} frames x {frame_bytes(data.observation_space, data.action_space)} "
+            f"data.rollout_steps={data.rollout_steps} frames x {frame_bytes(data.observation_space, data.action_space, state_size)} "
             f"bytes = {need / gib:.1f} GiB per rank ({processes} on this host) exceeds {fraction:.0%} of the "
             f"{available / gib:.1f} GiB available: lower model.ppg.n_pi, data.num_envs or data.rollout_steps"
         )
     return need
 
 
+def segment_length(data) -> int:
+    """The segment length L of a recurrent run's data config (or data module): ``data.sequence_length``,
+    or ``data.rollout_steps`` when it is null."""
+    return int(getattr(data, "sequence_length", None) or data.rollout_steps)
+
+
 # ---------------------------------------------------------------------- phases
 class PPGPhases:
     """Phase bookkeeping and the phase buffer. Owned by the LightningModule (``ppg_phases``); the
-    data side feeds it each rollout and asks it for the iteration's minibatches."""
+    data side feeds it each rollout and asks it for the iteration's minibatches.
 
-    stored_keys = (OBS_KEY, TARGET_KEY)  # what the phase buffer keeps of each rollout
+    ``state_size``: a recurrent network's D (`ppo_lightning.nets.recurrent`; 0: feed-forward). The
+    buffer then keeps each step's stored state and ``is_init`` too, and the old policy's outputs and
+    the auxiliary minibatches are computed over segments of ``data.sequence_length`` steps (null: the
+    rollout length), each unrolled from the state stored at its first step, as the policy phase's
+    minibatches are: at the phase's first auxiliary step the current policy's outputs equal the old
+    ones exactly."""
 
-    def __init__(self, cfg: dict[str, Any], action_space: dict) -> None:
+    def __init__(self, cfg: dict[str, Any], action_space: dict, state_size: int = 0) -> None:
         self.cfg = cfg
         self.param_keys = dist_param_keys(action_space)
+        self.state_size = int(state_size)
+        self.recurrent = self.state_size > 0
+        # what the phase buffer keeps of each rollout
+        self.stored_keys = (OBS_KEY, TARGET_KEY) + ((STATE_KEY, IS_INIT_KEY) if self.recurrent else ())
+        self.sequence_length: int | None = None  # L of a recurrent run, from the data config (`iteration_batches`)
         self.phase_iteration = 0  # policy-phase iterations done in the current phase
         self.phase = 0  # auxiliary phases completed
         self.buffer: list[TensorDictBase] = []  # rollouts [envs, time]: observation, value_target (CPU)
@@ -259,6 +281,8 @@ class PPGPhases:
         minibatches of ``e`` shuffled epochs, the source's own loop. The auxiliary permutations are
         drawn first, then the epochs' shuffles, so a group's seed k sees the minibatches of seed k
         alone. Each minibatch is yielded as a `PhaseBatch`."""
+        if self.recurrent:
+            self.sequence_length = segment_length(data)
         self.phase_iteration += 1
         self.aux_ran = False
         if self.stores_rollouts:
@@ -287,13 +311,32 @@ class PPGPhases:
         return out
 
     # -------------------------------------------------------------- module side
+    def segments(self, rollouts: TensorDictBase) -> TensorDictBase:
+        """Stored trajectories ``[S, k, time]`` of a recurrent run as ``[S, k * time / L, L]`` segments
+        of ``sequence_length`` steps (each trajectory's in order)."""
+        S, k, T = rollouts.batch_size
+        L = self.sequence_length or T
+        return rollouts.reshape(S, k * (T // L), L)
+
     @torch.no_grad()
     def compute_old_outputs(self, network: torch.nn.Module, device: torch.device, chunk: int = 4096) -> None:
         """The old policy's distribution parameters on every stored frame (reference
         ``compute_presleep_outputs``), before the first auxiliary step; the stored rollouts are
-        ``[S, envs, time]``, each chunk of frames ``[S, chunk]``."""
+        ``[S, envs, time]``, each chunk of frames ``[S, chunk]`` (a recurrent network's: chunks of whole
+        segments, `segments`, each unrolled from its stored start state)."""
         was_training = network.training
         network.eval()
+        if self.recurrent:
+            for seg in self.buffer:
+                segs = self.segments(seg)
+                per_chunk = max(1, chunk // segs.batch_size[-1])
+                outs = [recurrent.call(network, "policy", c.to(device)) for c in segs.split(per_chunk, dim=1)]
+                for j, key in enumerate(self.param_keys):
+                    p = torch.cat([o[j] for o in outs], dim=1).float().cpu()
+                    seg.set(OLD_PREFIX + key, p.reshape(*seg.batch_size, *p.shape[3:]))
+            network.train(was_training)
+            self._old_ready = True
+            return
         for seg in self.buffer:
             obs = seg.get(OBS_KEY)
             flat_obs = obs.reshape(obs.shape[0], -1, *obs.shape[3:])
@@ -306,13 +349,15 @@ class PPGPhases:
 
     def gather(self, index: torch.Tensor, device: torch.device) -> TensorDictBase:
         """The auxiliary minibatch of trajectories ``index`` (``[S, k, 2]``: each member's (rollout, env)
-        pairs), flattened to ``[S, k * time]``."""
-        keys = [OBS_KEY, TARGET_KEY, *(OLD_PREFIX + k for k in self.param_keys)]
+        pairs), flattened to ``[S, k * time]`` (a recurrent run's: ``[S, k * time / L, L]`` segments, `segments`)."""
+        keys = [*self.stored_keys, *(OLD_PREFIX + k for k in self.param_keys)]
         if self._stacked is None:  # [S, rollouts, envs, time, ...], once per auxiliary phase
             self._stacked = {key: torch.stack([seg.get(key) for seg in self.buffer], dim=1) for key in keys}
         seeds = torch.arange(index.shape[0]).unsqueeze(1)
         cols = {key: v[seeds, index[..., 0], index[..., 1]] for key, v in self._stacked.items()}
         td = TensorDict(cols, batch_size=[*index.shape[:2], self.buffer[0].batch_size[-1]])
+        if self.recurrent:
+            return self.segments(td).to(device)
         return td.reshape(index.shape[0], -1).to(device)
 
     def start_aux_step(self, network, device) -> None:
@@ -342,9 +387,16 @@ class PPGPhases:
     def aux_loss_and_stats(self, network, loss_module, batch: TensorDictBase
                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """`ppg_auxiliary_loss` on an auxiliary (micro)batch ``[S, B]`` and its `AUX_STATS` by name:
-        the losses ``[S]`` (each member's mean over its samples), each stat ``[S]``."""
+        the losses ``[S]`` (each member's mean over its samples), each stat ``[S]``. A recurrent
+        network's ``[S, B, L]`` segments run from their stored start states, then flatten to ``[S, B * L]``."""
         cfg = self.cfg
-        *params, value, aux_value = network.forward_aux(batch.get(OBS_KEY))
+        if self.recurrent:
+            *params, value, aux_value = recurrent.call(network, "forward_aux", batch)
+            d = batch.batch_dims
+            batch = batch.flatten(d - 2, d - 1)
+            *params, value, aux_value = (t.flatten(d - 2, d - 1) for t in (*params, value, aux_value))
+        else:
+            *params, value, aux_value = network.forward_aux(batch.get(OBS_KEY))
         old = [batch.get(OLD_PREFIX + k) for k in self.param_keys]
         kl = loss_module.kl(old, params)
         target = batch.get(TARGET_KEY).reshape(kl.shape)
@@ -376,7 +428,7 @@ class PPGPhases:
         enough (``checkpoint_buffer_mib``); called once the data module builds its rollout source."""
         self.members = int(getattr(data, "members", 1))
         need = phase_buffer_bytes(data.observation_space, data.action_space, data.num_envs, data.rollout_steps,
-                                  self.cfg["n_pi"]) * self.members
+                                  self.cfg["n_pi"], self.state_size) * self.members
         self.buffer_in_checkpoint = self.stores_rollouts and need <= self.cfg["checkpoint_buffer_mib"] * 2**20
         if self.buffer_in_checkpoint:
             data.resume_providers["ppg_buffer"] = PhaseBufferState(self)

@@ -14,6 +14,11 @@ after every gradient step, so one fused foreach lerp over the parameter list
 (`ppo_lightning.adapters.torch.foreach_lerp_`) is what we want on the hot path; and Lightning's callback swaps the averaged weights into the model for
 validation and at the end of fit, which is wrong for a proximal policy (it is an anchor, never the
 policy that acts).
+
+With a recurrent network (`ppo_lightning.nets.recurrent`) the EWMA averages the weights of the core
+as of every other layer; the proximal policy's outputs on a minibatch are the averaged network unrolled
+over the minibatch's segments from the states stored at their first steps (which the behavior network
+produced: the proximal network's own states are never carried), with the same resets.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from typing import Any, Callable
 
 import torch
 from lightning.pytorch import Callback
+from tensordict import TensorDictBase
 from torch import Tensor, nn
 
 from ppo_lightning.adapters import torch as torch_ops
 from ppo_lightning.core.members import PerMember
+from ppo_lightning.nets import recurrent
 from ppo_lightning.nets.models import is_sharded, shard_network
 
 
@@ -227,10 +234,15 @@ class ProximalPolicyEWMA:
                     torch_ops.foreach_copy_(copies, self._buffers)
 
     @torch.no_grad()
-    def proximal_policy(self, obs: Tensor) -> tuple[Tensor, ...]:
-        """Distribution parameters of the proximal policy (its averaged weights, the network's buffers)."""
+    def proximal_policy(self, obs: Tensor | TensorDictBase) -> tuple[Tensor, ...]:
+        """Distribution parameters of the proximal policy (its averaged weights, the network's buffers)
+        on observations, or on a minibatch (a TensorDict): a recurrent network's segments ``[*, B, L]``
+        are unrolled from the states stored at their first steps, with the resets where ``is_init``
+        (the same inputs as the current policy's: `ppo_lightning.nets.recurrent.call`)."""
         self._sync_buffers()
         net = self._forward_net if self._forward_net is not None else self.proximal
+        if isinstance(obs, TensorDictBase):
+            return recurrent.call(net, "policy", obs)
         return net.policy(obs)
 
     def metrics(self) -> dict[str, float]:

@@ -14,6 +14,15 @@ learning curve against environment steps (approximately) unchanged if, at the sa
 ``ppo-lightning fit`` config namespace (``--scale c``): it divides ``data.num_envs`` (and, where ``c``
 does not divide it, ``data.rollout_steps``) by ``c`` and keeps ``data.num_minibatches``, so the
 minibatch size is divided by ``c`` as well and the number of gradient steps per iteration is kept.
+
+With a recurrent network (``model.network.core``) a minibatch is made of segments of L steps
+(``data.sequence_length``; null: the rollout length), and ``--scale c`` divides the segments per
+minibatch, never L (`scale_segments`): ``data.num_envs`` first, then the segments per env rollout
+(``data.rollout_steps / L``); L keeps its value (a null ``data.sequence_length``, one segment per env
+rollout, keeps the rollout length: ``c`` then divides ``data.num_envs``). The rules above are the same: they count
+gradient steps, iterations and samples, which a segment of L samples changes by the same c. ``c`` must
+then divide ``num_envs x rollout_steps / L`` segments, and the scaled segments must split into
+``data.num_minibatches`` equal minibatches.
 """
 
 from __future__ import annotations
@@ -110,12 +119,59 @@ def scale_batch(num_envs: int, rollout_steps: int, num_minibatches: int, c: floa
     return new
 
 
+def scale_segments(num_envs: int, rollout_steps: int, sequence_length: int, num_minibatches: int, c: float
+                   ) -> tuple[int, int]:
+    """New ``(num_envs, rollout_steps)`` of a recurrent run with the batch divided by ``c``, its
+    segments of ``sequence_length`` (L) steps kept whole: envs first, then the segments per env
+    rollout (``rollout_steps / L``); ``c < 1`` multiplies ``num_envs``. One-line errors where ``c``
+    does not divide the segments or the scaled segments do not split into ``num_minibatches``."""
+    c = _check_c(c)
+    L = int(sequence_length)
+    if L < 1 or rollout_steps % L:
+        raise ValueError(f"data.sequence_length {L} must divide data.rollout_steps {rollout_steps}")
+    per_env = rollout_steps // L
+    if c >= 1:
+        k = _as_int_factor(c)
+        if k is None:
+            raise ValueError(f"scale={c} must be an integer when >= 1 (it divides the batch sizes)")
+        g = math.gcd(num_envs, k)
+        rest = k // g
+        if per_env % rest:
+            raise ValueError(
+                f"scale={c} does not divide the segments: data.num_envs={num_envs} x {per_env} segments of "
+                f"data.sequence_length={L} steps per env rollout (--scale divides the segments, never their length)"
+            )
+        new = (num_envs // g, (per_env // rest) * L)
+    else:
+        k = _as_int_factor(1.0 / c)
+        if k is None:
+            raise ValueError(f"scale={c} < 1 must be 1/n for an integer n (it multiplies data.num_envs by n)")
+        new = (num_envs * k, rollout_steps)
+    segments = new[0] * new[1] // L
+    if segments % num_minibatches:
+        raise ValueError(
+            f"scale={c}: the scaled batch of {segments} segments of {L} steps (from {num_envs * per_env}) does not "
+            f"split into data.num_minibatches={num_minibatches} equal minibatches"
+        )
+    return new
+
+
+def recurrent_sequence_length(cfg) -> int | None:
+    """L of a ``fit`` config namespace whose network is recurrent (``model.network.core`` set):
+    ``data.sequence_length``, or ``data.rollout_steps`` when it is null; None for a feed-forward network."""
+    model = cfg.model.init_args if "init_args" in cfg.model else cfg.model
+    network = model.get("network") or {}
+    if network.get("core") is None:
+        return None
+    return int(cfg.data.get("sequence_length") or cfg.data.rollout_steps)
+
+
 def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
                 scale_adam_betas: bool = False) -> dict[str, dict[str, Any]]:
     """Apply ``--scale c`` to a ``fit`` config namespace in place; returns ``{name: {"from", "to"}}``.
 
     ``cfg.data.{num_envs, rollout_steps}`` are divided (the minibatch size follows, since
-    ``num_minibatches`` is kept); ``model.lr``, ``model.proximal_com``, ``data.advantage_norm_span``,
+    ``num_minibatches`` is kept; a recurrent network's segments stay L steps long, `scale_segments`); ``model.lr``, ``model.proximal_com``, ``data.advantage_norm_span``,
     ``model.ppg.n_pi`` (PPG runs only) and (with ``scale_adam_betas``) ``model.adam_betas`` follow the
     rules named in ``rules``.
     """
@@ -131,11 +187,18 @@ def apply_scale(cfg, c: float, rules: str | Iterable[str] | None = "all",
             report[f"{section}.{key}"] = {"from": old, "to": value}
         ns[key] = value
 
-    envs, steps = scale_batch(int(data.num_envs), int(data.rollout_steps), int(data.num_minibatches), c)
+    length = recurrent_sequence_length(cfg)
+    if length is None:
+        envs, steps = scale_batch(int(data.num_envs), int(data.rollout_steps), int(data.num_minibatches), c)
+    else:
+        envs, steps = scale_segments(int(data.num_envs), int(data.rollout_steps), length, int(data.num_minibatches), c)
     mb_before = data.num_envs * data.rollout_steps // data.num_minibatches
     setv(data, "data", "num_envs", envs)
     setv(data, "data", "rollout_steps", steps)
     report["data.minibatch_size"] = {"from": mb_before, "to": envs * steps // data.num_minibatches}
+    if length is not None:  # what --scale divides with sequences
+        report["data.segments_per_minibatch"] = {"from": mb_before // length,
+                                                 "to": envs * steps // data.num_minibatches // length}
 
     betas = model.get("adam_betas") if "adam_betas" in chosen else None
     scaled = batch_size_scaling(

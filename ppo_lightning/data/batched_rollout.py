@@ -23,6 +23,11 @@ run is the group of one (no seed dimension in its network's input, actions from 
 generator as the collector draws them). Per time step the records are written into preallocated
 time-major numpy buffers; episode sums and counters in numpy (the same float32 and int64
 arithmetic as RewardSum's and StepCounter's torch ops).
+
+A recurrent network (`ppo_lightning.nets.recurrent`) always collects through this loop or
+`ppo_lightning.data.lockstep.LockstepRollout` (a single run's gymnasium vector env too, through
+`ppo_lightning.data.lockstep.VectorGames`): one ``network.step`` per time step, the state of every
+env carried from step to step and from one rollout to the next (`BatchedRollout.rollouts`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_distribution
+from ppo_lightning.nets.recurrent import IS_INIT_KEY, STATE_KEY, is_recurrent
 
 
 def supports_batched_rollout(env, device: torch.device) -> bool:
@@ -58,6 +64,30 @@ def sample_per_seed(probs: torch.Tensor, generators: list[torch.Generator], nois
     for q, g in zip(noise, generators):
         q.exponential_(1, generator=g)
     return torch.div(probs, noise, out=noise).argmax(-1)
+
+
+def collector_draw(dist: torch.distributions.Distribution) -> torch.Tensor:
+    """A single run's actions, drawn from torch's global generator as TorchRL's `Collector` draws
+    them (its ``ProbabilisticActor``: ``rsample`` where the distribution has it, else ``sample``)."""
+    return dist.rsample() if dist.has_rsample else dist.sample()
+
+
+def recurrent_state_size(network: torch.nn.Module) -> int:
+    """D, the numbers of one env's recurrent state (a group's stacked network: its member's)."""
+    size = getattr(network, "state_size", None)
+    return int(size if size is not None else network.inner.state_size)
+
+
+def first_recurrent_step(batch_shape: tuple[int, ...], size: int) -> dict[str, torch.Tensor]:
+    """The carried recurrent entries before a run's first step: zero states ``[*batch, D]`` and
+    ``is_init`` True ``[*batch]`` (every env starts an episode)."""
+    return {STATE_KEY: torch.zeros((*batch_shape, size), dtype=torch.float32),
+            IS_INIT_KEY: torch.ones(batch_shape, dtype=torch.bool)}
+
+
+def state_into_step(state: torch.Tensor, is_init: torch.Tensor) -> torch.Tensor:
+    """The state going into a step: the carried one, zeros where ``is_init`` (an episode starts)."""
+    return torch.where(is_init.unsqueeze(-1), torch.zeros((), dtype=state.dtype), state)
 
 
 def sample_members(action_space: dict, params: list[torch.Tensor], generators: list[torch.Generator],
@@ -106,27 +136,28 @@ class BatchedRollout:
             raise ValueError(f"frames per iteration ({frames_per_batch}) must be a multiple of data.num_envs ({n})")
         self.num_envs, self.steps = n, frames_per_batch // n
         self.param_keys = dist_param_keys(action_space)
-        carriers = []
-        for e in self.envs:
-            first = e.reset()  # as the collector does when built: every game restarts
-            carriers.append(TensorDict(
-                {OBS_KEY: first.get(OBS_KEY).clone(),
-                 "episode_reward": torch.zeros((n, 1), dtype=torch.float32),
-                 "step_count": torch.zeros((n, 1), dtype=torch.int64)},
-                batch_size=[n],
-            ))
+        # A recurrent network's carried state (`rollouts`): D numbers per env, else None.
+        self.state_size = recurrent_state_size(network) if is_recurrent(network) else None
+        carriers = [self._first_step(e) for e in self.envs]  # as the collector does when built: every game restarts
         self._carrier = carriers[0] if generators is None else torch.stack(carriers)  # a group's: [S, n]
+
+    def _first_step(self, env) -> TensorDict:
+        """The carried step of a fresh run: ``env`` reset (every game), episode sums zero and, for a
+        recurrent network, zero states with every env at an episode's first step."""
+        n = self.num_envs
+        first = env.reset()
+        entries = {OBS_KEY: first.get(OBS_KEY).clone(), "episode_reward": torch.zeros((n, 1), dtype=torch.float32),
+                   "step_count": torch.zeros((n, 1), dtype=torch.int64)}
+        if self.state_size is not None:
+            entries.update(first_recurrent_step((n,), self.state_size))
+        return TensorDict(entries, batch_size=[n])
 
     def reset_member(self, k: int, env, generator: torch.Generator) -> None:
         """Member k of a group starts again with ``env`` (fresh, seeded) and its action ``generator``:
         the carried step of a fresh run (every game reset, as when a single run's collector is built)."""
         self.envs[k], self.bases[k], self.generators[k] = env, self._games_of(env), generator
         self.env, self.base = self.envs[0], self.bases[0]
-        first = env.reset()
-        self._carrier[k] = TensorDict({OBS_KEY: first.get(OBS_KEY).clone(),
-                                       "episode_reward": torch.zeros((self.num_envs, 1)),
-                                       "step_count": torch.zeros((self.num_envs, 1), dtype=torch.int64)},
-                                      batch_size=[self.num_envs])
+        self._carrier[k] = self._first_step(env)
 
     def _games_of(self, env):
         return env.base_env if self.games is None else self.games(env)
@@ -168,8 +199,22 @@ class BatchedRollout:
         if games:
             game_np = {"game_over": np.empty((T, S, n), dtype=bool), "game_return": np.empty((T, S, n), dtype=np.float32),
                        "game_length": np.empty((T, S, n), dtype=np.int64)}
+        recurrent = self.state_size is not None
+        if recurrent:  # [T, S, n, D]: the state into step t (zeroed where is_init) and after it
+            state, is_init = carrier.get(STATE_KEY), carrier.get(IS_INIT_KEY)
+            state_buf, next_state_buf = torch.empty((2, T, S, n, self.state_size))
+            init_buf = torch.empty((T, S, n), dtype=torch.bool)
         for t in range(T):
-            *params, value = self.network(obs_t[t, 0] if single else obs_t[t])
+            obs = obs_t[t, 0] if single else obs_t[t]
+            if recurrent:
+                state = state_into_step(state, is_init)
+                state_buf[t], init_buf[t] = state, is_init
+                *params, value, state = self.network.step(obs, state[0] if single else state,
+                                                          is_init[0] if single else is_init)
+                state = state.unsqueeze(0) if single else state
+                next_state_buf[t] = state
+            else:
+                *params, value = self.network(obs)
             if single:
                 params, value = [p.unsqueeze(0) for p in params], value.unsqueeze(0)
             if param_bufs is None:
@@ -181,7 +226,7 @@ class BatchedRollout:
             dist = make_distribution(space, *params)  # all seeds' distributions [S, n]
             # torch's global generator (as the collector samples), or each seed's own (the same draws)
             if single:  # torch's global generator (as the collector samples)
-                action = dist.sample()
+                action = collector_draw(dist)
             elif space["type"] == "discrete":  # each member's own generator (the same draws)
                 action = sample_per_seed(dist.probs, self.generators, noise)
             else:
@@ -197,6 +242,8 @@ class BatchedRollout:
                     for key, buf in game_np.items():
                         buf[t, k] = getattr(base, key)
             done = term_np[t] | trunc_np[t]
+            if recurrent:  # the next step of an ended episode starts a new one
+                is_init = torch.from_numpy(done)
             ep, sc = ep_np[t] + reward_np[t], sc_np[t] + 1  # RewardSum, StepCounter
             next_ep_np[t], next_sc_np[t] = ep, sc
             if done.any():  # partial resets, as the collector asks for them
@@ -210,6 +257,8 @@ class BatchedRollout:
         last = TensorDict({OBS_KEY: torch.from_numpy(obs_np[T].copy()),
                            "episode_reward": torch.from_numpy(ep_np[T, ..., None].copy()),
                            "step_count": torch.from_numpy(sc_np[T, ..., None].copy())}, batch_size=[S, n])
+        if recurrent:  # the state after the last step, not reset: the next rollout resets it where is_init
+            last.update({STATE_KEY: state.clone(), IS_INIT_KEY: is_init.clone()})
         self._carrier = last[0] if single else last
 
         def seed_major(x, trailing_one=False):  # [T, S, n, ...] -> [S, n, T, ...] contiguous
@@ -224,6 +273,10 @@ class BatchedRollout:
         next_ep_b, next_sc_b = seed_major(next_ep_np, True), seed_major(next_sc_np, True)
         done_b = term_b | trunc_b
         game_b = {key: seed_major(buf, True) for key, buf in game_np.items()} if games else {}
+        rec_b = next_rec_b = {}
+        if recurrent:
+            rec_b = {STATE_KEY: seed_major(state_buf), IS_INIT_KEY: seed_major(init_buf)}
+            next_rec_b = {STATE_KEY: seed_major(next_state_buf)}  # V(next observation) reads it (next_values)
         out = []
         for k in range(S):
             zeros = torch.zeros((n, T, 1), dtype=torch.bool)
@@ -231,10 +284,11 @@ class BatchedRollout:
                 {OBS_KEY: obs_b[k], "action": action_b[k], "action_log_prob": logp_b[k], VALUE_KEY: value_b[k],
                  **{key: b[k] for key, b in zip(self.param_keys, params_b)},
                  "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
-                 "episode_reward": ep_b[k], "step_count": sc_b[k],
+                 "episode_reward": ep_b[k], "step_count": sc_b[k], **{key: b[k] for key, b in rec_b.items()},
                  "next": TensorDict({OBS_KEY: next_b[k], "reward": reward_b[k], "done": done_b[k],
                                      "terminated": term_b[k], "truncated": trunc_b[k],
                                      "episode_reward": next_ep_b[k], "step_count": next_sc_b[k],
-                                     **{key: b[k] for key, b in game_b.items()}}, batch_size=[n, T])},
+                                     **{key: b[k] for key, b in game_b.items()},
+                                     **{key: b[k] for key, b in next_rec_b.items()}}, batch_size=[n, T])},
                 batch_size=[n, T]))
         return out

@@ -50,6 +50,7 @@ class RolloutConfig:
     num_seeds: int = 1
     member_seeds: list[int] | None = None
     member_hparams: dict[str, list] | None = None
+    sequence_length: int | None = None
     observation_space: Any = field(init=False, repr=False, compare=False)
     action_space: Any = field(init=False, repr=False, compare=False)
 
@@ -92,6 +93,25 @@ class RolloutConfig:
     def minibatch_size(self) -> int:
         return self.frames_per_iteration // self.num_minibatches
 
+    @property
+    def sequence_steps(self) -> int:
+        """L, the steps of one training sequence of a recurrent network: ``sequence_length``, or the
+        whole rollout (``rollout_steps``) when it is null."""
+        return self.rollout_steps if self.sequence_length is None else self.sequence_length
+
+    @property
+    def segments_per_iteration(self) -> int:
+        """The segments of L consecutive steps of one env that a rollout ``[num_envs, rollout_steps]`` is cut into."""
+        return self.num_envs * (self.rollout_steps // self.sequence_steps)
+
+    def check_segments(self) -> None:
+        """The segments of a recurrent network's rollout split into ``num_minibatches`` equal minibatches."""
+        if self.segments_per_iteration % self.num_minibatches:
+            raise ValueError(
+                f"data.num_minibatches={self.num_minibatches} does not split the {self.segments_per_iteration} "
+                f"sequences of a rollout (num_envs*rollout_steps/sequence_length = {self.num_envs}*"
+                f"{self.rollout_steps}/{self.sequence_steps}) into equal minibatches")
+
     def validate(self) -> None:
         """Fail before training, naming the field."""
         check_env_id(self.env_id)
@@ -125,5 +145,13 @@ class RolloutConfig:
             raise ValueError("data.member_seeds needs at least two members (a single run takes data.seed)")
         if self.member_hparams is not None:
             validate_member_hparams(self.member_hparams, self.num_seeds)
+        L = self.sequence_length
+        if L is not None:
+            if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
+                raise ValueError(f"data.sequence_length must be a positive integer, or null for the whole rollout, got {L!r}")
+            if self.rollout_steps % L:
+                raise ValueError(f"data.sequence_length={L} does not divide data.rollout_steps={self.rollout_steps} "
+                                 f"(a rollout is cut into sequences of L steps)")
+            self.check_segments()
         if not (isinstance(self.env_timeout_s, (int, float)) and self.env_timeout_s >= 0):
             raise ValueError(f"data.env_timeout_s must be a number of seconds >= 0 (0: no limit), got {self.env_timeout_s!r}")

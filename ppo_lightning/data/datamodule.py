@@ -75,6 +75,11 @@ class RolloutDataModule(pl.LightningDataModule):
             these values would (PureJaxRL-style sweeps of seeds x settings in one process). The
             model takes its own (linked by the CLI); the data side uses ``advantage_norm_span``, ``gamma``
             and ``gae_lambda``.
+        sequence_length: a recurrent network (``model.network.core``) trains on sequences of this
+            many consecutive steps of one env, each from the state stored at its first step; null:
+            the whole rollout (``rollout_steps``). It divides ``rollout_steps``, and the rollout's
+            ``num_envs * rollout_steps / sequence_length`` sequences split into ``num_minibatches``
+            equal minibatches; a feed-forward network refuses it.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class RolloutDataModule(pl.LightningDataModule):
         num_seeds: int = 1,
         member_seeds: list[int] | None = None,
         member_hparams: dict[str, list] | None = None,
+        sequence_length: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -109,7 +115,8 @@ class RolloutDataModule(pl.LightningDataModule):
             gae_lambda=gae_lambda, normalize_advantage=normalize_advantage, advantage_norm_span=advantage_norm_span,
             normalize_reward=normalize_reward, seed=seed, num_threads=num_threads, staleness=staleness,
             staleness_mode=staleness_mode, env_timeout_s=env_timeout_s, batched_rollout=batched_rollout,
-            num_seeds=num_seeds, member_seeds=member_seeds, member_hparams=member_hparams)
+            num_seeds=num_seeds, member_seeds=member_seeds, member_hparams=member_hparams,
+            sequence_length=sequence_length)
         self.progress = RolloutProgress()
         self.states = SeedState.of_members(self.config)  # what each seed keeps on the data side
         self.source: RolloutSource | None = None

@@ -47,7 +47,7 @@ from ppo_lightning.core import faults
 from ppo_lightning.data import resume_state
 from ppo_lightning.data.batched_rollout import BatchedRollout, sample_per_seed, supports_batched_rollout  # noqa: F401
 from ppo_lightning.data.lockstep import LockstepRollout, vector_games
-from ppo_lightning.data.source import RolloutSource
+from ppo_lightning.data.source import RolloutSource, recurrent_value
 from ppo_lightning.data.devices import device_env_kwargs
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY
@@ -135,6 +135,8 @@ class SeedGroupSource(RolloutSource):
         return self.collector.rollouts()
 
     def member_value(self, k: int):
+        if self.recurrent:  # member k's network alone, one step (`ppo_lightning.data.source.recurrent_value`)
+            return recurrent_value(lambda *x: self.network.call_seed(k, "step", *x))
         return lambda x: self.network.value_of_seed(k, x)
 
     def update_observation_norms(self, observations: list[torch.Tensor]) -> None:

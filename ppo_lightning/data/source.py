@@ -24,12 +24,14 @@ from ppo_lightning.data import resume_state
 from ppo_lightning.data.config import RolloutConfig
 from ppo_lightning.data.seed_state import RolloutProgress, SeedState
 from ppo_lightning.data.batched_rollout import BatchedRollout, supports_batched_rollout
+from ppo_lightning.data.lockstep import LockstepRollout, vector_games
 from ppo_lightning.data.devices import collector_devices, device_env_kwargs, network_device, rollout_precision
 from ppo_lightning.data.episodes import BATCH_KEYS
 from ppo_lightning.data.parallel import raise_together
 from ppo_lightning.envs import make_env
 from ppo_lightning.nets.models import OBS_KEY, VALUE_KEY, dist_param_keys, make_policy_operator
 from ppo_lightning.nets.obs_norm import RunningObservationNorm, update_observation_norm
+from ppo_lightning.nets.recurrent import IS_INIT_KEY, STATE_KEY, is_recurrent
 
 RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for up to 1M envs
 
@@ -37,6 +39,36 @@ RANK_SEED_STRIDE = 1_000_003  # env seeds of different ranks never overlap for u
 def rank_seed(seed: int, rank: int) -> int:
     """Env seed of a data-parallel rank (rank 0 keeps ``seed``)."""
     return seed + RANK_SEED_STRIDE * rank
+
+
+def check_recurrent_settings(config: RolloutConfig, recurrent: bool) -> None:
+    """One-line errors for the data settings a recurrent (or feed-forward) network cannot take."""
+    if not recurrent:
+        if config.sequence_length is not None:
+            raise ValueError("data.sequence_length cuts rollouts into sequences for a recurrent network "
+                             "(model.network.core: lstm or gru); this network is feed-forward: leave it null")
+        return
+    if config.staleness:
+        raise ValueError(f"data.staleness={config.staleness} is not supported with a recurrent network "
+                         f"(model.network.core): set data.staleness to 0")
+    config.check_segments()
+
+
+def recurrent_value(step):
+    """A recurrent network's value function for V(next observation) (`ppo_lightning.algos.advantages.next_values`):
+    ``(obs [N, ...], state [N, D]) -> [N, 1]``, one ``step`` from the state the step that led to ``obs``
+    left (never reset: ``obs`` continues that episode, or is its final observation)."""
+    def value(obs: Tensor, state: Tensor) -> Tensor:
+        return step(obs, state, torch.zeros(state.shape[:-1], dtype=torch.bool, device=state.device))[-2]
+
+    return value
+
+
+def segments(rollout: TensorDictBase, length: int) -> TensorDictBase:
+    """A rollout ``[envs, time]`` cut into ``[envs * time / length, length]``: env e's steps
+    ``j * length ... (j + 1) * length - 1`` are segment ``e * time / length + j``."""
+    envs, time_steps = rollout.batch_size
+    return rollout.reshape(envs * (time_steps // length), length)
 
 
 def stack_members(items: list[TensorDictBase]) -> TensorDictBase:
@@ -70,6 +102,8 @@ class RolloutSource:
         self.rank, self.world_size = self.placement(trainer)
         # Envs on the CPU; policy, rollout, GAE and minibatches on the network's device (ppo_lightning.data.devices).
         self.device = network_device(network)
+        self.recurrent = is_recurrent(network)
+        check_recurrent_settings(data, self.recurrent)
         self.envs = self.make_envs()
         self.env = self.envs[0]
         self.collector = self.make_collector()
@@ -99,8 +133,13 @@ class RolloutSource:
                          device_env_kwargs(data.env_id, data.env_kwargs, self.device), timeout_s=data.env_timeout_s)]
 
     def make_collector(self):
-        """MinAtar: the batched loop (same rollouts, no per-step collector cost); else TorchRL's Collector."""
+        """MinAtar: the batched loop (same rollouts, no per-step collector cost); else TorchRL's Collector.
+        A recurrent network: this package's loops only (`recurrent_collector`)."""
         data = self.config
+        if self.recurrent:
+            collector = self.recurrent_collector()
+            self._iterator = iter(collector)
+            return collector
         self.policy = make_policy_operator(self.network, data.action_space, with_value=True)
         if data.batched_rollout and supports_batched_rollout(self.env, self.device):
             collector = BatchedRollout(self.env, self.network, data.action_space, data.frames_per_iteration)
@@ -110,6 +149,18 @@ class RolloutSource:
                                   **collector_devices(self.device))
         self._iterator = iter(collector)
         return collector
+
+    def recurrent_collector(self):
+        """A single run's loop for a recurrent network, which carries every env's state from step to
+        step: `BatchedRollout` on the CPU (MinAtar's games, a gymnasium vector env through `VectorGames`),
+        `LockstepRollout` otherwise (Procgen, ``data.batched_rollout: false``, a policy on a GPU)."""
+        data = self.config
+        args = (self.env, self.network, data.action_space, data.frames_per_iteration)
+        if data.batched_rollout and supports_batched_rollout(self.env, self.device):
+            return BatchedRollout(*args)
+        if data.batched_rollout and self.device.type == "cpu" and vector_games(self.env) is not None:
+            return BatchedRollout(*args, games=vector_games)
+        return LockstepRollout([self.env], *args[1:])
 
     def make_gae(self):
         return make_gae(self.config.gamma, self.config.gae_lambda, self.device)
@@ -204,8 +255,9 @@ class RolloutSource:
         return [next(self._iterator)]
 
     def member_value(self, k: int):
-        """Member k's value function ``obs -> [..., 1]``."""
-        return self.network.value
+        """Member k's value function ``obs -> [..., 1]`` (a recurrent network's: ``(obs, state after
+        the step that led to it) -> [..., 1]``, `recurrent_value`)."""
+        return recurrent_value(self.network.step) if self.recurrent else self.network.value
 
     def update_observation_norms(self, observations: list[Tensor]) -> None:
         """Each member's observation normalizers merge its previous rollout's observations."""
@@ -213,12 +265,16 @@ class RolloutSource:
 
     def prepare(self, rollout: TensorDictBase, state=None) -> TensorDictBase:
         """Flatten to [envs*time], keep the keys the loss reads, normalize advantages (with the
-        moments of ``state``, one of `states`; default: the first)."""
+        moments of ``state``, one of `states`; default: the first). A recurrent network's rollout is
+        cut into segments instead (`segments`): ``[envs*time/L, L]`` with the states and ``is_init``."""
         moments = (state or self.states[0]).advantage_moments
         keys = [*BATCH_KEYS, *self.param_keys]
         if "proximal" in rollout.keys():  # supplied by the staleness queue (decoupled mode)
             keys.append("proximal")
-        flat = rollout.select(*keys).reshape(-1)
+        if self.recurrent:
+            flat = segments(rollout.select(*keys, STATE_KEY, IS_INIT_KEY), self.config.sequence_steps)
+        else:
+            flat = rollout.select(*keys).reshape(-1)
         adv = flat.get("advantage")
         faults.update_moments_finite(moments, adv)  # never absorbs a NaN
         if self.config.normalize_advantage:
@@ -231,6 +287,8 @@ class RolloutSource:
         flats = [self.prepare(r, st) for r, st in zip(rollouts, self.states)]
         if self.phases is not None:  # PPG: value / policy epochs, then maybe the auxiliary phase
             keys = self.phases.stored_keys
+            if self.recurrent:  # the auxiliary phase replays the rollouts from their stored states
+                keys = (*keys, *(k for k in (STATE_KEY, IS_INIT_KEY) if k not in keys))
             stored = lambda: torch.stack([r.select(*keys).to("cpu") for r in rollouts])  # noqa: E731  [S, envs, time]
             yield from self.phases.iteration_batches(stored, [st.shuffle_generator for st in self.states],
                                                      lambda e: self._epoch_minibatches(flats, e), self.config)
@@ -239,7 +297,8 @@ class RolloutSource:
 
     def _epoch_minibatches(self, flats: list[TensorDictBase], epochs: int):
         """Minibatches of ``epochs`` epochs, ``[S, minibatch_size]`` (S = 1 for a single run); each
-        member's epoch shuffle from its own generator."""
+        member's epoch shuffle from its own generator. A recurrent network's: ``[S, B, L]``, B segments
+        of L steps (``prepare``), the epoch shuffle permuting the segments."""
         n = flats[0].shape[0]
         size = n // self.config.num_minibatches
         for _ in range(epochs):

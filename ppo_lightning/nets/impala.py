@@ -133,44 +133,21 @@ class DownStack(nn.Module):
         return x
 
 
-class ImpalaActorCritic(nn.Module):
-    """IMPALA CNN with a shared trunk and policy / value heads; same interface as `ActorCritic`.
+class ImpalaEncoder(nn.Module):
+    """The IMPALA trunk: the stacks (`DownStack` per entry of ``channels``), ReLU, a dense layer of
+    ``dense`` units (norm 1.4) and ReLU. `features` maps observations ``[..., H, W, C]`` to
+    ``[..., dense]``, with the no-autograd fast paths of the module doc. `ImpalaActorCritic` adds the
+    heads; a recurrent network (`ppo_lightning.nets.recurrent`) reads it as its encoder."""
 
-    Args:
-        observation_space: ``{"shape": [H, W, C], "dtype": "uint8"}`` (HWC images; a uint8 tensor is
-            scaled by 1/255, a float one is taken as already scaled).
-        action_space: ``{"type": "discrete", "n": k}``.
-        channels: output channels of the stacks. dense: width of the dense layer.
-        nblock: residual blocks per stack.
-        inference_chunk: without autograd, run the trunk on at most this many samples at a time.
-    Accepts any leading batch dimensions: ``obs`` of shape ``[..., H, W, C]``.
-    """
-
-    # A bf16 copy (``.to(torch.bfloat16)``) computes what the float32 network computes under bf16
-    # autocast, bit for bit (no normalization layers; tested in tests/test_procgen.py).
-    BF16_WEIGHTS_EXACT = True
-
-    def __init__(
-        self,
-        observation_space: dict,
-        action_space: dict,
-        channels: tuple[int, ...] = (16, 32, 32),
-        dense: int = 256,
-        nblock: int = 2,
-        inference_chunk: int = 64,
-    ) -> None:
+    def __init__(self, observation_space: dict, channels: tuple[int, ...] = (16, 32, 32), dense: int = 256,
+                 nblock: int = 2, inference_chunk: int = 64) -> None:
         super().__init__()
-        if action_space.get("type") != "discrete":
-            raise ValueError(f"model.network: impala_cnn needs a discrete action space, got {action_space!r}")
         shape = list(observation_space["shape"])
         if len(shape) != 3:
             raise ValueError(f"model.network: impala_cnn needs [H, W, C] observations, got shape {shape}")
         if not (isinstance(inference_chunk, int) and inference_chunk > 0):
             raise ValueError(f"model.network.inference_chunk must be a positive integer, got {inference_chunk!r}")
-        self.action_space = action_space
         self.inference_chunk = inference_chunk
-        self.discrete = True
-        self.shared_trunk = True
         h, w, c = shape
         stack_scale = 1.0 / math.sqrt(len(channels))
         stacks = []
@@ -179,8 +156,7 @@ class ImpalaActorCritic(nn.Module):
             c, h, w = out, (h + 1) // 2, (w + 1) // 2
         self.stacks = nn.ModuleList(stacks)
         self.dense = normed_linear(c * h * w, dense, scale=1.4)
-        self.policy_head = normed_linear(dense, action_space["n"], scale=0.1)
-        self.value_head = normed_linear(dense, 1, scale=0.1)
+        self.out_dim = dense
 
     def features(self, obs: Tensor) -> Tensor:
         """Trunk output ``[..., dense]`` (float32; bf16 under bf16 autocast or with bf16 weights)."""
@@ -216,6 +192,42 @@ class ImpalaActorCritic(nn.Module):
                     x = _onednn_conv(h, block.conv1).add_(x)
             x = torch.relu(x).to_dense().flatten(1)
             return F.relu(self.dense(x), inplace=True)
+
+
+class ImpalaActorCritic(ImpalaEncoder):
+    """IMPALA CNN with a shared trunk (`ImpalaEncoder`) and policy / value heads; same interface as `ActorCritic`.
+
+    Args:
+        observation_space: ``{"shape": [H, W, C], "dtype": "uint8"}`` (HWC images; a uint8 tensor is
+            scaled by 1/255, a float one is taken as already scaled).
+        action_space: ``{"type": "discrete", "n": k}``.
+        channels: output channels of the stacks. dense: width of the dense layer.
+        nblock: residual blocks per stack.
+        inference_chunk: without autograd, run the trunk on at most this many samples at a time.
+    Accepts any leading batch dimensions: ``obs`` of shape ``[..., H, W, C]``.
+    """
+
+    # A bf16 copy (``.to(torch.bfloat16)``) computes what the float32 network computes under bf16
+    # autocast, bit for bit (no normalization layers; tested in tests/test_procgen.py).
+    BF16_WEIGHTS_EXACT = True
+
+    def __init__(
+        self,
+        observation_space: dict,
+        action_space: dict,
+        channels: tuple[int, ...] = (16, 32, 32),
+        dense: int = 256,
+        nblock: int = 2,
+        inference_chunk: int = 64,
+    ) -> None:
+        if action_space.get("type") != "discrete":
+            raise ValueError(f"model.network: impala_cnn needs a discrete action space, got {action_space!r}")
+        super().__init__(observation_space, channels, dense, nblock, inference_chunk)
+        self.action_space = action_space
+        self.discrete = True
+        self.shared_trunk = True
+        self.policy_head = normed_linear(dense, action_space["n"], scale=0.1)
+        self.value_head = normed_linear(dense, 1, scale=0.1)
 
     def _heads(self, x: Tensor, value: bool = True, policy: bool = True):
         """Float32 logits and value (the loss, GAE and the ratios are computed in float32)."""

@@ -30,7 +30,30 @@ def _init(layer: nn.Module, gain: float) -> nn.Module:
     return layer
 
 
-class _Trunk(nn.Module):
+def minatar_input(observation_space: dict, channels: int, hidden: int, kernel_size: int) -> tuple[int, int, int]:
+    """(H, W, C) of the ``[H, W, C]`` observations a `MinAtarTrunk` reads; a one-line ``ValueError`` for
+    other shapes or settings that are not positive integers."""
+    shape = list(observation_space["shape"])
+    if len(shape) != 3 or min(shape[0], shape[1]) < kernel_size:
+        raise ValueError(f"model.network: minatar_cnn needs [H, W, C] observations with H, W >= {kernel_size}, got {shape}")
+    for name, v in (("channels", channels), ("hidden", hidden), ("kernel_size", kernel_size)):
+        if not isinstance(v, int) or v <= 0:
+            raise ValueError(f"model.network.{name} must be a positive integer, got {v!r}")
+    h, w, c = shape
+    return h, w, c
+
+
+def minatar_nchw(obs: Tensor) -> tuple[Tensor, torch.Size]:
+    """Observations ``[*lead, H, W, C]`` as one float NCHW batch, and their leading dimensions ``lead``."""
+    lead = obs.shape[:-3]
+    x = obs.reshape(-1, *obs.shape[-3:]).permute(0, 3, 1, 2).float()
+    return x, lead
+
+
+class MinAtarTrunk(nn.Module):
+    """Conv(``kernel`` x ``kernel``, ``channels``, stride 1, no padding), ReLU, dense(``hidden``), ReLU:
+    NCHW ``[N, c, h, w]`` -> ``[N, hidden]``; orthogonal init, gain sqrt(2), zero biases."""
+
     def __init__(self, h: int, w: int, c: int, channels: int, kernel: int, hidden: int) -> None:
         super().__init__()
         self.conv = _init(nn.Conv2d(c, channels, kernel), math.sqrt(2))
@@ -54,29 +77,19 @@ class MinAtarActorCritic(nn.Module):
         super().__init__()
         if action_space.get("type") != "discrete":
             raise ValueError(f"model.network: minatar_cnn needs a discrete action space, got {action_space!r}")
-        shape = list(observation_space["shape"])
-        if len(shape) != 3 or min(shape[0], shape[1]) < kernel_size:
-            raise ValueError(f"model.network: minatar_cnn needs [H, W, C] observations with H, W >= {kernel_size}, got {shape}")
-        for name, v in (("channels", channels), ("hidden", hidden), ("kernel_size", kernel_size)):
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"model.network.{name} must be a positive integer, got {v!r}")
+        h, w, c = minatar_input(observation_space, channels, hidden, kernel_size)
         self.action_space = action_space
         self.discrete = True
         # A shared trunk unless told otherwise (the MinAtar paper's network); PPG asks for "dual".
         self.arch = resolve_arch(arch or ("dual" if shared_trunk is False else "shared"), bool(shared_trunk))
         self.shared_trunk = self.arch != "dual"
-        h, w, c = shape
-        self.policy_body = _Trunk(h, w, c, channels, kernel_size, hidden)
-        self.value_body = None if self.shared_trunk else _Trunk(h, w, c, channels, kernel_size, hidden)
+        self.policy_body = MinAtarTrunk(h, w, c, channels, kernel_size, hidden)
+        self.value_body = None if self.shared_trunk else MinAtarTrunk(h, w, c, channels, kernel_size, hidden)
         self.policy_head = _init(nn.Linear(hidden, action_space["n"]), 0.01)
         self.value_head = _init(nn.Linear(hidden, 1), 1.0)
         self.aux_value_head = _init(nn.Linear(hidden, 1), 1.0) if aux_value_head else None
 
-    @staticmethod
-    def _nchw(obs: Tensor) -> tuple[Tensor, torch.Size]:
-        lead = obs.shape[:-3]
-        x = obs.reshape(-1, *obs.shape[-3:]).permute(0, 3, 1, 2).float()
-        return x, lead
+    _nchw = staticmethod(minatar_nchw)
 
     def policy(self, obs: Tensor) -> tuple[Tensor]:
         x, lead = self._nchw(obs)

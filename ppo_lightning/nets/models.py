@@ -34,15 +34,15 @@ NETWORK_NAMES = ("auto", "mlp", "impala_cnn", "minatar_cnn", "nature_cnn", "smal
 
 def build_network(observation_space: dict, action_space: dict, network: dict[str, Any]) -> nn.Module:
     """Build the actor-critic named by ``network["name"]`` (`NETWORK_NAMES`; ``auto``: the one
-    `ppo_lightning.nets.pixel_cnn.choose_network` picks for the observation space)."""
+    `ppo_lightning.nets.pixel_cnn.choose_network` picks for the observation space); with a ``core``
+    (lstm, gru), that network's encoder followed by the core
+    (`ppo_lightning.nets.recurrent.RecurrentActorCritic`)."""
     network = dict(resolve_network(observation_space, network)[0])
     name = network.pop("name", "mlp")
     if "precision" in network:  # deprecated (0.1): the Trainer's precision applies to every network
         network.pop("precision")
-    if network.get("core") is not None:  # an LSTM or GRU core after the encoder (ppo_lightning.nets.recurrent)
-        if name != "mlp":
-            raise ValueError(f"model.network.core (a recurrent core) takes the mlp encoder for now, got name {name!r}")
-        return RecurrentActorCritic(observation_space, action_space, **network)
+    if network.get("core") is not None:  # an LSTM or GRU core after the named network's encoder (nets.recurrent)
+        return RecurrentActorCritic(observation_space, action_space, encoder=name, **network)
     network.pop("core", None), network.pop("core_size", None)
     if name == "mlp":
         if needs_spaces_network(observation_space, action_space):  # any other gymnasium space, action masks

@@ -35,8 +35,10 @@ SMALL_CONVS = ((32, 3, 1, 1), (64, 3, 2, 1), (64, 3, 2, 1))
 NATURE_MIN_SIZE = 36  # the smallest side the Nature CNN's three convolutions reduce to 1x1
 MAX_CHANNELS = 16  # an image's channel axis is its first or last, of at most this many (RGB, stacked frames)
 MIN_SIDE = 4  # and both other sides at least this long
-CNN_SETTINGS = ("layout", "dense", "shared_trunk", "arch", "aux_value_head")
-MLP_SETTINGS = ("hidden_sizes", "activation", "shared_trunk", "arch", "aux_value_head", "normalize_observation")
+CORE_SETTINGS = ("core", "core_size")  # a recurrent core after either kind's encoder (ppo_lightning.nets.recurrent)
+CNN_SETTINGS = ("layout", "dense", "shared_trunk", "arch", "aux_value_head", *CORE_SETTINGS)
+MLP_SETTINGS = ("hidden_sizes", "activation", "shared_trunk", "arch", "aux_value_head", "normalize_observation",
+                *CORE_SETTINGS)
 
 
 def image_layout(shape, dtype: str = "float32") -> str | None:
@@ -119,7 +121,49 @@ def conv_output_side(side: int, convs) -> int:
     return side
 
 
-class _ConvTrunk(nn.Module):
+def image_input(observation_space: dict, convs, dense: int, name: str, layout: str | None = None
+                ) -> tuple[str, int, int, int]:
+    """(layout, height, width, channels) of the images a trunk of ``convs`` and a ``dense`` layer reads
+    (``layout``: given, or `image_layout`'s); a one-line ``ValueError`` naming network ``name`` for
+    observations that are not images, too small for ``convs``, or a ``dense`` that is not a positive integer."""
+    shape = list(observation_space["shape"])
+    layout = layout or image_layout(shape, observation_space.get("dtype", "float32"))
+    if layout is None or len(shape) != (2 if layout == "hw" else 3):
+        raise ValueError(f"model.network: {name} needs image observations ([H, W, C], [C, H, W] or uint8 "
+                         f"[H, W]), got shape {shape}")
+    if not isinstance(dense, int) or dense <= 0:
+        raise ValueError(f"model.network.dense must be a positive integer, got {dense!r}")
+    h, w, c = image_hwc(shape, layout)
+    if min(conv_output_side(h, convs), conv_output_side(w, convs)) < 1:
+        raise ValueError(f"model.network: {name} needs images of at least {NATURE_MIN_SIZE}x{NATURE_MIN_SIZE}, "
+                         f"got {h}x{w} (small_cnn takes any size)")
+    return layout, h, w, c
+
+
+def image_batch(obs: Tensor, layout: str, dtype: torch.dtype) -> tuple[Tensor, torch.Size]:
+    """Observations ``[*lead, <image in layout>]`` as one NCHW batch of ``dtype`` (``uint8`` scaled to
+    [0, 1]; channels_last memory outside ``torch.vmap``) and their leading dimensions ``lead``."""
+    rank = 2 if layout == "hw" else 3
+    lead = obs.shape[:-rank]
+    x = obs.reshape(-1, *obs.shape[-rank:])
+    if layout == "hw":
+        x = x.unsqueeze(1)
+    elif layout == "hwc":
+        x = x.permute(0, 3, 1, 2)  # NHWC memory = NCHW channels_last
+    scale = x.dtype == torch.uint8
+    # channels_last: oneDNN's faster convolutions, forward and backward (a Nature CNN step of 256 Atari
+    # frames ~1.2x on the AVX-512 EPYC); one copy with the dtype conversion
+    # (not under torch.vmap, a group's stacked members: no channels_last for its batched tensors)
+    batched = is_batched(x)
+    x = x.to(dtype, memory_format=torch.preserve_format if batched else torch.channels_last)
+    return (x.mul_(1.0 / 255.0) if scale else x), lead  # a fresh tensor where scaled
+
+
+class ConvTrunk(nn.Module):
+    """Convolutions (``convs``: (out_channels, kernel, stride, padding) each), ReLU after each, then a
+    dense layer of ``dense`` units and ReLU: NCHW images ``[N, c, h, w]`` -> features ``[N, dense]``.
+    Orthogonal init, gain sqrt(2), zero biases."""
+
     def __init__(self, h: int, w: int, c: int, convs, dense: int) -> None:
         super().__init__()
         layers: list[nn.Module] = []
@@ -143,25 +187,15 @@ class ConvActorCritic(nn.Module):
                  layout: str | None = None, shared_trunk: bool | None = None, arch: str | None = None,
                  aux_value_head: bool = False) -> None:
         super().__init__()
-        shape = list(observation_space["shape"])
-        layout = layout or image_layout(shape, observation_space.get("dtype", "float32"))
-        if layout is None or len(shape) != (2 if layout == "hw" else 3):
-            raise ValueError(f"model.network: {name} needs image observations ([H, W, C], [C, H, W] or uint8 "
-                             f"[H, W]), got shape {shape}")
-        if not isinstance(dense, int) or dense <= 0:
-            raise ValueError(f"model.network.dense must be a positive integer, got {dense!r}")
-        h, w, c = image_hwc(shape, layout)
-        if min(conv_output_side(h, convs), conv_output_side(w, convs)) < 1:
-            raise ValueError(f"model.network: {name} needs images of at least {NATURE_MIN_SIZE}x{NATURE_MIN_SIZE}, "
-                             f"got {h}x{w} (small_cnn takes any size)")
+        layout, h, w, c = image_input(observation_space, convs, dense, name, layout)
         self.action_space = action_space
         self.layout = layout
         self.discrete = action_space["type"] == "discrete"
         out_dim = action_space["n"] if self.discrete else int(math.prod(action_space["shape"]))
         self.arch = resolve_arch(arch or ("dual" if shared_trunk is False else "shared"), bool(shared_trunk))
         self.shared_trunk = self.arch != "dual"
-        self.policy_body = _ConvTrunk(h, w, c, convs, dense)
-        self.value_body = None if self.shared_trunk else _ConvTrunk(h, w, c, convs, dense)
+        self.policy_body = ConvTrunk(h, w, c, convs, dense)
+        self.value_body = None if self.shared_trunk else ConvTrunk(h, w, c, convs, dense)
         self.policy_head = _init_pixel_layer(nn.Linear(dense, out_dim), 0.01)
         self.value_head = _init_pixel_layer(nn.Linear(dense, 1), 1.0)
         self.log_std = None if self.discrete else nn.Parameter(torch.zeros(out_dim))
@@ -169,20 +203,7 @@ class ConvActorCritic(nn.Module):
 
     def _nchw(self, obs: Tensor) -> tuple[Tensor, torch.Size]:
         """Observations as a float NCHW batch (uint8 scaled to [0, 1]) and their leading dimensions."""
-        rank = 2 if self.layout == "hw" else 3
-        lead = obs.shape[:-rank]
-        x = obs.reshape(-1, *obs.shape[-rank:])
-        if self.layout == "hw":
-            x = x.unsqueeze(1)
-        elif self.layout == "hwc":
-            x = x.permute(0, 3, 1, 2)  # NHWC memory = NCHW channels_last
-        scale = x.dtype == torch.uint8
-        # channels_last: oneDNN's faster convolutions, forward and backward (a Nature CNN step of 256 Atari
-        # frames ~1.2x on the AVX-512 EPYC); one copy with the dtype conversion
-        # (not under torch.vmap, a group's stacked members: no channels_last for its batched tensors)
-        batched = is_batched(x)
-        x = x.to(self.policy_head.weight.dtype, memory_format=torch.preserve_format if batched else torch.channels_last)
-        return (x.mul_(1.0 / 255.0) if scale else x), lead  # a fresh tensor where scaled
+        return image_batch(obs, self.layout, self.policy_head.weight.dtype)
 
     def _dist_params(self, features: Tensor, lead) -> tuple[Tensor, ...]:
         out = self.policy_head(features).float().reshape(*lead, -1)  # float32 under any autocast

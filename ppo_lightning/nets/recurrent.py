@@ -1,11 +1,12 @@
 """Recurrent actor-critics: an LSTM or GRU core between the observation encoder and the heads.
 
-``model.network.core: lstm | gru`` (``core_size``: its hidden size, default 64) turns any network into
-a recurrent one: the observation goes through the network's encoder (the MLP body over the packed
-observation of any gymnasium space), then through the core, then the policy and value heads. ``arch``
-keeps its meaning: ``dual`` gives the policy and the value their own encoder and core, ``shared`` one
-of each for both heads, ``detach`` one of each with the value head reading the core through a
-stop-gradient (PPG).
+``model.network.core: lstm | gru`` (``core_size``: its hidden size, default 64) turns any network
+(``name``: mlp, nature_cnn, small_cnn, minatar_cnn, impala_cnn, or auto) into a recurrent one: the
+observation goes through that network's encoder (the MLP body over the packed observation of any
+gymnasium space, or a convolutional trunk and its dense layer), then through the core, then the
+policy and value heads (`RecurrentActorCritic`). ``arch`` keeps its meaning: ``dual`` gives the
+policy and the value their own encoder and core, ``shared`` one of each for both heads, ``detach``
+one of each with the value head reading the core through a stop-gradient (PPG).
 
 The recurrent state of one env is one flat float32 vector of `RecurrentActorCritic.state_size`
 numbers (each core's ``h``, then an LSTM's ``c``; the policy core's, then the value core's), so that
@@ -42,7 +43,10 @@ from torch.nn import functional as F
 from ppo_lightning.nets.actor_critic import ACTIVATIONS, _init_linear, mlp, orthogonal_init_, resolve_arch
 from ppo_lightning.nets.composite import assemble_params, head_sizes, mask_logits
 from ppo_lightning.nets.encoders import ObservationEncoder
+from ppo_lightning.nets.impala import ImpalaEncoder
+from ppo_lightning.nets.minatar_cnn import MinAtarTrunk, minatar_input, minatar_nchw
 from ppo_lightning.nets.obs_norm import RunningObservationNorm
+from ppo_lightning.nets.pixel_cnn import NATURE_CONVS, SMALL_CONVS, ConvTrunk, image_batch, image_input
 
 STATE_KEY = "recurrent_state"  # [.., D]: the state going into this step (zeros at an episode's first step)
 IS_INIT_KEY = "is_init"  # [..]: this step is the first of an episode (the state is reset before it)
@@ -114,25 +118,61 @@ class RecurrentCore(nn.Module):
         return torch.stack(outs, dim=-2), state
 
 
+# model.network.name -> the settings of its encoder a recurrent network takes, with their defaults (the
+# feed-forward network's, except the MLP's one hidden layer: the core adds the second)
+ENCODER_SETTINGS = {
+    "mlp": {"hidden_sizes": (64,), "activation": "tanh", "normalize_observation": False},
+    "nature_cnn": {"dense": 512, "layout": None},
+    "small_cnn": {"dense": 256, "layout": None},
+    "minatar_cnn": {"channels": 16, "hidden": 128, "kernel_size": 3},
+    "impala_cnn": {"channels": (16, 32, 32), "dense": 256, "nblock": 2, "inference_chunk": 64},
+}
+
+
 class RecurrentActorCritic(nn.Module):
     """Encoder -> LSTM/GRU core -> policy and value heads, for any action space (module docstring).
 
-    The encoder is the MLP body (``hidden_sizes``, ``activation``) over the observation as
-    `ppo_lightning.nets.encoders.ObservationEncoder` reads it (a plain ``Box`` flattened, a packed
-    space leaf by leaf, an action mask split off); heads as the feed-forward networks' (policy gain
-    0.01, value 1.0, PPG's auxiliary value head on the policy core)."""
+    ``encoder`` names the feed-forward network whose encoder reads the observations, built from that
+    network's own building blocks with its settings (`ENCODER_SETTINGS`):
+
+    - ``mlp``: `ppo_lightning.nets.encoders.ObservationEncoder` (a plain ``Box`` flattened, a packed
+      space leaf by leaf, an action mask split off), ``normalize_observation`` (a plain ``Box``), and
+      the MLP body (``hidden_sizes``, ``activation``);
+    - ``nature_cnn`` / ``small_cnn``: `ppo_lightning.nets.pixel_cnn.ConvTrunk` (convolutions and the
+      dense layer) over images in any layout;
+    - ``minatar_cnn``: `ppo_lightning.nets.minatar_cnn.MinAtarTrunk`;
+    - ``impala_cnn``: `ppo_lightning.nets.impala.ImpalaEncoder` (the stacks and the dense layer).
+
+    ``arch`` defaults as the feed-forward network's (``dual`` for the MLP, ``shared`` for the
+    convolutional ones). The heads read the core's output: orthogonal init, policy gain 0.01, value
+    1.0, PPG's auxiliary value head (``aux_value_head``) on the policy core; outputs float32 under any
+    autocast; the logits of actions an observation's mask forbids are masked."""
 
     recurrent = True
 
-    def __init__(self, observation_space: dict, action_space: dict, hidden_sizes: tuple[int, ...] = (64,),
-                 activation: str = "tanh", shared_trunk: bool = False, arch: str | None = None,
-                 aux_value_head: bool = False, normalize_observation: bool = False, core: str = "lstm",
-                 core_size: int = 64) -> None:
+    def __init__(self, observation_space: dict, action_space: dict, encoder: str = "mlp", core: str = "lstm",
+                 core_size: int = 64, arch: str | None = None, shared_trunk: bool | None = None,
+                 aux_value_head: bool = False, **settings) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        if encoder not in ENCODER_SETTINGS:
+            raise ValueError(f"model.network.core (a recurrent core) goes after the encoder of one of "
+                             f"{', '.join(ENCODER_SETTINGS)}, got name {encoder!r}")
+        if core not in CORES:
+            raise ValueError(f"model.network.core must be one of {CORES} (or null), got {core!r}")
+        if isinstance(core_size, bool) or not isinstance(core_size, int) or core_size <= 0:
+            raise ValueError(f"model.network.core_size must be a positive integer, got {core_size!r}")
+        unknown = sorted(set(settings) - set(ENCODER_SETTINGS[encoder]))
+        if unknown:
+            raise ValueError(f"model.network: {encoder} with a recurrent core takes "
+                             f"{', '.join(ENCODER_SETTINGS[encoder])} (and core, core_size, arch, shared_trunk, "
+                             f"aux_value_head), not {', '.join(unknown)}")
+        settings = {**ENCODER_SETTINGS[encoder], **settings}
+        self.encoder_name = encoder
         self.action_space = action_space
-        self.arch = resolve_arch(arch, shared_trunk)
+        if encoder == "mlp":
+            self.arch = resolve_arch(arch, bool(shared_trunk))
+        else:  # the convolutional networks' default: one trunk for both heads
+            self.arch = resolve_arch(arch or ("dual" if shared_trunk is False else "shared"), bool(shared_trunk))
         self.shared_trunk = self.arch != "dual"
         kind = action_space["type"]
         self.discrete, self.composite = kind == "discrete", kind == "composite"
@@ -141,24 +181,49 @@ class RecurrentActorCritic(nn.Module):
         else:
             out_dim = action_space["n"] if self.discrete else int(math.prod(action_space["shape"]))
             stds = 0 if self.discrete else out_dim
-        self.encoder = ObservationEncoder(observation_space)
-        self.mask_size = self.encoder.mask_size
-        if normalize_observation and (observation_space.get("space") is not None or self.mask_size):
-            raise ValueError("model.network.normalize_observation normalizes Box observations without an action mask")
-        self.obs_norm = RunningObservationNorm(self.encoder.out_dim) if normalize_observation else None
-        in_dim = self.encoder.out_dim
-        self.policy_body, feat = mlp(in_dim, tuple(hidden_sizes), activation)
+        self.obs_ndim = len(observation_space["shape"])
+        self.encoder, self.obs_norm, self.mask_size, self.layout = None, None, 0, None
+        body = self._body_factory(observation_space, settings)
+        self.policy_body, feat = body()
         self.policy_core = RecurrentCore(core, feat, core_size)
         if self.shared_trunk:
             self.value_body = self.value_core = None
         else:
-            self.value_body, value_feat = mlp(in_dim, tuple(hidden_sizes), activation)
+            self.value_body, value_feat = body()
             self.value_core = RecurrentCore(core, value_feat, core_size)
         self.policy_head = _init_linear(nn.Linear(core_size, out_dim), 0.01)
         self.value_head = _init_linear(nn.Linear(core_size, 1), 1.0)
         self.log_std = nn.Parameter(torch.zeros(stds)) if stds else None
         self.aux_value_head = _init_linear(nn.Linear(core_size, 1), 1.0) if aux_value_head else None
-        self.obs_ndim = len(observation_space["shape"])
+
+    def _body_factory(self, observation_space: dict, settings: dict):
+        """A function that builds one encoder body: () -> (module, features). Sets what reading the
+        observation needs (`_read`): the MLP's observation encoder and normalizer, an image layout."""
+        name = self.encoder_name
+        if name == "mlp":
+            if settings["activation"] not in ACTIVATIONS:
+                raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {settings['activation']!r}")
+            self.encoder = ObservationEncoder(observation_space)
+            self.mask_size = self.encoder.mask_size
+            if settings["normalize_observation"]:
+                if observation_space.get("space") is not None or self.mask_size:
+                    raise ValueError("model.network.normalize_observation normalizes Box observations without an "
+                                     "action mask")
+                self.obs_norm = RunningObservationNorm(self.encoder.out_dim)
+            in_dim, hidden, activation = self.encoder.out_dim, tuple(settings["hidden_sizes"]), settings["activation"]
+            return lambda: mlp(in_dim, hidden, activation)
+        if name in ("nature_cnn", "small_cnn"):
+            convs = NATURE_CONVS if name == "nature_cnn" else SMALL_CONVS
+            dense = settings["dense"]
+            self.layout, h, w, c = image_input(observation_space, convs, dense, name, settings["layout"])
+            return lambda: (ConvTrunk(h, w, c, convs, dense), dense)
+        if name == "minatar_cnn":
+            channels, hidden, kernel = settings["channels"], settings["hidden"], settings["kernel_size"]
+            h, w, c = minatar_input(observation_space, channels, hidden, kernel)
+            return lambda: (MinAtarTrunk(h, w, c, channels, kernel, hidden), hidden)
+        impala = {k: settings[k] for k in ("dense", "nblock", "inference_chunk")}
+        impala["channels"] = tuple(settings["channels"])
+        return lambda: (ImpalaEncoder(observation_space, **impala), impala["dense"])
 
     # ---------------------------------------------------------------- state
     @property
@@ -172,25 +237,44 @@ class RecurrentActorCritic(nn.Module):
         return torch.zeros((*batch_shape, self.state_size), dtype=torch.float32, device=device)
 
     # ---------------------------------------------------------------- the unrolled pass
-    def _encode(self, obs: Tensor) -> tuple[Tensor, Tensor | None]:
-        x, mask = self.encoder(obs)
-        return (x if self.obs_norm is None else self.obs_norm(x)), mask
+    def _read(self, obs: Tensor) -> tuple[Tensor, Tensor | None, torch.Size | None]:
+        """(the bodies' input, the action mask or None, the leading dimensions where the input is one
+        flat image batch, else None) of observations ``[*lead, ...]``."""
+        if self.encoder is not None:  # mlp
+            x, mask = self.encoder(obs)
+            return (x if self.obs_norm is None else self.obs_norm(x)), mask, None
+        if self.layout is not None:  # nature_cnn, small_cnn
+            x, lead = image_batch(obs, self.layout, self.policy_head.weight.dtype)
+            return x, None, lead
+        if self.encoder_name == "minatar_cnn":
+            x, lead = minatar_nchw(obs)
+            return x, None, lead
+        return obs, None, None  # impala_cnn: ImpalaEncoder.features reads the observations
 
-    def _unroll(self, obs: Tensor, state: Tensor, is_init: Tensor, value: bool = True
-                ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
-        """(policy core outputs ``[*, L, H]``, value core outputs or None, mask, state after) for
-        ``obs [*, L, ...]``."""
-        x, mask = self._encode(obs)
+    @staticmethod
+    def _features(body: nn.Module, x: Tensor, lead: torch.Size | None) -> Tensor:
+        f = body.features(x) if isinstance(body, ImpalaEncoder) else body(x)
+        return f if lead is None else f.reshape(*lead, f.shape[-1])
+
+    def _unroll(self, obs: Tensor, state: Tensor, is_init: Tensor, policy: bool = True, value: bool = True
+                ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor]:
+        """(policy core outputs ``[*, L, H]`` or None, value core outputs or None, mask, state after) for
+        ``obs [*, L, ...]``; ``policy`` / ``value``: whether those outputs are needed (a core that is
+        not run keeps its part of the state)."""
+        x, mask, lead = self._read(obs)
         split = self.policy_core.state_size
         policy_state, value_state = state[..., :split], state[..., split:]
-        p_out, p_last = self.policy_core(self.policy_body(x), policy_state, is_init)
+        policy = policy or self.value_core is None  # a shared core feeds the value too
+        p_out = None
+        if policy:
+            p_out, policy_state = self.policy_core(self._features(self.policy_body, x, lead), policy_state, is_init)
         if self.value_core is None:
             v_out = (p_out.detach() if self.arch == "detach" else p_out) if value else None
-            return p_out, v_out, mask, p_last
-        if not value:
-            return p_out, None, mask, torch.cat((p_last, value_state), dim=-1)
-        v_out, v_last = self.value_core(self.value_body(x), value_state, is_init)
-        return p_out, v_out, mask, torch.cat((p_last, v_last), dim=-1)
+            return p_out, v_out, mask, policy_state
+        v_out = None
+        if value:
+            v_out, value_state = self.value_core(self._features(self.value_body, x, lead), value_state, is_init)
+        return p_out, v_out, mask, torch.cat((policy_state, value_state), dim=-1)
 
     def _params(self, features: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
         out = self.policy_head(features).float()  # float32 under any autocast (the loss's ratios)
@@ -207,14 +291,17 @@ class RecurrentActorCritic(nn.Module):
         return (*self._params(p, mask), self.value_head(v).float())
 
     def policy(self, obs: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, ...]:
+        """Distribution parameters ``[*, B, L, ...]``."""
         p, _, mask, _ = self._unroll(obs, state, is_init, value=False)
         return self._params(p, mask)
 
     def value(self, obs: Tensor, state: Tensor, is_init: Tensor) -> Tensor:
-        _, v, _, _ = self._unroll(obs, state, is_init)
+        """Values ``[*, B, L, 1]``."""
+        _, v, _, _ = self._unroll(obs, state, is_init, policy=False)
         return self.value_head(v).float()
 
     def forward_aux(self, obs: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, ...]:
+        """Distribution parameters, value and the auxiliary value (PPG's auxiliary phase), ``[*, B, L, ...]``."""
         if self.aux_value_head is None:
             raise ValueError("this network has no auxiliary value head (model.network.aux_value_head)")
         p, v, mask, _ = self._unroll(obs, state, is_init)

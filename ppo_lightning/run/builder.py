@@ -45,7 +45,7 @@ from ppo_lightning.training.tracking import (DEFAULT_TRACKING_URI, RunCSVLogger,
                                              view_hints)
 from ppo_lightning.algos import scaling
 from ppo_lightning.training.preemption import Preemption, SignalStop
-from ppo_lightning.training.update import one_clip_setting
+from ppo_lightning.training.update import check_micro_batch_size, one_clip_setting
 from ppo_lightning.core.configs import checked_config, plain, resolve_config_args
 from ppo_lightning.training.diagnostics import SmallBatchDiagnostics
 from ppo_lightning.training import preemption
@@ -231,6 +231,8 @@ class PPOCLI(LightningCLI):
             self.scale_params = scaling.scale_params(cfg.scale, rules, report)
             if cfg.get("ckpt_path"):  # the scaled settings must be the checkpoint's
                 rescale.check_resumed_scaled_settings(cfg.ckpt_path, model_config(cfg), cfg.scale)
+        # a recurrent network's micro-batches are whole segments of L steps
+        check_micro_batch_size(model_config(cfg).get("micro_batch_size"), scaling.recurrent_sequence_length(cfg))
         strategy = cfg.trainer.get("strategy")
         if str(getattr(strategy, "class_path", "")) == "lightning.pytorch.strategies.ModelParallelStrategy":
             # sharded checkpoints written to a temporary folder and swapped in (never half-written)

@@ -208,7 +208,7 @@ class PPOLightningModule(pl.LightningModule):
         self.anchor = make_anchor(settings.decoupled, self.seed_axis.proximal_com(proximal_com))
         self.proximal_source = self.anchor.source
         # PPG: phase bookkeeping and buffer; manual optimization (a step picks one of its optimizers).
-        self.ppg_phases = make_phases(ppg, action_space)
+        self.ppg_phases = make_phases(ppg, action_space, self.network)
         # The update of a minibatch, one per algorithm (ppo_lightning.training.update).
         self.updater = make_updater(ppg)
         self.automatic_optimization = self.updater.automatic_optimization

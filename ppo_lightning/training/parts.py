@@ -23,6 +23,7 @@ from tensordict import TensorDictBase
 from ppo_lightning.algos.ppg import PPGPhases, check_phase_buffer_memory
 from ppo_lightning.algos.proximal import ProximalEWMAStep, ProximalPolicyEWMA
 from ppo_lightning.nets.models import OBS_KEY
+from ppo_lightning.nets.recurrent import is_recurrent
 from ppo_lightning.training.compiled import CompiledLoss
 
 
@@ -79,6 +80,8 @@ class EWMAAnchor(ModulePart):
         self.source.stop()
 
     def proximal_params(self, batch: TensorDictBase, param_keys: list[str]) -> list:
+        if is_recurrent(self.source.proximal):  # over the minibatch's segments, from their stored start states
+            return self.source.proximal_policy(batch)
         return self.source.proximal_policy(batch.get(OBS_KEY))
 
     def update(self) -> None:
@@ -97,7 +100,8 @@ class PPGPart(ModulePart):
     def on_fit_start(self, module) -> None:
         t = module.trainer
         if t.datamodule is not None:
-            check_phase_buffer_memory(module.hparams, t.datamodule, processes=max(1, t.world_size // max(1, t.num_nodes)))
+            check_phase_buffer_memory(module.hparams, t.datamodule, processes=max(1, t.world_size // max(1, t.num_nodes)),
+                                      state_size=self.phases.state_size)
 
     def metrics(self) -> dict[str, Any]:
         return self.phases.iteration_metrics()
@@ -131,9 +135,12 @@ def make_anchor(decoupled: bool, com) -> BehaviorAnchor | EWMAAnchor:
     return BehaviorAnchor()
 
 
-def make_phases(ppg: dict | None, action_space) -> PPGPhases | None:
-    """PPG's phase bookkeeping and buffer for a resolved ``model.ppg`` (None: PPO)."""
-    return None if ppg is None else PPGPhases(ppg, action_space)
+def make_phases(ppg: dict | None, action_space, network=None) -> PPGPhases | None:
+    """PPG's phase bookkeeping and buffer for a resolved ``model.ppg`` (None: PPO); a recurrent
+    ``network``'s phases keep and replay its stored states (`ppo_lightning.algos.ppg.PPGPhases`)."""
+    if ppg is None:
+        return None
+    return PPGPhases(ppg, action_space, state_size=network.state_size if is_recurrent(network) else 0)
 
 
 def make_ppg_part(phases: PPGPhases | None) -> PPGPart | None:

@@ -16,6 +16,14 @@ What a new geometry cannot keep: ranks without a saved state (more ranks than be
 whose ``num_envs`` changed start new environments (episodes in progress are lost; normalizer
 statistics, frames, RNG streams carry on); a PPG run starts a new policy phase (its phase buffers
 are per rank and per batch shape). Runs with artificial staleness are refused.
+
+Sequences (a recurrent network, ``model.network.core``): a minibatch is made of segments of L steps
+(``data.sequence_length``; null: the rollout length), and ``c`` divides the segments per minibatch,
+never L: the resumed run must keep the checkpoint's L (one line otherwise; with a null
+``data.sequence_length`` a changed ``data.rollout_steps`` changes L, so give L explicitly), and its
+segments must split into the same ``data.num_minibatches`` (the data module checks). The rules are
+the feed-forward ones, unchanged: ``c`` is the same factor on the samples and on the segments. The
+same holds for ``--scale c`` (`ppo_lightning.algos.scaling.scale_segments`).
 """
 
 from __future__ import annotations
@@ -89,6 +97,7 @@ def plan(ckpt_path: str | Path, world: int, data, rescale: bool, rules: tuple[st
     if old["num_minibatches"] != new["num_minibatches"]:
         raise ValueError(f"--rescale scales both batch sizes by the same c: keep data.num_minibatches="
                          f"{old['num_minibatches']} (the config has {new['num_minibatches']})")
+    check_sequence_length(meta, d, old, data)
     if (dm_state.get("per_rank") or [{}])[0].get("staleness_queue") is not None or getattr(data, "staleness", 0):
         raise ValueError("--rescale: runs with artificial staleness (data.staleness) cannot change their batch geometry")
     if getattr(data, "member_hparams", None):
@@ -96,6 +105,20 @@ def plan(ckpt_path: str | Path, world: int, data, rescale: bool, rules: tuple[st
                          "change its batch geometry yet; resume with the checkpoint's geometry")
     out["c"] = c
     return out
+
+
+def check_sequence_length(meta: dict[str, Any], saved_data: dict[str, Any], old: dict[str, int], data) -> None:
+    """A recurrent run (the checkpoint's ``model.network.core``) rescaled keeps its segment length L
+    (``data.sequence_length``, or ``data.rollout_steps`` when null): ``c`` divides the segments per
+    minibatch, never L. One-line error otherwise."""
+    network = (meta.get("hyper_parameters") or {}).get("network") or {}
+    if network.get("core") is None:
+        return
+    old_length = int(saved_data.get("sequence_length") or old["rollout_steps"])
+    new_length = int(getattr(data, "sequence_length", None) or data.rollout_steps)
+    if old_length != new_length:
+        raise ValueError(f"--rescale divides the segments per minibatch, never their length: the checkpoint's segments "
+                         f"are {old_length} steps, the config's {new_length} (set data.sequence_length={old_length})")
 
 
 def scaled_settings(settings: dict[str, Any], c: float, rules: tuple[str, ...]) -> tuple[dict[str, Any], dict]:

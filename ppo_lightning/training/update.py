@@ -33,6 +33,7 @@ from ppo_lightning.algos.loss import MAX_ENTRIES
 from ppo_lightning.algos.ppg import PHASE_TERMS, PhaseBatch
 from ppo_lightning.core.faults import TrainingLoop
 from ppo_lightning.data import parallel
+from ppo_lightning.nets.recurrent import is_recurrent
 
 
 def combine_chunk_stats(chunk_stats: list[tuple[float, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
@@ -43,6 +44,37 @@ def combine_chunk_stats(chunk_stats: list[tuple[float, dict[str, torch.Tensor]]]
             else sum(w * st[name] for w, st in chunk_stats) for name in chunk_stats[0][1]}
 
 
+def check_micro_batch_size(micro_batch_size: int | None, sequence_length: int | None) -> None:
+    """A recurrent run's micro-batches are whole segments: ``model.micro_batch_size`` (samples) must be
+    a multiple of the segment length L (``sequence_length``; None: a feed-forward run, anything goes).
+    One-line error otherwise."""
+    if not isinstance(micro_batch_size, int) or sequence_length is None or micro_batch_size % sequence_length == 0:
+        return
+    raise ValueError(f"model.micro_batch_size {micro_batch_size} must be a multiple of the sequence length "
+                     f"{sequence_length} (data.sequence_length, or data.rollout_steps when null): a recurrent "
+                     "network's micro-batches are whole segments")
+
+
+def micro_batches(batch: TensorDictBase, micro_batch_size: int | None, recurrent: bool
+                  ) -> tuple[list[TensorDictBase], list[float]] | None:
+    """The chunks of ``micro_batch_size`` samples of a minibatch and each one's share of it, or None
+    for one chunk (no ``micro_batch_size``, or one at least the minibatch's size). A feed-forward
+    minibatch ``[S, N]`` splits its samples (the last dimension); a recurrent one ``[S, B, L]``
+    splits its segments (dimension 1), ``micro_batch_size / L`` per chunk (`check_micro_batch_size`)."""
+    if micro_batch_size is None:
+        return None
+    if recurrent:
+        segments, length = batch.shape[-2], batch.shape[-1]
+        check_micro_batch_size(micro_batch_size, length)
+        per_chunk, dim = micro_batch_size // length, -2
+    else:
+        segments, per_chunk, dim = batch.shape[-1], micro_batch_size, -1
+    if per_chunk >= segments:
+        return None
+    chunks = batch.split(per_chunk, dim=dim)
+    return chunks, [chunk.shape[dim] / segments for chunk in chunks]
+
+
 def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward: Callable, backward_last: bool = True
                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Back-propagate ``loss_and_stats(chunk)`` over the minibatch's chunks of ``model.micro_batch_size``
@@ -50,17 +82,17 @@ def accumulate(module, batch: TensorDictBase, loss_and_stats: Callable, backward
     ``backward``; the last chunk's too unless ``backward_last`` is False (Lightning's automatic
     optimization back-propagates the returned loss). Returns (the last chunk's weighted loss, the
     minibatch's loss detached, the combined diagnostics by name). The chunks split the samples, the
-    last batch dimension of an ``[S, B]`` minibatch."""
-    n, m = batch.shape[-1], module.hparams.micro_batch_size
-    if m is None or m >= n:  # one chunk: the minibatch itself
+    last batch dimension of an ``[S, B]`` minibatch; a recurrent network's ``[S, B, L]`` minibatch
+    splits into whole segments (`micro_batches`)."""
+    split = micro_batches(batch, module.hparams.micro_batch_size, is_recurrent(module.network))
+    if split is None:  # one chunk: the minibatch itself
         loss, stats = loss_and_stats(batch)
         if backward_last:
             backward(loss)
         return loss, loss.detach(), stats
-    chunks = batch.split(m, dim=-1)
+    chunks, weights = split
     chunk_stats, total_loss = [], 0.0
-    for i, chunk in enumerate(chunks):
-        w = chunk.shape[-1] / n
+    for i, (chunk, w) in enumerate(zip(chunks, weights)):
         loss, stats = loss_and_stats(chunk)
         loss = loss * w
         if backward_last or i < len(chunks) - 1:  # frees this chunk's activations
@@ -200,7 +232,8 @@ class PPOUpdate(Update):
     def training_step(self, module, batch: TensorDictBase, batch_idx: int) -> torch.Tensor:
         module.numerical_guard.check_batch(batch)
         m = module.hparams.micro_batch_size
-        if m is not None and m < batch.shape[-1] and module.loss_module.decoupled:
+        if m is not None and m < batch.shape[-1] * (batch.shape[-2] if is_recurrent(module.network) else 1) \
+                and module.loss_module.decoupled:
             batch = module.add_proximal(batch)  # one no-grad pass for the whole minibatch, not one per chunk
         loss, stats = self.step(module, module.optimizers(), batch, module.loss_and_stats, batch_idx)
         module.record_step(stats)
