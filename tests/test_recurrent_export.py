@@ -298,3 +298,37 @@ def test_feed_forward_exported_model_takes_no_state(tmp_path):
     assert not model.recurrent and model.state_size == 0
     with pytest.raises(ValueError, match="feed-forward"):
         model(torch.zeros(2, 4), torch.zeros(2, 4))
+
+
+def test_a_trained_group_member_exports_evaluates_and_plays_its_replay(tmp_path):
+    """A real group of two GRU members trained one iteration: ``export-hf --seed_index 1`` writes member
+    1's weights (`seed_state_dict`), its card's evaluation is evaluate_policy of member 1 alone with the
+    state carried, the replay has a frame per step of an episode, and AutoModel steps as the member's network does."""
+    from test_members_every_env import run
+    from transformers import AutoModel
+
+    from ppo_lightning import load_pretrained
+    from ppo_lightning.cli.main import main
+    from ppo_lightning.interop.video import read_mp4
+
+    network = {"name": "mlp", "hidden_sizes": [8], "core": "gru", "core_size": 6}
+    group, dm, trainer = run(CARTPOLE, 0, 2, 1, network=network)
+    ckpt = tmp_path / "group.ckpt"
+    trainer.save_checkpoint(ckpt)
+    folder = export_hf(ckpt, tmp_path / "hf", evaluate=2, seed_index=1)
+    weights = group.network.seed_state_dict(1)
+    net = load_pretrained(folder)
+    assert all(torch.equal(net.state_dict()[k], weights[k]) for k in weights)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["network"]["core"], config["network"]["core_size"], config["state_size"]) == ("gru", 6, 12)
+    assert config["evaluation"]["returns"] == evaluate_policy(net, CARTPOLE, episodes=2, seed=0)["returns"]
+    assert read_mp4(folder / "replay.mp4").shape[0] in config["evaluation"]["lengths"]  # env 0's episode
+    assert main(["evaluate", str(ckpt), "--seed_index", "1", "--episodes", "2", "--json", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["returns"] == config["evaluation"]["returns"]
+
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    episodes = oracle_episodes(net, CARTPOLE, num_envs=2, steps=30)
+    state = None
+    for t in range(30):
+        *params, value, state = model(episodes["obs"][t], state, None if t == 0 else episodes["is_init"][t])
+        assert torch.equal(params[0], episodes["params"][t]) and torch.equal(value, episodes["value"][t])
