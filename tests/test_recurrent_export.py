@@ -257,10 +257,10 @@ def test_evaluate_a_member_of_a_recurrent_group_and_record_its_video(tmp_path):
     assert read_mp4(tmp_path / "one.mp4").shape[0] == result["lengths"][0] == result["video_frames"]
 
 
-def test_held_out_evaluation_carries_the_state_between_evaluations():
+def test_held_out_evaluation_carries_the_state_between_evaluations_and_resumes():
     """The held-out evaluation's envs persist between evaluations, and so does a recurrent policy's state:
-    two evaluations of 40 steps report the episodes of one of 80 steps; the state goes into the
-    callback's checkpoint state."""
+    two evaluations of 40 steps report the episodes of one of 80 steps. The state is in the callback's
+    checkpoint state: a callback restored from it after the first evaluation reports the second."""
     net, *_ = recurrent_network(CARTPOLE, "gru", seed=2)
     action_space = net.action_space
 
@@ -269,17 +269,23 @@ def test_held_out_evaluation_carries_the_state_between_evaluations():
         ev.envs["test"] = make_env(CARTPOLE, 3, 7)
         return ev
 
-    split, whole = evaluation(40), evaluation(80)
+    split, whole, resumed = evaluation(40), evaluation(80), evaluation(40)
     try:
-        first, second = split.run_split("test", net, action_space), split.run_split("test", net, action_space)
+        first = split.run_split("test", net, action_space)
+        saved = split.state_dict()
+        second = split.run_split("test", net, action_space)
         both = whole.run_split("test", net, action_space)
-        saved = split.state_dict()["states"]["test"]
+        resumed.load_state_dict(saved)
+        again = resumed.run_split("test", net, action_space)
     finally:
-        split.teardown(None, None, "fit"), whole.teardown(None, None, "fit")
+        for ev in (split, whole, resumed):
+            ev.teardown(None, None, "fit")
     assert first["episodes"] + second["episodes"] == both["episodes"] >= 3
     total = first["return_mean"] * first["episodes"] + second["return_mean"] * second["episodes"]
     assert total == pytest.approx(both["return_mean"] * both["episodes"])
-    assert saved["state"].shape == (3, net.state_size) and saved["is_init"].dtype == torch.bool
+    state = saved["states"]["test"]
+    assert state["state"].shape == (3, net.state_size) and state["is_init"].dtype == torch.bool
+    assert again == second
 
 
 def test_feed_forward_exported_model_takes_no_state(tmp_path):

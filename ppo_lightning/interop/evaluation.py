@@ -204,9 +204,10 @@ class HeldOutEvaluation(Callback):
         td = self._tds.get(name)
         carried = self._states.get(name)
         if td is None:
-            td = env.reset()
+            td, carried = env.reset(), None
+        if carried is None:  # zeros, every env starting an episode
             carried = StepState.for_network(network, td.batch_size.numel(), device)
-        elif carried is not None:
+        else:
             carried = StepState(carried.state.to(device), carried.is_init.to(device))
         returns, lengths = [], []
         for _ in range(self.num_steps):
