@@ -309,12 +309,14 @@ def test_feed_forward_exported_model_takes_no_state(tmp_path):
 def test_a_trained_group_member_exports_evaluates_and_plays_its_replay(tmp_path):
     """A real group of two GRU members trained one iteration: ``export-hf --seed_index 1`` writes member
     1's weights (`seed_state_dict`), its card's evaluation is evaluate_policy of member 1 alone with the
-    state carried, the replay has a frame per step of an episode, and AutoModel steps as the member's network does."""
+    state carried, the replay has a frame per step of an episode, and AutoModel steps as the member's network does. The
+    group module itself (a training video) plays member 0 as alone."""
     from test_members_every_env import run
     from transformers import AutoModel
 
     from ppo_lightning import load_pretrained
     from ppo_lightning.cli.main import main
+    from ppo_lightning.interop.checkpoint_io import load_network
     from ppo_lightning.interop.video import read_mp4
 
     network = {"name": "mlp", "hidden_sizes": [8], "core": "gru", "core_size": 6}
@@ -331,6 +333,10 @@ def test_a_trained_group_member_exports_evaluates_and_plays_its_replay(tmp_path)
     assert read_mp4(folder / "replay.mp4").shape[0] in config["evaluation"]["lengths"]  # env 0's episode
     assert main(["evaluate", str(ckpt), "--seed_index", "1", "--episodes", "2", "--json", str(tmp_path / "s.json")]) == 0
     assert json.loads((tmp_path / "s.json").read_text())["returns"] == config["evaluation"]["returns"]
+    # the group itself (its training video): member 0 plays, as alone
+    member0, _ = load_network(ckpt, 0)
+    assert evaluate_policy(group, CARTPOLE, episodes=3, seed=4)["returns"] == \
+        evaluate_policy(member0, CARTPOLE, episodes=3, seed=4)["returns"]
 
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
     episodes = oracle_episodes(net, CARTPOLE, num_envs=2, steps=30)

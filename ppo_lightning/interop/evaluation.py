@@ -286,14 +286,49 @@ def resolve_env(training_env: dict[str, Any], env_id: str | None, levels: str) -
     return target, kwargs
 
 
+class GroupMember:
+    """Member ``k`` of a group's stacked recurrent network (`ppo_lightning.nets.seed_stack.SeedStack`,
+    whose inputs carry a leading members dimension) as one network: ``step``, ``policy`` and the state
+    of that member alone (``call_seed``). A recurrent group's training video plays member 0."""
+
+    recurrent = True
+
+    def __init__(self, stack: torch.nn.Module, k: int = 0) -> None:
+        self.stack, self.k = stack, k
+        self.action_space = getattr(stack, "action_space", None)
+        self.state_size = stack.state_size
+
+    def initial_state(self, *batch_shape: int, device=None) -> torch.Tensor:
+        return torch.zeros((*batch_shape, self.state_size), dtype=torch.float32, device=device)
+
+    def step(self, obs: torch.Tensor, state: torch.Tensor, is_init: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.stack.call_seed(self.k, "step", obs, state, is_init)
+
+    @property
+    def training(self) -> bool:
+        return self.stack.training
+
+    def eval(self) -> "GroupMember":
+        self.stack.eval()
+        return self
+
+    def train(self, mode: bool = True) -> "GroupMember":
+        self.stack.train(mode)
+        return self
+
+
 def _policy_parts(policy) -> tuple[Any, dict | None]:
-    """(object with ``.policy(obs)`` or a plain callable, action space or None) of anything we accept:
-    a `PPOLightningModule`, an actor-critic network, an exported Hugging Face model, or a callable
-    ``obs -> action``."""
+    """(object with ``.policy(obs)`` (``.step`` if recurrent) or a plain callable, action space or None)
+    of anything we accept: a `PPOLightningModule`, an actor-critic network, an exported Hugging Face
+    model, or a callable ``obs -> action``. A group's stacked recurrent network: its member 0
+    (`GroupMember`)."""
     network = getattr(policy, "network", None)
     if isinstance(network, torch.nn.Module) and hasattr(network, "policy"):  # the LightningModule
         hparams = getattr(policy, "hparams", {}) or {}
-        return network, hparams.get("action_space") or getattr(network, "action_space", None)
+        space = hparams.get("action_space") or getattr(network, "action_space", None)
+        return (GroupMember(network) if _stacked_recurrent(network) else network), space
+    if _stacked_recurrent(policy):
+        return GroupMember(policy), dict(policy.action_space)
     config = getattr(policy, "config", None)
     if hasattr(policy, "policy") and getattr(config, "action_space", None) is not None:  # transformers model
         return policy, dict(config.action_space)
@@ -302,6 +337,10 @@ def _policy_parts(policy) -> tuple[Any, dict | None]:
     if callable(policy):
         return policy, None
     raise TypeError(f"evaluate_policy: cannot act with a {type(policy).__name__} (give a network, a module or a callable obs -> action)")
+
+
+def _stacked_recurrent(network) -> bool:
+    return is_recurrent(network) and hasattr(network, "call_seed")
 
 
 def _check_action_space(env_id: str, net_space: dict | None, env_space: dict) -> None:
