@@ -9,6 +9,11 @@ distribution).
 mean, std (population), min and max return, the mean length, the returns themselves and, for
 Procgen, the normalized return; ``video=PATH`` also records env 0's episodes as an MP4.
 
+A recurrent policy (`ppo_lightning.nets.recurrent`) carries one state per env: zeros before the
+first step, ``network.step(obs, state, is_init)`` at every step, ``is_init`` True for the envs whose
+episode starts at this step (every env at the first step, then each env after its ``done``, as in
+collection), so the state is zeroed there before the step (`StepState`).
+
 `HeldOutEvaluation` keeps its own env(s), separate from the training rollout, and every
 ``every_n_iterations`` PPO iterations runs ``num_steps`` steps of the current network, sampling
 actions (as the papers do; ``deterministic=True`` takes the mode). The envs persist between
@@ -22,6 +27,8 @@ during it (nothing is logged for a split where none did):
 The test levels default to the full distribution (``num_levels=0``) starting at a level seed past the
 training ones (``start_level = train start_level + train num_levels``), hence disjoint from them
 whenever training uses a finite set. ``history`` keeps every evaluation's figures (with ``frames``).
+A recurrent network's state per env persists between evaluations with the envs (and in the callback's
+checkpoint state).
 """
 
 from __future__ import annotations
@@ -40,8 +47,51 @@ from ppo_lightning.envs import PROCGEN_PREFIX, check_env_id, env_spaces, is_proc
 from ppo_lightning.envs.procgen_scores import normalized_return
 from ppo_lightning.interop.video import VideoWriter
 from ppo_lightning.nets.models import make_distribution
+from ppo_lightning.nets.recurrent import is_recurrent
 
 LEVEL_SPLITS = ("train", "test")
+
+
+class StepState:
+    """The recurrent state of ``num_envs`` envs between steps of ``network.step``.
+
+    ``state`` ``[num_envs, D]`` is the state after the last step (zeros before the first);
+    ``is_init`` ``[num_envs]`` bool marks the envs whose next step is an episode's first (all at
+    the start; `after` sets it from the step's ``done``), where ``network.step`` zeroes the state
+    before the step. A feed-forward network has none (`for_network` returns None)."""
+
+    def __init__(self, state: torch.Tensor, is_init: torch.Tensor) -> None:
+        self.state, self.is_init = state, is_init
+
+    @classmethod
+    def for_network(cls, network, num_envs: int, device=None) -> "StepState | None":
+        if not is_recurrent(network):
+            return None
+        state = network.initial_state(num_envs, device=device)
+        return cls(state, torch.ones(num_envs, dtype=torch.bool, device=device))
+
+    def step(self, network, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``network.step`` on ``obs [num_envs, ...]``: the distribution parameters (the value and the
+        new state stay here)."""
+        *params, _value, self.state = network.step(obs, self.state, self.is_init.to(obs.device))
+        return tuple(params)
+
+    def after(self, done: torch.Tensor) -> None:
+        """The step's ``done`` (any shape with ``num_envs`` elements): those envs start an episode next."""
+        self.is_init = done.reshape(-1).to(self.state.device, torch.bool)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"state": self.state.cpu(), "is_init": self.is_init.cpu()}
+
+    @classmethod
+    def from_state_dict(cls, saved: dict[str, torch.Tensor], device=None) -> "StepState":
+        return cls(saved["state"].to(device), saved["is_init"].to(device))
+
+
+def policy_params(network, obs: torch.Tensor, carried: StepState | None) -> tuple[torch.Tensor, ...]:
+    """The distribution parameters of ``network`` on ``obs``: ``network.policy(obs)``, or one
+    ``network.step`` carrying the recurrent state ``carried``."""
+    return network.policy(obs) if carried is None else carried.step(network, obs)
 
 
 def procgen_level_kwargs(train_kwargs: dict[str, Any], split: str) -> dict[str, Any]:
@@ -88,6 +138,7 @@ class HeldOutEvaluation(Callback):
         self.seed = seed
         self.envs: dict[str, Any] = {}
         self._tds: dict[str, Any] = {}
+        self._states: dict[str, StepState] = {}  # a recurrent network's state per env, by split
         self.history: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ env specs
@@ -123,6 +174,7 @@ class HeldOutEvaluation(Callback):
         state; other ranks' evaluation envs restart)."""
         return {"envs": {name: env_state(env) for name, env in self.envs.items()},
                 "tds": {name: {"data": td.to_dict(), "batch_size": list(td.batch_size)} for name, td in self._tds.items()},
+                "states": {name: carried.state_dict() for name, carried in self._states.items()},
                 "history": [dict(h) for h in self.history]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -135,11 +187,13 @@ class HeldOutEvaluation(Callback):
             if name in state.get("tds", {}):
                 td = state["tds"][name]
                 self._tds[name] = TensorDict(td["data"], batch_size=td["batch_size"])
+            if name in state.get("states", {}):
+                self._states[name] = StepState.from_state_dict(state["states"][name])
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         for env in self.envs.values():
             env.close()
-        self.envs, self._tds = {}, {}
+        self.envs, self._tds, self._states = {}, {}, {}
 
     # ------------------------------------------------------------------ evaluation
     @torch.inference_mode()
@@ -148,20 +202,29 @@ class HeldOutEvaluation(Callback):
         env = self.envs[name]
         device = next(network.parameters()).device
         td = self._tds.get(name)
+        carried = self._states.get(name)
         if td is None:
-            td = env.reset()
+            td, carried = env.reset(), None
+        if carried is None:  # zeros, every env starting an episode
+            carried = StepState.for_network(network, td.batch_size.numel(), device)
+        else:
+            carried = StepState(carried.state.to(device), carried.is_init.to(device))
         returns, lengths = [], []
         for _ in range(self.num_steps):
             obs = td.get("observation").to(device, non_blocking=True)  # envs on the CPU, network anywhere
-            dist = make_distribution(action_space, *network.policy(obs))
+            dist = make_distribution(action_space, *policy_params(network, obs, carried))
             td.set("action", (dist.mode if self.deterministic else dist.sample()).cpu())
             out, td = env.step_and_maybe_reset(td)
+            if carried is not None:
+                carried.after(out.get(("next", "done")))
             ended, ret_key, len_key = episode_keys(out.get("next"))  # whole games for Atari
             done = out.get(("next", ended)).reshape(-1)
             if done.any():
                 returns += out.get(("next", ret_key)).reshape(-1)[done].tolist()
                 lengths += out.get(("next", len_key)).reshape(-1)[done].tolist()
         self._tds[name] = td
+        if carried is not None:
+            self._states[name] = carried
         if not returns:
             return {"episodes": 0.0}
         return {
@@ -223,14 +286,49 @@ def resolve_env(training_env: dict[str, Any], env_id: str | None, levels: str) -
     return target, kwargs
 
 
+class GroupMember:
+    """Member ``k`` of a group's stacked recurrent network (`ppo_lightning.nets.seed_stack.SeedStack`,
+    whose inputs carry a leading members dimension) as one network: ``step``, ``policy`` and the state
+    of that member alone (``call_seed``). A recurrent group's training video plays member 0."""
+
+    recurrent = True
+
+    def __init__(self, stack: torch.nn.Module, k: int = 0) -> None:
+        self.stack, self.k = stack, k
+        self.action_space = getattr(stack, "action_space", None)
+        self.state_size = stack.state_size
+
+    def initial_state(self, *batch_shape: int, device=None) -> torch.Tensor:
+        return torch.zeros((*batch_shape, self.state_size), dtype=torch.float32, device=device)
+
+    def step(self, obs: torch.Tensor, state: torch.Tensor, is_init: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.stack.call_seed(self.k, "step", obs, state, is_init)
+
+    @property
+    def training(self) -> bool:
+        return self.stack.training
+
+    def eval(self) -> "GroupMember":
+        self.stack.eval()
+        return self
+
+    def train(self, mode: bool = True) -> "GroupMember":
+        self.stack.train(mode)
+        return self
+
+
 def _policy_parts(policy) -> tuple[Any, dict | None]:
-    """(object with ``.policy(obs)`` or a plain callable, action space or None) of anything we accept:
-    a `PPOLightningModule`, an actor-critic network, an exported Hugging Face model, or a callable
-    ``obs -> action``."""
+    """(object with ``.policy(obs)`` (``.step`` if recurrent) or a plain callable, action space or None)
+    of anything we accept: a `PPOLightningModule`, an actor-critic network, an exported Hugging Face
+    model, or a callable ``obs -> action``. A group's stacked recurrent network: its member 0
+    (`GroupMember`)."""
     network = getattr(policy, "network", None)
     if isinstance(network, torch.nn.Module) and hasattr(network, "policy"):  # the LightningModule
         hparams = getattr(policy, "hparams", {}) or {}
-        return network, hparams.get("action_space") or getattr(network, "action_space", None)
+        space = hparams.get("action_space") or getattr(network, "action_space", None)
+        return (GroupMember(network) if _stacked_recurrent(network) else network), space
+    if _stacked_recurrent(policy):
+        return GroupMember(policy), dict(policy.action_space)
     config = getattr(policy, "config", None)
     if hasattr(policy, "policy") and getattr(config, "action_space", None) is not None:  # transformers model
         return policy, dict(config.action_space)
@@ -239,6 +337,10 @@ def _policy_parts(policy) -> tuple[Any, dict | None]:
     if callable(policy):
         return policy, None
     raise TypeError(f"evaluate_policy: cannot act with a {type(policy).__name__} (give a network, a module or a callable obs -> action)")
+
+
+def _stacked_recurrent(network) -> bool:
+    return is_recurrent(network) and hasattr(network, "call_seed")
 
 
 def _check_action_space(env_id: str, net_space: dict | None, env_space: dict) -> None:
@@ -267,7 +369,8 @@ def evaluate_policy(
     """Run ``episodes`` complete episodes of ``policy`` on ``env_id``; returns their figures.
 
     ``policy``: a `PPOLightningModule`, an actor-critic (``load_pretrained``), an exported model
-    (``AutoModel.from_pretrained``) or a callable ``obs -> action``. ``deterministic`` acts with the
+    (``AutoModel.from_pretrained``) or a callable ``obs -> action``; a recurrent one carries its state
+    per env, reset where an episode ends (`StepState`). ``deterministic`` acts with the
     distribution's mode. ``num_envs`` (default ``min(episodes, 16)``) envs run in one vector env
     seeded with ``seed``, which also seeds the action sampling (the same seed gives the same
     figures). ``video``: an MP4 path; env 0's first ``video_episodes`` episodes are recorded
@@ -309,6 +412,7 @@ def evaluate_policy(
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
             torch.manual_seed(seed)
             td = env.reset()
+            carried = None if action_space is None else StepState.for_network(actor, num_envs)
             if recording:
                 record(td)
             while any(c < t for c, t in zip(counts, targets)):
@@ -317,7 +421,7 @@ def evaluate_policy(
                     if action_space is None:
                         action = actor(obs)
                     else:
-                        params = [p.float() for p in actor.policy(obs)]
+                        params = [p.float() for p in policy_params(actor, obs, carried)]
                         dist = make_distribution(action_space, *params)
                         action = dist.mode if deterministic else dist.sample()
                 except RuntimeError as err:
@@ -328,6 +432,8 @@ def evaluate_policy(
                     ) from None
                 td.set("action", action)
                 out, td = env.step_and_maybe_reset(td)
+                if carried is not None:  # the training episodes' ends (Atari: a life lost), as in collection
+                    carried.after(out.get(("next", "done")))
                 ended, ret_key, len_key = episode_keys(out.get("next"))  # whole games for Atari
                 done = out.get(("next", ended)).reshape(-1).tolist()
                 if any(done):

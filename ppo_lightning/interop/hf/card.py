@@ -10,6 +10,60 @@ from __future__ import annotations
 import json
 from typing import Any
 
+RECURRENT_HEADING = "## Recurrent state"
+
+
+def recurrent_usage(config: dict[str, Any]) -> str:
+    """The card's section on a recurrent network's state (empty for a feed-forward network): what the
+    state is, how it starts and resets, and a runnable episode loop (its ``python`` block is tested)."""
+    network = config.get("network") or {}
+    core = network.get("core")
+    if not core:
+        return ""
+    size = config.get("state_size", "D")
+    return f"""
+{RECURRENT_HEADING}
+
+The network has a `{core}` core (`core_size` {network.get('core_size')}): it remembers the episode so far in a
+state of {size} numbers per env (`model.state_size`), which every call takes and returns.
+
+- `model(observation, state, is_init)` returns `(*distribution_parameters, value, new_state)`;
+  `model.act(observation, deterministic, state=state, is_init=is_init)` returns `(action, new_state)`
+  (`policy`, `value` and `distribution` likewise return their output and the new state).
+- `state` `[batch, {size}]`: zeros (`model.initial_state(batch)`) before an episode's first step,
+  then the `new_state` the previous step returned. `state=None` starts every episode of the batch.
+- `is_init` `[batch]` bool: True for the envs whose episode starts at this step (after a reset);
+  their state is zeroed before the step, as in training. `is_init=None` (with a state): no episode
+  starts.
+
+One episode of a gymnasium env of the training environment (`env`), the state carried step to step:
+
+```python
+import torch
+from transformers import AutoModel
+
+model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)
+
+
+def play(env, seed=None, deterministic=True):
+    obs, _ = env.reset(seed=seed)
+    state = model.initial_state(1)                 # zeros: the state before the episode's first step
+    is_init = torch.ones(1, dtype=torch.bool)      # the first step: the state is reset (zeroed) there
+    total, done = 0.0, False
+    while not done:
+        action, state = model.act(torch.as_tensor(obs).unsqueeze(0), deterministic, state=state, is_init=is_init)
+        obs, reward, terminated, truncated, _ = env.step(action[0].numpy())
+        total, done = total + float(reward), terminated or truncated
+        is_init = torch.zeros(1, dtype=torch.bool)  # the episode goes on: carry the state
+    return total
+```
+
+With several envs at once, keep one state row per env and set `is_init` True for the envs that have
+just been reset: the state is per env, never shared. With ppo_lightning, `load_pretrained` gives the
+network, whose `step(observation, state, is_init)` returns the same tuple as `model(...)`;
+`evaluate_policy` and `ppo-lightning evaluate` carry the state themselves.
+"""
+
 
 def algorithm_name(algo: dict[str, Any]) -> str:
     if algo.get("decoupled") and algo.get("proximal_com") is not None:
@@ -65,6 +119,9 @@ def model_card(config: dict[str, Any], num_params: int, evaluation: dict[str, An
     else:
         score = "- Evaluation: not measured (exported with `--evaluate 0`, or its env could not be played there)."
     replay = f"\n![replay]({video})\n\n`{video}`: the agent playing (`ppo-lightning evaluate --video`).\n" if video else ""
+    recurrent = recurrent_usage(config)
+    state_note = f"\nThis network is recurrent: its calls also take and return its state ({RECURRENT_HEADING[3:]}, below).\n" \
+        if recurrent else ""
     rows = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in algo.items())
     env_rows = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in env.items())
     body = f"""
@@ -87,7 +144,7 @@ from transformers import AutoModel
 model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)
 action = model.act(observation)                # model.distribution(obs), model.value(obs), model(obs)
 ```
-
+{state_note}
 With ppo_lightning (no transformers, no pickle):
 
 ```python
@@ -105,7 +162,7 @@ To continue training from these weights: `model.init_from: path/to/this/folder` 
 The weights are the policy-and-value network (with its observation normalizer, if it has one):
 the proximal (EWMA) copy, optimizer state and reward/advantage normalizer statistics of the
 checkpoint are not included.
-
+{recurrent}
 ## Algorithm hyperparameters
 
 | name | value |

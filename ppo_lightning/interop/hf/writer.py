@@ -3,7 +3,8 @@
 An exported folder holds
 
 - ``config.json``: ``model_type`` ``ppo_lightning_actor_critic``, the network hyperparameters
-  (``network``, defaults filled in), ``observation_space``, ``action_space``, ``torch_dtype``, the
+  (``network``, defaults filled in: a recurrent network's ``core`` and ``core_size`` among them, and
+  ``state_size``, the numbers of its state per env), ``observation_space``, ``action_space``, ``torch_dtype``, the
   algorithm's hyperparameters, the environment (the data module's hyperparameters), training frames
   and iterations, the last training episodes' mean return, the measured evaluation, and
   ``auto_map`` for transformers;
@@ -75,15 +76,25 @@ def parse_size(size: int | str) -> int:
 
 
 def _resolved_network(net: torch.nn.Module, network_cfg: dict[str, Any]) -> dict[str, Any]:
-    """``network_cfg`` with the network class's defaults filled in (informative, JSON-safe)."""
+    """``network_cfg`` with the network class's defaults filled in (informative, JSON-safe; the
+    result builds the same network). A recurrent network (`ppo_lightning.nets.recurrent`): its
+    encoder's settings' defaults too; its ``encoder`` argument stays out (``build_network`` passes
+    ``name`` as the encoder)."""
     out = dict(network_cfg)
     out.setdefault("name", "mlp")
+    skip = {"self", "observation_space", "action_space"}
+    if getattr(net, "recurrent", False):
+        from ppo_lightning.nets.recurrent import ENCODER_SETTINGS
+
+        skip.add("encoder")
+        for name, default in ENCODER_SETTINGS.get(getattr(net, "encoder_name", None), {}).items():
+            out.setdefault(name, default)
     try:
         params = inspect.signature(type(net).__init__).parameters
     except (TypeError, ValueError):
         return plain(out, json_safe=True)
     for name, p in params.items():
-        if name in ("self", "observation_space", "action_space") or name in out:
+        if name in skip or name in out:
             continue
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is inspect.Parameter.empty:
             continue
@@ -124,6 +135,7 @@ def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -
     data_state = data_state if isinstance(data_state, dict) else None
     algorithm = {k: v for k, v in hparams.items() if k not in ("observation_space", "action_space", "network", "init_from")}
     frames = data_state.get("frames") if data_state else None
+    recurrent = {"state_size": int(net.state_size)} if getattr(net, "recurrent", False) else {}  # informative
     try:
         from importlib.metadata import version
 
@@ -137,6 +149,7 @@ def build_config(checkpoint: dict[str, Any], net: torch.nn.Module, dtype: str) -
             "auto_map": AUTO_MAP,
             "format_version": FORMAT_VERSION,
             "network": _resolved_network(net, hparams.get("network") or {"name": "mlp"}),
+            **recurrent,
             "observation_space": hparams["observation_space"],
             "action_space": hparams["action_space"],
             "torch_dtype": dtype,
