@@ -24,7 +24,7 @@ def recurrent_usage(config: dict[str, Any]) -> str:
     return f"""
 {RECURRENT_HEADING}
 
-The network has a `{core}` core (`core_size` {network.get('core_size')}): it remembers the episode so far in a
+The network has {'an' if core == 'lstm' else 'a'} {str(core).upper()} core (`core: {core}`, `core_size` {network.get('core_size')}): it remembers the episode so far in a
 state of {size} numbers per env (`model.state_size`), which every call takes and returns.
 
 - `model(observation, state, is_init)` returns `(*distribution_parameters, value, new_state)`;
