@@ -70,7 +70,8 @@ def test_rollouts_carry_the_state_into_every_step_as_the_network_steps_it(env_id
             init = starts[:, i * T + t]
             state = torch.where(init[:, None], torch.zeros(()), state)
             assert torch.equal(r.get(STATE_KEY)[:, t], state), (i, t)
-            *params, value, state = net.step(obs[:, t], state, init)
+            with torch.no_grad():  # as collection steps (torch's LSTM kernel takes another path with autograd)
+                *params, value, state = net.step(obs[:, t], state, init)
             assert torch.equal(r.get(("next", STATE_KEY))[:, t], state), (i, t)
             assert torch.equal(r.get(VALUE_KEY)[:, t], value) and torch.equal(r.get(source.param_keys[0])[:, t], params[0])
     assert bool(state.abs().sum() > 0)

@@ -122,6 +122,7 @@ _ISOLATED = textwrap.dedent(
         ep = torch.load(case["episodes"])
         state, first = None, True
         worst = 0.0
+        torch.set_grad_enabled(False)  # inference, as the oracle steps (oneDNN's LSTM rounds otherwise with autograd)
         for t in range(ep["obs"].shape[0]):
             # the first step with state=None (zeros), then the model's own state, reset where is_init
             out = model(ep["obs"][t], state, None if first else ep["is_init"][t])

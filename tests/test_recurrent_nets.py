@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from ppo_lightning.nets.composite import MASKED_LOGIT
 from ppo_lightning.nets.models import build_network, resolve_network
-from ppo_lightning.nets.recurrent import (RecurrentActorCritic, RecurrentCore, gru_cell, is_recurrent, lstm_cell)
+from ppo_lightning.nets.recurrent import RecurrentActorCritic, RecurrentCore, is_recurrent
 from ppo_lightning.nets.seed_stack import SeedStack
 
 DISCRETE = {"type": "discrete", "n": 3}
@@ -78,16 +78,70 @@ def _inputs(net, obs_space: dict, B: int = 3, L: int = 5, seed: int = 1):
 
 
 # ---------------------------------------------------------------------------------------- cells and cores
-def test_cells_compute_torch_lstm_and_gru_cells():
-    gen = torch.Generator().manual_seed(0)
-    x, h, c = (torch.randn(4, n, generator=gen) for n in (5, 3, 3))
-    lstm, gru = nn.LSTMCell(5, 3), nn.GRUCell(5, 3)
-    ours_h, ours_c = lstm_cell(F.linear(x, lstm.weight_ih, lstm.bias_ih), h, c, lstm.weight_hh, lstm.bias_hh)
-    ref_h, ref_c = lstm(x, (h, c))
-    torch.testing.assert_close(ours_h, ref_h)
-    torch.testing.assert_close(ours_c, ref_c)
-    ours = gru_cell(F.linear(x, gru.weight_ih, gru.bias_ih), h, gru.weight_hh, gru.bias_hh)
-    torch.testing.assert_close(ours, gru(x, h))
+def lstm_equations(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    """The LSTM step as its paper writes it (gate order i, f, g, o): the oracle of `RecurrentCore`."""
+    i, f, g, o = (x @ w_ih.T + b_ih + h @ w_hh.T + b_hh).chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def gru_equations(x, h, w_ih, w_hh, b_ih, b_hh):
+    """The GRU step (gate order r, z, n; the reset gate on W_hn h + b_hn, as cuDNN and torch compute it)."""
+    xr, xz, xn = (x @ w_ih.T + b_ih).chunk(3, dim=-1)
+    hr, hz, hn = (h @ w_hh.T + b_hh).chunk(3, dim=-1)
+    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+    return (1 - z) * torch.tanh(xn + r * hn) + z * h
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_core_computes_the_equations_with_the_state_zeroed_at_episode_starts(kind):
+    torch.manual_seed(0)
+    core = RecurrentCore(kind, 5, 3)
+    with torch.no_grad():
+        core.bias_ih.normal_(), core.bias_hh.normal_()
+    gen = torch.Generator().manual_seed(2)
+    B, L = 4, 7
+    x = torch.randn(B, L, 5, generator=gen)
+    state = torch.randn(B, core.state_size, generator=gen)
+    is_init = torch.zeros(B, L, dtype=torch.bool)
+    is_init[0, 0] = is_init[1, 3] = is_init[2, 6] = is_init[3, 3] = True
+    out, last = core(x, state, is_init)
+    w = (core.weight_ih, core.weight_hh, core.bias_ih, core.bias_hh)
+    h, c = state[:, :3], state[:, 3:]
+    outs = []
+    for t in range(L):
+        keep = (~is_init[:, t]).float().unsqueeze(-1)
+        h, c = h * keep, c * keep
+        if kind == "lstm":
+            h, c = lstm_equations(x[:, t], h, c, *w)
+        else:
+            h = gru_equations(x[:, t], h, *w)
+        outs.append(h)
+    torch.testing.assert_close(out, torch.stack(outs, dim=1))
+    torch.testing.assert_close(last, torch.cat((h, c), -1) if kind == "lstm" else h)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_sequence_cut_anywhere_gives_the_same_outputs(kind):
+    """The core runs torch's kernel over the stretches between episode starts: cutting the time axis elsewhere
+    (one step at a time, as collection steps) or running one row alone gives the same outputs (to float
+    rounding: the kernel's matrix products over more or fewer rows may round differently)."""
+    torch.manual_seed(0)
+    core = RecurrentCore(kind, 6, 8)
+    gen = torch.Generator().manual_seed(3)
+    B, L = 5, 9
+    x, state = torch.randn(B, L, 6, generator=gen), torch.randn(B, core.state_size, generator=gen)
+    is_init = torch.zeros(B, L, dtype=torch.bool)
+    is_init[1, 4] = is_init[3, 7] = True
+    out, last = core(x, state, is_init)
+    outs, s = [], state
+    for t in range(L):
+        y, s = core(x[:, t:t + 1], s, is_init[:, t:t + 1])
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, dim=1), out)
+    torch.testing.assert_close(s, last)
+    one, _ = core(x[3:4], state[3:4], is_init[3:4])
+    torch.testing.assert_close(one, out[3:4])
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

@@ -66,6 +66,24 @@ def onednn_conv_relu(x: Tensor, conv: torch.nn.Conv2d) -> Tensor:
         x, conv.weight, conv.bias, conv.padding, conv.stride, conv.dilation, conv.groups, "relu", [], "")
 
 
+def rnn_layer(kind: str, x: Tensor, h: Tensor, c: Tensor | None, weights: list[Tensor]
+              ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One LSTM or GRU layer (``kind``) over ``x [N, T, in]`` from ``h, c [N, H]`` (``c`` None for a GRU)
+    with ``weights`` = [weight_ih, weight_hh, bias_ih, bias_hh] in ``nn.LSTM``'s layout: (outputs
+    ``[N, T, H]``, h, c after). The op ``nn.LSTM`` / ``nn.GRU`` call (``torch.lstm`` / ``torch.gru``,
+    undocumented), with the weights as arguments: through ``functional_call`` on an ``nn.LSTM`` the
+    module's parameter swap costs ~100-150 us per call, most of a collection step's core. On the CPU it
+    runs oneDNN's RNN: a forward and backward over 8 sequences of 32 steps of 64 units ~1.9 ms, against
+    ~6-15 ms for torch's own per-step kernels or the equations as tensor ops (EPYC-AVX2, one thread).
+    oneDNN's inference and training kernels (autograd off or on) round differently (~1e-7)."""
+    hx = h.unsqueeze(0).contiguous()
+    if c is None:
+        out, h = torch.gru(x, hx, weights, True, 1, 0.0, True, False, True)
+        return out, h[0], None
+    out, h, c = torch.lstm(x, (hx, c.unsqueeze(0).contiguous()), weights, True, 1, 0.0, True, False, True)
+    return out, h[0], c[0]
+
+
 def compiled_graphs() -> int:
     """How many graphs TorchDynamo has compiled in this process (its counters have no public reader)."""
     from torch._dynamo.utils import counters  # loads TorchDynamo: only once model.compile is on
@@ -77,6 +95,7 @@ def check() -> list[str]:
     """What moved: a different torch release than ``VERIFIED``, or a private name gone."""
     moved = [] if torch.__version__.startswith(VERIFIED) else [f"torch {torch.__version__} (read against {VERIFIED}x)"]
     moved += [f"torch.{name}" for name in PRIVATE if not hasattr(torch, name)]
+    moved += [f"torch.{name}" for name in ("lstm", "gru") if not callable(getattr(torch, name, None))]
     if not hasattr(torch._C, "_functorch") or not hasattr(torch._C._functorch, "is_batchedtensor"):
         moved.append("torch._C._functorch.is_batchedtensor")
     return moved

@@ -23,13 +23,13 @@ Every method takes the state and ``is_init`` beside the observation:
   (training: the loss's current, proximal and PPG's policies over the same segments). The outputs are
   ``[*, B, L, ...]``; the state at the end is not returned (training never needs it).
 
-The cores are written here (`lstm_cell`, `gru_cell`, `RecurrentCore`) rather than taken from
-``torch.nn.LSTM`` or TorchRL's ``LSTMModule``: a member group runs S copies of the network through
-``torch.func.functional_call`` per member (`ppo_lightning.nets.seed_stack`), the episode resets fall
-inside a sequence (``nn.LSTM`` unrolls a whole sequence from one state, so TorchRL splits the
-trajectories and pads them), and the exported model must run without this package. The weights use
-``nn.LSTM``'s names and gate order, and the tests compare the cells with ``nn.LSTMCell`` and
-``nn.GRUCell``.
+The cores (`RecurrentCore`) run torch's own LSTM and GRU op (``nn.LSTM``'s weight names and gate order;
+`ppo_lightning.adapters.torch.rnn_layer`) over the stretches of a sequence between episode starts,
+zeroing the state of the sequences that start one. TorchRL's ``LSTMModule`` is not used: it wraps an
+``nn.LSTM`` module, whose one call unrolls a whole sequence from one state (TorchRL splits the
+trajectories at the resets and pads them), and a member group runs each member's copy through
+``torch.func.functional_call`` (`ppo_lightning.nets.seed_stack`). The tests compare the cores with the
+LSTM and GRU equations written out.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ import math
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
-from ppo_lightning.nets.actor_critic import ACTIVATIONS, _init_linear, mlp, orthogonal_init_, resolve_arch
+from ppo_lightning.adapters.torch import rnn_layer
+from ppo_lightning.nets.actor_critic import OBS_KEY, ACTIVATIONS, _init_linear, mlp, orthogonal_init_, resolve_arch
 from ppo_lightning.nets.composite import assemble_params, head_sizes, mask_logits
 from ppo_lightning.nets.encoders import ObservationEncoder
 from ppo_lightning.nets.impala import ImpalaEncoder
@@ -53,36 +53,16 @@ IS_INIT_KEY = "is_init"  # [..]: this step is the first of an episode (the state
 CORES = ("lstm", "gru")
 
 
-def lstm_cell(x_proj: Tensor, h: Tensor, c: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> tuple[Tensor, Tensor]:
-    """One LSTM step (``nn.LSTMCell``'s equations and gate order i, f, g, o).
-
-    ``x_proj = W_ih x + b_ih`` (``[*, 4H]``, computed for every step of a sequence at once);
-    ``gates = x_proj + W_hh h + b_hh``; ``i, f, o = sigmoid``, ``g = tanh``;
-    ``c' = f c + i g``; ``h' = o tanh(c')``. Returns ``(h', c')``."""
-    gates = x_proj + F.linear(h, weight_hh, bias_hh)
-    i, f, g, o = gates.chunk(4, dim=-1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
-
-
-def gru_cell(x_proj: Tensor, h: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:
-    """One GRU step (``nn.GRUCell``'s equations and gate order r, z, n).
-
-    ``x_proj = W_ih x + b_ih`` (``[*, 3H]``); ``hp = W_hh h + b_hh``; ``r = sigmoid(x_r + hp_r)``,
-    ``z = sigmoid(x_z + hp_z)``, ``n = tanh(x_n + r hp_n)``; ``h' = (1 - z) n + z h``."""
-    hp = F.linear(h, weight_hh, bias_hh)
-    xr, xz, xn = x_proj.chunk(3, dim=-1)
-    hr, hz, hn = hp.chunk(3, dim=-1)
-    r = torch.sigmoid(xr + hr)
-    z = torch.sigmoid(xz + hz)
-    n = torch.tanh(xn + r * hn)
-    return (1 - z) * n + z * h
-
-
 class RecurrentCore(nn.Module):
     """An LSTM or GRU layer over sequences with resets (module docstring). Weights as ``nn.LSTM``'s
     layer 0 (``weight_ih [G H, in]``, ``weight_hh [G H, H]``, ``bias_ih``, ``bias_hh``; G = 4 or 3),
-    initialised as CleanRL's ``ppo_atari_lstm.py``: orthogonal (gain 1), zero biases."""
+    initialised as CleanRL's ``ppo_atari_lstm.py``: orthogonal (gain 1), zero biases.
+
+    The steps run in torch's own LSTM / GRU op with these weights (`ppo_lightning.adapters.torch.rnn_layer`:
+    oneDNN's RNN on the CPU, whose forward and backward are 3-6x faster than the equations as a Python
+    loop of tensor ops): one call over each stretch of steps without an episode start. A minibatch's
+    time axis is cut where any of its sequences starts an episode; at each cut the rows that start one
+    are zeroed."""
 
     def __init__(self, kind: str, in_dim: int, hidden: int) -> None:
         super().__init__()
@@ -104,18 +84,24 @@ class RecurrentCore(nn.Module):
     def forward(self, x: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, Tensor]:
         """``x [*, L, in]``, ``state [*, state_size]``, ``is_init [*, L]`` -> (outputs ``[*, L, H]``,
         the state after the last step). The state is zeroed before every step where ``is_init``."""
-        x_proj = F.linear(x, self.weight_ih, self.bias_ih)  # every step's input projection at once
-        keep = (~is_init.bool()).unsqueeze(-1).to(state.dtype)
+        lead, L = x.shape[:-2], x.shape[-2]
+        x = x.reshape(-1, L, x.shape[-1])
+        is_init = is_init.reshape(-1, L).bool()
+        state = state.reshape(-1, state.shape[-1]).to(x.dtype)
+        h, c = (state[:, :self.hidden], state[:, self.hidden:]) if self.kind == "lstm" else (state, None)
+        # the steps where some sequence starts an episode (one host read), then the stretches between them
+        weights = [self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh]
+        cuts = [0, *(t for t, any_init in enumerate(is_init.any(0).tolist()) if any_init and t > 0), L]
         outs = []
-        for t in range(x.shape[-2]):
-            state = state * keep[..., t, :]
-            if self.kind == "lstm":
-                h, c = lstm_cell(x_proj[..., t, :], *state.split(self.hidden, dim=-1), self.weight_hh, self.bias_hh)
-                state = torch.cat((h, c), dim=-1)
-            else:
-                h = state = gru_cell(x_proj[..., t, :], state, self.weight_hh, self.bias_hh)
-            outs.append(h)
-        return torch.stack(outs, dim=-2), state
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            keep = (~is_init[:, a]).unsqueeze(-1).to(h.dtype)
+            h = h * keep
+            c = None if c is None else c * keep
+            out, h, c = rnn_layer(self.kind, x[:, a:b], h, c, weights)
+            outs.append(out)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        last = h if c is None else torch.cat((h, c), dim=-1)
+        return out.reshape(*lead, L, self.hidden), last.reshape(*lead, last.shape[-1])
 
 
 # model.network.name -> the settings of its encoder a recurrent network takes, with their defaults (the
@@ -326,16 +312,12 @@ def sequence_inputs(batch) -> tuple[Tensor, Tensor, Tensor]:
     """(observations ``[*, B, L, ...]``, start states ``[*, B, D]``, ``is_init [*, B, L]``) of a
     minibatch of B segments of L steps (``batch_size [*, B, L]``): each segment's stored state at its
     first step."""
-    from ppo_lightning.nets.actor_critic import OBS_KEY
-
     return batch.get(OBS_KEY), batch.get(STATE_KEY)[..., 0, :], batch.get(IS_INIT_KEY)
 
 
 def call(network: nn.Module, method: str, batch) -> tuple[Tensor, ...] | Tensor:
     """``network.<method>`` over a minibatch: the observations alone for a feed-forward network, the
     segments (`sequence_inputs`) for a recurrent one (``method``: forward, policy, value, forward_aux)."""
-    from ppo_lightning.nets.actor_critic import OBS_KEY
-
     fn = network if method == "forward" else getattr(network, method)
     if is_recurrent(network):
         return fn(*sequence_inputs(batch))

@@ -47,6 +47,7 @@ from ppo_lightning.interop.checkpoint_io import DATA_STATE_KEY, ExportError, loa
 from ppo_lightning.interop.hf.bundle import BundleError, network_source
 from ppo_lightning.interop.hf.card import model_card
 from ppo_lightning.interop.hf.loader import DTYPES, MODEL_TYPE, parse_dtype
+from ppo_lightning.nets.recurrent import ENCODER_SETTINGS
 
 FORMAT_VERSION = 2  # 2: self-contained network code (networks_ppo_lightning.py)
 REMOTE_DIR = Path(__file__).parent / "remote"
@@ -84,8 +85,6 @@ def _resolved_network(net: torch.nn.Module, network_cfg: dict[str, Any]) -> dict
     out.setdefault("name", "mlp")
     skip = {"self", "observation_space", "action_space"}
     if getattr(net, "recurrent", False):
-        from ppo_lightning.nets.recurrent import ENCODER_SETTINGS
-
         skip.add("encoder")
         for name, default in ENCODER_SETTINGS.get(getattr(net, "encoder_name", None), {}).items():
             out.setdefault(name, default)
