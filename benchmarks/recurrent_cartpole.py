@@ -85,13 +85,13 @@ class Recorder(pl.Callback):
                     "final_mean20": None if mean20 != mean20 else round(mean20, 2)}
 
 
-def run_ours(impl: str, seed: int, frames: int, full: bool, tmp: Path, every: int = 0, extra_args=()) -> dict:
-    """One training run of ``impl``'s config, one torch thread."""
+def run_ours(impl: str, seed: int, frames: int, full: bool, tmp: Path, every: int = 0, variant=()) -> dict:
+    """One training run of ``impl``'s config, one torch thread; ``variant``: ``KEY=VALUE`` settings over it."""
     from ppo_lightning.run.builder import fit_main
 
     config, extra = OURS[impl]
     recorder = Recorder(f"{impl} seed {seed}", every)
-    extra = [*extra, *extra_args]
+    extra = [*extra, *fit_args(variant)]
     args = ["fit", "--config", config, "--seed_everything", str(seed), "--data.seed", str(seed),
             "--data.total_frames", str(frames), "--data.num_threads", "1", "--mlflow.enabled", "false",
             "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
@@ -100,6 +100,7 @@ def run_ours(impl: str, seed: int, frames: int, full: bool, tmp: Path, every: in
         args += ["--trainer.callbacks", "[]"]  # no EarlyStopping: train to the budget
     cli = fit_main(args, extra_callbacks=[recorder])
     return {"impl": impl, "config": config, "extra_args": extra + (["--trainer.callbacks", "[]"] if full else []),
+            "variant": list(variant),
             "seed": seed, "frames_budget": frames, **recorder.end,
             **(recorder.crossing or {"frames_to_475": None, "wall_s_to_475": None, "cpu_s_to_475": None}),
             "grad_steps": cli.trainer.global_step, "curve": recorder.curve}
@@ -133,21 +134,26 @@ def finish(record: dict, cpu_label: str, machine: dict) -> dict:
 
 def line(r: dict) -> str:
     reached = f"{r['frames_to_475']:>7,}" if r["frames_to_475"] is not None else "not reached"
+    if r["frames_to_475"] is None and r["frames"] < r["frames_budget"]:
+        reached += " (stopped before the budget)"  # a SIGTERM ends a run at its iteration's end
     return (f"{r['impl']:9s} seed {r['seed']}: frames to 475 {reached:>11s} (budget {r['frames_budget']:,}); "
             f"{r['frames']:,} frames in {r['wall_s']:.0f} s = {r['fps']:.0f} frames/s, {r['fps_cpu']:.0f} frames/CPU-s; "
             f"final mean of the last 20 episodes {r['final_mean20']}")
 
 
+def key(record: dict) -> str:
+    """The record's impl, with its ``--set`` variant if any (``lstm data.normalize_reward=true``)."""
+    return " ".join([record["impl"], *record.get("variant", [])])
+
+
 def summary(records: list[dict]) -> dict:
-    """Per impl: runs reaching 475 of all, median frames to 475 (over those that reached it), median
-    frames per second and per CPU-second."""
+    """Per impl (and variant): runs reaching 475 of all, median frames to 475 (over those that
+    reached it), median frames per second and per CPU-second."""
     out = {}
-    for impl in IMPLS:
-        rows = [r for r in records if r["impl"] == impl]
-        if not rows:
-            continue
+    for name in dict.fromkeys(key(r) for r in sorted(records, key=lambda r: IMPLS.index(r["impl"]))):
+        rows = [r for r in records if key(r) == name]
         hits = [r["frames_to_475"] for r in rows if r["frames_to_475"] is not None]
-        out[impl] = {"reached": f"{len(hits)}/{len(rows)}", "seeds": sorted(r["seed"] for r in rows),
+        out[name] = {"reached": f"{len(hits)}/{len(rows)}", "seeds": sorted(r["seed"] for r in rows),
                      "frames_to_475_median": statistics.median(hits) if hits else None,
                      "frames_to_475": [r["frames_to_475"] for r in rows],
                      "fps_median": statistics.median(r["fps"] for r in rows),
@@ -165,14 +171,18 @@ def plot(records: list[dict], path: Path) -> None:
 
     colors = {"lstm": "tab:blue", "mlp": "tab:gray", "ewma_lstm": "tab:green", "sb3": "tab:orange"}
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    seen = set()
+    variants = ["tab:purple", "tab:red", "tab:brown", "tab:pink"]
+    seen: dict[str, str] = {}
     for r in records:
         if not r.get("curve"):
             continue
         x, y = zip(*r["curve"])
-        label = None if r["impl"] in seen else LABELS[r["impl"]]
-        seen.add(r["impl"])
-        ax.plot(x, y, color=colors[r["impl"]], lw=1.2, alpha=0.85, label=label)
+        name = key(r)
+        label = None
+        if name not in seen:
+            seen[name] = colors[r["impl"]] if name == r["impl"] else variants[len(seen) % len(variants)]
+            label = LABELS[r["impl"]] + "".join(f", {v}" for v in r.get("variant", []))
+        ax.plot(x, y, color=seen[name], lw=1.2, alpha=0.85, label=label)
     ax.axhline(THRESHOLD, color="k", ls="--", lw=0.8)
     cpus = sorted({r["cpu"] for r in records})
     ax.set(xlabel="frames", ylabel="mean return of the last 20 training episodes",
@@ -257,7 +267,7 @@ def main(argv=None) -> int:
                     if not args.sb3_json:
                         keep(run_sb3(args.sb3_python, seed, args.sb3_stop))
                 else:
-                    keep(run_ours(impl, seed, args.frames, args.full, Path(tmp), args.progress, fit_args(args.set)))
+                    keep(run_ours(impl, seed, args.frames, args.full, Path(tmp), args.progress, args.set))
     everything = read(out)
     plot(everything, args.plot or out.with_suffix(".png"))
     print(json.dumps({"cpu": args.cpu_label, "this_call": summary(records), "file": summary(everything)}))

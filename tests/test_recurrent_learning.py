@@ -78,17 +78,6 @@ def test_cartpole_novel_batched_env_observes_two_entries():
 
 
 # ---------------------------------------------------------------- the shipped recurrent CartPole configs
-def _sequences_merged() -> bool:
-    import dataclasses
-
-    from ppo_lightning.data.config import RolloutConfig
-
-    return "sequence_length" in {f.name for f in dataclasses.fields(RolloutConfig)}
-
-
-needs_sequences = pytest.mark.skipif(not _sequences_merged(), reason="training on sequences (issue 64) not merged")
-
-
 def _fit(tmp_path, config: str, *extra: str):
     from ppo_lightning.run.builder import fit_main
 
@@ -98,7 +87,6 @@ def _fit(tmp_path, config: str, *extra: str):
                      "--data.total_frames", "512", *extra])
 
 
-@needs_sequences
 @pytest.mark.parametrize("config, decoupled", [("cartpole/ppo_lstm", False), ("cartpole/ppo_ewma_lstm", True)])
 def test_recurrent_cartpole_configs_train_two_iterations(tmp_path, config, decoupled):
     """The configs as shipped (epochs cut to 2): the registered env, an LSTM, 2 iterations of 256 frames."""
