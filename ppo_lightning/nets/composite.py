@@ -78,6 +78,17 @@ def assemble_params(space: dict, head: Tensor, log_std: Tensor | None, mask: Ten
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
+def policy_params(action_space: dict, head: Tensor, log_std: Tensor | None, mask: Tensor | None) -> tuple[Tensor, ...]:
+    """The policy's distribution parameters (`ppo_lightning.nets.actor_critic.dist_param_keys`) from its head's
+    outputs for any action space: a composite action's one tensor (`assemble_params`), a ``Discrete``
+    action's logits with the mask applied, a ``Box`` action's mean and the scale of its log standard deviations."""
+    if action_space["type"] == "composite":
+        return (assemble_params(action_space["space"], head, log_std, mask),)
+    if action_space["type"] == "discrete":
+        return (mask_logits(head, mask),)
+    return (head, log_std.exp().expand_as(head))
+
+
 def _categorical_terms(logits: Tensor, groups: list[int]):
     """Per group: its log-probabilities ``[..., n]``."""
     out, start = [], 0

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from ppo_lightning.adapters.torch import rnn_layer
 from ppo_lightning.nets.actor_critic import OBS_KEY, ACTIVATIONS, _init_linear, mlp, orthogonal_init_, resolve_arch
-from ppo_lightning.nets.composite import assemble_params, head_sizes, mask_logits
+from ppo_lightning.nets.composite import head_sizes, policy_params
 from ppo_lightning.nets.encoders import ObservationEncoder
 from ppo_lightning.nets.impala import ImpalaEncoder
 from ppo_lightning.nets.minatar_cnn import MinAtarTrunk, minatar_input, minatar_nchw
@@ -264,12 +264,8 @@ class RecurrentActorCritic(nn.Module):
         return p_out, v_out, mask, torch.cat((policy_state, value_state), dim=-1)
 
     def _params(self, features: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
-        out = self.policy_head(features).float()  # float32 under any autocast (the loss's ratios)
-        if self.composite:
-            return (assemble_params(self.action_space["space"], out, self.log_std, mask),)
-        if self.discrete:
-            return (mask_logits(out, mask),)
-        return (out, self.log_std.exp().expand_as(out))
+        # float32 under any autocast (the loss's ratios)
+        return policy_params(self.action_space, self.policy_head(features).float(), self.log_std, mask)
 
     # ---------------------------------------------------------------- sequences (training)
     def forward(self, obs: Tensor, state: Tensor, is_init: Tensor) -> tuple[Tensor, ...]:

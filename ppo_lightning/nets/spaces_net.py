@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ppo_lightning.nets.actor_critic import ActorCritic
 from ppo_lightning.envs.space_layout import leaf_layout
-from ppo_lightning.nets.composite import assemble_params, categorical_groups, head_sizes, mask_logits
+from ppo_lightning.nets.composite import categorical_groups, head_sizes, policy_params
 from ppo_lightning.nets.encoders import ObservationEncoder
 
 
@@ -79,12 +79,8 @@ class SpacesActorCritic(ActorCritic):
         return features, mask
 
     def _params(self, features: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
-        out = self.policy_head(features).float()  # float32 under any autocast (the loss's ratios)
-        if self.composite:
-            return (assemble_params(self.action_space["space"], out, self.log_std, mask),)
-        if self.discrete:
-            return (mask_logits(out, mask),)
-        return (out, self.log_std.exp().expand_as(out))
+        # float32 under any autocast (the loss's ratios)
+        return policy_params(self.action_space, self.policy_head(features).float(), self.log_std, mask)
 
     def policy(self, obs: Tensor) -> tuple[Tensor, ...]:
         x, mask = self._encode(obs)
