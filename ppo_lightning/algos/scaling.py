@@ -90,27 +90,34 @@ def _as_int_factor(x: float) -> int | None:
     return r if r >= 1 and math.isclose(x, r, rel_tol=1e-9, abs_tol=1e-9) else None
 
 
-def scale_batch(num_envs: int, rollout_steps: int, num_minibatches: int, c: float) -> tuple[int, int]:
-    """New ``(num_envs, rollout_steps)`` with the batch divided by ``c``: envs first, then steps."""
-    c = _check_c(c)
-    batch = num_envs * rollout_steps
+def _envs_first(num_envs: int, per_env: int, c: float) -> tuple[int, int] | None:
+    """``(num_envs, per_env)`` with their product divided by ``c`` (a checked factor): ``num_envs`` first,
+    then the units per env (steps, or a recurrent run's segments); ``c < 1`` multiplies ``num_envs``.
+    None where ``c`` does not divide them (the caller names its units); one-line errors for a ``c``
+    that is neither an integer nor 1/n."""
     if c >= 1:
         k = _as_int_factor(c)
         if k is None:
             raise ValueError(f"scale={c} must be an integer when >= 1 (it divides the batch sizes)")
         g = math.gcd(num_envs, k)
         rest = k // g
-        if rollout_steps % rest:
-            raise ValueError(
-                f"scale={c} does not divide the batch: data.num_envs={num_envs} x data.rollout_steps="
-                f"{rollout_steps} (divide num_envs first, then rollout_steps)"
-            )
-        new = (num_envs // g, rollout_steps // rest)
-    else:
-        k = _as_int_factor(1.0 / c)
-        if k is None:
-            raise ValueError(f"scale={c} < 1 must be 1/n for an integer n (it multiplies data.num_envs by n)")
-        new = (num_envs * k, rollout_steps)
+        return None if per_env % rest else (num_envs // g, per_env // rest)
+    k = _as_int_factor(1.0 / c)
+    if k is None:
+        raise ValueError(f"scale={c} < 1 must be 1/n for an integer n (it multiplies data.num_envs by n)")
+    return num_envs * k, per_env
+
+
+def scale_batch(num_envs: int, rollout_steps: int, num_minibatches: int, c: float) -> tuple[int, int]:
+    """New ``(num_envs, rollout_steps)`` with the batch divided by ``c``: envs first, then steps."""
+    c = _check_c(c)
+    batch = num_envs * rollout_steps
+    new = _envs_first(num_envs, rollout_steps, c)
+    if new is None:
+        raise ValueError(
+            f"scale={c} does not divide the batch: data.num_envs={num_envs} x data.rollout_steps="
+            f"{rollout_steps} (divide num_envs first, then rollout_steps)"
+        )
     if (new[0] * new[1]) % num_minibatches:
         raise ValueError(
             f"scale={c}: the scaled batch of {new[0] * new[1]} frames (from {batch}) does not split into "
@@ -130,30 +137,20 @@ def scale_segments(num_envs: int, rollout_steps: int, sequence_length: int, num_
     if L < 1 or rollout_steps % L:
         raise ValueError(f"data.sequence_length {L} must divide data.rollout_steps {rollout_steps}")
     per_env = rollout_steps // L
-    if c >= 1:
-        k = _as_int_factor(c)
-        if k is None:
-            raise ValueError(f"scale={c} must be an integer when >= 1 (it divides the batch sizes)")
-        g = math.gcd(num_envs, k)
-        rest = k // g
-        if per_env % rest:
-            raise ValueError(
-                f"scale={c} does not divide the segments: data.num_envs={num_envs} x {per_env} segments of "
-                f"data.sequence_length={L} steps per env rollout (--scale divides the segments, never their length)"
-            )
-        new = (num_envs // g, (per_env // rest) * L)
-    else:
-        k = _as_int_factor(1.0 / c)
-        if k is None:
-            raise ValueError(f"scale={c} < 1 must be 1/n for an integer n (it multiplies data.num_envs by n)")
-        new = (num_envs * k, rollout_steps)
-    segments = new[0] * new[1] // L
+    new = _envs_first(num_envs, per_env, c)
+    if new is None:
+        raise ValueError(
+            f"scale={c} does not divide the segments: data.num_envs={num_envs} x {per_env} segments of "
+            f"data.sequence_length={L} steps per env rollout (--scale divides the segments, never their length)"
+        )
+    envs, segments_per_env = new
+    segments = envs * segments_per_env
     if segments % num_minibatches:
         raise ValueError(
             f"scale={c}: the scaled batch of {segments} segments of {L} steps (from {num_envs * per_env}) does not "
             f"split into data.num_minibatches={num_minibatches} equal minibatches"
         )
-    return new
+    return envs, segments_per_env * L
 
 
 def recurrent_sequence_length(cfg) -> int | None:
