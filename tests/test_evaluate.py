@@ -176,7 +176,9 @@ def test_generated_network_code_equals_training_network(spaces):
             torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
-_ISOLATED = textwrap.dedent(
+# The start of a script that runs where this package and the training stack cannot be imported (torch,
+# transformers and the standard library only): test_recurrent_export.py's isolated runs start with it too.
+ISOLATED_PREAMBLE = textwrap.dedent(
     """
     import importlib.abc, json, sys
     BLOCKED = ("ppo_lightning", "lightning", "pytorch_lightning", "torchrl", "tensordict")
@@ -189,6 +191,11 @@ _ISOLATED = textwrap.dedent(
     sys.meta_path.insert(0, Blocker())
     import torch
     from transformers import AutoModel
+    """
+)
+
+_ISOLATED = ISOLATED_PREAMBLE + textwrap.dedent(
+    """
 
     model = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)
     obs = torch.tensor(json.loads(sys.argv[2]))

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import spaces_envs  # noqa: F401  (registers DictObsMultiDiscreteAct-v0)
+from test_evaluate import ISOLATED_PREAMBLE
 
 from ppo_lightning.envs import env_spaces, make_env
 from ppo_lightning.interop.evaluation import HeldOutEvaluation, evaluate_policy
@@ -100,19 +101,8 @@ def play_oracle(net, env_id: str, seed: int) -> float:
 
 # Runs where ppo_lightning, lightning, torchrl and tensordict cannot be imported (as test_evaluate's
 # AutoModel test): the folder needs torch and transformers only.
-_ISOLATED = textwrap.dedent(
+_ISOLATED = ISOLATED_PREAMBLE + textwrap.dedent(
     """
-    import importlib.abc, json, sys
-    BLOCKED = ("ppo_lightning", "lightning", "pytorch_lightning", "torchrl", "tensordict")
-
-    class Blocker(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"blocked in this test: {name}")
-
-    sys.meta_path.insert(0, Blocker())
-    import torch
-    from transformers import AutoModel
 
     cases = json.loads(sys.argv[1])
     report = {}
