@@ -37,6 +37,11 @@ CASES = {
     "impala_cnn": ({"shape": [8, 8, 3], "dtype": "uint8"}, DISCRETE,
                    {"name": "impala_cnn", "channels": [2], "dense": 8, "nblock": 1}),
     "auto_chw": ({"shape": [2, 8, 8], "dtype": "uint8"}, DISCRETE, {"name": "auto", "dense": 8}),
+    # no encoder layer, two layers after the core (sb3-contrib's MlpLstmPolicy has one of 64)
+    "mlp_post_core": (MASKED_OBS, MASKED_ACT, {"name": "mlp", "hidden_sizes": [], "activation": "relu",
+                                               "post_core_sizes": [5, 4]}),
+    "minatar_post_core": ({"shape": [5, 5, 3], "dtype": "float32"}, CONTINUOUS,
+                          {"name": "minatar_cnn", "channels": 2, "hidden": 8, "post_core_sizes": [5]}),
 }
 
 
@@ -262,7 +267,8 @@ def test_any_leading_dimensions(case):
 # ---------------------------------------------------------------------------------------- member groups
 @pytest.mark.parametrize("case,core,arch", [("mlp_composite", "lstm", "dual"), ("mlp_masked", "gru", "shared"),
                                             ("small_cnn", "lstm", "shared"), ("minatar_cnn", "gru", "dual"),
-                                            ("impala_cnn", "lstm", "dual"), ("mlp_box_normalized", "gru", "detach")])
+                                            ("impala_cnn", "lstm", "dual"), ("mlp_box_normalized", "gru", "detach"),
+                                            ("mlp_post_core", "lstm", "shared")])
 def test_member_k_of_a_group_is_seed_k_alone_bit_for_bit(case, core, arch):
     """`SeedStack` of recurrent networks: forward, policy, value, forward_aux and step with a leading [S],
     their outputs and the parameters' gradients member k's network's own, bit for bit."""
@@ -306,6 +312,42 @@ def test_member_k_of_a_group_is_seed_k_alone_bit_for_bit(case, core, arch):
         assert all(torch.equal(own[n], t) for n, t in stack.seed_state_dict(k).items())
 
 
+@pytest.mark.parametrize("arch", ["dual", "shared", "detach"])
+def test_post_core_layers_sit_between_each_core_and_its_head(arch):
+    """``post_core_sizes``: one stack of Linear + activation per head after the core (the policy's and the
+    value's own, whatever ``arch``); the heads read it. Oracle: the core's outputs through the layers by
+    hand. With ``detach`` the value's losses reach its own layers and head, never the core."""
+    net, obs_space = _net("mlp_post_core", "lstm", arch, aux_value_head=True)
+    assert net.policy_post is not None and net.value_post is not None and net.policy_post is not net.value_post
+    assert net.policy_head.in_features == net.value_head.in_features == net.aux_value_head.in_features == 4
+    obs, state, is_init = _inputs(net, obs_space)
+
+    def by_hand(post, core_out):
+        (l1, _), (l2, _) = post[0:2], post[2:4]
+        return torch.relu(l2(torch.relu(l1(core_out))))
+
+    x, mask = net.encoder(obs)
+    split = net.policy_core.state_size
+    p_core, _ = net.policy_core(net.policy_body(x), state[..., :split], is_init)
+    if net.value_core is None:
+        v_core = p_core
+    else:
+        v_core, _ = net.value_core(net.value_body(x), state[..., split:], is_init)
+    *params, value, aux = net.forward_aux(obs, state, is_init)
+    torch.testing.assert_close(value, net.value_head(by_hand(net.value_post, v_core)))
+    torch.testing.assert_close(aux, net.aux_value_head(by_hand(net.policy_post, p_core)))
+    logits = net.policy_head(by_hand(net.policy_post, p_core))
+    legal = mask.bool()
+    torch.testing.assert_close(params[0][legal], logits[legal])
+    _assert_masked(params[0], obs, obs_space["action_mask"])
+    value.sum().backward()
+    assert net.value_post[0].weight.grad is not None and net.policy_post[0].weight.grad is None
+    assert (net.policy_core.weight_hh.grad is None) == (arch != "shared")
+    # no post-core layers: the heads read the core (the parameters of the networks shipped before them)
+    plain_net, _ = _net("mlp_masked", "lstm", arch)
+    assert plain_net.policy_post is None and not any("post" in n for n in plain_net.state_dict())
+
+
 # ---------------------------------------------------------------------------------------- configs
 def test_built_from_network_dicts():
     image = {"shape": [2, 8, 8], "dtype": "uint8"}
@@ -333,6 +375,8 @@ def test_built_from_network_dicts():
     ({"name": "nature_cnn", "core": "lstm", "hidden_sizes": [8]}, "nature_cnn with a recurrent core takes"),
     ({"name": "mlp", "core": "gru", "activation": "sine"}, "model.activation must be one of"),
     ({"name": "mlp", "core": "lstm", "arch": "twin"}, "model.network.arch must be one of"),
+    ({"name": "mlp", "core": "lstm", "post_core_sizes": [8, 0]}, "post_core_sizes must be a list of positive integers"),
+    ({"name": "mlp", "post_core_sizes": [8]}, "post_core_sizes: layers after a recurrent core, which needs"),
 ])
 def test_bad_recurrent_settings_are_one_line_errors(network, message):
     with pytest.raises(ValueError, match=message) as err:

@@ -44,6 +44,9 @@ def build_network(observation_space: dict, action_space: dict, network: dict[str
     if network.get("core") is not None:  # an LSTM or GRU core after the named network's encoder (nets.recurrent)
         return RecurrentActorCritic(observation_space, action_space, encoder=name, **network)
     network.pop("core", None), network.pop("core_size", None)
+    if network.pop("post_core_sizes", None):
+        raise ValueError("model.network.post_core_sizes: layers after a recurrent core, which needs model.network.core "
+                         "(lstm or gru)")
     if name == "mlp":
         if needs_spaces_network(observation_space, action_space):  # any other gymnasium space, action masks
             return SpacesActorCritic(observation_space, action_space, **network)

@@ -35,7 +35,7 @@ SMALL_CONVS = ((32, 3, 1, 1), (64, 3, 2, 1), (64, 3, 2, 1))
 NATURE_MIN_SIZE = 36  # the smallest side the Nature CNN's three convolutions reduce to 1x1
 MAX_CHANNELS = 16  # an image's channel axis is its first or last, of at most this many (RGB, stacked frames)
 MIN_SIDE = 4  # and both other sides at least this long
-CORE_SETTINGS = ("core", "core_size")  # a recurrent core after either kind's encoder (ppo_lightning.nets.recurrent)
+CORE_SETTINGS = ("core", "core_size", "post_core_sizes")  # a recurrent core after either kind's encoder (ppo_lightning.nets.recurrent)
 CNN_SETTINGS = ("layout", "dense", "shared_trunk", "arch", "aux_value_head", *CORE_SETTINGS)
 MLP_SETTINGS = ("hidden_sizes", "activation", "shared_trunk", "arch", "aux_value_head", "normalize_observation",
                 *CORE_SETTINGS)

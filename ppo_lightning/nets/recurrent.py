@@ -4,7 +4,9 @@
 (``name``: mlp, nature_cnn, small_cnn, minatar_cnn, impala_cnn, or auto) into a recurrent one: the
 observation goes through that network's encoder (the MLP body over the packed observation of any
 gymnasium space, or a convolutional trunk and its dense layer), then through the core, then the
-policy and value heads (`RecurrentActorCritic`). ``arch`` keeps its meaning: ``dual`` gives the
+policy and value heads (`RecurrentActorCritic`); ``post_core_sizes`` (default none) puts hidden layers
+between the core and each head, one stack for the policy and one for the value (sb3-contrib's
+``MlpLstmPolicy`` with ``net_arch=dict(pi=[64], vf=[64])``: a layer of 64 after the LSTM). ``arch`` keeps its meaning: ``dual`` gives the
 policy and the value their own encoder and core, ``shared`` one of each for both heads, ``detach``
 one of each with the value head reading the core through a stop-gradient (PPG).
 
@@ -138,7 +140,7 @@ class RecurrentActorCritic(nn.Module):
 
     def __init__(self, observation_space: dict, action_space: dict, encoder: str = "mlp", core: str = "lstm",
                  core_size: int = 64, arch: str | None = None, shared_trunk: bool | None = None,
-                 aux_value_head: bool = False, **settings) -> None:
+                 aux_value_head: bool = False, post_core_sizes=(), **settings) -> None:
         super().__init__()
         if encoder not in ENCODER_SETTINGS:
             raise ValueError(f"model.network.core (a recurrent core) goes after the encoder of one of "
@@ -150,8 +152,12 @@ class RecurrentActorCritic(nn.Module):
         unknown = sorted(set(settings) - set(ENCODER_SETTINGS[encoder]))
         if unknown:
             raise ValueError(f"model.network: {encoder} with a recurrent core takes "
-                             f"{', '.join(ENCODER_SETTINGS[encoder])} (and core, core_size, arch, shared_trunk, "
-                             f"aux_value_head), not {', '.join(unknown)}")
+                             f"{', '.join(ENCODER_SETTINGS[encoder])} (and core, core_size, post_core_sizes, arch, "
+                             f"shared_trunk, aux_value_head), not {', '.join(unknown)}")
+        post_core_sizes = tuple(post_core_sizes or ())
+        if any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in post_core_sizes):
+            raise ValueError(f"model.network.post_core_sizes must be a list of positive integers, got "
+                             f"{list(post_core_sizes)!r}")
         settings = {**ENCODER_SETTINGS[encoder], **settings}
         self.encoder_name = encoder
         self.action_space = action_space
@@ -177,10 +183,19 @@ class RecurrentActorCritic(nn.Module):
         else:
             self.value_body, value_feat = body()
             self.value_core = RecurrentCore(core, value_feat, core_size)
-        self.policy_head = _init_linear(nn.Linear(core_size, out_dim), 0.01)
-        self.value_head = _init_linear(nn.Linear(core_size, 1), 1.0)
+        # hidden layers after the core, one stack per head (None: the heads read the core); the MLP's
+        # activation, ReLU after a convolutional encoder
+        self.post_core_sizes = post_core_sizes
+        post_activation = settings["activation"] if encoder == "mlp" else "relu"
+        self.policy_post = self.value_post = None
+        head_in = core_size
+        if post_core_sizes:
+            self.policy_post, head_in = mlp(core_size, post_core_sizes, post_activation)
+            self.value_post, _ = mlp(core_size, post_core_sizes, post_activation)
+        self.policy_head = _init_linear(nn.Linear(head_in, out_dim), 0.01)
+        self.value_head = _init_linear(nn.Linear(head_in, 1), 1.0)
         self.log_std = nn.Parameter(torch.zeros(stds)) if stds else None
-        self.aux_value_head = _init_linear(nn.Linear(core_size, 1), 1.0) if aux_value_head else None
+        self.aux_value_head = _init_linear(nn.Linear(head_in, 1), 1.0) if aux_value_head else None
 
     def _body_factory(self, observation_space: dict, settings: dict):
         """A function that builds one encoder body: () -> (module, features). Sets what reading the
@@ -245,7 +260,7 @@ class RecurrentActorCritic(nn.Module):
 
     def _unroll(self, obs: Tensor, state: Tensor, is_init: Tensor, policy: bool = True, value: bool = True
                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor]:
-        """(policy core outputs ``[*, L, H]`` or None, value core outputs or None, mask, state after) for
+        """(the policy head's inputs ``[*, L, H]`` or None, the value head's or None, mask, state after) for
         ``obs [*, L, ...]``; ``policy`` / ``value``: whether those outputs are needed (a core that is
         not run keeps its part of the state)."""
         x, mask, lead = self._read(obs)
@@ -257,11 +272,17 @@ class RecurrentActorCritic(nn.Module):
             p_out, policy_state = self.policy_core(self._features(self.policy_body, x, lead), policy_state, is_init)
         if self.value_core is None:
             v_out = (p_out.detach() if self.arch == "detach" else p_out) if value else None
-            return p_out, v_out, mask, policy_state
+            return self._post(p_out, v_out) + (mask, policy_state)
         v_out = None
         if value:
             v_out, value_state = self.value_core(self._features(self.value_body, x, lead), value_state, is_init)
-        return p_out, v_out, mask, torch.cat((policy_state, value_state), dim=-1)
+        return self._post(p_out, v_out) + (mask, torch.cat((policy_state, value_state), dim=-1))
+
+    def _post(self, p_out: Tensor | None, v_out: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """The heads' inputs: the core outputs through the post-core layers, if any."""
+        if self.policy_post is None:
+            return p_out, v_out
+        return (None if p_out is None else self.policy_post(p_out)), (None if v_out is None else self.value_post(v_out))
 
     def _params(self, features: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
         # float32 under any autocast (the loss's ratios)
