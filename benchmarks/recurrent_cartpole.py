@@ -1,7 +1,8 @@
 """Memory on the partially observed CartPole (``ppo_lightning/CartPoleNoVel-v1``, issue 64): frames to a
 mean return of 475 and frames per second, ours against sb3-contrib's RecurrentPPO on the same CPU.
 
-Runs, per seed (each one torch thread, one after another):
+Runs, per seed (each one torch thread, one after another; for each seed every impl in turn, so that a
+change in the machine's load hits them alike):
 
 - ``lstm``: ours, ``cartpole/ppo_lstm``;
 - ``mlp``: ours, the feed-forward ``cartpole/ppo`` with ``--data.env_id ppo_lightning/CartPoleNoVel-v1``
@@ -14,9 +15,9 @@ Runs, per seed (each one torch thread, one after another):
 
 Criterion, the same for all: after each iteration (256 frames), the mean return of the last 20
 finished training episodes (fewer while fewer have finished); ``frames_to_475`` is the frame count at
-the end of the first iteration where it is >= 475 (None: not reached within the budget). Our configs
-stop there (their EarlyStopping); ``--full`` trains ours to the budget (sb3 always runs its 100k frames,
-RL Zoo's length, over which its schedules run; ``--sb3-stop`` stops it at 475 too). Frames per
+the end of the first iteration where it is >= 475 (None: not reached within the budget). ``--frames`` is
+every run's budget, over which the schedules run (RL Zoo's length: 100k). Our configs stop at 475 (their
+EarlyStopping); ``--full`` trains ours to the budget; sb3 always runs to the budget unless ``--sb3-stop``. Frames per
 second = frames trained / wall seconds of training (from Lightning's on_train_start, or sb3's
 ``learn``); frames per CPU-second divides by this process's CPU time over the same span (the machine
 may be loaded by others: CPU seconds are what the run itself used).
@@ -106,20 +107,20 @@ def run_ours(impl: str, seed: int, frames: int, full: bool, tmp: Path, every: in
             "grad_steps": cli.trainer.global_step, "curve": recorder.curve}
 
 
-def run_sb3(python: str, seed: int, stop: bool) -> dict:
-    """One sb3-contrib run by ``python`` (`benchmarks/recurrent_cartpole_sb3.py`, RL Zoo's 100k frames)."""
-    cmd = [python, str(ROOT / "benchmarks" / "recurrent_cartpole_sb3.py"), "--seed", str(seed)]
+def run_sb3(python: str, seed: int, stop: bool, frames: int) -> dict:
+    """One sb3-contrib run by ``python`` (`benchmarks/recurrent_cartpole_sb3.py`) of ``frames``."""
+    cmd = [python, str(ROOT / "benchmarks" / "recurrent_cartpole_sb3.py"), "--seed", str(seed), "--frames", str(frames)]
     if stop:
         cmd.append("--stop-at-475")
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"error: the sb3 run failed ({' '.join(cmd)}): {done.stderr.strip().splitlines()[-1:]}")
-    return sb3_record(json.loads(done.stdout.strip().splitlines()[-1]))
+    return sb3_record(json.loads(done.stdout.strip().splitlines()[-1]), frames)
 
 
-def sb3_record(worker: dict) -> dict:
-    """The sb3 worker's JSON as a record of this benchmark."""
-    return {**worker, "impl": "sb3", "config": "RL Zoo hyperparams/ppo_lstm.yml CartPoleNoVel-v1", "frames_budget": 100_000}
+def sb3_record(worker: dict, frames: int = 100_000) -> dict:
+    """The sb3 worker's JSON as a record of this benchmark (``frames``: the run's budget)."""
+    return {**worker, "impl": "sb3", "config": "RL Zoo hyperparams/ppo_lstm.yml CartPoleNoVel-v1", "frames_budget": frames}
 
 
 def finish(record: dict, cpu_label: str, machine: dict) -> dict:
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-label", help="the CPU's label in the records and file names (EPYC-AVX2, ...)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    parser.add_argument("--frames", type=int, default=100_000, help="ours: data.total_frames (the budget; the schedules span it)")
+    parser.add_argument("--frames", type=int, default=100_000, help="every run's budget (ours: data.total_frames); the schedules span it")
     parser.add_argument("--full", action="store_true", help="ours: train to the budget (no stop at 475)")
     parser.add_argument("--sb3-python", help="a Python with sb3-contrib (needed for --impls sb3)")
     parser.add_argument("--sb3-stop", action="store_true", help="sb3: stop after the rollout where 475 is first reached")
@@ -261,11 +262,11 @@ def main(argv=None) -> int:
     for path in args.sb3_json:
         keep(sb3_record(json.loads(path.read_text().strip().splitlines()[-1])))
     with tempfile.TemporaryDirectory() as tmp:
-        for impl in args.impls:
-            for seed in args.seeds:
+        for seed in args.seeds:
+            for impl in args.impls:
                 if impl == "sb3":
                     if not args.sb3_json:
-                        keep(run_sb3(args.sb3_python, seed, args.sb3_stop))
+                        keep(run_sb3(args.sb3_python, seed, args.sb3_stop, args.frames))
                 else:
                     keep(run_ours(impl, seed, args.frames, args.full, Path(tmp), args.progress, args.set))
     everything = read(out)

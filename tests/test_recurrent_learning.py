@@ -87,15 +87,19 @@ def _fit(tmp_path, config: str, *extra: str):
                      "--data.total_frames", "512", *extra])
 
 
-@pytest.mark.parametrize("config, decoupled", [("cartpole/ppo_lstm", False), ("cartpole/ppo_ewma_lstm", True)])
-def test_recurrent_cartpole_configs_train_two_iterations(tmp_path, config, decoupled):
-    """The configs as shipped (epochs cut to 2): the registered env, an LSTM, 2 iterations of 256 frames."""
+@pytest.mark.parametrize("config, decoupled, lstms", [("cartpole/ppo_lstm", False, 1), ("cartpole/ppo_ewma_lstm", True, 2)])
+def test_recurrent_cartpole_configs_train_two_iterations(tmp_path, config, decoupled, lstms):
+    """The configs as shipped (epochs cut to 2): the registered env, sb3-contrib's MlpLstmPolicy layout
+    (the observation into an LSTM of 64, a layer of 64 per head; one LSTM for both heads or one each),
+    2 iterations of 256 frames."""
     from ppo_lightning.nets.recurrent import is_recurrent
 
     cli = _fit(tmp_path, config)
     dm, module = cli.datamodule, cli.model
     assert dm.config.env_id == CARTPOLE_NOVEL_ID
-    assert is_recurrent(module.network) and module.network.state_size == 2 * 2 * 64  # (h, c) of two LSTMs of 64
+    net = module.network
+    assert is_recurrent(net) and net.state_size == lstms * 2 * 64  # (h, c) of each LSTM of 64
+    assert net.policy_core.weight_ih.shape == (4 * 64, 2) and net.policy_post[0].weight.shape == (64, 64)
     assert module.hparams.decoupled is decoupled
     assert dm.frames == 512 and cli.trainer.global_step == 2 * 2  # 2 iterations x 2 epochs x 1 minibatch
     assert np.isfinite(dm.states[0].episodes.mean_return(20))

@@ -154,7 +154,8 @@ def jobs_stop_with_the_launcher(jobs, tag: str, rerun: str, grace_s: float = 120
         killed = [j for j in local if not j.done()]
         for j in killed:
             j.cancel()
-        end = time.monotonic() + 10.0  # the controller kills its task a second after interrupting it
+        # the controller kills its task a second after interrupting it; 10 s did not always suffice on 2 loaded cores
+        end = time.monotonic() + 30.0
         while time.monotonic() < end and not all(j.done() for j in killed):
             time.sleep(0.2)
         cluster = [j.job_id for j in jobs if not isinstance(j, submitit.LocalJob) and not j.done()]
