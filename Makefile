@@ -21,11 +21,12 @@ install: $(STAMP)
 train: $(STAMP)
 	$(BIN)/ppo-lightning fit --config $(CONFIG)
 
-# Two test workers (pytest-xdist, one file per worker): most tests train in one thread, so a single
-# worker leaves a core idle. TEST_WORKERS=1 for one worker.
+# Two test workers (pytest-xdist): most tests train in one thread, so a single worker leaves a core idle.
+# --dist worksteal: a worker that runs out takes tests from the other's queue (a few files take minutes;
+# handed out a file at a time, one worker finished several minutes after the other). TEST_WORKERS=1 for one worker.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/cartpole.py

@@ -147,9 +147,19 @@ def key(record: dict) -> str:
     return " ".join([record["impl"], *record.get("variant", [])])
 
 
+def frames_or_budget(r: dict) -> int:
+    """Frames to 475, or the run's budget where it was not reached (a lower bound: counts against the run)."""
+    return r["frames_to_475"] if r["frames_to_475"] is not None else r["frames_budget"]
+
+
 def summary(records: list[dict]) -> dict:
     """Per impl (and variant): runs reaching 475 of all, median frames to 475 (over those that
-    reached it), median frames per second and per CPU-second."""
+    reached it), median frames per second and per CPU-second; with sb3 records beside, the difference
+    of mean frames to 475 from sb3's (runs that did not reach it counted at their budget) with its
+    95% Welch interval (`ppo_lightning.studies.analysis.welch_diff_ci`: few seeds per arm)."""
+    from ppo_lightning.studies.analysis import welch_diff_ci
+
+    sb3 = [frames_or_budget(r) for r in records if key(r) == "sb3"]
     out = {}
     for name in dict.fromkeys(key(r) for r in sorted(records, key=lambda r: IMPLS.index(r["impl"]))):
         rows = [r for r in records if key(r) == name]
@@ -160,6 +170,10 @@ def summary(records: list[dict]) -> dict:
                      "fps_median": statistics.median(r["fps"] for r in rows),
                      "fps_cpu_median": statistics.median(r["fps_cpu"] for r in rows),
                      "final_mean20": [r["final_mean20"] for r in rows]}
+        if name != "sb3" and len(sb3) >= 2 and len(rows) >= 2:
+            d, low, high = welch_diff_ci([frames_or_budget(r) for r in rows], sb3)
+            out[name]["frames_to_475_minus_sb3"] = {"mean": round(d), "ci95": [round(low), round(high)],
+                                                   "sb3_runs": len(sb3)}
     return out
 
 
