@@ -402,3 +402,31 @@ def test_the_exported_network_code_builds_every_recurrent_encoder():
         obs, state, is_init = _inputs(net, obs_space)
         for a, b in zip(net.step(obs[:, 0], state, is_init[:, 0]), copy.step(obs[:, 0], state, is_init[:, 0])):
             assert torch.equal(a, b), case
+
+
+def test_the_lightning_module_acts_with_a_state_as_an_exported_model_does():
+    """``PPOLightningModule.act`` with a recurrent network: ``(actions, new_state)``; no state starts
+    every episode (zeros, is_init True); the mode is the step's most likely legal action; a feed-forward
+    module takes no state."""
+    from ppo_lightning.training.module import PPOLightningModule
+
+    obs_space, act_space, network = CASES["mlp_masked"]
+    torch.manual_seed(0)
+    module = PPOLightningModule(obs_space, act_space, network={**network, "core": "gru", "core_size": 6})
+    net = module.network
+    obs, state, is_init = _inputs(net, obs_space, B=4)
+    first = obs[:, 0]
+    action, new_state = module.act(first, deterministic=True)
+    logits, _value, expected = net.step(first, net.initial_state(4), torch.ones(4, dtype=torch.bool))
+    assert torch.equal(new_state, expected) and torch.equal(action, logits.argmax(-1))
+    legal = first[:, -obs_space["action_mask"]:].bool()
+    for _ in range(20):  # sampled actions are legal ones
+        sampled, _ = module.act(first, state=state, is_init=is_init[:, 0])
+        assert legal.gather(-1, sampled.unsqueeze(-1)).all()
+    carried, after = module.act(obs[:, 1], deterministic=True, state=new_state)  # is_init defaults to False
+    logits, _value, expected = net.step(obs[:, 1], new_state, torch.zeros(4, dtype=torch.bool))
+    assert torch.equal(after, expected) and torch.equal(carried, logits.argmax(-1))
+    feed_forward = PPOLightningModule(obs_space, act_space, network=network)
+    assert feed_forward.act(first).shape == (4,)
+    with pytest.raises(ValueError, match="feed-forward: act takes no state"):
+        feed_forward.act(first, state=state)

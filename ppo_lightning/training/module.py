@@ -594,11 +594,29 @@ class PPOLightningModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ acting
     @torch.no_grad()
-    def act(self, observation: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        """Actions for a batch of observations (sampled, or the mode when ``deterministic``)."""
-        from ppo_lightning.nets.models import make_distribution
+    def act(self, observation: torch.Tensor, deterministic: bool = False, *, state: torch.Tensor | None = None,
+            is_init: torch.Tensor | None = None):
+        """Actions for a batch of observations (sampled, or the mode when ``deterministic``).
 
-        dist = make_distribution(self.hparams.action_space, *self.network.policy(observation))
-        if deterministic:
-            return dist.mode
-        return dist.sample()
+        A recurrent network (`ppo_lightning.nets.recurrent`) returns ``(actions, new_state)``, as an
+        exported model's ``act`` does: ``state`` None starts every episode of the batch here (zeros,
+        ``is_init`` True); with a state, ``is_init`` (default all False) marks the envs that just reset.
+        A feed-forward network takes neither."""
+        from ppo_lightning.nets.models import make_distribution
+        from ppo_lightning.nets.recurrent import is_recurrent
+
+        with torch.no_grad():
+            if is_recurrent(self.network):
+                batch = observation.shape[: observation.dim() - self.network.obs_ndim]
+                if state is None:
+                    state = self.network.initial_state(*batch, device=observation.device)
+                    is_init = torch.ones(batch, dtype=torch.bool, device=observation.device)
+                elif is_init is None:
+                    is_init = torch.zeros(batch, dtype=torch.bool, device=observation.device)
+                *params, _value, new_state = self.network.step(observation, state, torch.as_tensor(is_init).bool())
+                dist = make_distribution(self.hparams.action_space, *params)
+                return (dist.mode if deterministic else dist.sample()), new_state
+            if state is not None or is_init is not None:
+                raise ValueError("this policy is feed-forward: act takes no state or is_init")
+            dist = make_distribution(self.hparams.action_space, *self.network.policy(observation))
+        return dist.mode if deterministic else dist.sample()
