@@ -26,7 +26,9 @@ from ppo_lightning.data import parallel
 from ppo_lightning.core.faults import NumericalGuard, finite_mean
 from ppo_lightning.core.members import PerMember, name_members
 from ppo_lightning.algos.loss import LOSS_SETTINGS, LOSS_TERMS, LossSettings, PPOFamilyLoss, check_loss_output
-from ppo_lightning.nets.models import OBS_KEY, build_network, dist_param_keys, is_sharded, resolve_network, shard_network
+from ppo_lightning.nets.models import (OBS_KEY, build_network, dist_param_keys, is_sharded, make_distribution, resolve_network,
+                                       shard_network)
+from ppo_lightning.nets.recurrent import is_recurrent
 from ppo_lightning.training.precision import take_precision_aliases
 from ppo_lightning.algos import ppg as ppg_lib
 from ppo_lightning.algos.schedules import LR_SCHEDULES
@@ -602,9 +604,6 @@ class PPOLightningModule(pl.LightningModule):
         exported model's ``act`` does: ``state`` None starts every episode of the batch here (zeros,
         ``is_init`` True); with a state, ``is_init`` (default all False) marks the envs that just reset.
         A feed-forward network takes neither."""
-        from ppo_lightning.nets.models import make_distribution
-        from ppo_lightning.nets.recurrent import is_recurrent
-
         with torch.no_grad():
             if is_recurrent(self.network):
                 batch = observation.shape[: observation.dim() - self.network.obs_ndim]
