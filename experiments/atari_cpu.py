@@ -134,9 +134,9 @@ def main() -> None:
         plot()
 
 
-def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20) -> None:
+def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20, step: int = 50_000) -> None:
     """Each run's return (mean of its last ``window`` games) against frames, the two arms side by side;
-    prints a markdown table of the last value of each run."""
+    prints a markdown table of the last value of each run, then `windows` (stretches of ``step``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,6 +168,56 @@ def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20) -> None
     print("|---|---|---|---|---|---|")
     for arm, seed, x, done, n, y in rows:
         print(f"| {arm} | {seed} | {x:,} | {'running' if done is None else f'{done:,}'} | {n} | {y:.1f} |")
+    windows(step)
+
+
+def windows(step: int = 50_000) -> None:
+    """A markdown table: each run's mean game return over stretches of ``step`` agent steps (a game
+    counts in the stretch where it ended), then each arm's mean over its seeds (stretches every seed
+    reached), with Welch's 95% interval of the arms' difference where both have 2 or more seeds."""
+    from ppo_lightning.studies.analysis import welch_diff_ci
+
+    runs, reach = {}, {}
+    for arm in ("ours", "cleanrl"):
+        for path in sorted(RECORDS.glob(f"{arm}_seed*.jsonl")):
+            games, done = read_record(path)
+            if games:
+                key = (arm, path.stem.split("seed")[-1])
+                runs[key], reach[key] = games, done if done is not None else games[-1]["frames"]
+    if not runs:
+        return
+    edges = list(range(0, max(reach.values()) + 1, step))
+    spans = list(zip(edges[:-1], edges[1:]))
+    means = {}
+    for key, games in runs.items():
+        for lo, hi in spans:
+            rs = [g["return"] for g in games if lo < g["frames"] <= hi]
+            # only stretches the run went through (CleanRL's last iteration ends 320 steps short of 200k)
+            if rs and reach[key] >= hi - step // 20:
+                means[key, lo] = sum(rs) / len(rs)
+    heads = [f"{lo // 1000}k-{hi // 1000}k" for lo, hi in spans]
+    print(f"\n| run | {' | '.join(heads)} |")
+    print("|---|" + "---|" * len(spans))
+    for key in runs:
+        print(f"| {key[0]} seed {key[1]} | " + " | ".join(f"{means[key, lo]:.2f}" if (key, lo) in means else ""
+                                                         for lo, _ in spans) + " |")
+    for arm in ("ours", "cleanrl"):
+        cells = []
+        for lo, _ in spans:
+            vals = [means[k, lo] for k in runs if k[0] == arm and (k, lo) in means]
+            full = len(vals) == sum(1 for k in runs if k[0] == arm)
+            cells.append(f"{sum(vals) / len(vals):.2f}" if vals and full else "")
+        print(f"| {arm}, mean of seeds | " + " | ".join(cells) + " |")
+    diffs = []
+    for lo, _ in spans:
+        a = [means[k, lo] for k in runs if k[0] == "ours" and (k, lo) in means]
+        b = [means[k, lo] for k in runs if k[0] == "cleanrl" and (k, lo) in means]
+        if len(a) >= 2 and len(b) >= 2:
+            d, low, high = welch_diff_ci(a, b)
+            diffs.append(f"{d:+.2f} [{low:+.2f}, {high:+.2f}]")
+        else:
+            diffs.append("")
+    print("| ours - cleanrl, 95% Welch CI | " + " | ".join(diffs) + " |")
 
 
 if __name__ == "__main__":
