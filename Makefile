@@ -22,8 +22,8 @@ train: $(STAMP)
 	$(BIN)/ppo-lightning fit --config $(CONFIG)
 
 # Two test workers (pytest-xdist): most tests train in one thread, so a single worker leaves a core idle.
-# --dist worksteal: a worker that runs out takes tests from the other's queue (a few files take minutes;
-# handed out a file at a time, one worker finished several minutes after the other). TEST_WORKERS=1 for one worker.
+# --dist worksteal: a worker that runs out takes tests from the other's queue, so no single long file
+# (test_robust, test_training, test_cluster take minutes each) decides when the run ends. TEST_WORKERS=1 for one worker.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
