@@ -54,15 +54,21 @@ def read_record(path: Path) -> tuple[list[dict], int | None]:
     return games, done
 
 
-def run_ours(seed: int, frames: int, threads: int) -> None:
+# ours with CleanRL's ppo_atari.py defaults where Table 5 differs: 4 epochs, the clip range constant, value coefficient 0.5
+CLEANRL_SETTINGS = ["--data.update_epochs", "4", "--model.schedules", "{}", "--model.value_coef", "0.5"]
+ARMS = ("ours", "ours_cleanrl_settings", "cleanrl")
+
+
+def run_ours(seed: int, frames: int, threads: int, arm: str = "ours") -> None:
+    """``arm``: ``ours`` (``atari/ppo`` as shipped) or ``ours_cleanrl_settings`` (`CLEANRL_SETTINGS` over it)."""
     import lightning.pytorch as pl
 
     sys.path.insert(0, str(ROOT))
     from ppo_lightning.run.builder import fit_main
 
-    path = record_path("ours", seed)
+    path = record_path(arm, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    run_dir = RUNS / f"ours_seed{seed}"
+    run_dir = RUNS / f"{arm}_seed{seed}"
     last = run_dir / "checkpoints" / "last.ckpt"
 
     class Record(pl.Callback):
@@ -96,6 +102,8 @@ def run_ours(seed: int, frames: int, threads: int) -> None:
     args = ["fit", "--config", "atari/ppo", "--data.env_id", f"ALE/{GAME}-v5", "--seed_everything", str(seed),
             "--data.seed", str(seed), "--data.total_frames", str(frames), "--data.num_threads", str(threads),
             "--mlflow.enabled", "false", "--run_dir", str(run_dir), "--checkpoint_every", "10"]
+    if arm == "ours_cleanrl_settings":
+        args += CLEANRL_SETTINGS
     if last.exists():
         args += ["--ckpt_path", str(last)]
     cli = fit_main(args, extra_callbacks=[Record()])
@@ -119,15 +127,15 @@ def run_cleanrl(seed: int, frames: int, threads: int, script: str, pythonpath: s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("arm", choices=("ours", "cleanrl", "plot"))
+    parser.add_argument("arm", choices=(*ARMS, "plot"))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--frames", type=int, default=200_000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--script", default="ppo_atari.py", help="CleanRL's ppo_atari.py")
     parser.add_argument("--pythonpath", default=None, help="a folder only the CleanRL process sees")
     a = parser.parse_args()
-    if a.arm == "ours":
-        run_ours(a.seed, a.frames, a.threads)
+    if a.arm in ("ours", "ours_cleanrl_settings"):
+        run_ours(a.seed, a.frames, a.threads, a.arm)
     elif a.arm == "cleanrl":
         run_cleanrl(a.seed, a.frames, a.threads, a.script, a.pythonpath)
     else:
@@ -178,7 +186,7 @@ def windows(step: int = 50_000) -> None:
     from ppo_lightning.studies.analysis import welch_diff_ci
 
     runs, reach = {}, {}
-    for arm in ("ours", "cleanrl"):
+    for arm in ARMS:
         for path in sorted(RECORDS.glob(f"{arm}_seed*.jsonl")):
             games, done = read_record(path)
             if games:
@@ -201,7 +209,7 @@ def windows(step: int = 50_000) -> None:
     for key in runs:
         print(f"| {key[0]} seed {key[1]} | " + " | ".join(f"{means[key, lo]:.2f}" if (key, lo) in means else ""
                                                          for lo, _ in spans) + " |")
-    for arm in ("ours", "cleanrl"):
+    for arm in [a for a in ARMS if any(k[0] == a for k in runs)]:
         cells = []
         for lo, _ in spans:
             vals = [means[k, lo] for k in runs if k[0] == arm and (k, lo) in means]
