@@ -2,6 +2,7 @@
 game, seeds and frames, each finished game's unclipped return recorded as it ends; resumable.
 
     python experiments/atari_cpu.py ours --seed 1 --frames 200000            # ALE/Breakout-v5
+    python experiments/atari_cpu.py ours_cleanrl_settings --seed 1 --frames 200000   # with CleanRL's 4 epochs, constant clip, value coef 0.5
     python experiments/atari_cpu.py cleanrl --seed 1 --frames 200000 --script ppo_atari.py --pythonpath DIR
     python experiments/atari_cpu.py plot                                     # the page's figure and table
 
@@ -152,7 +153,9 @@ def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20, step: i
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True, sharey=True)
     rows = []
-    for ax, arm, title in zip(axes, ("ours", "cleanrl"), ("ppo-lightning atari/ppo", "CleanRL ppo_atari.py")):
+    panels = ((axes[0], "ours", "seed", "-"), (axes[0], "ours_cleanrl_settings", "CleanRL's settings, seed", "--"),
+              (axes[1], "cleanrl", "seed", "-"))
+    for ax, arm, label, style in panels:
         for path in sorted(RECORDS.glob(f"{arm}_seed*.jsonl")):
             games, done = read_record(path)
             if not games:
@@ -161,8 +164,9 @@ def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20, step: i
             rs = [g["return"] for g in games]
             ys = [sum(rs[max(0, i - window + 1): i + 1]) / len(rs[max(0, i - window + 1): i + 1]) for i in range(len(rs))]
             seed = path.stem.split("seed")[-1]
-            ax.plot(xs, ys, label=f"seed {seed}")
+            ax.plot(xs, ys, style, label=f"{label} {seed}")
             rows.append((arm, seed, xs[-1], done, len(rs), ys[-1]))
+    for ax, title in zip(axes, ("ppo-lightning atari/ppo", "CleanRL ppo_atari.py")):
         ax.set_title(title)
         ax.set_xlabel("agent steps (x4 emulator frames)")
         ax.grid(alpha=0.3)
@@ -175,7 +179,7 @@ def plot(out: Path = RECORDS / "atari_cpu_curves.png", window: int = 20, step: i
     print("| arm | seed | frames of the last game | finished at | games | mean of last 20 |")
     print("|---|---|---|---|---|---|")
     for arm, seed, x, done, n, y in rows:
-        print(f"| {arm} | {seed} | {x:,} | {'running' if done is None else f'{done:,}'} | {n} | {y:.1f} |")
+        print(f"| {arm} | {seed} | {x:,} | {'not finished' if done is None else f'{done:,}'} | {n} | {y:.1f} |")
     windows(step)
 
 
