@@ -98,18 +98,27 @@ def gru_equations(x, h, w_ih, w_hh, b_ih, b_hh):
     return (1 - z) * torch.tanh(xn + r * hn) + z * h
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_core_computes_the_equations_with_the_state_zeroed_at_episode_starts(kind):
+def _core_case(kind: str, in_dim: int, hidden: int, seed: int, B: int, L: int, starts, biases: bool = False):
+    """(a `RecurrentCore` built under seed 0, inputs ``[B, L, in_dim]`` and start states from ``seed``,
+    ``is_init`` True at the (row, step) pairs of ``starts``); ``biases``: random biases (not zeros)."""
     torch.manual_seed(0)
-    core = RecurrentCore(kind, 5, 3)
-    with torch.no_grad():
-        core.bias_ih.normal_(), core.bias_hh.normal_()
-    gen = torch.Generator().manual_seed(2)
-    B, L = 4, 7
-    x = torch.randn(B, L, 5, generator=gen)
+    core = RecurrentCore(kind, in_dim, hidden)
+    if biases:
+        with torch.no_grad():
+            core.bias_ih.normal_(), core.bias_hh.normal_()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, L, in_dim, generator=gen)
     state = torch.randn(B, core.state_size, generator=gen)
     is_init = torch.zeros(B, L, dtype=torch.bool)
-    is_init[0, 0] = is_init[1, 3] = is_init[2, 6] = is_init[3, 3] = True
+    for row, step in starts:
+        is_init[row, step] = True
+    return core, x, state, is_init
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_core_computes_the_equations_with_the_state_zeroed_at_episode_starts(kind):
+    L = 7
+    core, x, state, is_init = _core_case(kind, 5, 3, seed=2, B=4, L=L, starts=[(0, 0), (1, 3), (2, 6), (3, 3)], biases=True)
     out, last = core(x, state, is_init)
     w = (core.weight_ih, core.weight_hh, core.bias_ih, core.bias_hh)
     h, c = state[:, :3], state[:, 3:]
@@ -131,13 +140,8 @@ def test_a_sequence_cut_anywhere_gives_the_same_outputs(kind):
     """The core runs torch's kernel over the stretches between episode starts: cutting the time axis elsewhere
     (one step at a time, as collection steps) or running one row alone gives the same outputs (to float
     rounding: the kernel's matrix products over more or fewer rows may round differently)."""
-    torch.manual_seed(0)
-    core = RecurrentCore(kind, 6, 8)
-    gen = torch.Generator().manual_seed(3)
-    B, L = 5, 9
-    x, state = torch.randn(B, L, 6, generator=gen), torch.randn(B, core.state_size, generator=gen)
-    is_init = torch.zeros(B, L, dtype=torch.bool)
-    is_init[1, 4] = is_init[3, 7] = True
+    L = 9
+    core, x, state, is_init = _core_case(kind, 6, 8, seed=3, B=5, L=L, starts=[(1, 4), (3, 7)])
     out, last = core(x, state, is_init)
     outs, s = [], state
     for t in range(L):
@@ -153,16 +157,10 @@ def test_a_sequence_cut_anywhere_gives_the_same_outputs(kind):
 def test_core_over_a_sequence_is_torch_rnn_stepped_with_the_state_zeroed_at_episode_starts(kind):
     """`RecurrentCore` over [B, L] vs ``nn.LSTM`` / ``nn.GRU`` (same weights, loaded by name) run one step at
     a time, its state set to zeros before every step where is_init."""
-    torch.manual_seed(0)
-    core = RecurrentCore(kind, 5, 4)
+    L = 6
+    core, x, state, is_init = _core_case(kind, 5, 4, seed=1, B=3, L=L, starts=[(0, 0), (1, 3), (2, 1), (2, 4)])
     ref = (nn.LSTM if kind == "lstm" else nn.GRU)(5, 4, batch_first=True)
     ref.load_state_dict({f"{name}_l0": p for name, p in core.state_dict().items()})
-    gen = torch.Generator().manual_seed(1)
-    B, L = 3, 6
-    x = torch.randn(B, L, 5, generator=gen)
-    state = torch.randn(B, core.state_size, generator=gen)
-    is_init = torch.zeros(B, L, dtype=torch.bool)
-    is_init[0, 0] = is_init[1, 3] = is_init[2, 1] = is_init[2, 4] = True
     out, last = core(x, state, is_init)
 
     h, c = state[:, :4].clone(), state[:, 4:].clone()
